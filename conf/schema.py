@@ -1,0 +1,149 @@
+"""Typed schema of the training config, registered in Hydra's ConfigStore.
+
+Every YAML under conf/ extends one of these dataclasses (its first defaults entry), so a
+typo'd key or a wrong type fails at composition with Hydra's own error. One dataclass per
+config group, mirroring the code that consumes it.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class TorchvisionModelConfig:
+    """Any torchvision classification model by name (models/torchvision.py)."""
+
+    _target_: str = "models.torchvision.build_torchvision_model"
+    name: str = MISSING
+    # 3x3 stride-1 first conv and no max-pool: keeps 32x32 (or smaller) inputs from being
+    # downsampled to nothing by an ImageNet stem.
+    small_input_stem: bool = False
+
+
+@dataclass
+class SmallCNNConfig:
+    """A small CNN for 8x8 digits / 28x28 MNIST-sized inputs (models/small_cnn.py)."""
+
+    _target_: str = "models.small_cnn.SmallCNN"
+    channels: List[int] = field(default_factory=lambda: [32, 64])
+    hidden: int = 128
+    dropout: float = 0.0
+    batch_norm: bool = False
+
+
+@dataclass
+class DatasetConfig:
+    """A torchvision dataset by name (data/datasets.py)."""
+
+    name: str = MISSING
+    root: str = "${oc.env:HYDRA_DDP_DATA,data_cache}"
+    download: bool = False
+    num_workers: int = 0
+    augment: bool = True
+    # Samples/dataset shape for `fake` (torchvision FakeData); the others read theirs from data.
+    size: int = 1000
+    image_size: int = 32
+    num_classes: int = 10
+    # Fraction of the digits set held out for validation (digits has no official split).
+    val_fraction: float = 0.2
+
+
+@dataclass
+class DistConfig:
+    """World size and process group (launch/distributed.py)."""
+
+    # "auto" or a positive integer. Under torchrun, auto takes the environment's values and an
+    # explicit value must match it; without torchrun, auto means every visible GPU (1 on CPU).
+    nproc_per_node: str = "auto"
+    nnodes: str = "auto"
+    backend: str = "auto"  # auto | nccl | gloo
+    timeout_s: int = 600
+    sync_batchnorm: bool = False
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    bucket_cap_mb: float = 25.0
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer (instantiated as a partial over the parameters) and LR schedule."""
+
+    _target_: str = MISSING
+    _partial_: bool = True
+    lr: float = 0.1
+    weight_decay: float = 0.0
+
+
+@dataclass
+class SGDConfig(OptimConfig):
+    _target_: str = "torch.optim.SGD"
+    momentum: float = 0.9
+    nesterov: bool = False
+
+
+@dataclass
+class AdamWConfig(OptimConfig):
+    _target_: str = "torch.optim.AdamW"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 10
+    batch_size: int = 64  # GLOBAL batch; each rank takes batch_size / world size
+    eval_batch_size: int = 256  # global
+    log_every_n_steps: int = 10
+    device: str = "auto"  # auto | cpu | cuda
+    grad_clip: Optional[float] = None
+    lr_schedule: str = "cosine"  # cosine | constant, stepped per optimizer step
+    warmup_epochs: float = 0.0
+    progress_bar: bool = True  # rank 0 only, and only when stdout is a TTY
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "auto"  # auto | online | offline | disabled
+    project: str = "hydra-ddp"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    name: Optional[str] = None
+    job_type: str = "train"
+    tags: List[str] = field(default_factory=list)
+    # wandb.init waits at most this long; past it training goes on without W&B.
+    init_timeout_s: float = 60.0
+
+
+@dataclass
+class TrainConfig:
+    model: Any = MISSING
+    dataset: DatasetConfig = MISSING
+    dist: DistConfig = field(default_factory=DistConfig)
+    optim: Any = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    seed: int = 0
+    # null: start fresh; auto: continue from <run dir>/checkpoints/last.pt if it exists;
+    # a path: continue from that checkpoint file.
+    resume: Optional[str] = None
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(group="model", name="torchvision_schema", node=TorchvisionModelConfig)
+    cs.store(group="model", name="small_cnn_schema", node=SmallCNNConfig)
+    cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
+    cs.store(group="dist", name="dist_schema", node=DistConfig)
+    cs.store(group="optim", name="sgd_schema", node=SGDConfig)
+    cs.store(group="optim", name="adamw_schema", node=AdamWConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    cs.store(group="wandb", name="wandb_schema", node=WandbConfig)
+
+
+register_configs()

@@ -1,0 +1,58 @@
+"""Stable seeds, and the train-set wrapper that seeds augmentation from (seed, epoch, index).
+
+Per-sample seeding (rather than relying on worker RNG state) is what makes an augmented sample
+independent of the rank that loads it, the world size, the number of workers and where an
+epoch was resumed: the same (seed, epoch, index) always gives the same tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    # SplitMix64 finaliser: cheap, well mixed, and identical in every process and Python version
+    # (unlike hash(), whose str hashing is salted per process).
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed that depends on every value and their order (valid for torch.manual_seed)."""
+    h = 0
+    for value in values:
+        h = _splitmix64(h ^ (int(value) & _MASK64))
+    return h >> 1
+
+
+class EpochSeededDataset(Dataset):
+    """Train-set wrapper: item ``(epoch, index)`` is loaded and transformed with torch's CPU RNG
+    seeded from ``(seed, epoch, index)`` only; a bare ``index`` means epoch 0.
+
+    ResumableDistributedSampler yields such tuples. The global RNG is restored afterwards
+    (fork_rng), so wrapping does not disturb any other randomness in the process.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: Any) -> Any:
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        index = int(index)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(mix_seed(self.seed, epoch, index))
+            return self.dataset[index]
+
+    def __repr__(self) -> str:
+        return f"EpochSeededDataset(seed={self.seed}, dataset={self.dataset!r})"

@@ -1,0 +1,147 @@
+"""Process group and device for one rank: who am I, how many are we, which device is mine.
+
+Under torchrun (or srun with the same variables) the environment defines the world; a config
+value that disagrees with it is an error naming both numbers. Without those variables the run is
+a single process (the launcher starts more when dist.nproc_per_node asks for them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from launch.errors import UserError
+
+WORLD_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    nnodes: int
+    backend: str
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def started_by_launcher() -> bool:
+    """True when torchrun (or srun mapped to its variables) started this process as a rank."""
+    return all(k in os.environ for k in WORLD_ENV)
+
+
+def gpus_available() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _positive_int_or_auto(value: object, key: str) -> int | None:
+    text = str(value).strip()
+    if text == "auto":
+        return None
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise UserError(f"{key}={text} is not valid: use {key}=auto or a positive integer")
+
+
+def requested_world(dist_cfg) -> tuple[int, int]:
+    """(nproc_per_node, nnodes) this run should have, resolving `auto`.
+
+    Under torchrun, auto takes the environment's values and an explicit value must match them.
+    Otherwise auto means every visible GPU (1 on CPU, or when the backend is gloo) and one node.
+    """
+    nproc = _positive_int_or_auto(dist_cfg.nproc_per_node, "dist.nproc_per_node")
+    nnodes = _positive_int_or_auto(dist_cfg.nnodes, "dist.nnodes")
+    if started_by_launcher():
+        env_nproc = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+        env_nnodes = int(os.environ["WORLD_SIZE"]) // env_nproc
+        if nproc is not None and nproc != env_nproc:
+            raise UserError(
+                f"dist.nproc_per_node={nproc} but torchrun started {env_nproc} processes per node: "
+                f"drop the override or run torchrun --nproc_per_node={nproc}"
+            )
+        if nnodes is not None and nnodes != env_nnodes:
+            raise UserError(
+                f"dist.nnodes={nnodes} but torchrun started {env_nnodes} nodes: "
+                f"drop the override or run torchrun --nnodes={nnodes}"
+            )
+        return env_nproc, env_nnodes
+    if nproc is None:
+        nproc = max(gpus_available(), 1) if _wants_cuda(dist_cfg.backend) else 1
+    return nproc, nnodes or 1
+
+
+def _wants_cuda(backend: str) -> bool:
+    return backend != "gloo" and gpus_available() > 0
+
+
+def resolve_backend(backend: str, device: str) -> str:
+    if backend not in ("auto", "nccl", "gloo"):
+        raise UserError(f"dist.backend={backend} is not valid: use auto, nccl or gloo")
+    if backend == "auto":
+        return "nccl" if gpus_available() > 0 and device != "cpu" else "gloo"
+    if backend == "nccl" and gpus_available() == 0:
+        raise UserError(
+            "dist.backend=nccl needs a CUDA GPU and none is visible: "
+            "use dist.backend=gloo (or auto) on CPU"
+        )
+    return backend
+
+
+@contextmanager
+def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
+    """Set up this rank's device and process group; destroy the group on exit, error or not."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"trainer.device={device} is not valid: use auto, cpu or cuda")
+    if device == "cuda" and gpus_available() == 0:
+        raise UserError("trainer.device=cuda but no CUDA GPU is visible: use trainer.device=auto")
+    nproc, nnodes = requested_world(dist_cfg)
+    backend = resolve_backend(dist_cfg.backend, device)
+    if started_by_launcher():
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+        world_size = int(os.environ["WORLD_SIZE"])
+    else:
+        if nproc * nnodes != 1:
+            raise UserError(
+                f"dist.nproc_per_node={nproc} dist.nnodes={nnodes} needs several processes: "
+                "start them with torchrun or `python train.py` (which launches them itself)"
+            )
+        rank, local_rank, world_size = 0, 0, 1
+
+    use_cuda = backend == "nccl" or (device != "cpu" and gpus_available() > 0 and backend != "gloo")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+
+    timeout = timedelta(seconds=dist_cfg.timeout_s)
+    if world_size == 1 and not started_by_launcher():
+        # A one-rank group keeps every collective (metric all-reduce, barriers) valid without
+        # a rendezvous port; DDP itself is skipped for a single rank.
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
+    else:
+        dist.init_process_group(
+            backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None
+        )
+    try:
+        yield DistEnv(rank, local_rank, world_size, nproc, nnodes, backend, dev)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,194 @@
+"""Rank 0's record of a run: metrics.jsonl, result.json and the W&B run.
+
+Every other rank gets a RunLogger that does nothing, so train.py calls it unconditionally.
+W&B problems never stop training: init has a timeout, and a failure is a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import netrc
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+
+
+def wandb_credentials_exist() -> bool:
+    """Whether W&B could log in without prompting: WANDB_API_KEY or a netrc entry for its host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def resolve_wandb_mode(mode: str) -> str:
+    if mode == "auto":
+        return "online" if wandb_credentials_exist() else "offline"
+    if mode not in ("online", "offline", "disabled"):
+        raise ValueError(f"wandb.mode={mode} is not valid: use auto, online, offline or disabled")
+    return mode
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_facts(world_size: int, per_rank_batch: int, device: torch.device) -> dict[str, Any]:
+    """Derived facts stored beside the config so every W&B run says how it was run."""
+    return {
+        "world_size": world_size,
+        "per_rank_batch_size": per_rank_batch,
+        "device_type": device.type,
+        "git_commit": git_commit(),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "hostname": platform.node(),
+    }
+
+
+def wandb_group_and_name(group: str | None, name: str | None) -> tuple[str | None, str | None]:
+    """Defaults from Hydra: a sweep's jobs share one group (the experiment's name, else the sweep
+    dir's timestamp); a run is named by its overrides (`model=resnet18,optim.lr=0.1`)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return group, name
+    hc = HydraConfig.get()
+    experiment = hc.runtime.choices.get("experiment")
+    if group is None and hc.mode == RunMode.MULTIRUN:
+        stamp = "_".join(Path(hc.sweep.dir).parts[-2:])
+        group = f"{experiment or 'sweep'}-{stamp}"
+    elif group is None:
+        group = experiment
+    if name is None:
+        name = hc.job.override_dirname or None
+        if name and hc.mode == RunMode.MULTIRUN:
+            name = f"{hc.job.num}:{name}"
+    return group, name
+
+
+class RunLogger:
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: DictConfig,
+        *,
+        enabled: bool,
+        facts: dict[str, Any],
+        resume_step: int | None = None,
+        wandb_run_id: str | None = None,
+    ):
+        self.enabled = enabled
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / METRICS_FILE
+        self.wandb = None
+        if not enabled:
+            return
+        if resume_step is not None:
+            self._drop_rows_after(resume_step)
+        self._file = open(self.metrics_path, "a", buffering=1)  # line-buffered: killed runs keep rows
+        self._init_wandb(cfg, facts, wandb_run_id)
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        return self.wandb.id if self.wandb is not None else None
+
+    def _drop_rows_after(self, step: int) -> None:
+        """Rows logged after the checkpoint we resume from would be logged again: drop them."""
+        if not self.metrics_path.exists():
+            return
+        kept = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, self.metrics_path)
+
+    def _init_wandb(self, cfg: DictConfig, facts: dict[str, Any], run_id: str | None) -> None:
+        w = cfg.wandb
+        mode = resolve_wandb_mode(w.mode)
+        if mode == "disabled":
+            return
+        try:
+            import wandb
+
+            config = OmegaConf.to_container(cfg, resolve=True)
+            config["run"] = facts
+            group, name = wandb_group_and_name(w.group, w.name)
+            self.wandb = wandb.init(
+                project=w.project,
+                entity=w.entity,
+                group=group,
+                name=name,
+                job_type=w.job_type,
+                tags=list(w.tags),
+                config=config,
+                dir=str(self.run_dir),
+                mode=mode,
+                id=run_id,
+                resume="allow" if run_id else None,
+                settings=wandb.Settings(init_timeout=w.init_timeout_s, console="off"),
+            )
+            # Val metrics are plotted per epoch; val/acc's run summary is its best value.
+            self.wandb.define_metric("epoch")
+            self.wandb.define_metric("val/*", step_metric="epoch")
+            self.wandb.define_metric("val/acc", step_metric="epoch", summary="max")
+            log.info("W&B run %s (%s mode) in %s", self.wandb.id, mode, self.wandb.dir)
+        except Exception as e:  # noqa: BLE001 - any W&B failure must leave training running
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            log.warning("W&B init failed, training goes on without it: %s", first[:200])
+            self.wandb = None
+
+    def log(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(row) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(row, step=row["step"])
+
+    def write_result(self, result: dict[str, Any]) -> None:
+        if self.enabled:
+            tmp = self.run_dir / f".{RESULT_FILE}.tmp"
+            tmp.write_text(json.dumps(result, indent=2))
+            os.replace(tmp, self.run_dir / RESULT_FILE)
+
+    def finish(self, exit_code: int) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self.wandb is not None:
+            try:
+                self.wandb.finish(exit_code=exit_code)  # failed runs show as failed in W&B
+            except Exception as e:  # noqa: BLE001
+                log.warning("W&B finish failed: %s", e)

@@ -1,0 +1,381 @@
+"""Run Hydra jobs as torchrun jobs: the engine behind `hydra/launcher=torchrun`.
+
+Each job is one `python -m torch.distributed.run` process (torch's elastic agent: it starts,
+supervises and restarts the ranks; we write no process manager). Its ranks run
+`python -m launch.job_rank <job.pkl>`, which unpickles the job (task function, composed config,
+Hydra's singleton state: cloudpickle, as Hydra's submitit launcher does) and runs it; rank 0 runs
+it as the Hydra job (`.hydra/`, log, callbacks) and writes the return value to result.pkl.
+
+A scheduler starts jobs as resources allow: on a GPU node each job gets a disjoint set of GPUs
+through CUDA_VISIBLE_DEVICES; on CPU at most `max_parallel` jobs run at once. Every single-node
+job gets its own rendezvous port (torchrun --standalone binds port 0), so jobs never collide.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from launch.errors import UserError
+
+log = logging.getLogger(__name__)
+
+JOB_FILES = ".torchrun"  # per-job launcher files inside the job dir: job.pkl, result.pkl
+RESULT_PKL = "result.pkl"
+POLL_S = 0.2
+
+
+@dataclass
+class LauncherSettings:
+    """The `hydra.launcher` options (hydra_plugins/hydra_ddp_torchrun_launcher/config.py)."""
+
+    max_parallel: int | None = None
+    max_restarts: int = 0
+    monitor_interval: float = 0.5
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    node_rank: int | None = None
+    gpus: list[int] | None = None
+    log_dir: str = "rank_logs"
+    tee: str = "3"
+    nproc_key: str = "dist.nproc_per_node"
+    nnodes_key: str = "dist.nnodes"
+    backend_key: str = "dist.backend"
+
+    @classmethod
+    def from_config(cls, launcher_cfg: Any) -> LauncherSettings:
+        known = {k: v for k, v in dict(launcher_cfg or {}).items() if k in cls.__dataclass_fields__}
+        if known.get("gpus") is not None:
+            known["gpus"] = list(known["gpus"])
+        return cls(**known)
+
+
+@dataclass
+class JobSpec:
+    """What every rank of one job needs; pickled into <job dir>/.torchrun/job.pkl."""
+
+    task_function: Any
+    config: DictConfig  # the job's composed config, hydra node included, output dirs resolved
+    singleton_state: Any
+    hydra_context: Any = None  # None: the job dir and .hydra/ already exist (`python train.py`)
+    job_dir_key: str = "hydra.sweep.dir"
+    job_subdir_key: str | None = "hydra.sweep.subdir"
+
+
+@dataclass
+class Job:
+    num: int
+    overrides: list[str]
+    job_dir: Path
+    spec: JobSpec
+    nproc: int
+    nnodes: int
+    gpus: list[int] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# world size and devices
+
+
+def visible_gpus(settings: LauncherSettings) -> list[int]:
+    if settings.gpus is not None:
+        return list(settings.gpus)
+    import torch
+
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def job_world(config: DictConfig, settings: LauncherSettings, n_gpus: int) -> tuple[int, int]:
+    """(nproc_per_node, nnodes) from the job's own config; `auto` = every usable GPU, 1 on CPU."""
+    uses_gpus = n_gpus > 0 and OmegaConf.select(config, settings.backend_key, default="auto") != "gloo"
+
+    def value(key: str, auto: int) -> int:
+        raw = str(OmegaConf.select(config, key, default=1))
+        if raw == "auto":
+            return auto
+        if not raw.isdigit() or int(raw) < 1:
+            raise UserError(f"{key}={raw} is not valid: use {key}=auto or a positive integer")
+        return int(raw)
+
+    return value(settings.nproc_key, n_gpus if uses_gpus else 1), value(settings.nnodes_key, 1)
+
+
+def torchrun_command(job: Job, settings: LauncherSettings, payload: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           f"--nproc-per-node={job.nproc}", f"--nnodes={job.nnodes}",
+           f"--max-restarts={settings.max_restarts}",
+           f"--monitor-interval={settings.monitor_interval}",
+           f"--log-dir={job.job_dir / settings.log_dir}", f"--tee={settings.tee}",
+           "--log-line-prefix-template=[rank${rank}]: "]  # fmt: skip
+    if job.nnodes == 1 and settings.rdzv_endpoint is None:
+        cmd.append("--standalone")  # c10d store on port 0: the OS picks a free port per job
+    else:
+        if not settings.rdzv_endpoint:
+            raise UserError(
+                f"dist.nnodes={job.nnodes} needs a rendezvous point every node can reach: set "
+                "hydra.launcher.rdzv_endpoint=HOST:PORT and start the same job on each node"
+            )
+        cmd += [f"--rdzv-backend={settings.rdzv_backend}",
+                f"--rdzv-endpoint={settings.rdzv_endpoint}",
+                f"--rdzv-id={settings.rdzv_id or job.job_dir.name}"]  # fmt: skip
+        if settings.node_rank is not None:
+            cmd.append(f"--node-rank={settings.node_rank}")
+    return [*cmd, "-m", "launch.job_rank", str(payload)]
+
+
+def job_environment(job: Job) -> dict[str, str]:
+    env = dict(os.environ)
+    # Ranks import the task function's modules by reference: give them our import path.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    if job.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
+    # One OpenMP thread per rank unless the user chose: N ranks on N cores is the sane default.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, job.nproc))))
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# one job
+
+
+def start(job: Job, settings: LauncherSettings) -> None:
+    files = job.job_dir / JOB_FILES
+    files.mkdir(parents=True, exist_ok=True)
+    (files / RESULT_PKL).unlink(missing_ok=True)
+    payload = files / "job.pkl"
+    with open(payload, "wb") as f:
+        cloudpickle.dump(job.spec, f)
+    cmd = torchrun_command(job, settings, payload)
+    log.info("#%d %s: %d rank(s)%s", job.num, " ".join(job.overrides) or "(no overrides)",
+             job.nproc * job.nnodes, f" on GPUs {job.gpus}" if job.gpus else "")  # fmt: skip
+    job.started = time.time()
+    # Its own session: the agent and its ranks can be signalled as one group.
+    job.process = subprocess.Popen(cmd, env=job_environment(job), start_new_session=True)
+
+
+def finish(job: Job) -> Any:
+    """The JobReturn of a finished job: rank 0's own, or a failed one saying what went wrong."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    assert job.process is not None
+    code = job.process.returncode
+    result_file = job.job_dir / JOB_FILES / RESULT_PKL
+    if code == 0 and result_file.exists():
+        with open(result_file, "rb") as f:
+            return cloudpickle.load(f)
+    error = failure_reason(job, code)
+    log.error("#%d %s failed: %s", job.num, " ".join(job.overrides), error)
+    record_failure(job, error)
+    ret = JobReturn(overrides=job.overrides, cfg=job.spec.config, status=JobStatus.FAILED)
+    ret.working_dir = str(job.job_dir)
+    ret.hydra_cfg = job.spec.config
+    ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}): {error}")
+    ret.status = JobStatus.FAILED
+    return ret
+
+
+class JobFailed(UserError):
+    """A torchrun job ended without a result: an exception, a crash or a killed rank. The
+    ranks have printed their own errors; this is the one-line verdict."""
+
+    exit_code = 1
+
+
+def failure_reason(job: Job, code: int | None) -> str:
+    # Rank 0 of a train.py job records its own error in result.json; other apps leave none.
+    result_json = job.job_dir / "result.json"
+    if result_json.exists():
+        try:
+            error = json.loads(result_json.read_text()).get("error")
+            if error:
+                return f"{error} (exit code {code})"
+        except (json.JSONDecodeError, OSError):
+            pass
+    if code is not None and code < 0:
+        return f"torchrun was killed by {signal.Signals(-code).name}"
+    return (
+        f"torchrun exited with code {code}: see {job.job_dir / 'rank_logs'} for each rank's output"
+    )
+
+
+def record_failure(job: Job, error: str) -> None:
+    """Make sure the job dir says it failed (the sweep summary reads result.json)."""
+    result_json = job.job_dir / "result.json"
+    try:
+        result = json.loads(result_json.read_text()) if result_json.exists() else {}
+    except (json.JSONDecodeError, OSError):
+        result = {}
+    result.update(status="failed", overrides=job.overrides, job_num=job.num)
+    result.setdefault("error", error)
+    result["error"] = result["error"] or error
+    result.setdefault("wall_time_s", round(time.time() - job.started, 3))
+    job.job_dir.mkdir(parents=True, exist_ok=True)
+    result_json.write_text(json.dumps(result, indent=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# the scheduler
+
+
+def run_jobs(jobs: list[Job], settings: LauncherSettings) -> list[Any]:
+    """Run every job, as many at once as resources allow; return their JobReturns in order."""
+    gpus = visible_gpus(settings)
+    free_gpus = list(gpus)
+    limit = settings.max_parallel or (len(gpus) if gpus else 1)
+    for job in jobs:
+        if job.nproc > len(gpus) and job.spec.config and gpus and uses_gpu(job, settings):
+            raise UserError(
+                f"job #{job.num} asks for {job.nproc} GPUs per node but the launcher has "
+                f"{len(gpus)} ({gpus}): lower dist.nproc_per_node"
+            )
+    pending, running, results = deque(jobs), [], {}
+    try:
+        while pending or running:
+            # Start jobs in order while the next one fits (strict FIFO: no job is starved).
+            while pending and len(running) < limit:
+                job = pending[0]
+                if gpus and uses_gpu(job, settings):
+                    if len(free_gpus) < job.nproc:
+                        break
+                    job.gpus, free_gpus = free_gpus[: job.nproc], free_gpus[job.nproc :]
+                pending.popleft()
+                try:
+                    start(job, settings)
+                except UserError as e:
+                    results[job.num] = failed_before_start(job, str(e))
+                    free_gpus = sorted(free_gpus + job.gpus)
+                    continue
+                running.append(job)
+            time.sleep(POLL_S)
+            for job in [j for j in running if j.process.poll() is not None]:
+                running.remove(job)
+                free_gpus = sorted(free_gpus + job.gpus)
+                results[job.num] = finish(job)
+    except BaseException:
+        for job in running:  # Ctrl-C or an error here: take every started job down with us
+            terminate(job)
+        raise
+    return [results[job.num] for job in jobs]
+
+
+def uses_gpu(job: Job, settings: LauncherSettings) -> bool:
+    return OmegaConf.select(job.spec.config, settings.backend_key, default="auto") != "gloo"
+
+
+def failed_before_start(job: Job, error: str) -> Any:
+    from hydra.core.utils import JobReturn, JobStatus
+
+    log.error("#%d %s failed: %s", job.num, " ".join(job.overrides), error)
+    record_failure(job, error)
+    ret = JobReturn(overrides=job.overrides, cfg=job.spec.config, status=JobStatus.FAILED)
+    ret.return_value = JobFailed(error)
+    ret.status = JobStatus.FAILED
+    return ret
+
+
+def terminate(job: Job, grace_s: float = 30.0) -> None:
+    """SIGTERM the agent's process group (it forwards to its ranks), then SIGKILL if needed."""
+    if job.process is None or job.process.poll() is not None:
+        return
+    try:
+        os.killpg(job.process.pid, signal.SIGTERM)
+        job.process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.process.pid, signal.SIGKILL)
+        job.process.wait()
+    except ProcessLookupError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points
+
+
+def resolve_output_dirs(config: DictConfig, keys: tuple[str, ...]) -> None:
+    """Resolve the output dir keys here, once: ranks are new processes, and `${now:}` resolved
+    there would name a different directory."""
+    with read_write(config.hydra), open_dict(config):
+        for key in keys:
+            OmegaConf.update(config, key, str(OmegaConf.select(config, key)), merge=False)
+
+
+def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
+    """`python train.py dist.nproc_per_node=N`: run this very job's N ranks under torchrun.
+
+    Hydra has already made the run dir and written `.hydra/` here; the ranks reuse both.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.singleton import Singleton
+
+    hydra_cfg = HydraConfig.get()
+    settings = LauncherSettings.from_config(hydra_cfg.launcher)
+    config = copy.deepcopy(hydra_cfg._get_parent())  # the job's whole config, hydra node too
+    resolve_output_dirs(config, ("hydra.run.dir", "hydra.runtime.output_dir"))
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    spec = JobSpec(task_function, config, Singleton.get_state(), job_dir_key="hydra.run.dir",
+                   job_subdir_key=None)  # fmt: skip
+    nproc, nnodes = job_world(config, settings, len(visible_gpus(settings)))
+    job = Job(0, list(hydra_cfg.overrides.task), job_dir, spec, nproc, nnodes)
+    (ret,) = run_jobs([job], settings)
+    return ret.return_value  # raises JobFailed when the job failed
+
+
+def job_overrides_to_jobs(launcher, job_overrides, initial_job_idx: int) -> list[Job]:
+    """Compose each sweep job's config in this process (as Hydra's own launchers do)."""
+    from hydra.core.singleton import Singleton
+
+    settings = launcher.settings
+    n_gpus = len(visible_gpus(settings))
+    jobs = []
+    for idx, overrides in enumerate(job_overrides):
+        num = initial_job_idx + idx
+        config = launcher.hydra_context.config_loader.load_sweep_config(
+            launcher.config, list(overrides)
+        )
+        with open_dict(config):
+            config.hydra.job.id = f"{config.hydra.job.name}_{num}"
+            config.hydra.job.num = num
+        resolve_output_dirs(config, ("hydra.sweep.dir", "hydra.sweep.subdir"))
+        job_dir = Path(config.hydra.sweep.dir) / str(config.hydra.sweep.subdir)
+        spec = JobSpec(launcher.task_function, config, Singleton.get_state(),
+                       hydra_context=launcher.hydra_context)  # fmt: skip
+        nproc, nnodes = job_world(config, settings, n_gpus)
+        jobs.append(Job(num, list(overrides), job_dir, spec, nproc, nnodes))
+    return jobs
+
+
+def launch_sweep_batch(launcher, job_overrides, initial_job_idx: int) -> list[Any]:
+    """Hydra Launcher.launch: run one batch of sweep jobs, return their JobReturns."""
+    from hydra.core.utils import configure_log, filter_overrides, setup_globals
+
+    if os.environ.get("RANK") is not None:
+        raise UserError("a sweep cannot start inside a torchrun rank: run `python train.py -m ...`")
+    setup_globals()
+    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    log.info("torchrun launcher: %d job(s), sweep dir %s", len(job_overrides), sweep_dir)
+    for idx, overrides in enumerate(job_overrides):
+        log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
+    results = run_jobs(job_overrides_to_jobs(launcher, job_overrides, initial_job_idx),
+                       launcher.settings)  # fmt: skip
+    failed = [r for r in results if r.status.name == "FAILED"]
+    if failed:
+        log.error("%d of %d job(s) failed in this batch", len(failed), len(results))
+    return results
