@@ -35,7 +35,7 @@ from launch.checkpoint import (
     set_rng_state,
 )
 from launch.distributed import DistEnv, init_distributed, requested_world, started_by_launcher
-from launch.errors import UserError
+from launch.errors import UserError, find_user_error
 from launch.metrics import RunLogger, run_facts
 
 log = logging.getLogger("train")
@@ -50,9 +50,12 @@ def main(cfg: DictConfig) -> float:
 
             return run_in_torchrun(cfg, train)  # `train` below, in each of the N ranks
         return train(cfg)
-    except UserError as e:
-        log.error("%s", e)
-        sys.exit(e.exit_code)
+    except Exception as e:
+        user_error = find_user_error(e)
+        if user_error is None:
+            raise
+        log.error("%s", user_error)  # the user's to fix: one line, no traceback
+        sys.exit(user_error.exit_code)
 
 
 def train(cfg: DictConfig) -> float:

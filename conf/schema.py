@@ -6,7 +6,7 @@ config group, mirroring the code that consumes it.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -28,7 +28,7 @@ class SmallCNNConfig:
     """A small CNN for 8x8 digits / 28x28 MNIST-sized inputs (models/small_cnn.py)."""
 
     _target_: str = "models.small_cnn.SmallCNN"
-    channels: List[int] = field(default_factory=lambda: [32, 64])
+    channels: list[int] = field(default_factory=lambda: [32, 64])
     hidden: int = 128
     dropout: float = 0.0
     batch_norm: bool = False
@@ -90,7 +90,7 @@ class AdamWConfig(OptimConfig):
     _target_: str = "torch.optim.AdamW"
     lr: float = 1e-3
     weight_decay: float = 0.01
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
 
 
 @dataclass
@@ -100,7 +100,7 @@ class TrainerConfig:
     eval_batch_size: int = 256  # global
     log_every_n_steps: int = 10
     device: str = "auto"  # auto | cpu | cuda
-    grad_clip: Optional[float] = None
+    grad_clip: float | None = None
     lr_schedule: str = "cosine"  # cosine | constant, stepped per optimizer step
     warmup_epochs: float = 0.0
     progress_bar: bool = True  # rank 0 only, and only when stdout is a TTY
@@ -110,11 +110,11 @@ class TrainerConfig:
 class WandbConfig:
     mode: str = "auto"  # auto | online | offline | disabled
     project: str = "hydra-ddp"
-    entity: Optional[str] = None
-    group: Optional[str] = None
-    name: Optional[str] = None
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None
     job_type: str = "train"
-    tags: List[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
     # wandb.init waits at most this long; past it training goes on without W&B.
     init_timeout_s: float = 60.0
 
@@ -130,20 +130,24 @@ class TrainConfig:
     seed: int = 0
     # null: start fresh; auto: continue from <run dir>/checkpoints/last.pt if it exists;
     # a path: continue from that checkpoint file.
-    resume: Optional[str] = None
+    resume: str | None = None
 
 
 def register_configs() -> None:
+    """Schemas live in the `schema` group; each YAML names its own as `/schema/<group>/<name>`."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    cs.store(group="model", name="torchvision_schema", node=TorchvisionModelConfig)
-    cs.store(group="model", name="small_cnn_schema", node=SmallCNNConfig)
-    cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
-    cs.store(group="dist", name="dist_schema", node=DistConfig)
-    cs.store(group="optim", name="sgd_schema", node=SGDConfig)
-    cs.store(group="optim", name="adamw_schema", node=AdamWConfig)
-    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
-    cs.store(group="wandb", name="wandb_schema", node=WandbConfig)
+    for group, name, node in (
+        ("model", "torchvision", TorchvisionModelConfig),
+        ("model", "small_cnn", SmallCNNConfig),
+        ("dataset", "dataset", DatasetConfig),
+        ("dist", "dist", DistConfig),
+        ("optim", "sgd", SGDConfig),
+        ("optim", "adamw", AdamWConfig),
+        ("trainer", "trainer", TrainerConfig),
+        ("wandb", "wandb", WandbConfig),
+    ):
+        cs.store(group=f"schema/{group}", name=name, node=node)
 
 
 register_configs()

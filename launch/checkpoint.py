@@ -31,11 +31,15 @@ def atomic_save(obj: Any, path: Path) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed save leaves the previous file and no litter
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the rename itself durable
@@ -45,7 +49,9 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist: pass resume=<existing .pt> or resume=null")
+        raise UserError(
+            f"checkpoint {path} does not exist: pass resume=<an existing .pt file> or resume=null"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torn file, not a checkpoint, or pickled code we refuse to run
@@ -54,9 +60,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             f"checkpoint {path} cannot be loaded ({reason[:160]}): "
             "pass resume=<another checkpoint> or resume=null to start fresh"
         ) from None
-    missing = {"model", "optimizer", "epoch", "step"} - set(state) if isinstance(state, dict) else {
-        "model"
-    }
+    required = {"model", "optimizer", "epoch", "step"}
+    missing = required - set(state) if isinstance(state, dict) else required
     if missing:
         raise UserError(
             f"checkpoint {path} is not a hydra-ddp checkpoint (missing {sorted(missing)}): "

@@ -113,7 +113,8 @@ class RunLogger:
             return
         if resume_step is not None:
             self._drop_rows_after(resume_step)
-        self._file = open(self.metrics_path, "a", buffering=1)  # line-buffered: killed runs keep rows
+        # Line-buffered, so a killed run keeps every row it logged.
+        self._file = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 - closed in finish()
         self._init_wandb(cfg, facts, wandb_run_id)
 
     @property

@@ -1,10 +1,13 @@
 """Run Hydra jobs as torchrun jobs: the engine behind `hydra/launcher=torchrun`.
 
-Each job is one `python -m torch.distributed.run` process (torch's elastic agent: it starts,
-supervises and restarts the ranks; we write no process manager). Its ranks run
-`python -m launch.job_rank <job.pkl>`, which unpickles the job (task function, composed config,
-Hydra's singleton state: cloudpickle, as Hydra's submitit launcher does) and runs it; rank 0 runs
-it as the Hydra job (`.hydra/`, log, callbacks) and writes the return value to result.pkl.
+Each job is one torchrun process (torch's elastic agent, torch.distributed.run: it starts,
+supervises and restarts the ranks; we write no process manager), run as
+`python -m launch.torchrun <failures.json> <torchrun args>` so that when ranks fail, which ones
+and how (exit code, signal, error) is written down for the launcher rather than only printed.
+Its ranks run `python -m launch.job_rank <job.pkl>`, which unpickles the job (task function,
+composed config, Hydra's singleton state: cloudpickle, as Hydra's submitit launcher does) and
+runs it; rank 0 runs it as the Hydra job (`.hydra/`, log, callbacks) and writes the return value
+to result.pkl.
 
 A scheduler starts jobs as resources allow: on a GPU node each job gets a disjoint set of GPUs
 through CUDA_VISIBLE_DEVICES; on CPU at most `max_parallel` jobs run at once. Every single-node
@@ -27,14 +30,17 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from launch.errors import UserError
+from launch.errors import UserError, find_user_error
 
 log = logging.getLogger(__name__)
 
-JOB_FILES = ".torchrun"  # per-job launcher files inside the job dir: job.pkl, result.pkl
-RESULT_PKL = "result.pkl"
+JOB_FILES = ".torchrun"  # per-job launcher files inside the job dir: job.pkl, result.pkl, ...
+RESULT_PKL = "result.pkl"  # rank 0's JobReturn
+JOB_JSON = "job.json"  # rank 0's record: pid, rendezvous address, start and end times
+FAILURES_JSON = "failures.json"  # the agent's record of the ranks that failed, first first
 POLL_S = 0.2
 
 
@@ -87,6 +93,11 @@ class Job:
     gpus: list[int] = field(default_factory=list)
     process: subprocess.Popen | None = None
     started: float = 0.0
+    label: str = ""  # prefixed to every line its ranks print: "#3 " in a sweep
+
+    @property
+    def files(self) -> Path:
+        return self.job_dir / JOB_FILES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +114,9 @@ def visible_gpus(settings: LauncherSettings) -> list[int]:
 
 def job_world(config: DictConfig, settings: LauncherSettings, n_gpus: int) -> tuple[int, int]:
     """(nproc_per_node, nnodes) from the job's own config; `auto` = every usable GPU, 1 on CPU."""
-    uses_gpus = n_gpus > 0 and OmegaConf.select(config, settings.backend_key, default="auto") != "gloo"
+    uses_gpus = (
+        n_gpus > 0 and OmegaConf.select(config, settings.backend_key, default="auto") != "gloo"
+    )
 
     def value(key: str, auto: int) -> int:
         raw = str(OmegaConf.select(config, key, default=1))
@@ -117,12 +130,12 @@ def job_world(config: DictConfig, settings: LauncherSettings, n_gpus: int) -> tu
 
 
 def torchrun_command(job: Job, settings: LauncherSettings, payload: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run",
+    cmd = [sys.executable, "-m", "launch.torchrun", str(job.files / FAILURES_JSON),
            f"--nproc-per-node={job.nproc}", f"--nnodes={job.nnodes}",
            f"--max-restarts={settings.max_restarts}",
            f"--monitor-interval={settings.monitor_interval}",
            f"--log-dir={job.job_dir / settings.log_dir}", f"--tee={settings.tee}",
-           "--log-line-prefix-template=[rank${rank}]: "]  # fmt: skip
+           f"--log-line-prefix-template=[{job.label}rank${{rank}}]: "]  # fmt: skip
     if job.nnodes == 1 and settings.rdzv_endpoint is None:
         cmd.append("--standalone")  # c10d store on port 0: the OS picks a free port per job
     else:
@@ -155,9 +168,10 @@ def job_environment(job: Job) -> dict[str, str]:
 
 
 def start(job: Job, settings: LauncherSettings) -> None:
-    files = job.job_dir / JOB_FILES
+    files = job.files
     files.mkdir(parents=True, exist_ok=True)
-    (files / RESULT_PKL).unlink(missing_ok=True)
+    for stale in (RESULT_PKL, JOB_JSON, FAILURES_JSON):  # from an earlier run into this dir
+        (files / stale).unlink(missing_ok=True)
     payload = files / "job.pkl"
     with open(payload, "wb") as f:
         cloudpickle.dump(job.spec, f)
@@ -175,29 +189,66 @@ def finish(job: Job) -> Any:
 
     assert job.process is not None
     code = job.process.returncode
-    result_file = job.job_dir / JOB_FILES / RESULT_PKL
-    if code == 0 and result_file.exists():
-        with open(result_file, "rb") as f:
-            return cloudpickle.load(f)
-    error = failure_reason(job, code)
+    ret = None
+    result_file = job.files / RESULT_PKL
+    if result_file.exists():
+        try:
+            with open(result_file, "rb") as f:
+                ret = cloudpickle.load(f)
+        except Exception as e:  # noqa: BLE001 - e.g. a class the launcher cannot import
+            log.warning("#%d: unreadable %s (%s: %s)", job.num, result_file, type(e).__name__, e)
+    if code == 0 and ret is not None and ret.status == JobStatus.COMPLETED:
+        return ret
+    error = failure_reason(job, code, ret)
     log.error("#%d %s failed: %s", job.num, " ".join(job.overrides), error)
     record_failure(job, error)
-    ret = JobReturn(overrides=job.overrides, cfg=job.spec.config, status=JobStatus.FAILED)
-    ret.working_dir = str(job.job_dir)
-    ret.hydra_cfg = job.spec.config
+    if ret is None:  # no word from rank 0: a failed JobReturn from what the launcher knows
+        ret = JobReturn(overrides=job.overrides, cfg=job.spec.config, hydra_cfg=job.spec.config)
+        ret.working_dir = str(job.job_dir)
     ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}): {error}")
     ret.status = JobStatus.FAILED
     return ret
 
 
-class JobFailed(UserError):
+class JobFailed(UserError, CompactHydraException):
     """A torchrun job ended without a result: an exception, a crash or a killed rank. The
-    ranks have printed their own errors; this is the one-line verdict."""
+    ranks have printed their own errors; this is the one-line verdict (Hydra prints it as is,
+    with no traceback, when the sweep stops on it)."""
 
     exit_code = 1
 
 
-def failure_reason(job: Job, code: int | None) -> str:
+class TaskExit(Exception):
+    """A rank's task function called sys.exit() with a failure code (train.py does, after
+    logging a UserError): launch/job_rank.py records it as the job's error, with the message
+    of the exception being handled at the exit."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message, exit_code)
+        self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    @classmethod
+    def from_exit(cls, e: SystemExit) -> TaskExit:
+        code, context = e.code, find_user_error(e.__context__) or e.__context__
+        if isinstance(code, str):
+            message = code
+        elif context is not None and str(context).strip():
+            message = str(context).strip()
+        else:
+            message = f"the task exited with code {code}"
+        return cls(message, code if isinstance(code, int) else 1)
+
+
+def one_line(text: object) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def failure_reason(job: Job, code: int | None, ret: Any = None) -> str:
+    """The best one-line account of why a job failed, most specific first."""
     # Rank 0 of a train.py job records its own error in result.json; other apps leave none.
     result_json = job.job_dir / "result.json"
     if result_json.exists():
@@ -205,13 +256,45 @@ def failure_reason(job: Job, code: int | None) -> str:
             error = json.loads(result_json.read_text()).get("error")
             if error:
                 return f"{error} (exit code {code})"
-        except (json.JSONDecodeError, OSError):
+        except (json.JSONDecodeError, OSError, AttributeError):
             pass
+    # Rank 0's JobReturn: the task's exception.
+    if ret is not None and ret.status.name == "FAILED":
+        error = ret._return_value
+        if isinstance(error, BaseException):
+            user_error = find_user_error(error)
+            text = one_line(user_error or error)
+            if user_error is None and not isinstance(error, TaskExit):
+                text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+            return f"{text} (exit code {code})"
+    # The agent's record of the first rank that failed: a signal, an exit code, an error.
+    failures = read_failures(job.files / FAILURES_JSON)
+    if failures:
+        return f"{describe_failure(failures[0])}; rank logs in {job.job_dir / 'rank_logs'}"
     if code is not None and code < 0:
         return f"torchrun was killed by {signal.Signals(-code).name}"
+    if code == 0:
+        return "torchrun exited with code 0 but rank 0 left no result"
     return (
         f"torchrun exited with code {code}: see {job.job_dir / 'rank_logs'} for each rank's output"
     )
+
+
+def read_failures(path: Path) -> list[dict]:
+    try:
+        failures = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    return failures if isinstance(failures, list) else []
+
+
+def describe_failure(failure: dict) -> str:
+    rank, pid = failure.get("rank"), failure.get("pid")
+    if failure.get("signal"):
+        return f"rank {rank} (pid {pid}) was killed by {failure['signal']}"
+    if failure.get("error"):
+        return f"rank {rank} failed: {one_line(failure['error'])}"
+    return f"rank {rank} (pid {pid}) exited with code {failure.get('exitcode')}"
 
 
 def record_failure(job: Job, error: str) -> None:
@@ -283,8 +366,9 @@ def failed_before_start(job: Job, error: str) -> Any:
 
     log.error("#%d %s failed: %s", job.num, " ".join(job.overrides), error)
     record_failure(job, error)
-    ret = JobReturn(overrides=job.overrides, cfg=job.spec.config, status=JobStatus.FAILED)
-    ret.return_value = JobFailed(error)
+    ret = JobReturn(overrides=job.overrides, cfg=job.spec.config, hydra_cfg=job.spec.config)
+    ret.working_dir = str(job.job_dir)
+    ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}): {error}")
     ret.status = JobStatus.FAILED
     return ret
 
@@ -356,7 +440,7 @@ def job_overrides_to_jobs(launcher, job_overrides, initial_job_idx: int) -> list
         spec = JobSpec(launcher.task_function, config, Singleton.get_state(),
                        hydra_context=launcher.hydra_context)  # fmt: skip
         nproc, nnodes = job_world(config, settings, n_gpus)
-        jobs.append(Job(num, list(overrides), job_dir, spec, nproc, nnodes))
+        jobs.append(Job(num, list(overrides), job_dir, spec, nproc, nnodes, label=f"#{num} "))
     return jobs
 
 
@@ -375,7 +459,57 @@ def launch_sweep_batch(launcher, job_overrides, initial_job_idx: int) -> list[An
         log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
     results = run_jobs(job_overrides_to_jobs(launcher, job_overrides, initial_job_idx),
                        launcher.settings)  # fmt: skip
-    failed = [r for r in results if r.status.name == "FAILED"]
+    failed = [f"#{initial_job_idx + i}" for i, r in enumerate(results) if r.status.name == "FAILED"]
     if failed:
-        log.error("%d of %d job(s) failed in this batch", len(failed), len(results))
+        log.error("%d of %d job(s) failed in this batch: %s", len(failed), len(results),
+                  ", ".join(failed))  # fmt: skip
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# the agent: `python -m launch.torchrun FAILURES_JSON [torchrun args]`
+
+
+def agent_main(argv: list[str]) -> int:
+    """Run torchrun (torch.distributed.run's own main) with the given arguments. When ranks
+    fail, write who failed and how to FAILURES_JSON, earliest first, and print one line per
+    failed rank instead of torchrun's 40-line traceback; the ranks' own errors are above it."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    failures_path, args = Path(argv[0]), argv[1:]
+    try:
+        torchrun_main(args)
+    except ChildFailedError as e:
+        failures = sorted(
+            (rank_failure(rank, failure) for rank, failure in e.failures.items()),
+            key=lambda f: (f["timestamp"], f["rank"]),
+        )
+        tmp = failures_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(failures, indent=2))
+        os.replace(tmp, failures_path)
+        for failure in failures:
+            print(f"torchrun: {describe_failure(failure)}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def rank_failure(rank: int, failure: Any) -> dict:
+    """A JSON view of torch's ProcessFailure; `error` only when the rank recorded one."""
+    message = failure.message
+    if isinstance(message, dict):  # torch's ErrorHandler format: {"message": ..., "extraInfo"}
+        message = message.get("message")
+    has_error_file = bool(failure.error_file) and os.path.isfile(failure.error_file)
+    return {
+        "rank": rank,
+        "local_rank": failure.local_rank,
+        "pid": failure.pid,
+        "exitcode": failure.exitcode,
+        "signal": failure.signal_name() if failure.exitcode < 0 else None,
+        "error": str(message) if has_error_file and message else None,
+        "timestamp": failure.timestamp,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(agent_main(sys.argv[1:]))

@@ -140,7 +140,7 @@ def build_torchvision_model(
     vit = _VIT_NAME.fullmatch(key)
     if vit:
         patch = int(vit.group(1))
-        if False:
+        if image_size % patch:
             raise UserError(
                 f"{key} splits images into {patch}x{patch} patches but the image size is "
                 f"{image_size}: use a dataset whose image size is a multiple of {patch} "

@@ -67,8 +67,9 @@ def read_run(path: Path) -> OfflineRun:
             for item in r.config.update:
                 run.config[item.key] = json.loads(item.value_json)
         elif kind == "history":
+            items = record.history.item
             run.history.append(
-                {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
+                {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items}
             )
         elif kind == "exit":
             run.exit_code = record.exit.exit_code

@@ -1,27 +1,24 @@
 from dataclasses import dataclass
-from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 
 
 @dataclass
 class TorchrunLauncherConf:
-    _target_: str = (
-        "hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher.TorchrunLauncher"
-    )
+    _target_: str = "hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher.TorchrunLauncher"
     # Jobs running at once. null: on a GPU node as many as fit on disjoint GPU sets; 1 on CPU.
-    max_parallel: Optional[int] = None
+    max_parallel: int | None = None
     # Passed to the elastic agent: restarts of a job's ranks after a rank fails.
     max_restarts: int = 0
     monitor_interval: float = 0.5
     # Single-node jobs get a free port each (torchrun --standalone). Multi-node jobs
     # (dist.nnodes > 1) need an endpoint every node reaches, and the same job on each node.
     rdzv_backend: str = "c10d"
-    rdzv_endpoint: Optional[str] = None
-    rdzv_id: Optional[str] = None
-    node_rank: Optional[int] = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    node_rank: int | None = None
     # GPU ids jobs may use (null: every visible GPU); each job gets a disjoint set of them.
-    gpus: Optional[List[int]] = None
+    gpus: list[int] | None = None
     # Per-rank stdout/stderr files, relative to the job dir (torchrun --log-dir / --tee).
     log_dir: str = "rank_logs"
     tee: str = "3"

@@ -1,0 +1,314 @@
+"""train.py end to end: config, entry points, outputs, W&B, checkpoints, resume, bad input.
+
+Runs are real processes (python train.py / torchrun, gloo, offline W&B) on scikit-learn's
+digits, the default dataset.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import conf.schema  # noqa: F401 - registers the schema for compose()
+from launch.checkpoint import atomic_save, load_checkpoint
+from tests.conftest import QUICK, REPO, output, run, train_cmd
+from tests.wandb_records import offline_runs
+
+CONF = REPO / "conf"
+GROUPS = ["model", "dataset", "dist", "optim", "trainer", "wandb"]
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def val_rows(run_dir: Path) -> list[dict]:
+    return [r for r in rows(run_dir) if "val/acc" in r]
+
+
+def only_error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "ERROR" in line or line.startswith("error")]
+
+
+# ------------------------------------------------------------------------------ configuration
+
+
+def composition_error(config_dir: Path, overrides: list[str]) -> str:
+    """Hydra's error (with its cause) when composing fails; the test fails if it does not."""
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        with pytest.raises(Exception) as failure:  # noqa: PT011 - Hydra's own error types vary
+            compose("train", overrides=overrides)
+    return f"{failure.value}\n{failure.value.__cause__}"
+
+
+@pytest.mark.parametrize(
+    "group,choice",
+    [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))],
+)
+def test_every_group_choice_composes(group, choice):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[f"{group}={choice}"])
+    # every choice is typed by its schema (so typos and wrong types fail at composition)
+    assert OmegaConf.get_type(cfg[group]).__module__ == "conf.schema"
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("trainer.max_epoch=3", "Could not override 'trainer.max_epoch'"),
+        ("trainer.max_epochs=abc", "could not be converted to Integer"),
+        ("model.nme=x", "Could not override 'model.nme'"),
+        ("dataset.download=maybe", "is not a valid bool"),
+    ],
+)
+def test_typo_or_wrong_type_fails_at_composition(override, message):
+    assert message in composition_error(CONF, [override])
+
+
+@pytest.mark.parametrize(
+    "group_file,line,message",
+    [
+        ("trainer/default.yaml", "max_epoch: 3", "Key 'max_epoch' not in 'TrainerConfig'"),
+        ("dist/default.yaml", "sync_batchnorm: maybe", "is not a valid bool"),
+    ],
+)
+def test_typo_in_a_yaml_fails_at_composition(tmp_path, group_file, line, message):
+    conf_copy = tmp_path / "conf"
+    shutil.copytree(CONF, conf_copy)
+    with open(conf_copy / group_file, "a") as f:
+        f.write(f"{line}\n")
+    assert message in composition_error(conf_copy, ["model=resnet18"])
+
+
+def test_help_lists_config_groups_and_cfg_job_prints_config():
+    help_out = run(train_cmd("--help"), timeout=60)
+    assert help_out.returncode == 0
+    for group in GROUPS:
+        assert f"\n{group}: " in help_out.stdout
+    assert "model: " in help_out.stdout and "resnet18" in help_out.stdout
+    job = run(train_cmd("--cfg", "job", "trainer.max_epochs=7"), timeout=60)
+    assert job.returncode == 0
+    assert OmegaConf.create(job.stdout).trainer.max_epochs == 7
+
+
+def test_shell_completion():
+    script = run(train_cmd("-sc", "install=bash"), timeout=60)
+    assert script.returncode == 0 and "hydra_bash_completion" in script.stdout
+    query = run(train_cmd("-sc", "query=bash"), timeout=60, COMP_LINE="python train.py model=res")
+    assert set(query.stdout.split()) == {"model=resnet18", "model=resnet50"}
+
+
+# ------------------------------------------------------------------------------ real runs
+
+
+# FakeData with an odd validation set (size // 5 = 129): 2 ranks cannot split it evenly.
+FAKE_ODD = ["dataset=fake", "dataset.size=645", "dataset.image_size=8"]
+N_VAL = 129
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """The same 2-epoch job on 1 rank (python train.py) and 2 ranks (torchrun)."""
+    root = tmp_path_factory.mktemp("runs")
+    common = [*QUICK, *FAKE_ODD, "trainer.max_epochs=2", "seed=3"]
+    one = run(train_cmd(*common, f"hydra.run.dir={root / 'one'}"))
+    assert one.returncode == 0, output(one)
+    # ${now:} with microseconds: without the rank agreement every rank picks its own dir.
+    two = run(
+        train_cmd(*common, f"hydra.run.dir={root / 'two'}/${{now:%H-%M-%S-%f}}", nproc=2)
+    )
+    assert two.returncode == 0, output(two)
+    (two_dir,) = (root / "two").iterdir()
+    return root / "one", two_dir, two
+
+
+@pytest.mark.slow
+def test_default_run_reaches_90_percent(tmp_path):
+    run_dir = tmp_path / "default"
+    proc = run(train_cmd(f"hydra.run.dir={run_dir}", "wandb.mode=offline"))
+    assert proc.returncode == 0, output(proc)
+    vals = val_rows(run_dir)
+    assert len(vals) == 10  # the default config trains 10 epochs
+    assert vals[-1]["val/acc"] >= 0.90
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed"
+    assert result["best_val_acc"] == max(v["val/acc"] for v in vals)
+
+
+@pytest.mark.slow
+def test_two_ranks_share_one_run_dir_written_by_rank_zero(two_runs):
+    _, run_dir, proc = two_runs
+    # exactly one dir, holding only what rank 0 writes
+    names = {p.name for p in run_dir.iterdir()}
+    assert names == {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "wandb"}
+    assert {p.name for p in (run_dir / ".hydra").iterdir()} == {
+        "config.yaml", "hydra.yaml", "overrides.yaml"
+    }  # fmt: skip
+    log = (run_dir / "train.log").read_text()
+    assert "epoch 2/2" in log and "[rank1]" not in log
+    # metrics.jsonl: the documented keys, all-reduced val metrics over the full val set
+    all_rows = rows(run_dir)
+    train_rows = [r for r in all_rows if "train/loss" in r]
+    assert train_rows and all({"step", "epoch", "lr", "samples_per_s"} <= r.keys() for r in train_rows)
+    vals = val_rows(run_dir)
+    assert [v["epoch"] for v in vals] == [1, 2]
+    assert all(0.0 <= v["val/acc"] <= 1.0 and "val/loss" in v for v in vals)
+    assert all(v["val/count"] == N_VAL for v in vals)  # every sample once, no padding
+    # checkpoints: rank 0's, loadable with weights_only=True, holding the run's state
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert last["epoch"] == 2 and last["step"] == vals[-1]["step"]
+    assert last["world_size"] == 2 and len(last["rng"]) == 2
+    assert {"model", "optimizer", "scheduler", "best_val_acc", "wandb_run_id"} <= last.keys()
+    assert (run_dir / "checkpoints" / "best.pt").exists()
+    # one W&B run (rank 0's), with the history of metrics.jsonl
+    (wb,) = offline_runs(run_dir)
+    assert wb.run_id == last["wandb_run_id"] and wb.exit_code == 0
+    assert len(wb.history) == len({r["step"] for r in all_rows})
+    assert wb.config["run"]["world_size"] == 2 and wb.config["run"]["per_rank_batch_size"] == 32
+    assert wb.config["trainer"]["max_epochs"] == 2
+
+
+@pytest.mark.slow
+def test_world_size_invariance(two_runs):
+    one_dir, two_dir, _ = two_runs
+    one = load_checkpoint(one_dir / "checkpoints" / "last.pt")["model"]
+    two = load_checkpoint(two_dir / "checkpoints" / "last.pt")["model"]
+    assert one.keys() == two.keys()
+    for key in one:
+        torch.testing.assert_close(one[key], two[key], rtol=1e-4, atol=1e-5, msg=key)
+    # and the run really trained: weights moved away from a fresh model's
+    assert any(not torch.equal(one[k], two[k]) or one[k].abs().sum() > 0 for k in one)
+
+
+@pytest.mark.slow
+def test_resume_auto_continues_from_last(two_runs, tmp_path):
+    one_dir, _, _ = two_runs
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(one_dir, run_dir)
+    before = rows(run_dir)
+    run_id = load_checkpoint(run_dir / "checkpoints" / "last.pt")["wandb_run_id"]
+    proc = run(train_cmd(*QUICK, "trainer.max_epochs=3", f"hydra.run.dir={run_dir}",
+                         "resume=auto", *FAKE_ODD, "seed=3"))  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    assert "resumed from" in (run_dir / "train.log").read_text()
+    after = rows(run_dir)
+    assert after[: len(before)] == before  # nothing written before is lost
+    assert [v["epoch"] for v in val_rows(run_dir)] == [1, 2, 3]
+    steps = [r["step"] for r in after if "train/loss" in r]
+    assert steps == sorted(set(steps))  # no duplicated steps
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"] == 3
+    # the same W&B run continues
+    assert {r.run_id for r in offline_runs(run_dir)} == {run_id}
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def assert_clean_failure(proc, *fragments: str):
+    text = output(proc)
+    assert proc.returncode != 0, text
+    assert "Traceback" not in text.split("ChildFailedError")[0], text
+    assert any(all(f in line for f in fragments) for line in text.splitlines()), text
+
+
+@pytest.mark.parametrize(
+    "overrides,fragments",
+    [
+        (["model=torchvision", "model.name=resnet_nope"],
+         ["unknown torchvision classification model 'resnet_nope'"]),
+        (["dist.backend=nccl"], ["dist.backend=nccl needs a CUDA GPU", "gloo"]),
+        (["optim.lr=1e12"], ["non-finite loss", "at step", "optim.lr"]),
+    ],
+)  # fmt: skip
+def test_bad_input_single_process(tmp_path, overrides, fragments):
+    proc = run(train_cmd(*QUICK, f"hydra.run.dir={tmp_path / 'r'}", *overrides), timeout=180)
+    assert_clean_failure(proc, *fragments)
+    assert proc.returncode == 2
+
+
+def test_unknown_dataset_and_wrong_type_are_hydra_errors(tmp_path):
+    proc = run(train_cmd(*QUICK, "dataset=nope"), timeout=60)
+    assert_clean_failure(proc, "Could not find 'dataset/nope'")
+    assert "digits" in output(proc)  # Hydra lists the available choices
+    proc = run(train_cmd(*QUICK, "trainer.max_epochs=abc"), timeout=60)
+    assert_clean_failure(proc, "'abc'", "Integer")
+
+
+def test_missing_data_offline_names_path_and_flag(tmp_path):
+    root = tmp_path / "empty"
+    proc = run(train_cmd(*QUICK, "dataset=mnist", f"dataset.root={root}",
+                         f"hydra.run.dir={tmp_path / 'r'}"), timeout=120)  # fmt: skip
+    assert_clean_failure(proc, str(root), "dataset.download")
+
+
+def test_non_finite_loss_keeps_what_was_written(tmp_path):
+    run_dir = tmp_path / "nan"
+    proc = run(train_cmd(*QUICK, "optim.lr=1e12", "trainer.log_every_n_steps=1",
+                         f"hydra.run.dir={run_dir}"), timeout=180)  # fmt: skip
+    assert proc.returncode == 2
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "failed" and "non-finite loss" in result["error"]
+    (wb,) = offline_runs(run_dir)
+    assert wb.exit_code == 1  # the W&B run shows as failed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides,fragments",
+    [
+        (["trainer.batch_size=63"], ["trainer.batch_size=63", "not divisible", "world size 2"]),
+        (["dist.nproc_per_node=4"], ["dist.nproc_per_node=4", "torchrun started 2"]),
+    ],
+)
+def test_bad_input_two_ranks_exit_without_hanging(tmp_path, overrides, fragments):
+    proc = run(train_cmd(*QUICK, f"hydra.run.dir={tmp_path / 'r'}", *overrides, nproc=2),
+               timeout=180)  # fmt: skip
+    assert_clean_failure(proc, *fragments)
+
+
+def test_corrupt_checkpoint_is_one_line_and_loses_nothing(tmp_path):
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    bad = run_dir / "checkpoints" / "last.pt"
+    bad.write_bytes(b"not a checkpoint" * 10)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "epoch": 1, "train/loss": 1.0}\n')
+    proc = run(train_cmd(*QUICK, f"hydra.run.dir={run_dir}", "resume=auto"), timeout=120)
+    assert_clean_failure(proc, str(bad), "cannot be loaded", "resume=")
+    assert bad.read_bytes() == b"not a checkpoint" * 10
+    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1, "epoch": 1, "train/loss": 1.0}\n'
+
+
+def test_wandb_init_failure_is_a_warning(tmp_path):
+    run_dir = tmp_path / "r"
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = run(train_cmd("trainer.max_epochs=1", "trainer.progress_bar=false", "wandb.mode=online",
+                         "wandb.init_timeout_s=30", f"hydra.run.dir={run_dir}"),
+               timeout=240, HOME=str(home), NETRC=str(home / ".netrc"))  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    assert "W&B init failed, training goes on without it" in output(proc)
+    assert len(val_rows(run_dir)) == 1
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
+
+
+# ------------------------------------------------------------------------------ units
+
+
+def test_atomic_save_keeps_the_previous_file_when_a_save_fails(tmp_path):
+    path = tmp_path / "last.pt"
+    atomic_save({"model": {"w": torch.ones(2)}, "optimizer": {}, "epoch": 1, "step": 5}, path)
+    with pytest.raises(Exception):  # noqa: B017 - whatever torch.save raises
+        atomic_save({"model": lambda: None}, path)  # unpicklable: fails mid-save
+    assert load_checkpoint(path)["step"] == 5
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temp file left behind
+
+
+def test_checkpoint_with_pickled_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "optimizer": {}, "epoch": 0, "step": 0, "x": Path("/")}, path)
+    with pytest.raises(Exception, match="cannot be loaded"):
+        load_checkpoint(path)
