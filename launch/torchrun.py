@@ -50,7 +50,7 @@ class LauncherSettings:
 
     max_parallel: int | None = None
     max_restarts: int = 0
-    monitor_interval: float = 0.5
+    monitor_interval: float = 0.1
     rdzv_backend: str = "c10d"
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
@@ -255,7 +255,7 @@ def failure_reason(job: Job, code: int | None, ret: Any = None) -> str:
         try:
             error = json.loads(result_json.read_text()).get("error")
             if error:
-                return f"{error} (exit code {code})"
+                return str(error)
         except (json.JSONDecodeError, OSError, AttributeError):
             pass
     # Rank 0's JobReturn: the task's exception.
@@ -266,7 +266,7 @@ def failure_reason(job: Job, code: int | None, ret: Any = None) -> str:
             text = one_line(user_error or error)
             if user_error is None and not isinstance(error, TaskExit):
                 text = f"{type(error).__name__}: {text}" if text else type(error).__name__
-            return f"{text} (exit code {code})"
+            return text
     # The agent's record of the first rank that failed: a signal, an exit code, an error.
     failures = read_failures(job.files / FAILURES_JSON)
     if failures:
@@ -475,21 +475,24 @@ def agent_main(argv: list[str]) -> int:
     fail, write who failed and how to FAILURES_JSON, earliest first, and print one line per
     failed rank instead of torchrun's 40-line traceback; the ranks' own errors are above it."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun_main
+    from torch.distributed.run import parse_args, run
 
     failures_path, args = Path(argv[0]), argv[1:]
     try:
-        torchrun_main(args)
+        run(parse_args(args))  # torchrun's main() minus @record, which would only log noise
     except ChildFailedError as e:
+        # In the order torch observed them (ranks it stopped itself come last); the earliest
+        # first, as torch picks its root cause (timestamps have 1 s resolution: ties keep order).
         failures = sorted(
             (rank_failure(rank, failure) for rank, failure in e.failures.items()),
-            key=lambda f: (f["timestamp"], f["rank"]),
+            key=lambda f: f["timestamp"],
         )
         tmp = failures_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(failures, indent=2))
         os.replace(tmp, failures_path)
-        for failure in failures:
-            print(f"torchrun: {describe_failure(failure)}", file=sys.stderr, flush=True)
+        for i, failure in enumerate(failures):
+            what = "first failure" if i == 0 else "then"
+            print(f"torchrun: {what}: {describe_failure(failure)}", file=sys.stderr, flush=True)
         return 1
     return 0
 

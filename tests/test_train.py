@@ -211,7 +211,8 @@ def test_resume_auto_continues_from_last(two_runs, tmp_path):
 def assert_clean_failure(proc, *fragments: str):
     text = output(proc)
     assert proc.returncode != 0, text
-    assert "Traceback" not in text.split("ChildFailedError")[0], text
+    # no traceback through our code (torchrun's agent prints its own failure report)
+    assert f'File "{REPO}' not in text, text
     assert any(all(f in line for f in fragments) for line in text.splitlines()), text
 
 

@@ -10,7 +10,7 @@ class TorchrunLauncherConf:
     max_parallel: int | None = None
     # Passed to the elastic agent: restarts of a job's ranks after a rank fails.
     max_restarts: int = 0
-    monitor_interval: float = 0.5
+    monitor_interval: float = 0.1
     # Single-node jobs get a free port each (torchrun --standalone). Multi-node jobs
     # (dist.nnodes > 1) need an endpoint every node reaches, and the same job on each node.
     rdzv_backend: str = "c10d"
