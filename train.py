@@ -4,14 +4,17 @@
     torchrun --nproc_per_node=N train.py [...]    N ranks started by torchrun
     python train.py -m key=a,b                    a sweep: every job is a torchrun job
 
-The story: set up the process group -> build data -> build the model -> train and validate each
-epoch -> save checkpoints. Rank 0 writes everything into the run dir; other ranks write nothing.
+The story: set up the process group -> build data -> build the model (and continue from a
+checkpoint) -> train and validate each epoch -> save checkpoints. Rank 0 writes everything into
+the run dir; other ranks write nothing.
 """
 
 import logging
 import math
+import os
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import hydra
@@ -26,17 +29,18 @@ from tqdm import tqdm
 
 import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 from data import build_datasets, build_loaders
-from launch import rundir
-from launch.checkpoint import (
-    Checkpointer,
-    decode_rng_state,
-    load_checkpoint,
-    resume_path,
-    set_rng_state,
+from launch import faults, rundir
+from launch.checkpoint import Checkpointer, decode_rng_state, load_for_resume, set_rng_state
+from launch.distributed import (
+    DistEnv,
+    init_distributed,
+    requested_world,
+    started_by_launcher,
+    tighten_timeout,
 )
-from launch.distributed import DistEnv, init_distributed, requested_world, started_by_launcher
 from launch.errors import UserError, find_user_error
 from launch.metrics import RunLogger, run_facts
+from launch.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
 
 log = logging.getLogger("train")
 
@@ -50,12 +54,30 @@ def main(cfg: DictConfig) -> float:
 
             return run_in_torchrun(cfg, train)  # `train` below, in each of the N ranks
         return train(cfg)
+    except Preempted as e:
+        log.warning("%s", e)
+        if int(os.environ.get("RANK", "0")) == 0:
+            requeue_on_slurm()
+        sys.exit(e.exit_code)
     except Exception as e:
         user_error = find_user_error(e)
         if user_error is None:
             raise
         log.error("%s", user_error)  # the user's to fix: one line, no traceback
         sys.exit(user_error.exit_code)
+
+
+@dataclass
+class TrainState:
+    """Where training stands: everything besides model/optimizer/scheduler a resume needs."""
+
+    epoch: int = 0  # the epoch in progress (or the next one to run)
+    step: int = 0  # optimizer steps so far
+    step_in_epoch: int = 0  # batches of `epoch` already trained: the sampler's position
+    best_val_acc: float = 0.0
+    loss_sum: float = 0.0  # the train-loss window since the last logged row (a tensor in-epoch)
+    loss_count: int = 0
+    skipped_steps: int = 0  # non-finite updates skipped (trainer.nonfinite=skip)
 
 
 def train(cfg: DictConfig) -> float:
@@ -85,7 +107,7 @@ def train(cfg: DictConfig) -> float:
                 f"({len(splits.train)} samples): lower trainer.batch_size"
             )
 
-        # Model, optimizer, schedule; then continue from a checkpoint if asked to.
+        # Model, optimizer, schedule; then continue from a checkpoint if there is one to use.
         model = instantiate(
             cfg.model,
             num_classes=splits.num_classes,
@@ -94,10 +116,10 @@ def train(cfg: DictConfig) -> float:
         ).to(env.device)
         optimizer = instantiate(cfg.optim)(model.parameters())
         scheduler = lr_schedule(optimizer, cfg.trainer, len(loaders.train))
-        progress = {"epoch": 0, "step": 0, "best_val_acc": 0.0, "wandb_run_id": None}
-        ckpt_path = resume_path(cfg.resume, run_dir)
-        if ckpt_path is not None:
-            progress = restore(ckpt_path, model, optimizer, scheduler, env)
+        state, wandb_run_id = TrainState(), None
+        resumed = load_for_resume(resume_setting(cfg.resume), run_dir)
+        if resumed is not None:
+            state, wandb_run_id = restore(*resumed, model, optimizer, scheduler, env)
         ddp_model = wrap_ddp(model, cfg.dist, env)
 
         logger = RunLogger(
@@ -105,56 +127,159 @@ def train(cfg: DictConfig) -> float:
             cfg,
             enabled=env.is_main,
             facts=run_facts(env.world_size, batch_size, env.device),
-            resume_step=progress["step"] if ckpt_path is not None else None,
-            wandb_run_id=progress["wandb_run_id"],
+            resuming=resumed is not None,
+            wandb_run_id=wandb_run_id,
         )
-        checkpointer = Checkpointer(run_dir, env.is_main)
+        checkpointer = Checkpointer(run_dir, env.is_main, keep=cfg.trainer.keep_checkpoints)
+
+        def save(is_best: bool = False) -> None:
+            checkpointer.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    **asdict(state),
+                    "loss_sum": float(state.loss_sum),
+                    "wandb_run_id": logger.wandb_run_id,
+                    "world_size": env.world_size,
+                },
+                is_best=is_best,
+            )
+
+        stop = StopRequest(cfg.trainer.preemption_check_every_n_steps, cpu_group(env.backend))
         result = {"status": "failed", "error": None, "best_val_acc": None, "final_val_acc": None,
                   "final_val_loss": None, "samples_per_s": None}  # fmt: skip
         throughput = []
         try:
-            best, step = progress["best_val_acc"], progress["step"]
-            for epoch in range(progress["epoch"], cfg.trainer.max_epochs):
+            for epoch in range(state.epoch, cfg.trainer.max_epochs):
+                state.epoch = epoch
                 loaders.train_sampler.set_epoch(epoch)
-                step, rates = train_one_epoch(
+                loaders.train_sampler.skip(state.step_in_epoch * batch_size)
+                throughput += train_one_epoch(
                     ddp_model, loaders.train, optimizer, scheduler, cfg.trainer, env, logger,
-                    epoch=epoch, step=step,
+                    state, save, stop,
                 )  # fmt: skip
-                throughput += rates
                 val = evaluate(model, loaders.val, env.device)
-                logger.log({"step": step, "epoch": epoch + 1, **val})
+                state.epoch, state.step_in_epoch = epoch + 1, 0
+                logger.log({"step": state.step, "epoch": epoch + 1, **val})
                 log.info(
                     "epoch %d/%d step %d val/loss %.4f val/acc %.4f",
-                    epoch + 1, cfg.trainer.max_epochs, step, val["val/loss"], val["val/acc"],
+                    epoch + 1, cfg.trainer.max_epochs, state.step, val["val/loss"], val["val/acc"],
                 )  # fmt: skip
-                is_best = val["val/acc"] > best
-                best = max(best, val["val/acc"])
-                checkpointer.save(
-                    {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "epoch": epoch + 1,
-                        "step": step,
-                        "best_val_acc": best,
-                        "wandb_run_id": logger.wandb_run_id,
-                        "world_size": env.world_size,
-                    },
-                    is_best=is_best,
-                )
+                is_best = val["val/acc"] > state.best_val_acc
+                state.best_val_acc = max(state.best_val_acc, val["val/acc"])
+                save(is_best=is_best)
                 result.update(final_val_acc=val["val/acc"], final_val_loss=val["val/loss"])
-            result.update(status="completed", best_val_acc=best)
-            return best
+            result.update(status="completed", best_val_acc=state.best_val_acc)
+            return state.best_val_acc
+        except Preempted:
+            result["status"] = "preempted"
+            raise
         except BaseException as e:
             result["error"] = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise
         finally:
+            stop.restore_default_handlers()
             result.update(
                 wall_time_s=round(time.time() - started, 3),
                 samples_per_s=sum(throughput) / len(throughput) if throughput else None,
             )
             logger.write_result(result)
-            logger.finish(exit_code=0 if result["status"] == "completed" else 1)
+            logger.finish(result["status"])
+
+
+def train_one_epoch(model, loader, optimizer, scheduler, trainer_cfg, env, logger, state,
+                    save, stop) -> list[float]:  # fmt: skip
+    """Train the rest of this rank's shard of `state.epoch`. Returns the samples/s measured."""
+    model.train()
+    device, every = env.device, trainer_cfg.log_every_n_steps
+    # The window's loss is summed on the device (no host sync) and kept in `state` so that a
+    # checkpoint taken mid-window resumes it exactly.
+    state.loss_sum = loss_sum = torch.tensor(float(state.loss_sum), device=device)
+    rates, tic, window_steps, first_step = [], time.perf_counter(), 0, True
+    show_bar = env.is_main and trainer_cfg.progress_bar and sys.stdout.isatty()
+    for x, y in tqdm(loader, desc=f"epoch {state.epoch + 1}", disable=not show_bar, leave=False):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loss = faults.inject(state.step + 1, env.rank, F.cross_entropy(model(x), y))
+        # On CPU the check is free; on GPU it waits for the log step (no per-step host sync).
+        if trainer_cfg.nonfinite == "error" and device.type == "cpu" and not torch.isfinite(loss):
+            raise_non_finite(loss, state.step + 1, state.epoch, env)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if update_is_finite(model, trainer_cfg):
+            optimizer.step()
+            loss_sum += loss.detach()
+            state.loss_count += 1
+        else:
+            state.skipped_steps += 1
+        scheduler.step()
+        state.step += 1
+        state.step_in_epoch += 1
+        window_steps += 1
+        if first_step:
+            tighten_timeout(env)  # startup is over: a stuck collective should now fail fast
+            first_step = False
+        if state.step % every == 0:
+            # One all-reduce per log interval, not per step: the loss is the mean over ranks.
+            totals = torch.stack([loss_sum, torch.tensor(float(state.loss_count), device=device)])
+            dist.all_reduce(totals)  # SUM (gloo has no AVG)
+            mean_loss = (totals[0] / totals[1].clamp(min=1)).item()
+            if trainer_cfg.nonfinite == "error" and not math.isfinite(mean_loss):
+                raise_non_finite(mean_loss, state.step, state.epoch, env)
+            rate = window_steps * len(x) * env.world_size / (time.perf_counter() - tic)
+            rates.append(rate)
+            row = {"step": state.step, "epoch": state.epoch + 1, "train/loss": mean_loss,
+                   "lr": scheduler.get_last_lr()[0], "samples_per_s": rate}  # fmt: skip
+            if state.skipped_steps:
+                row["train/skipped_steps"] = state.skipped_steps
+            logger.log(row)
+            loss_sum.zero_()
+            state.loss_count, window_steps, tic = 0, 0, time.perf_counter()
+        if stop.agreed(state.step):
+            save()
+            raise Preempted(
+                f"preempted at step {state.step}: checkpoint saved; "
+                "rerun with resume=auto to continue exactly"
+            )
+        if trainer_cfg.checkpoint_every_n_steps and (
+            state.step % trainer_cfg.checkpoint_every_n_steps == 0
+        ):
+            save()
+    state.loss_sum = float(loss_sum)
+    return rates
+
+
+def update_is_finite(model, trainer_cfg) -> bool:
+    """Clip if asked; in `nonfinite=skip` mode, False when the (all-reduced) gradients are not
+    finite: every rank sees the same gradients, so every rank skips the same update."""
+    if not trainer_cfg.grad_clip and trainer_cfg.nonfinite != "skip":
+        return True
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), trainer_cfg.grad_clip or math.inf)
+    return trainer_cfg.nonfinite != "skip" or bool(torch.isfinite(norm))
+
+
+def raise_non_finite(loss, step: int, epoch: int, env: DistEnv):
+    value = loss.item() if torch.is_tensor(loss) else loss
+    raise UserError(
+        f"non-finite loss ({value}) at step {step} (epoch {epoch + 1}) on rank {env.rank}: "
+        "lower optim.lr, set trainer.grad_clip, or trainer.nonfinite=skip"
+    )
+
+
+@torch.no_grad()
+def evaluate(model, loader, device) -> dict:
+    """Exact full-set metrics: every val sample counted once across ranks, (sum, count) reduced."""
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        logits = model(x)
+        totals[0] += F.cross_entropy(logits, y, reduction="sum").double()
+        totals[1] += (logits.argmax(1) == y).sum()
+        totals[2] += len(y)
+    dist.all_reduce(totals)
+    loss_sum, correct, count = totals.tolist()
+    return {"val/loss": loss_sum / count, "val/acc": correct / count, "val/count": int(count)}
 
 
 def per_rank(global_batch: int, world_size: int) -> int:
@@ -184,23 +309,34 @@ def lr_schedule(optimizer, trainer_cfg, steps_per_epoch: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def restore(path: Path, model, optimizer, scheduler, env: DistEnv) -> dict:
-    state = load_checkpoint(path)
+def resume_setting(resume: str | None) -> str | None:
+    """After torchrun restarts the ranks (--max-restarts), continue from the run's checkpoints."""
+    if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        log.warning("restart %s of the ranks: resuming from the latest checkpoint",
+                    os.environ["TORCHELASTIC_RESTART_COUNT"])  # fmt: skip
+        return "auto"
+    return resume
+
+
+def restore(path: Path, ckpt: dict, model, optimizer, scheduler, env: DistEnv):
     try:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
     except (RuntimeError, KeyError, ValueError) as e:
         first = str(e).strip().splitlines()[0][:160]
         raise UserError(
             f"checkpoint {path} does not fit this model/optimizer ({first}): "
             "resume with the config it was saved with, or resume=null"
         ) from None
-    rng = state.get("rng") or []
+    rng = ckpt.get("rng") or []
     if len(rng) == env.world_size:
         set_rng_state(decode_rng_state(rng[env.rank]))
-    log.info("resumed from %s: epoch %d, step %d", path, state["epoch"], state["step"])
-    return state
+    else:
+        log.warning("checkpoint from world size %d: RNG states not restored", len(rng))
+    state = TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})
+    log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.step)
+    return state, ckpt.get("wandb_run_id")
 
 
 def wrap_ddp(model, dist_cfg, env: DistEnv):
@@ -216,65 +352,6 @@ def wrap_ddp(model, dist_cfg, env: DistEnv):
         static_graph=dist_cfg.static_graph,
         bucket_cap_mb=dist_cfg.bucket_cap_mb,
     )
-
-
-def train_one_epoch(model, loader, optimizer, scheduler, trainer_cfg, env, logger, *, epoch, step):
-    """One pass over this rank's shard. Returns the global step and the samples/s measured."""
-    model.train()
-    device, every = env.device, trainer_cfg.log_every_n_steps
-    loss_sum = torch.zeros((), device=device)
-    window, rates, tic = 0, [], time.perf_counter()
-    show_bar = env.is_main and trainer_cfg.progress_bar and sys.stdout.isatty()
-    for x, y in tqdm(loader, desc=f"epoch {epoch + 1}", disable=not show_bar, leave=False):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        loss = F.cross_entropy(model(x), y)
-        if device.type == "cpu" and not torch.isfinite(loss):  # free on CPU; GPU checks per log
-            raise_non_finite(loss, step + 1, epoch, env)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if trainer_cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), trainer_cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        loss_sum += loss.detach()
-        window += 1
-        if step % every == 0:
-            # One all-reduce per log interval, not per step: the loss is the mean over ranks.
-            mean_loss = loss_sum / (window * env.world_size)
-            dist.all_reduce(mean_loss)  # SUM: gloo has no AVG
-            if not torch.isfinite(mean_loss):
-                raise_non_finite(mean_loss, step, epoch, env)
-            rate = window * len(x) * env.world_size / (time.perf_counter() - tic)
-            rates.append(rate)
-            logger.log({"step": step, "epoch": epoch + 1, "train/loss": mean_loss.item(),
-                        "lr": scheduler.get_last_lr()[0], "samples_per_s": rate})  # fmt: skip
-            loss_sum.zero_()
-            window, tic = 0, time.perf_counter()
-    return step, rates
-
-
-def raise_non_finite(loss, step: int, epoch: int, env: DistEnv):
-    raise UserError(
-        f"non-finite loss ({loss.item()}) at step {step} (epoch {epoch + 1}) on rank {env.rank}: "
-        "lower optim.lr or set trainer.grad_clip"
-    )
-
-
-@torch.no_grad()
-def evaluate(model, loader, device) -> dict:
-    """Exact full-set metrics: every val sample counted once across ranks, (sum, count) reduced."""
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        logits = model(x)
-        totals[0] += F.cross_entropy(logits, y, reduction="sum").double()
-        totals[1] += (logits.argmax(1) == y).sum()
-        totals[2] += len(y)
-    dist.all_reduce(totals)
-    loss_sum, correct, count = totals.tolist()
-    return {"val/loss": loss_sum / count, "val/acc": correct / count, "val/count": int(count)}
 
 
 if __name__ == "__main__":

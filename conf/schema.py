@@ -61,6 +61,9 @@ class DistConfig:
     nnodes: str = "auto"
     backend: str = "auto"  # auto | nccl | gloo
     timeout_s: int = 600
+    # Collective timeout once the first step is done (startup, downloads and compilation are
+    # slow; a stuck step should fail fast). null keeps timeout_s.
+    step_timeout_s: int | None = 300
     sync_batchnorm: bool = False
     find_unused_parameters: bool = False
     gradient_as_bucket_view: bool = True
@@ -104,6 +107,12 @@ class TrainerConfig:
     lr_schedule: str = "cosine"  # cosine | constant, stepped per optimizer step
     warmup_epochs: float = 0.0
     progress_bar: bool = True  # rank 0 only, and only when stdout is a TTY
+    # Checkpoint every N optimizer steps (null: at each epoch end only, which always happens).
+    checkpoint_every_n_steps: int | None = None
+    keep_checkpoints: int = 2  # newest step checkpoints kept (best.pt is kept besides)
+    nonfinite: str = "error"  # error: stop naming step and rank | skip: skip that update
+    # How often ranks agree on a pending SIGTERM/SIGUSR1 (a tiny all-reduce on CPU).
+    preemption_check_every_n_steps: int = 10
 
 
 @dataclass

@@ -30,6 +30,7 @@ class DistEnv:
     nnodes: int
     backend: str
     device: torch.device
+    step_timeout_s: int | None = None  # collective timeout after the first step
 
     @property
     def is_main(self) -> bool:
@@ -141,7 +142,17 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
             backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None
         )
     try:
-        yield DistEnv(rank, local_rank, world_size, nproc, nnodes, backend, dev)
+        yield DistEnv(rank, local_rank, world_size, nproc, nnodes, backend, dev,
+                      dist_cfg.step_timeout_s)  # fmt: skip
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def tighten_timeout(env: DistEnv) -> None:
+    """Lower the collective timeout once startup (downloads, compilation) is over."""
+    seconds = env.step_timeout_s
+    if seconds and env.is_distributed:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(timedelta(seconds=seconds))

@@ -193,5 +193,10 @@ if __name__ == "__main__":
         code = main(Path(sys.argv[1]))
     except UserError as e:
         logging.getLogger("train").error("%s", e)
+        record_rank_error(e)
         code = e.exit_code
+    except Exception as e:  # e.g. the job cannot be unpickled: an import fails in this rank
+        traceback.print_exc()
+        record_rank_error(e)
+        code = 1
     sys.exit(code)

@@ -95,6 +95,10 @@ def wandb_group_and_name(group: str | None, name: str | None) -> tuple[str | Non
 
 
 class RunLogger:
+    """Rank 0's metrics.jsonl and W&B run. On resume, rows the earlier attempt already logged
+    (same step, same kind) are not logged again: a resumed run recomputes them identically, so
+    metrics.jsonl and the W&B history keep every step exactly once."""
+
     def __init__(
         self,
         run_dir: Path,
@@ -102,39 +106,58 @@ class RunLogger:
         *,
         enabled: bool,
         facts: dict[str, Any],
-        resume_step: int | None = None,
+        resuming: bool = False,
         wandb_run_id: str | None = None,
     ):
         self.enabled = enabled
         self.run_dir = run_dir
         self.metrics_path = run_dir / METRICS_FILE
         self.wandb = None
+        self.logged: set[tuple[int, str]] = set()
         if not enabled:
             return
-        if resume_step is not None:
-            self._drop_rows_after(resume_step)
+        earlier = self._rows_already_logged() if resuming else []
+        self.logged = {(row["step"], self._kind(row)) for row in earlier}
         # Line-buffered, so a killed run keeps every row it logged.
         self._file = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 - closed in finish()
         self._init_wandb(cfg, facts, wandb_run_id)
+        if earlier and self.wandb is not None:
+            self._replay_into_wandb(earlier)
+
+    @staticmethod
+    def _kind(row: dict[str, Any]) -> str:
+        return "val" if "val/acc" in row else "train"
+
+    def _rows_already_logged(self) -> list[dict[str, Any]]:
+        """Every whole row of metrics.jsonl; a line torn by a kill is dropped from the file."""
+        if not self.metrics_path.exists():
+            return []
+        kept, rows = [], []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+            kept.append(line)
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, self.metrics_path)
+        return rows
+
+    def _replay_into_wandb(self, rows: list[dict[str, Any]]) -> None:
+        """A killed process loses what W&B had not yet flushed; metrics.jsonl (line-buffered)
+        has it all. Online, W&B says where its history ends (`starting_step`) and we send the
+        rest; offline there is no such answer, so this attempt's run gets the whole history
+        (`wandb sync` keeps the first copy of a step, so nothing is doubled)."""
+        start = self.wandb.starting_step if not self.wandb.settings._offline else 0
+        missing = [row for row in rows if row["step"] >= start]
+        for row in missing:
+            self.wandb.log(row, step=row["step"])
+        log.info("W&B: replayed %d row(s) from metrics.jsonl (steps >= %d)", len(missing), start)
 
     @property
     def wandb_run_id(self) -> str | None:
         return self.wandb.id if self.wandb is not None else None
-
-    def _drop_rows_after(self, step: int) -> None:
-        """Rows logged after the checkpoint we resume from would be logged again: drop them."""
-        if not self.metrics_path.exists():
-            return
-        kept = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill
-        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
-        os.replace(tmp, self.metrics_path)
 
     def _init_wandb(self, cfg: DictConfig, facts: dict[str, Any], run_id: str | None) -> None:
         w = cfg.wandb
@@ -172,7 +195,7 @@ class RunLogger:
             self.wandb = None
 
     def log(self, row: dict[str, Any]) -> None:
-        if not self.enabled:
+        if not self.enabled or (row["step"], self._kind(row)) in self.logged:
             return
         self._file.write(json.dumps(row) + "\n")
         if self.wandb is not None:
@@ -184,12 +207,15 @@ class RunLogger:
             tmp.write_text(json.dumps(result, indent=2))
             os.replace(tmp, self.run_dir / RESULT_FILE)
 
-    def finish(self, exit_code: int) -> None:
+    def finish(self, status: str) -> None:
+        """Close the run; W&B shows failed runs as failed and preempted ones as preempted."""
         if not self.enabled:
             return
         self._file.close()
         if self.wandb is not None:
             try:
-                self.wandb.finish(exit_code=exit_code)  # failed runs show as failed in W&B
+                if status == "preempted":
+                    self.wandb.mark_preempting()
+                self.wandb.finish(exit_code={"completed": 0, "preempted": 75}.get(status, 1))
             except Exception as e:  # noqa: BLE001
                 log.warning("W&B finish failed: %s", e)

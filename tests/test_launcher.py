@@ -1,24 +1,94 @@
-"""The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/job_rank.py)."""
+"""The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/job_rank.py), with real
+processes: torchrun agents, gloo ranks on CPU, offline W&B.
+
+Hydra's own launcher suites come first (as Hydra's launcher plugins test themselves), then
+train.py sweeps. One 2x2 sweep (dist.nproc_per_node=2,1 x two optim.lr values, two jobs at a
+time) is shared by the tests of job dirs, W&B runs, world sizes, parallel jobs and the summary.
+"""
 
 from __future__ import annotations
 
+import csv
+import json
 import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
+from tests.conftest import QUICK, output, run, train_cmd
+from tests.wandb_records import offline_runs
 
 REPO = Path(__file__).resolve().parent.parent
+APPS = Path(__file__).resolve().parent / "launcher_apps"
+SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
+LRS = ("0.05", "0.1")
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+@dataclass
+class Sweep:
+    dir: Path
+    proc: subprocess.CompletedProcess
+    seconds: float
+
+    @property
+    def out(self) -> str:
+        return output(self.proc)
+
+    def job(self, num: int) -> Path:
+        return self.dir / str(num)
+
+    def overrides(self, num: int) -> list[str]:
+        return yaml.safe_load((self.job(num) / ".hydra" / "overrides.yaml").read_text())
+
+
+def sweep(sweep_dir: Path, *overrides: str, timeout: float = 300) -> Sweep:
+    started = time.monotonic()
+    proc = run(train_cmd("-m", f"hydra.sweep.dir={sweep_dir}", *QUICK, *overrides), timeout=timeout)
+    return Sweep(sweep_dir, proc, time.monotonic() - started)
+
+
+def override_value(overrides: list[str], key: str) -> str:
+    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
+    assert len(values) == 1, (key, overrides)
+    return values[0]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def rank_dirs(job_dir: Path) -> list[Path]:
+    """torchrun's per-rank log dirs: <job>/rank_logs/<run id>/attempt_<n>/<local rank>/."""
+    return sorted(p for p in job_dir.glob("rank_logs/*/attempt_*/*") if p.is_dir())
+
+
+def summary_rows(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "summary.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hydra's launcher test suites (hydra.test_utils apps: no `dist` key, so 1 rank per job)
 
 
 @pytest.fixture
 def repo_on_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hydra's integration tests run `python task.py` in a temp dir with our environment: the
-    plugin (hydra_plugins/ here) and launch/ must be importable there."""
+    """Hydra's integration tests run `python task.py` from a temp dir with our environment:
+    the plugin (hydra_plugins/ here) and launch/ must be importable there."""
     rest = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), *([rest] if rest else [])]))
 
@@ -31,7 +101,7 @@ def test_discovery() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher_name, overrides", [("torchrun", [])])
 class TestTorchrunLauncher(LauncherTestSuite):
-    """Hydra's launcher suite: in-process sweeps of hydra.test_utils apps (1 rank each)."""
+    """Hydra's launcher suite: in-process sweeps of hydra.test_utils apps."""
 
 
 @pytest.mark.slow
@@ -52,3 +122,237 @@ class TestTorchrunLauncher(LauncherTestSuite):
 )
 class TestTorchrunLauncherIntegration(IntegrationTestSuite):
     """Hydra's integration suite: `python task.py -m ...` apps written into a temp dir."""
+
+
+# ---------------------------------------------------------------------------------------------
+# a 2x2 train.py sweep: dist.nproc_per_node=2,1 x optim.lr=0.05,0.1, two jobs at a time.
+# Jobs in Hydra's order: #0 (2 ranks, lr 0.05), #1 (2 ranks, lr 0.1), #2 (1 rank, lr 0.05),
+# #3 (1 rank, lr 0.1): #0 and #1 are two 2-rank jobs started together.
+
+
+@pytest.fixture(scope="module")
+def sweep_2x2(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    result = sweep(
+        tmp_path_factory.mktemp("sweep_2x2") / "sweep",
+        "dist.nproc_per_node=2,1",
+        f"optim.lr={','.join(LRS)}",
+        "hydra.launcher.max_parallel=2",
+    )
+    assert result.proc.returncode == 0, result.out[-5000:]
+    return result
+
+
+@pytest.mark.slow
+def test_sweep_job_dirs(sweep_2x2: Sweep) -> None:
+    """4 job dirs, each a complete Hydra job written by rank 0."""
+    jobs = sorted(p.name for p in sweep_2x2.dir.iterdir() if p.is_dir())
+    assert jobs == ["0", "1", "2", "3"], jobs
+    for num in range(4):
+        job = sweep_2x2.job(num)
+        for name in (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"):
+            assert (job / name).is_file(), job / name
+        assert "val/acc" in (job / "train.log").read_text()
+        rows = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+        assert any("train/loss" in r for r in rows) and any("val/acc" in r for r in rows)
+        result = read_json(job / "result.json")
+        assert result["status"] == "completed" and result["error"] is None, result
+        assert 0.0 <= result["best_val_acc"] <= 1.0
+        assert (job / ".torchrun" / "result.pkl").is_file()
+    # Hydra's order: the first override varies slowest.
+    assert [sweep_2x2.overrides(n)[-2:] for n in range(4)] == [
+        [f"dist.nproc_per_node={n}", f"optim.lr={lr}"] for n in (2, 1) for lr in LRS
+    ]
+
+
+@pytest.mark.slow
+def test_sweep_wandb_runs(sweep_2x2: Sweep) -> None:
+    """One offline W&B run per job, from rank 0 only, all in one group, named by overrides."""
+    runs = offline_runs(sweep_2x2.dir)
+    assert len(runs) == 4, [r.path for r in runs]
+    by_job = {r.path.relative_to(sweep_2x2.dir).parts[0]: r for r in runs}
+    assert sorted(by_job) == ["0", "1", "2", "3"], "not exactly one W&B run per job dir"
+    groups = {r.group for r in runs}
+    assert len(groups) == 1 and groups != {""}, groups
+    for num in range(4):
+        wb, overrides = by_job[str(num)], sweep_2x2.overrides(num)
+        nproc = int(override_value(overrides, "dist.nproc_per_node"))
+        assert wb.job_type == "train"
+        assert wb.name.startswith(f"{num}:"), wb.name
+        for key in ("dist.nproc_per_node", "optim.lr"):
+            assert f"{key}={override_value(overrides, key)}" in wb.name, wb.name
+        assert wb.config["run"]["world_size"] == nproc
+        assert wb.exit_code == 0
+        train_rows = [h for h in wb.history if "train/loss" in h]
+        val_rows = [h for h in wb.history if "val/acc" in h]
+        assert train_rows and len(val_rows) == 1  # max_epochs=1
+        # Only rank 0 logs: every step once, as in its metrics.jsonl.
+        metrics = [
+            json.loads(x) for x in (sweep_2x2.job(num) / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert [h["train/loss"] for h in train_rows] == pytest.approx(
+            [m["train/loss"] for m in metrics if "train/loss" in m]
+        )
+
+
+@pytest.mark.slow
+def test_sweep_world_size_per_job(sweep_2x2: Sweep) -> None:
+    """Each job ran with its own dist.nproc_per_node: config, rank dirs, rendezvous record."""
+    for num in range(4):
+        job = sweep_2x2.job(num)
+        nproc = int(override_value(sweep_2x2.overrides(num), "dist.nproc_per_node"))
+        cfg = yaml.safe_load((job / ".hydra" / "config.yaml").read_text())
+        assert str(cfg["dist"]["nproc_per_node"]) == str(nproc)  # the schema allows "auto"
+        assert [p.name for p in rank_dirs(job)] == [str(r) for r in range(nproc)]
+        record = read_json(job / ".torchrun" / "job.json")
+        assert record["world_size"] == nproc and record["status"] == "completed", record
+        # Ranks other than 0 write nothing but their logs, and no errors there either.
+        for rank_dir in rank_dirs(job)[1:]:
+            stderr = (rank_dir / "stderr.log").read_text()
+            assert "ERROR" not in stderr and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.slow
+def test_parallel_jobs_overlap_with_own_ports(sweep_2x2: Sweep) -> None:
+    """max_parallel=2: the two 2-rank jobs ran at the same time, each with its own rendezvous
+    port, and never more than two jobs at once."""
+    records = [read_json(sweep_2x2.job(n) / ".torchrun" / "job.json") for n in range(4)]
+    first, second = records[0], records[1]
+    assert first["world_size"] == second["world_size"] == 2
+    # Overlap: each started before the other finished (rank 0's own clock, one machine).
+    assert first["started"] < second["finished"] and second["started"] < first["finished"]
+    assert first["master_port"] != second["master_port"], records
+    assert len({r["master_port"] for r in records}) == 4
+    # A third job starts only once one of the first two is done.
+    for r in records[2:]:
+        running = [o for o in records if o is not r and o["started"] < r["started"] < o["finished"]]
+        assert len(running) <= 1, records
+    # Console lines of concurrent jobs are told apart by their job number.
+    assert "[#0 rank0]: " in sweep_2x2.out and "[#1 rank0]: " in sweep_2x2.out
+
+
+@pytest.mark.slow
+def test_sweep_summary(sweep_2x2: Sweep, tmp_path: Path) -> None:
+    """The multirun wrote summary.csv/.md/.png; `python -m launch.summary` rebuilds them."""
+    rows = summary_rows(sweep_2x2.dir)
+    assert sorted(r["job"] for r in rows) == ["0", "1", "2", "3"]
+    assert all(r["status"] == "completed" and r["error"] == "" for r in rows), rows
+    for name in SUMMARY_FILES:
+        assert (sweep_2x2.dir / name).stat().st_size > 0
+    assert "Sweep summary" in sweep_2x2.out
+
+    copy = tmp_path / "sweep"
+    shutil.copytree(
+        sweep_2x2.dir, copy, ignore=shutil.ignore_patterns("wandb", "checkpoints", "*.pt")
+    )
+    for name in SUMMARY_FILES:
+        (copy / name).unlink()
+    proc = run([sys.executable, "-m", "launch.summary", str(copy)], timeout=120)
+    assert proc.returncode == 0, output(proc)
+    for name in SUMMARY_FILES:
+        assert (copy / name).stat().st_size > 0
+    assert summary_rows(copy) == rows
+    assert "completed" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# other sweeps and runs
+
+
+@pytest.mark.slow
+def test_optuna_sweep(tmp_path: Path) -> None:
+    """3 Optuna trials through the launcher: the sweeper got each job's return value (rank 0's
+    best val/acc) and reports the best of them."""
+    result = sweep(
+        tmp_path / "optuna",
+        "+hparams_search=digits_optuna",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=3",
+        "hydra.launcher.max_parallel=3",
+    )
+    assert result.proc.returncode == 0, result.out[-5000:]
+    best_accs = [read_json(result.job(n) / "result.json")["best_val_acc"] for n in range(3)]
+    assert not (result.dir / "3").exists()
+    optimization = yaml.safe_load((result.dir / "optimization_results.yaml").read_text())
+    assert optimization["best_value"] == pytest.approx(max(best_accs))
+    best_job = best_accs.index(max(best_accs))
+    overrides = result.overrides(best_job)
+    for key, value in optimization["best_params"].items():
+        assert float(override_value(overrides, key)) == pytest.approx(float(value))
+    assert len(summary_rows(result.dir)) == 3
+
+
+@pytest.mark.slow
+def test_failed_job_does_not_stop_the_others(tmp_path: Path) -> None:
+    """trainer.batch_size=63 on 2 ranks fails; the other job completes; the sweep exits
+    non-zero, and the job dir, the summary and the console all name the failure."""
+    result = sweep(
+        tmp_path / "failing",
+        "trainer.batch_size=63,64",
+        "dist.nproc_per_node=2",
+        "hydra.launcher.max_parallel=2",
+    )
+    assert result.proc.returncode != 0
+    out = result.out
+    failed, ok = result.job(0), result.job(1)
+    assert read_json(ok / "result.json")["status"] == "completed"
+    error = read_json(failed / "result.json")
+    assert error["status"] == "failed"
+    assert "trainer.batch_size=63" in error["error"] and "not divisible" in error["error"]
+    # The agent's record names the rank that failed first and its error.
+    first = read_json(failed / ".torchrun" / "failures.json")[0]
+    assert "not divisible" in first["error"], first
+
+    rows = {r["job"]: r for r in summary_rows(result.dir)}
+    assert rows["0"]["status"] == "failed" and "not divisible" in rows["0"]["error"]
+    assert rows["1"]["status"] == "completed"
+
+    # The console: the launcher's verdict on #0, the summary's failed list, Hydra's last line;
+    # no Python tracebacks (a UserError is one line) and no torchrun ChildFailedError dump.
+    verdict = [line for line in out.splitlines() if "[HYDRA] #0 " in line and " failed: " in line]
+    assert len(verdict) == 1 and "failed: trainer.batch_size=63" in verdict[0], out[-5000:]
+    assert "1 of 2 job(s) failed in this batch: #0" in out
+    assert "Failed jobs:" in out and "job 0 [failed]" in out
+    assert "job #0 (" in out  # Hydra's last word: the JobFailed of #0, one line
+    assert "Traceback" not in out and "ChildFailedError" not in out, out[-5000:]
+
+
+@pytest.mark.slow
+def test_killed_rank_fails_its_job_only(tmp_path: Path) -> None:
+    """A job whose rank 1 is SIGKILLed fails with that as its error; the next job still runs."""
+    sweep_dir = tmp_path / "killed"
+    proc = run(
+        [sys.executable, str(APPS / "kill_rank.py"), "-m", "hydra/launcher=torchrun",
+         "kill=true,false", f"hydra.sweep.dir={sweep_dir}"],
+        timeout=180,
+    )  # fmt: skip
+    out = output(proc)
+    assert proc.returncode != 0, out
+    killed, ok = sweep_dir / "0", sweep_dir / "1"
+    error = read_json(killed / "result.json")
+    assert error["status"] == "failed"
+    assert "rank 1" in error["error"] and "SIGKILL" in error["error"], error
+    assert "failed: rank 1 (pid" in out and "was killed by SIGKILL" in out
+    assert not (killed / ".torchrun" / "result.pkl").exists()  # rank 0 was stopped too
+    # The next job ran to completion after it, with both its ranks.
+    assert (ok / ".torchrun" / "result.pkl").is_file()
+    record = read_json(ok / ".torchrun" / "job.json")
+    assert record["status"] == "completed" and record["world_size"] == 2
+    assert "Traceback" not in out, out
+
+
+@pytest.mark.slow
+def test_run_without_multirun_uses_the_launcher(tmp_path: Path) -> None:
+    """`python train.py dist.nproc_per_node=2` (no -m): one run dir, 2 ranks, one W&B run."""
+    run_dir = tmp_path / "run"
+    proc = run(train_cmd(f"hydra.run.dir={run_dir}", "dist.nproc_per_node=2", *QUICK))
+    assert proc.returncode == 0, output(proc)[-5000:]
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert not [p for p in tmp_path.iterdir() if p != run_dir]  # no second dir
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/loss" in r for r in rows) and any("val/acc" in r for r in rows)
+    assert read_json(run_dir / "result.json")["status"] == "completed"
+    assert [p.name for p in rank_dirs(run_dir)] == ["0", "1"]
+    assert read_json(run_dir / ".torchrun" / "job.json")["world_size"] == 2
+    (wb,) = offline_runs(run_dir)
+    assert wb.config["run"]["world_size"] == 2 and wb.exit_code == 0
+    assert any("val/acc" in h for h in wb.history)

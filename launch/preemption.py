@@ -1,0 +1,79 @@
+"""Preemption: SIGTERM or SIGUSR1 (what SLURM and cloud schedulers send) asks the run to stop.
+
+The handler only sets a flag. Every `every` steps the ranks all-reduce their flags (MAX), so all
+of them see the request at the same step boundary, checkpoint there together and exit with
+REQUEUE_EXIT_CODE, which means "requeue me": `resume=auto` continues exactly. On SLURM, rank 0
+also requeues the job itself when the job allows it (`sbatch --requeue`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "temporary failure, try again"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(Exception):
+    """The run stopped at an agreed step after a stop signal; a checkpoint was written."""
+
+    exit_code = REQUEUE_EXIT_CODE
+
+
+class StopRequest:
+    def __init__(self, every: int, group=None):
+        self.every = max(1, every)
+        self.group = group
+        self.received: int | None = None
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.received = signum
+
+    def agreed(self, step: int) -> bool:
+        """True on every rank at the same step once any rank got a stop signal."""
+        if step % self.every:
+            return False
+        flag = torch.tensor([0.0 if self.received is None else 1.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+    def restore_default_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+
+
+def cpu_group(backend: str):
+    """A gloo group for the stop flag, so agreeing never syncs the GPU stream (None: default)."""
+    return dist.new_group(backend="gloo") if backend != "gloo" else None
+
+
+def requeue_on_slurm() -> bool:
+    """`scontrol requeue` this SLURM job if it was submitted with requeue allowed."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return False
+    try:
+        info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
+                              timeout=30).stdout  # fmt: skip
+        if "Requeue=1" not in info:
+            log.warning("SLURM job %s does not allow requeue (sbatch --requeue): not requeued", job)
+            return False
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        log.info("SLURM job %s requeued", job)
+        return True
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("could not requeue SLURM job %s: %s", job, e)
+        return False
