@@ -30,7 +30,7 @@ from tqdm import tqdm
 import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 from data import build_datasets, build_loaders
 from launch import faults, rundir
-from launch.checkpoint import Checkpointer, decode_rng_state, load_for_resume, set_rng_state
+from launch.checkpoint import Checkpointer, decode_rank_state, load_for_resume, set_rng_state
 from launch.distributed import (
     DistEnv,
     init_distributed,
@@ -139,11 +139,12 @@ def train(cfg: DictConfig) -> float:
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
                     **asdict(state),
-                    "loss_sum": float(state.loss_sum),
+                    "loss_sum": None,  # per rank, below
                     "wandb_run_id": logger.wandb_run_id,
                     "world_size": env.world_size,
                 },
                 is_best=is_best,
+                rank_local={"loss_sum": float(state.loss_sum)},  # each rank's own window
             )
 
         stop = StopRequest(cfg.trainer.preemption_check_every_n_steps, cpu_group(env.backend))
@@ -329,12 +330,15 @@ def restore(path: Path, ckpt: dict, model, optimizer, scheduler, env: DistEnv):
             f"checkpoint {path} does not fit this model/optimizer ({first}): "
             "resume with the config it was saved with, or resume=null"
         ) from None
-    rng = ckpt.get("rng") or []
-    if len(rng) == env.world_size:
-        set_rng_state(decode_rng_state(rng[env.rank]))
-    else:
-        log.warning("checkpoint from world size %d: RNG states not restored", len(rng))
     state = TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})
+    ranks = ckpt.get("ranks") or []
+    if len(ranks) == env.world_size:
+        mine = decode_rank_state(ranks[env.rank])
+        set_rng_state(mine["rng"])
+        state.loss_sum = mine["loss_sum"]
+    else:
+        log.warning("checkpoint from world size %d: per-rank state not restored", len(ranks))
+        state.loss_sum, state.loss_count = 0.0, 0
     log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.step)
     return state, ckpt.get("wandb_run_id")
 

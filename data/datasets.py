@@ -11,13 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
 from omegaconf.errors import MissingMandatoryValue
 from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 
 from data.digits import Digits
+from data.fast import InMemoryData, as_uint8_nchw
 from data.seeding import EpochSeededDataset
-from data.transforms import train_transform, val_transform
+from data.transforms import NORMALIZATION, crop_flip_recipe, train_transform, val_transform
 from launch.errors import UserError
 
 T = TypeVar("T")
@@ -30,6 +32,9 @@ class DataSplits:
     num_classes: int
     in_channels: int  # 1 for digits/mnist/fashion_mnist, 3 otherwise
     image_size: int  # side of the square tensors the model receives
+    # Both splits as uint8 tensors for the fast path (data/fast.py); None where the set is not
+    # held in memory (imagenet, imagefolder, fake).
+    memory: InMemoryData | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class _Spec:
     # the flag is ignored; "manual": files must be put in place, download=true is an error.
     fetch: str
     missing_fix: str = "set dataset.download=true or point dataset.root at a copy"
+    # The loaded datasets hold all images as uint8 ``data`` and labels as ``targets``.
+    in_memory: bool = False
 
 
 def _train_test(cls: type) -> _Loader:
@@ -121,13 +128,23 @@ _IMAGENET_FIX = (
 )
 
 DATASETS: dict[str, _Spec] = {
-    "digits": _Spec(_digits, in_channels=1, image_size=8, fetch="none"),
-    "mnist": _Spec(_train_test(tvd.MNIST), in_channels=1, image_size=28, fetch="torchvision"),
-    "fashion_mnist": _Spec(
-        _train_test(tvd.FashionMNIST), in_channels=1, image_size=28, fetch="torchvision"
+    "digits": _Spec(_digits, in_channels=1, image_size=8, fetch="none", in_memory=True),
+    "mnist": _Spec(
+        _train_test(tvd.MNIST), in_channels=1, image_size=28, fetch="torchvision", in_memory=True
     ),
-    "cifar10": _Spec(_train_test(tvd.CIFAR10), in_channels=3, image_size=32, fetch="torchvision"),
-    "cifar100": _Spec(_train_test(tvd.CIFAR100), in_channels=3, image_size=32, fetch="torchvision"),
+    "fashion_mnist": _Spec(
+        _train_test(tvd.FashionMNIST),
+        in_channels=1,
+        image_size=28,
+        fetch="torchvision",
+        in_memory=True,
+    ),
+    "cifar10": _Spec(
+        _train_test(tvd.CIFAR10), in_channels=3, image_size=32, fetch="torchvision", in_memory=True
+    ),
+    "cifar100": _Spec(
+        _train_test(tvd.CIFAR100), in_channels=3, image_size=32, fetch="torchvision", in_memory=True
+    ),
     "imagenet": _Spec(
         _imagenet, in_channels=3, image_size=None, fetch="manual", missing_fix=_IMAGENET_FIX
     ),
@@ -239,10 +256,33 @@ def build_datasets(
         lambda dl: _load(spec, req, dl), download=download, local_rank=local_rank, barrier=barrier
     )
     num_classes = int(cfg.num_classes) if name == "fake" else len(train.classes)  # type: ignore[attr-defined]
+    memory = None
+    if spec.in_memory:
+        memory = _in_memory(name, train, val, image_size, bool(cfg.augment), seed)
     return DataSplits(
         train=EpochSeededDataset(train, seed),
         val=val,
         num_classes=num_classes,
         in_channels=spec.in_channels,
         image_size=image_size,
+        memory=memory,
+    )
+
+
+def _in_memory(
+    name: str, train: Any, val: Any, image_size: int, augment: bool, seed: int
+) -> InMemoryData:
+    """Views of the datasets' own uint8 ``data`` and labels (nothing copied)."""
+    mean, std = NORMALIZATION[name]
+    return InMemoryData(
+        name=name,
+        train_images=as_uint8_nchw(train.data),
+        train_labels=torch.as_tensor(train.targets, dtype=torch.int64),
+        val_images=as_uint8_nchw(val.data),
+        val_labels=torch.as_tensor(val.targets, dtype=torch.int64),
+        image_size=image_size,
+        mean=mean,
+        std=std,
+        augment=crop_flip_recipe(name, image_size, augment),
+        seed=seed,
     )

@@ -1,8 +1,14 @@
-"""Per-rank DataLoaders: resumable shuffled train shards, exact val shards, seeded workers."""
+"""Per-rank loaders: resumable shuffled train shards, exact val shards, seeded workers.
+
+Two paths share the samplers: torch DataLoaders over the datasets (any set), and for sets held
+in memory the fast path (data/fast.py), which builds batches on the device with tensor ops.
+"""
 
 from __future__ import annotations
 
+import logging
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,18 +16,43 @@ import torch
 from torch.utils.data import DataLoader
 
 from data.datasets import DataSplits
+from data.fast import FastTrainLoader, FastValLoader
 from data.samplers import ExactShardSampler, ResumableDistributedSampler
 from data.seeding import mix_seed
 
 # Distinguish the train and val loaders' worker seeds.
 _TRAIN_STREAM, _VAL_STREAM = 0, 1
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Loaders:
-    train: DataLoader
-    val: DataLoader
+    """``for x, y in train`` / ``val``; ``len(train)`` batches per epoch (after any skip)."""
+
+    train: DataLoader | FastTrainLoader
+    val: DataLoader | FastValLoader
     train_sampler: ResumableDistributedSampler
+
+    @property
+    def fast(self) -> bool:
+        """Whether batches come from the in-memory fast path (already on its device)."""
+        return isinstance(self.train, FastTrainLoader)
+
+    def step_indices(self) -> list[list[int]]:
+        """The sample indices of each train batch this epoch, in order, without loading any
+        data: the sampler's items in chunks of the batch size, the last partial one dropped
+        (what either path iterates; set the sampler's epoch/skip first)."""
+        if isinstance(self.train, FastTrainLoader):
+            return self.train.step_indices()
+        return chunk_indices(self.train_sampler, self.train.batch_size)  # type: ignore[arg-type]
+
+
+def chunk_indices(sampler: Iterable[tuple[int, int]], batch_size: int) -> list[list[int]]:
+    """``(epoch, index)`` items -> the indices of each full batch of ``batch_size``."""
+    indices = [index for _, index in sampler]
+    steps = len(indices) // batch_size
+    return [indices[k * batch_size : (k + 1) * batch_size] for k in range(steps)]
 
 
 def seed_worker(worker_id: int) -> None:
@@ -45,8 +76,16 @@ def build_loaders(
     seed: int,
     num_workers: int = 0,
     pin_memory: bool = False,
+    fast: bool = False,
+    device: torch.device | str = "cpu",
 ) -> Loaders:
     """Loaders for this rank; ``batch_size`` and ``eval_batch_size`` are per rank.
+
+    With ``fast`` and a set held in memory (``splits.memory``: digits, mnist, fashion_mnist,
+    cifar10, cifar100) the loaders are the fast path's: batches built on ``device`` from uint8
+    tensors moved there once, same sample indices per rank and step as the DataLoaders (and
+    the same batches without augmentation; augmented crops/flips are drawn differently).
+    ``num_workers`` and ``pin_memory`` then do not apply. Otherwise, DataLoaders on the CPU.
 
     Train batches hold ``(epoch, index)``-seeded samples (see ResumableDistributedSampler).
     The sampler drops the tail that does not divide by the world size and the loader drops the
@@ -66,6 +105,15 @@ def build_loaders(
         drop_last=True,
     )
     val_sampler = ExactShardSampler(len(splits.val), rank, world_size)  # type: ignore[arg-type]
+
+    if fast and splits.memory is not None:
+        return Loaders(
+            train=FastTrainLoader(splits.memory, train_sampler, batch_size, device),
+            val=FastValLoader(splits.memory, val_sampler, eval_batch_size, device),
+            train_sampler=train_sampler,
+        )
+    if fast:
+        log.debug("fast data path: not for this dataset (not held in memory); using DataLoaders")
 
     def loader(dataset, sampler, size: int, drop_last: bool, stream: int) -> DataLoader:
         return DataLoader(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torchvision.transforms import v2
 
@@ -39,6 +41,28 @@ def val_transform(name: str, image_size: int) -> v2.Compose:
     return v2.Compose(geometry + _to_normalized_tensor(name))
 
 
+@dataclass(frozen=True)
+class CropFlip:
+    """Random crop of the image's own size from it zero-padded by ``padding`` on every side,
+    then (if ``flip``) a horizontal flip with probability 1/2. ``padding=0, flip=False``: none.
+    """
+
+    padding: int = 0
+    flip: bool = False
+
+
+def crop_flip_recipe(name: str, image_size: int, augment: bool) -> CropFlip:
+    """The train augmentation of the fixed-size sets (all but imagenet/imagefolder), shared by
+    train_transform and the in-memory fast path (data/fast.py) so the two cannot drift apart."""
+    if not augment:
+        return CropFlip()
+    if name in ("digits", "mnist", "fashion_mnist"):
+        # Small shifts only: flipping changes a digit's meaning.
+        return CropFlip(padding=max(image_size // 14, 1), flip=False)
+    # cifar10, cifar100, fake: the standard CIFAR recipe (padding 4 at 32px)
+    return CropFlip(padding=image_size // 8, flip=True)
+
+
 def train_transform(name: str, image_size: int, augment: bool) -> v2.Compose:
     """The val pipeline when ``augment`` is false; otherwise random crops (and flips).
 
@@ -48,9 +72,9 @@ def train_transform(name: str, image_size: int, augment: bool) -> v2.Compose:
         return val_transform(name, image_size)
     if name in _RESIZED:
         geometry = [v2.RandomResizedCrop(image_size), v2.RandomHorizontalFlip()]
-    elif name in ("digits", "mnist", "fashion_mnist"):
-        # Small shifts only: flipping changes a digit's meaning.
-        geometry = [v2.RandomCrop(image_size, padding=max(image_size // 14, 1))]
-    else:  # cifar10, cifar100, fake: the standard CIFAR recipe (padding 4 at 32px)
-        geometry = [v2.RandomCrop(image_size, padding=image_size // 8), v2.RandomHorizontalFlip()]
+    else:
+        recipe = crop_flip_recipe(name, image_size, augment)
+        geometry = [v2.RandomCrop(image_size, padding=recipe.padding)]
+        if recipe.flip:
+            geometry.append(v2.RandomHorizontalFlip())
     return v2.Compose(geometry + _to_normalized_tensor(name))

@@ -11,7 +11,8 @@ digest (torn by a crash elsewhere, corrupted on disk) is never loaded. Resuming 
 checkpoint that verifies and names every newer one it skipped.
 
 A checkpoint is a plain dict of tensors and Python scalars/containers (model, optimizer,
-scheduler, epoch, step, step_in_epoch, best_val_acc, every rank's RNG state, W&B run id, ...),
+scheduler, epoch, step, step_in_epoch, best_val_acc, W&B run id, and under `ranks` each rank's
+RNG states and loss window),
 so it loads with `torch.load(weights_only=True)`: no pickled code runs on load.
 """
 
@@ -172,18 +173,18 @@ def _tuples(x: Any) -> Any:
     return tuple(_tuples(v) for v in x) if isinstance(x, list | tuple) else x
 
 
-def gather_rng_states() -> list[torch.Tensor]:
-    """Every rank's RNG state, in rank order, each as a uint8 tensor of torch.save bytes
-    (a collective: all ranks must call it). Bytes travel through all_gather_object, which
-    cannot carry tensors on a one-rank gloo group."""
+def gather_rank_states(local: dict[str, Any]) -> list[torch.Tensor]:
+    """Every rank's own state (its RNG states plus `local`), in rank order, each a uint8 tensor
+    of torch.save bytes (a collective: all ranks must call it). Bytes travel through
+    all_gather_object, which cannot carry tensors on a one-rank gloo group."""
     buf = io.BytesIO()
-    torch.save(rng_state(), buf)
+    torch.save({**local, "rng": rng_state()}, buf)
     blobs: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(blobs, buf.getvalue())
     return [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
 
 
-def decode_rng_state(blob: torch.Tensor) -> dict[str, Any]:
+def decode_rank_state(blob: torch.Tensor) -> dict[str, Any]:
     return torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True)
 
 
@@ -213,8 +214,9 @@ class Checkpointer:
         self.is_main = is_main
         self.keep = keep
 
-    def save(self, state: dict[str, Any], *, is_best: bool) -> None:
-        state = {**state, "rng": gather_rng_states()}  # a collective: every rank takes part
+    def save(self, state: dict[str, Any], *, is_best: bool, rank_local: dict | None = None) -> None:
+        """`state` is rank 0's; `rank_local` is this rank's own (stored per rank with its RNG)."""
+        state = {**state, "ranks": gather_rank_states(rank_local or {})}  # every rank takes part
         if self.is_main:
             path = self.dir / f"step-{state['step']:08d}.pt"
             atomic_save(state, path)

@@ -137,6 +137,19 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
         )
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent hosts the store and it outlives restarts of the ranks (--max-restarts):
+        # without a per-attempt prefix, restarted ranks can read the previous attempt's
+        # addresses (default_pg/...) and fail to connect.
+        store = dist.PrefixStore(
+            f"hydra_ddp/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+            dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timeout),
+        )  # fmt: skip
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+            device_id=dev if dev.type == "cuda" else None,
+        )  # fmt: skip
     else:
         dist.init_process_group(
             backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None

@@ -41,6 +41,7 @@ JOB_FILES = ".torchrun"  # per-job launcher files inside the job dir: job.pkl, r
 RESULT_PKL = "result.pkl"  # rank 0's JobReturn
 JOB_JSON = "job.json"  # rank 0's record: pid, rendezvous address, start and end times
 FAILURES_JSON = "failures.json"  # the agent's record of the ranks that failed, first first
+RESULT_JSON = "result.json"  # in the job dir: train.py's result, the launcher's if it failed
 POLL_S = 0.2
 
 
@@ -107,9 +108,20 @@ class Job:
 def visible_gpus(settings: LauncherSettings) -> list[int]:
     if settings.gpus is not None:
         return list(settings.gpus)
+    if sys.platform.startswith("linux") and "torch" not in sys.modules and not gpu_device_nodes():
+        return []  # no GPU driver here: don't import torch (seconds) to count no GPUs
     import torch
 
     return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def gpu_device_nodes() -> bool:
+    """Whether Linux shows a GPU driver's device nodes: NVIDIA, WSL's or AMD ROCm's."""
+    import glob
+
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or any(
+        os.path.exists(p) for p in ("/dev/dxg", "/dev/kfd")
+    )
 
 
 def job_world(config: DictConfig, settings: LauncherSettings, n_gpus: int) -> tuple[int, int]:
@@ -250,14 +262,9 @@ def one_line(text: object) -> str:
 def failure_reason(job: Job, code: int | None, ret: Any = None) -> str:
     """The best one-line account of why a job failed, most specific first."""
     # Rank 0 of a train.py job records its own error in result.json; other apps leave none.
-    result_json = job.job_dir / "result.json"
-    if result_json.exists():
-        try:
-            error = json.loads(result_json.read_text()).get("error")
-            if error:
-                return str(error)
-        except (json.JSONDecodeError, OSError, AttributeError):
-            pass
+    error = job_result(job).get("error")
+    if error:
+        return one_line(error)
     # Rank 0's JobReturn: the task's exception.
     if ret is not None and ret.status.name == "FAILED":
         error = ret._return_value
@@ -297,17 +304,28 @@ def describe_failure(failure: dict) -> str:
     return f"rank {rank} (pid {pid}) exited with code {failure.get('exitcode')}"
 
 
+def job_result(job: Job) -> dict:
+    """The job's result.json (train.py's rank 0 writes it) if this run of the job wrote it, not
+    an earlier run into the same dir."""
+    path = job.job_dir / RESULT_JSON
+    try:
+        if not job.started or path.stat().st_mtime < job.started - 2.0:  # coarse mtimes
+            return {}
+        result = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return result if isinstance(result, dict) else {}
+
+
 def record_failure(job: Job, error: str) -> None:
     """Make sure the job dir says it failed (the sweep summary reads result.json)."""
-    result_json = job.job_dir / "result.json"
-    try:
-        result = json.loads(result_json.read_text()) if result_json.exists() else {}
-    except (json.JSONDecodeError, OSError):
-        result = {}
+    result_json = job.job_dir / RESULT_JSON
+    result = job_result(job)
     result.update(status="failed", overrides=job.overrides, job_num=job.num)
     result.setdefault("error", error)
     result["error"] = result["error"] or error
-    result.setdefault("wall_time_s", round(time.time() - job.started, 3))
+    if job.started:
+        result.setdefault("wall_time_s", round(time.time() - job.started, 3))
     job.job_dir.mkdir(parents=True, exist_ok=True)
     result_json.write_text(json.dumps(result, indent=2))
 
@@ -471,7 +489,7 @@ def launch_sweep_batch(launcher, job_overrides, initial_job_idx: int) -> list[An
 
 
 def agent_main(argv: list[str]) -> int:
-    """Run torchrun (torch.distributed.run's own main) with the given arguments. When ranks
+    """Run torchrun (torch.distributed.run) with the given arguments. When ranks
     fail, write who failed and how to FAILURES_JSON, earliest first, and print one line per
     failed rank instead of torchrun's 40-line traceback; the ranks' own errors are above it."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
+from launch.errors import UserError
+from launch.torchrun import Job, TaskExit, failure_reason, record_failure
 from tests.conftest import QUICK, output, run, train_cmd
 from tests.wandb_records import offline_runs
 
@@ -32,6 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "launcher_apps"
 SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
 LRS = ("0.05", "0.1")
+SECRET = "s3cret-launcher-test-value"
+NO_WANDB = "wandb.mode=disabled"  # for sweeps whose W&B runs no test reads (saves ~2 s a job)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,9 +60,10 @@ class Sweep:
         return yaml.safe_load((self.job(num) / ".hydra" / "overrides.yaml").read_text())
 
 
-def sweep(sweep_dir: Path, *overrides: str, timeout: float = 300) -> Sweep:
+def sweep(sweep_dir: Path, *overrides: str, timeout: float = 300, **env: str) -> Sweep:
     started = time.monotonic()
-    proc = run(train_cmd("-m", f"hydra.sweep.dir={sweep_dir}", *QUICK, *overrides), timeout=timeout)
+    cmd = train_cmd("-m", f"hydra.sweep.dir={sweep_dir}", *QUICK, *overrides)
+    proc = run(cmd, timeout=timeout, **env)
     return Sweep(sweep_dir, proc, time.monotonic() - started)
 
 
@@ -79,6 +85,47 @@ def rank_dirs(job_dir: Path) -> list[Path]:
 def summary_rows(sweep_dir: Path) -> list[dict]:
     with open(sweep_dir / "summary.csv", newline="") as f:
         return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------------------------------------
+# failure reports, without processes
+
+
+def test_task_exit_keeps_the_error_it_exited_on() -> None:
+    """train.py logs a UserError and sys.exit()s: the job's error is that UserError's text."""
+    try:
+        try:
+            raise UserError("trainer.batch_size=63 is not divisible by 2")
+        except UserError as e:
+            raise SystemExit(e.exit_code) from None
+    except SystemExit as e:
+        exit_error = TaskExit.from_exit(e)
+    assert str(exit_error) == "trainer.batch_size=63 is not divisible by 2"
+    assert exit_error.exit_code == UserError.exit_code
+    again = pickle.loads(pickle.dumps(exit_error))  # it travels in result.pkl
+    assert str(again) == str(exit_error) and again.exit_code == exit_error.exit_code
+    assert str(TaskExit.from_exit(SystemExit(3))) == "the task exited with code 3"
+
+
+def test_failure_reason_most_specific_first(tmp_path: Path) -> None:
+    job = Job(7, ["a=1"], tmp_path, spec=None, nproc=2, nnodes=1, started=time.time())
+    failures = [
+        {"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None},
+        {"rank": 0, "pid": 10, "exitcode": -15, "signal": "SIGTERM", "error": None},
+    ]
+    assert "torchrun exited with code 1" in failure_reason(job, 1)
+    (tmp_path / ".torchrun").mkdir()
+    (tmp_path / ".torchrun" / "failures.json").write_text(json.dumps(failures))
+    assert failure_reason(job, 1).startswith("rank 1 (pid 11) was killed by SIGKILL")
+    (tmp_path / "result.json").write_text(json.dumps({"status": "failed", "error": "boom\nmore"}))
+    assert failure_reason(job, 1) == "boom"
+    # A result.json from an earlier run into this dir says nothing about this one.
+    os.utime(tmp_path / "result.json", (job.started - 3600, job.started - 3600))
+    assert failure_reason(job, 1).startswith("rank 1")
+    record_failure(job, failure_reason(job, 1))
+    result = read_json(tmp_path / "result.json")
+    assert result["status"] == "failed" and "SIGKILL" in result["error"]
+    assert result["overrides"] == ["a=1"] and result["job_num"] == 7
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,6 +184,7 @@ def sweep_2x2(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
         "dist.nproc_per_node=2,1",
         f"optim.lr={','.join(LRS)}",
         "hydra.launcher.max_parallel=2",
+        TEST_LAUNCHER_SECRET=SECRET,  # must not end up in the job files (test_job_files)
     )
     assert result.proc.returncode == 0, result.out[-5000:]
     return result
@@ -231,6 +279,17 @@ def test_parallel_jobs_overlap_with_own_ports(sweep_2x2: Sweep) -> None:
 
 
 @pytest.mark.slow
+def test_job_files(sweep_2x2: Sweep) -> None:
+    """The launcher's files in each job dir: the pickled job (it holds the config, which is
+    fine), rank 0's result and record; none holds the launching process's environment."""
+    for num in range(4):
+        files = sweep_2x2.job(num) / ".torchrun"
+        assert sorted(p.name for p in files.iterdir()) == ["job.json", "job.pkl", "result.pkl"]
+        for path in files.iterdir():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.slow
 def test_sweep_summary(sweep_2x2: Sweep, tmp_path: Path) -> None:
     """The multirun wrote summary.csv/.md/.png; `python -m launch.summary` rebuilds them."""
     rows = summary_rows(sweep_2x2.dir)
@@ -268,6 +327,7 @@ def test_optuna_sweep(tmp_path: Path) -> None:
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.n_jobs=3",
         "hydra.launcher.max_parallel=3",
+        NO_WANDB,
     )
     assert result.proc.returncode == 0, result.out[-5000:]
     best_accs = [read_json(result.job(n) / "result.json")["best_val_acc"] for n in range(3)]
@@ -290,6 +350,7 @@ def test_failed_job_does_not_stop_the_others(tmp_path: Path) -> None:
         "trainer.batch_size=63,64",
         "dist.nproc_per_node=2",
         "hydra.launcher.max_parallel=2",
+        NO_WANDB,
     )
     assert result.proc.returncode != 0
     out = result.out

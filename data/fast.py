@@ -1,0 +1,241 @@
+"""The in-memory fast path: whole splits as uint8 tensors, batches built with tensor ops.
+
+For sets that fit in memory (digits, the MNIST family, CIFAR-10/100) each split is one uint8
+``[N, C, H, W]`` tensor, moved once to the training device. The train loader takes its
+``(epoch, index)`` items from the very same ResumableDistributedSampler as the standard
+DataLoader path (same shard, same order, ``set_epoch``/``skip`` respected) and turns each
+``batch_size`` of them into a batch with a few batched ops on the device: gather, random
+crop/flip, normalise. No worker processes, no PIL, no per-sample Python.
+
+Augmentation randomness is a counter-based hash of (seed, epoch, index) in int64 tensor
+arithmetic (``mix_seed_tensor``, equal to data.seeding.mix_seed element by element), so like
+the standard path an augmented sample does not depend on the rank, world size, batch
+composition or resume point. The draws differ from the standard path's (torch's RNG), so
+augmented pixels differ between the paths; without augmentation the batches are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from data.samplers import ExactShardSampler, ResumableDistributedSampler
+from data.transforms import CropFlip
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class InMemoryData:
+    """Both splits of a fixed-size image set, as stored (uint8), plus how to turn them into the
+    model's float inputs. Built by build_datasets; the tensors may share memory with the
+    torchvision datasets (views, no copy) and may be non-contiguous."""
+
+    name: str
+    train_images: torch.Tensor  # uint8 [N, C, H, W]
+    train_labels: torch.Tensor  # int64 [N]
+    val_images: torch.Tensor  # uint8 [M, C, H, W]
+    val_labels: torch.Tensor  # int64 [M]
+    image_size: int
+    mean: tuple[float, ...]  # per channel, of the 0..1-scaled images
+    std: tuple[float, ...]
+    augment: CropFlip  # the train augmentation (CropFlip() when dataset.augment=false)
+    seed: int  # augmentation seed: the one EpochSeededDataset uses on the standard path
+
+
+def as_uint8_nchw(data: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A torchvision dataset's ``data``: ``[N, H, W]`` (MNIST, digits) or numpy ``[N, H, W, C]``
+    (CIFAR) uint8, as a ``[N, C, H, W]`` view (no copy)."""
+    images = torch.from_numpy(data) if isinstance(data, np.ndarray) else data
+    if images.dtype != torch.uint8 or images.ndim not in (3, 4):
+        raise ValueError(f"expected uint8 [N,H,W] or [N,H,W,C], got {images.dtype} {images.shape}")
+    return images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2)
+
+
+# --- counter-based hashing in int64 tensor arithmetic ---------------------------------------
+
+
+def _signed(value: int) -> int:
+    """The int64 with the same 64 bits as ``value`` (a Python int taken modulo 2**64)."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical (unsigned) right shift of int64 (torch's >> is arithmetic on signed ints)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+_GOLDEN, _MUL1, _MUL2 = (_signed(c) for c in
+                         (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))  # fmt: skip
+
+
+def splitmix64_tensor(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 tensors (uint64 bits; + and * wrap modulo 2**64)."""
+    x = x + _GOLDEN
+    x = (x ^ _shr(x, 30)) * _MUL1
+    x = (x ^ _shr(x, 27)) * _MUL2
+    return x ^ _shr(x, 31)
+
+
+def mix_seed_tensor(*values: torch.Tensor | int) -> torch.Tensor:
+    """data.seeding.mix_seed, elementwise over broadcast int64 tensors: values >= 0 < 2**63."""
+    h: torch.Tensor | None = None
+    for value in values:
+        v = value if torch.is_tensor(value) else torch.tensor(_signed(int(value)))
+        h = splitmix64_tensor(v if h is None else h ^ v)  # mix_seed starts from h = 0
+    assert h is not None, "mix_seed_tensor needs at least one value"
+    return _shr(h, 1)
+
+
+# Streams of per-sample draws (any distinct constants).
+_ROW, _COL, _FLIP = 1, 2, 3
+
+
+def crop_flip_params(
+    seed: int, epochs: torch.Tensor, indices: torch.Tensor, recipe: CropFlip
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample (row offset, column offset, flip) in the padded image, a function of
+    (seed, epoch, index) only: offsets uniform in 0..2*padding, flip with probability 1/2
+    (always False without ``recipe.flip``)."""
+    key = mix_seed_tensor(seed, epochs, indices)
+    span = 2 * recipe.padding + 1
+    dy = mix_seed_tensor(key, _ROW) % span
+    dx = mix_seed_tensor(key, _COL) % span
+    flip = (mix_seed_tensor(key, _FLIP) & 1).bool()
+    if not recipe.flip:
+        flip = torch.zeros_like(flip)
+    return dy, dx, flip
+
+
+def crop_flip(
+    images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor, padding: int
+) -> torch.Tensor:
+    """``images`` ``[B, C, H, W]`` zero-padded by ``padding``, cropped back to H x W at per-image
+    offsets ``(dy, dx)`` and mirrored left-right where ``flip``: one gather on the device."""
+    b, c, h, w = images.shape
+    hp, wp = h + 2 * padding, w + 2 * padding
+    padded = F.pad(images, (padding,) * 4).reshape(b, c, hp * wp)
+    device = images.device
+    rows = dy[:, None] + torch.arange(h, device=device)  # [B, H]
+    cols = torch.arange(w, device=device).expand(b, w)
+    cols = torch.where(flip[:, None], w - 1 - cols, cols) + dx[:, None]  # [B, W]
+    flat = (rows[:, :, None] * wp + cols[:, None, :]).reshape(b, 1, h * w)
+    return padded.gather(2, flat.expand(b, c, h * w)).reshape(b, c, h, w)
+
+
+class _Normalize:
+    """uint8 -> float32 ``(x / 255 - mean) / std``, with torchvision's op order (ToDtype with
+    scale, then Normalize) so results match the standard path's bit for bit on CPU."""
+
+    def __init__(self, mean, std, device: torch.device) -> None:
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return images.to(torch.float32).mul_(1.0 / 255).sub_(self.mean).div_(self.std)
+
+
+def augment_batch(
+    images: torch.Tensor,
+    epochs: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    seed: int,
+    recipe: CropFlip,
+) -> torch.Tensor:
+    """The train augmentation of uint8 ``images`` (the samples ``indices`` of ``epochs``)."""
+    if recipe.padding == 0 and not recipe.flip:
+        return images
+    dy, dx, flip = crop_flip_params(seed, epochs, indices, recipe)
+    return crop_flip(images, dy, dx, flip, recipe.padding)
+
+
+def _on(device: torch.device, images: torch.Tensor, labels: torch.Tensor):
+    return images.to(device).contiguous(), labels.to(device=device, dtype=torch.int64)
+
+
+class FastTrainLoader:
+    """Per-rank train batches ``(x float32 [B, C, H, W], y int64 [B])`` on ``device``.
+
+    Iterating takes this epoch's ``(epoch, index)`` items from ``sampler`` (call its
+    ``set_epoch``/``skip`` first, as for a DataLoader) in order, ``batch_size`` per batch, and
+    drops the last partial batch. ``last_indices`` is the index tensor of the batch yielded
+    last (what it was built from); ``step_indices()`` lists every batch's indices upfront.
+    """
+
+    drop_last = True
+    num_workers = 0
+
+    def __init__(
+        self,
+        data: InMemoryData,
+        sampler: ResumableDistributedSampler,
+        batch_size: int,
+        device: torch.device | str,
+    ) -> None:
+        self.device = torch.device(device)
+        self.images, self.labels = _on(self.device, data.train_images, data.train_labels)
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.seed = data.seed
+        self.recipe = data.augment
+        self.normalize = _Normalize(data.mean, data.std, self.device)
+        self.last_indices: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size
+
+    def _plan(self) -> torch.Tensor:
+        """``[steps, batch_size, 2]`` int64 (epoch, index) on the device: one copy per epoch."""
+        keys = list(self.sampler)
+        steps = len(keys) // self.batch_size
+        plan = torch.tensor(keys[: steps * self.batch_size], dtype=torch.int64).view(
+            steps, self.batch_size, 2
+        )
+        return plan.to(self.device)
+
+    def step_indices(self) -> list[list[int]]:
+        return self._plan()[:, :, 1].tolist()
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for keys in self._plan():
+            epochs, indices = keys[:, 0], keys[:, 1]
+            self.last_indices = indices
+            images = augment_batch(
+                self.images[indices], epochs, indices, seed=self.seed, recipe=self.recipe
+            )
+            yield self.normalize(images), self.labels[indices]
+
+
+class FastValLoader:
+    """This rank's exact val shard (ExactShardSampler), ``batch_size`` per batch, the last one
+    partial, normalised without augmentation: ``(x float32, y int64)`` on ``device``."""
+
+    drop_last = False
+    num_workers = 0
+
+    def __init__(
+        self,
+        data: InMemoryData,
+        sampler: ExactShardSampler,
+        batch_size: int,
+        device: torch.device | str,
+    ) -> None:
+        self.device = torch.device(device)
+        self.images, self.labels = _on(self.device, data.val_images, data.val_labels)
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.normalize = _Normalize(data.mean, data.std, self.device)
+        self.indices = torch.tensor(list(sampler), dtype=torch.int64, device=self.device)
+
+    def __len__(self) -> int:
+        return -(-len(self.indices) // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for indices in self.indices.split(self.batch_size):
+            yield self.normalize(self.images[indices]), self.labels[indices]
