@@ -14,6 +14,8 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,6 +43,13 @@ from launch.distributed import (
 from launch.errors import UserError, find_user_error
 from launch.metrics import RunLogger, run_facts
 from launch.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
+from launch.speed import (
+    StepTimer,
+    peak_flops,
+    peak_memory_mb,
+    process_age_s,
+    train_flops_per_sample,
+)
 
 log = logging.getLogger("train")
 
@@ -80,12 +89,31 @@ class TrainState:
     skipped_steps: int = 0  # non-finite updates skipped (trainer.nonfinite=skip)
 
 
+@dataclass
+class Loop:
+    """What one training step needs besides the data: built once in train()."""
+
+    model: torch.nn.Module  # what runs the batches: DDP-wrapped and/or compiled
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler  # a no-op unless trainer.precision=fp16
+    trainer: DictConfig
+    env: DistEnv
+    logger: RunLogger
+    save: Callable[..., None]
+    stop: StopRequest
+    flops_per_sample: float | None = None  # for MFU, on GPU
+    first_step_s: float | None = None  # process age at the end of its first step
+
+
 def train(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     started = time.time()
     with init_distributed(cfg.dist, cfg.trainer.device) as env:
         torch.manual_seed(cfg.seed)
-        batch_size = per_rank(cfg.trainer.batch_size, env.world_size)
+        accumulate = cfg.trainer.accumulate_grad_batches
+        micro_batch = per_rank(cfg.trainer.batch_size, env.world_size, accumulate)
+        autocast = precision_context(cfg.trainer.precision, env.device)
 
         # Data: each rank reads its own shard; validation counts every sample exactly once.
         splits = build_datasets(
@@ -93,15 +121,18 @@ def train(cfg: DictConfig) -> float:
         )
         loaders = build_loaders(
             splits,
-            batch_size=batch_size,
+            batch_size=micro_batch,
             eval_batch_size=math.ceil(cfg.trainer.eval_batch_size / env.world_size),
             rank=env.rank,
             world_size=env.world_size,
             seed=cfg.seed,
             num_workers=cfg.dataset.num_workers,
             pin_memory=env.device.type == "cuda",
+            fast=cfg.dataset.fast,
+            device=env.device,
         )
-        if len(loaders.train) == 0:
+        steps_per_epoch = len(loaders.train) // accumulate
+        if steps_per_epoch == 0:
             raise UserError(
                 f"trainer.batch_size={cfg.trainer.batch_size} exceeds the training set "
                 f"({len(splits.train)} samples): lower trainer.batch_size"
@@ -113,20 +144,22 @@ def train(cfg: DictConfig) -> float:
             num_classes=splits.num_classes,
             in_channels=splits.in_channels,
             image_size=splits.image_size,
-        ).to(env.device)
+        ).to(env.device, memory_format=memory_format(cfg.trainer))
         optimizer = instantiate(cfg.optim)(model.parameters())
-        scheduler = lr_schedule(optimizer, cfg.trainer, len(loaders.train))
+        scheduler = lr_schedule(optimizer, cfg.trainer, steps_per_epoch)
+        scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.trainer.precision == "fp16")
         state, wandb_run_id = TrainState(), None
         resumed = load_for_resume(resume_setting(cfg.resume), run_dir)
         if resumed is not None:
-            state, wandb_run_id = restore(*resumed, model, optimizer, scheduler, env)
-        ddp_model = wrap_ddp(model, cfg.dist, env)
+            state, wandb_run_id = restore(*resumed, model, optimizer, scheduler, scaler, env)
+        # Compile before the DDP wrap; checkpoints keep saving the plain `model`.
+        runner = wrap_ddp(torch.compile(model) if cfg.trainer.compile else model, cfg.dist, env)
 
         logger = RunLogger(
             run_dir,
             cfg,
             enabled=env.is_main,
-            facts=run_facts(env.world_size, batch_size, env.device),
+            facts=run_facts(env.world_size, micro_batch * accumulate, env.device),
             resuming=resumed is not None,
             wandb_run_id=wandb_run_id,
         )
@@ -138,6 +171,7 @@ def train(cfg: DictConfig) -> float:
                     "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
+                    "scaler": scaler.state_dict(),
                     **asdict(state),
                     "loss_sum": None,  # per rank, below
                     "wandb_run_id": logger.wandb_run_id,
@@ -148,6 +182,7 @@ def train(cfg: DictConfig) -> float:
             )
 
         stop = StopRequest(cfg.trainer.preemption_check_every_n_steps, cpu_group(env.backend))
+        loop = Loop(runner, optimizer, scheduler, scaler, cfg.trainer, env, logger, save, stop)
         result = {"status": "failed", "error": None, "best_val_acc": None, "final_val_acc": None,
                   "final_val_loss": None, "samples_per_s": None}  # fmt: skip
         throughput = []
@@ -155,12 +190,10 @@ def train(cfg: DictConfig) -> float:
             for epoch in range(state.epoch, cfg.trainer.max_epochs):
                 state.epoch = epoch
                 loaders.train_sampler.set_epoch(epoch)
-                loaders.train_sampler.skip(state.step_in_epoch * batch_size)
-                throughput += train_one_epoch(
-                    ddp_model, loaders.train, optimizer, scheduler, cfg.trainer, env, logger,
-                    state, save, stop,
-                )  # fmt: skip
-                val = evaluate(model, loaders.val, env.device)
+                loaders.train_sampler.skip(state.step_in_epoch * accumulate * micro_batch)
+                throughput += train_one_epoch(loop, loaders.train, state, steps_per_epoch)
+                with autocast:
+                    val = evaluate(model, loaders.val, env.device, cfg.trainer)
                 state.epoch, state.step_in_epoch = epoch + 1, 0
                 logger.log({"step": state.step, "epoch": epoch + 1, **val})
                 log.info(
@@ -171,7 +204,12 @@ def train(cfg: DictConfig) -> float:
                 state.best_val_acc = max(state.best_val_acc, val["val/acc"])
                 save(is_best=is_best)
                 result.update(final_val_acc=val["val/acc"], final_val_loss=val["val/loss"])
-            result.update(status="completed", best_val_acc=state.best_val_acc)
+            result.update(
+                status="completed",
+                best_val_acc=state.best_val_acc,
+                time_to_first_step_s=loop.first_step_s,
+                peak_memory_mb_per_rank=gather_floats(peak_memory_mb(env.device)),
+            )
             return state.best_val_acc
         except Preempted:
             result["status"] = "preempted"
@@ -189,74 +227,108 @@ def train(cfg: DictConfig) -> float:
             logger.finish(result["status"])
 
 
-def train_one_epoch(model, loader, optimizer, scheduler, trainer_cfg, env, logger, state,
-                    save, stop) -> list[float]:  # fmt: skip
+def train_one_epoch(loop: Loop, loader, state: TrainState, steps: int) -> list[float]:
     """Train the rest of this rank's shard of `state.epoch`. Returns the samples/s measured."""
-    model.train()
-    device, every = env.device, trainer_cfg.log_every_n_steps
+    env, cfg = loop.env, loop.trainer
+    device, accumulate, every = env.device, cfg.accumulate_grad_batches, cfg.log_every_n_steps
+    autocast = precision_context(cfg.precision, device)
+    loop.model.train()
     # The window's loss is summed on the device (no host sync) and kept in `state` so that a
     # checkpoint taken mid-window resumes it exactly.
     state.loss_sum = loss_sum = torch.tensor(float(state.loss_sum), device=device)
-    rates, tic, window_steps, first_step = [], time.perf_counter(), 0, True
-    show_bar = env.is_main and trainer_cfg.progress_bar and sys.stdout.isatty()
-    for x, y in tqdm(loader, desc=f"epoch {state.epoch + 1}", disable=not show_bar, leave=False):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        loss = faults.inject(state.step + 1, env.rank, F.cross_entropy(model(x), y))
-        # On CPU the check is free; on GPU it waits for the log step (no per-step host sync).
-        if trainer_cfg.nonfinite == "error" and device.type == "cpu" and not torch.isfinite(loss):
-            raise_non_finite(loss, state.step + 1, state.epoch, env)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if update_is_finite(model, trainer_cfg):
-            optimizer.step()
-            loss_sum += loss.detach()
+    rates, timer, batches = [], StepTimer(), iter(loader)
+    show_bar = env.is_main and cfg.progress_bar and sys.stdout.isatty()
+    bar = tqdm(total=steps, initial=state.step_in_epoch, desc=f"epoch {state.epoch + 1}",
+               disable=not show_bar, leave=False)  # fmt: skip
+    while state.step_in_epoch < steps:
+        # One optimizer step = `accumulate` micro-batches; DDP all-reduces on the last only.
+        loop.optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), device=device)
+        for micro in range(accumulate):
+            with timer.waiting_for_data():
+                x, y = next(batches)
+            x = x.to(device, non_blocking=True, memory_format=memory_format(cfg))
+            y = y.to(device, non_blocking=True)
+            last = micro == accumulate - 1
+            with nullcontext() if last or not env.is_distributed else loop.model.no_sync():
+                with autocast:
+                    loss = F.cross_entropy(loop.model(x), y)
+                loss = faults.inject(state.step + 1, env.rank, loss)
+                # On CPU this check is free; on GPU it waits for the log step (no host sync).
+                if cfg.nonfinite == "error" and device.type == "cpu" and not torch.isfinite(loss):
+                    raise_non_finite(loss, state.step + 1, state.epoch, env)
+                loop.scaler.scale(loss / accumulate).backward()
+            step_loss += loss.detach() / accumulate
+        if loop.flops_per_sample is None and device.type == "cuda":
+            plain = getattr(loop.model, "module", loop.model)
+            loop.flops_per_sample = train_flops_per_sample(plain, x)
+        if optimizer_step(loop):
+            loss_sum += step_loss
             state.loss_count += 1
         else:
             state.skipped_steps += 1
-        scheduler.step()
+        loop.scheduler.step()
         state.step += 1
         state.step_in_epoch += 1
-        window_steps += 1
-        if first_step:
+        timer.step_done()
+        bar.update(1)
+        if loop.first_step_s is None:
+            loop.first_step_s = round(process_age_s(), 3)
             tighten_timeout(env)  # startup is over: a stuck collective should now fail fast
-            first_step = False
         if state.step % every == 0:
-            # One all-reduce per log interval, not per step: the loss is the mean over ranks.
-            totals = torch.stack([loss_sum, torch.tensor(float(state.loss_count), device=device)])
-            dist.all_reduce(totals)  # SUM (gloo has no AVG)
-            mean_loss = (totals[0] / totals[1].clamp(min=1)).item()
-            if trainer_cfg.nonfinite == "error" and not math.isfinite(mean_loss):
-                raise_non_finite(mean_loss, state.step, state.epoch, env)
-            rate = window_steps * len(x) * env.world_size / (time.perf_counter() - tic)
-            rates.append(rate)
-            row = {"step": state.step, "epoch": state.epoch + 1, "train/loss": mean_loss,
-                   "lr": scheduler.get_last_lr()[0], "samples_per_s": rate}  # fmt: skip
-            if state.skipped_steps:
-                row["train/skipped_steps"] = state.skipped_steps
-            logger.log(row)
-            loss_sum.zero_()
-            state.loss_count, window_steps, tic = 0, 0, time.perf_counter()
-        if stop.agreed(state.step):
-            save()
+            rates.append(log_window(loop, state, loss_sum, timer, len(x)))
+        if loop.stop.agreed(state.step):
+            loop.save()
             raise Preempted(
                 f"preempted at step {state.step}: checkpoint saved; "
                 "rerun with resume=auto to continue exactly"
             )
-        if trainer_cfg.checkpoint_every_n_steps and (
-            state.step % trainer_cfg.checkpoint_every_n_steps == 0
-        ):
-            save()
+        if cfg.checkpoint_every_n_steps and state.step % cfg.checkpoint_every_n_steps == 0:
+            loop.save()
+    bar.close()
     state.loss_sum = float(loss_sum)
     return rates
 
 
-def update_is_finite(model, trainer_cfg) -> bool:
-    """Clip if asked; in `nonfinite=skip` mode, False when the (all-reduced) gradients are not
-    finite: every rank sees the same gradients, so every rank skips the same update."""
-    if not trainer_cfg.grad_clip and trainer_cfg.nonfinite != "skip":
-        return True
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), trainer_cfg.grad_clip or math.inf)
-    return trainer_cfg.nonfinite != "skip" or bool(torch.isfinite(norm))
+def optimizer_step(loop: Loop) -> bool:
+    """Unscale (fp16), clip, step. False when `trainer.nonfinite=skip` skipped the update:
+    the gradients are all-reduced, so every rank sees the same norm and skips the same step."""
+    cfg = loop.trainer
+    if cfg.grad_clip or cfg.nonfinite == "skip":
+        loop.scaler.unscale_(loop.optimizer)  # clip the true gradients, not the scaled ones
+        norm = torch.nn.utils.clip_grad_norm_(loop.model.parameters(), cfg.grad_clip or math.inf)
+        if cfg.nonfinite == "skip" and not torch.isfinite(norm):
+            loop.scaler.update()
+            return False
+    loop.scaler.step(loop.optimizer)
+    loop.scaler.update()
+    return True
+
+
+def log_window(loop: Loop, state: TrainState, loss_sum, timer: StepTimer, micro: int) -> float:
+    """One all-reduce per log interval, not per step: the loss is the mean over ranks."""
+    env = loop.env
+    totals = torch.stack([loss_sum, torch.tensor(float(state.loss_count), device=env.device)])
+    dist.all_reduce(totals)  # SUM (gloo has no AVG)
+    mean_loss = (totals[0] / totals[1].clamp(min=1)).item()
+    if loop.trainer.nonfinite == "error" and not math.isfinite(mean_loss):
+        raise_non_finite(mean_loss, state.step, state.epoch, env)
+    seconds, wait_pct, steps = timer.window()
+    rate = steps * micro * loop.trainer.accumulate_grad_batches * env.world_size / seconds
+    row = {"step": state.step, "epoch": state.epoch + 1, "train/loss": mean_loss,
+           "lr": loop.scheduler.get_last_lr()[0], "samples_per_s": rate,
+           "step_time_ms": 1000 * seconds / max(steps, 1), "data_wait_pct": wait_pct,
+           "peak_mem_mb": peak_memory_mb(env.device)}  # fmt: skip
+    peak = peak_flops(env.device, loop.trainer.precision)
+    if loop.flops_per_sample and peak:
+        row["mfu"] = loop.flops_per_sample * rate / (peak * env.world_size)
+    if state.skipped_steps:
+        row["train/skipped_steps"] = state.skipped_steps
+    loop.logger.log(row)
+    loss_sum.zero_()
+    state.loss_count = 0
+    timer.reset()
+    return rate
 
 
 def raise_non_finite(loss, step: int, epoch: int, env: DistEnv):
@@ -268,14 +340,15 @@ def raise_non_finite(loss, step: int, epoch: int, env: DistEnv):
 
 
 @torch.no_grad()
-def evaluate(model, loader, device) -> dict:
+def evaluate(model, loader, device, trainer_cfg) -> dict:
     """Exact full-set metrics: every val sample counted once across ranks, (sum, count) reduced."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x = x.to(device, non_blocking=True, memory_format=memory_format(trainer_cfg))
+        y = y.to(device, non_blocking=True)
         logits = model(x)
-        totals[0] += F.cross_entropy(logits, y, reduction="sum").double()
+        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum").double()
         totals[1] += (logits.argmax(1) == y).sum()
         totals[2] += len(y)
     dist.all_reduce(totals)
@@ -283,14 +356,40 @@ def evaluate(model, loader, device) -> dict:
     return {"val/loss": loss_sum / count, "val/acc": correct / count, "val/count": int(count)}
 
 
-def per_rank(global_batch: int, world_size: int) -> int:
-    if global_batch <= 0 or global_batch % world_size:
-        fix = max(world_size, round(global_batch / world_size) * world_size)
-        raise UserError(
-            f"trainer.batch_size={global_batch} (the global batch) is not divisible by the world "
-            f"size {world_size}: use a multiple of {world_size}, e.g. trainer.batch_size={fix}"
+def precision_context(precision: str, device: torch.device):
+    """Autocast for bf16/fp16; a no-op for 32."""
+    dtypes = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if str(precision) not in dtypes:
+        raise UserError(f"trainer.precision={precision} is not valid: use 32, bf16 or fp16")
+    dtype = dtypes[str(precision)]
+    return torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+
+
+def memory_format(trainer_cfg) -> torch.memory_format:
+    return torch.channels_last if trainer_cfg.channels_last else torch.preserve_format
+
+
+def gather_floats(value: float) -> list[float]:
+    values: list = [None] * dist.get_world_size()
+    dist.all_gather_object(values, round(value, 1))
+    return values
+
+
+def per_rank(global_batch: int, world_size: int, accumulate: int = 1) -> int:
+    """The micro-batch each rank runs: global batch / (world size x accumulation steps)."""
+    parts = world_size * accumulate
+    if accumulate < 1:
+        raise UserError(f"trainer.accumulate_grad_batches={accumulate}: use a positive integer")
+    if global_batch <= 0 or global_batch % parts:
+        fix = max(parts, round(global_batch / parts) * parts)
+        what = f"the world size {world_size}" + (
+            f" x trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
         )
-    return global_batch // world_size
+        raise UserError(
+            f"trainer.batch_size={global_batch} (the global batch) is not divisible by {what}: "
+            f"use a multiple of {parts}, e.g. trainer.batch_size={fix}"
+        )
+    return global_batch // parts
 
 
 def lr_schedule(optimizer, trainer_cfg, steps_per_epoch: int):
@@ -319,11 +418,13 @@ def resume_setting(resume: str | None) -> str | None:
     return resume
 
 
-def restore(path: Path, ckpt: dict, model, optimizer, scheduler, env: DistEnv):
+def restore(path: Path, ckpt: dict, model, optimizer, scheduler, scaler, env: DistEnv):
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
+        if ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
     except (RuntimeError, KeyError, ValueError) as e:
         first = str(e).strip().splitlines()[0][:160]
         raise UserError(

@@ -49,6 +49,9 @@ class DatasetConfig:
     num_classes: int = 10
     # Fraction of the digits set held out for validation (digits has no official split).
     val_fraction: float = 0.2
+    # In-memory datasets (digits, MNIST family, CIFAR) as one uint8 tensor on the training
+    # device, batches built with tensor ops (data/fast.py); false: the DataLoader path.
+    fast: bool = True
 
 
 @dataclass
@@ -104,6 +107,12 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     device: str = "auto"  # auto | cpu | cuda
     grad_clip: float | None = None
+    precision: str = "32"  # 32 | bf16 | fp16 (autocast; a GradScaler for fp16 only)
+    # Micro-batches per optimizer step; DDP syncs gradients on the last one only (no_sync).
+    # trainer.batch_size stays the global batch per optimizer step.
+    accumulate_grad_batches: int = 1
+    channels_last: bool = False
+    compile: bool = False  # torch.compile the model (before the DDP wrap)
     lr_schedule: str = "cosine"  # cosine | constant, stepped per optimizer step
     warmup_epochs: float = 0.0
     progress_bar: bool = True  # rank 0 only, and only when stdout is a TTY

@@ -1,0 +1,131 @@
+"""The plain DDP recipe the benchmark (launch/bench.py) compares train.py against.
+
+    python -m launch.bench_reference --workload A|B --mode reference|raw --steps N --log-every K
+    python -m torch.distributed.run --standalone --nproc-per-node=2 -m launch.bench_reference ...
+
+reference: init_process_group(gloo) -> torchvision dataset + DistributedSampler + DataLoader ->
+model (DDP when world size > 1) -> SGD; set_epoch each epoch; forward, backward, step. Nothing
+else. Same dataset, transforms, model, optimizer and per-rank batch as train.py's config.
+raw: the same model and optimizer on one pre-built batch of random tensors, reused every step:
+the ceiling for this model on this machine.
+
+Throughput is measured the way train.py measures it (its metrics.jsonl rows): samples/s per
+window of K steps on rank 0, timed from the start of the epoch's loop; launch.bench takes the
+median after the warm-up window(s). Rank 0 prints one line: RESULT_TAG + JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+from torchvision.transforms import v2
+
+from launch.bench import RESULT_TAG, WORKLOADS, process_age
+
+# train.py's data.transforms constants, restated so this script stays the plain recipe
+# (tests/test_bench.py checks that they agree).
+FAKE_NORM = ((0.5, 0.5, 0.5), (0.29, 0.29, 0.29))
+MNIST_NORM = ((0.1307,), (0.3081,))
+MNIST_PADDING = 2  # data.transforms.crop_flip_recipe("mnist", 28, augment=True)
+LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4  # conf/optim/sgd.yaml
+
+
+def build_dataset(workload: str, size: int, data_root: str | None):
+    if workload == "A":  # conf/dataset/fake.yaml: no augmentation
+        mean, std = FAKE_NORM
+        tf = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+        return torchvision.datasets.FakeData(size, (3, 32, 32), 10, transform=tf)
+    mean, std = MNIST_NORM  # conf/dataset/mnist.yaml: augment=true (random 28px crop, padding 2)
+    tf = v2.Compose([v2.RandomCrop(28, padding=MNIST_PADDING), v2.ToImage(),
+                     v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])  # fmt: skip
+    return torchvision.datasets.MNIST(data_root, train=True, transform=tf)
+
+
+def build_model(workload: str) -> nn.Module:
+    if workload == "A":  # conf/model/resnet18.yaml: small_input_stem=true (models/torchvision.py)
+        model = torchvision.models.get_model("resnet18", weights=None, num_classes=10)
+        model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+        return model
+    from models.small_cnn import SmallCNN  # conf/model/small_cnn.yaml
+
+    return SmallCNN(num_classes=10, in_channels=1, image_size=28)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
+    p.add_argument("--mode", choices=("reference", "raw"), required=True)
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
+    p.add_argument("--log-every", type=int, required=True, help="steps per throughput window")
+    p.add_argument("--data-root", help="MNIST root (workload B)")
+    args = p.parse_args()
+    spec = WORKLOADS[args.workload]
+
+    if "RANK" in os.environ:  # torchrun
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    batch = spec.global_batch // world
+
+    if args.mode == "reference":
+        dataset = build_dataset(args.workload, args.steps * spec.global_batch, args.data_root)
+        sampler = DistributedSampler(dataset, shuffle=True)
+        loader = DataLoader(dataset, batch_size=batch, sampler=sampler)
+        epochs = -(-args.steps // len(loader))
+    else:
+        x = torch.randn(batch, *spec.shape)
+        y = torch.randint(0, 10, (batch,))
+        loader, sampler, epochs = [(x, y)] * args.steps, None, 1
+
+    model = build_model(args.workload)
+    if world > 1:
+        model = DDP(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM,
+                                weight_decay=WEIGHT_DECAY)  # fmt: skip
+
+    step, rates, first_step_s = 0, [], None
+    for epoch in range(epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        tic, window = time.perf_counter(), 0
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step, window = step + 1, window + 1
+            if first_step_s is None:
+                first_step_s = process_age()
+            if step % args.log_every == 0:
+                rates.append(window * len(x) * world / (time.perf_counter() - tic))
+                tic, window = time.perf_counter(), 0
+            if step == args.steps:
+                break
+
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    per_rank: list = [None] * world
+    dist.all_gather_object(per_rank, peak_mb)
+    if rank == 0:
+        result = {"workload": args.workload, "mode": args.mode, "world_size": world,
+                  "steps": step, "window_rates": rates, "time_to_first_step_s": first_step_s,
+                  "peak_memory_mb_per_rank": per_rank}  # fmt: skip
+        print(RESULT_TAG + json.dumps(result), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

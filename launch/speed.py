@@ -1,0 +1,99 @@
+"""Speed accounting: step time, data-wait share, peak memory, time to first step, and MFU.
+
+Timings are host-side and read at log steps, which synchronise anyway (the loss all-reduce), so
+a window's totals are exact without a sync per step.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+# Dense peak throughput per GPU, in FLOP/s, by the precision the matmuls run in.
+# (tf32 is what fp32 matmuls use when torch.backends.cuda.matmul.allow_tf32 is on.)
+PEAK_FLOPS = {
+    # name fragment: {precision: FLOP/s}
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "32": 67e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "32": 19.5e12},
+    "A10G": {"bf16": 70e12, "fp16": 70e12, "tf32": 35e12, "32": 31.2e12},
+    "L40S": {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "32": 91.6e12},
+    "L4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "32": 30.3e12},
+    "V100": {"fp16": 125e12, "32": 15.7e12},
+    "RTX 4090": {"bf16": 165e12, "fp16": 165e12, "tf32": 82.6e12, "32": 82.6e12},
+}
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    if precision == "32" and torch.backends.cuda.matmul.allow_tf32:
+        precision = "tf32"
+    for fragment, table in PEAK_FLOPS.items():
+        if fragment in name:
+            return table.get(precision)
+    return None
+
+
+def train_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> float:
+    """Forward FLOPs of one sample (torch.utils.flop_counter), times 3 for forward + backward.
+
+    Counted in eval mode without gradients, so BN statistics and RNG are left untouched.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(x[:1])
+    finally:
+        model.train(was_training)
+    return 3.0 * counter.get_total_flops()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (the clock the time-to-first-step target uses)."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class StepTimer:
+    """Per log window: time spent waiting for batches vs the whole window."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.window_start = time.perf_counter()
+        self.data_wait = 0.0
+        self.steps = 0
+
+    @contextmanager
+    def waiting_for_data(self) -> Iterator[None]:
+        tic = time.perf_counter()
+        yield
+        self.data_wait += time.perf_counter() - tic
+
+    def step_done(self) -> None:
+        self.steps += 1
+
+    def window(self) -> tuple[float, float, int]:
+        """(seconds, data-wait share in %, steps) since the last reset."""
+        seconds = time.perf_counter() - self.window_start
+        return seconds, 100.0 * self.data_wait / max(seconds, 1e-9), self.steps
