@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from data.samplers import ExactShardSampler, ResumableDistributedSampler
+from data.seeding import _splitmix64
 from data.transforms import CropFlip
 
 _MASK64 = (1 << 64) - 1
@@ -83,13 +84,17 @@ def splitmix64_tensor(x: torch.Tensor) -> torch.Tensor:
 
 
 def mix_seed_tensor(*values: torch.Tensor | int) -> torch.Tensor:
-    """data.seeding.mix_seed, elementwise over broadcast int64 tensors: values >= 0 < 2**63."""
-    h: torch.Tensor | None = None
+    """data.seeding.mix_seed, elementwise over broadcast int64 tensors: values >= 0 < 2**63.
+
+    Leading Python ints are mixed in Python (no tensor ops for the constant part)."""
+    h: torch.Tensor | int = 0
     for value in values:
-        v = value if torch.is_tensor(value) else torch.tensor(_signed(int(value)))
-        h = splitmix64_tensor(v if h is None else h ^ v)  # mix_seed starts from h = 0
-    assert h is not None, "mix_seed_tensor needs at least one value"
-    return _shr(h, 1)
+        if torch.is_tensor(h) or torch.is_tensor(value):
+            v = value if torch.is_tensor(value) else _signed(int(value))
+            h = splitmix64_tensor((_signed(h) if isinstance(h, int) else h) ^ v)
+        else:
+            h = _splitmix64(h ^ (int(value) & _MASK64))
+    return _shr(h, 1) if torch.is_tensor(h) else torch.tensor(h >> 1)
 
 
 # Streams of per-sample draws (any distinct constants).
@@ -121,10 +126,11 @@ def crop_flip(
     hp, wp = h + 2 * padding, w + 2 * padding
     padded = F.pad(images, (padding,) * 4).reshape(b, c, hp * wp)
     device = images.device
-    rows = dy[:, None] + torch.arange(h, device=device)  # [B, H]
-    cols = torch.arange(w, device=device).expand(b, w)
-    cols = torch.where(flip[:, None], w - 1 - cols, cols) + dx[:, None]  # [B, W]
-    flat = (rows[:, :, None] * wp + cols[:, None, :]).reshape(b, 1, h * w)
+    start = (dy * wp + dx)[:, None, None]  # [B, 1, 1]: the crop's top-left pixel
+    rows = torch.arange(0, h * wp, wp, device=device)[:, None]  # [H, 1]
+    cols = torch.arange(w, device=device)
+    cols = torch.where(flip[:, None, None], w - 1 - cols, cols)  # [B, 1, W]
+    flat = (start + rows + cols).reshape(b, 1, h * w)
     return padded.gather(2, flat.expand(b, c, h * w)).reshape(b, c, h, w)
 
 
@@ -203,13 +209,18 @@ class FastTrainLoader:
         return self._plan()[:, :, 1].tolist()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for keys in self._plan():
-            epochs, indices = keys[:, 0], keys[:, 1]
-            self.last_indices = indices
-            images = augment_batch(
-                self.images[indices], epochs, indices, seed=self.seed, recipe=self.recipe
-            )
-            yield self.normalize(images), self.labels[indices]
+        plan = self._plan()
+        epochs, indices = plan[:, :, 0], plan[:, :, 1]
+        recipe = self.recipe
+        augment = recipe.padding > 0 or recipe.flip
+        if augment:  # the whole epoch's draws at once: a few dozen ops per epoch, not per batch
+            dy, dx, flip = crop_flip_params(self.seed, epochs, indices, recipe)
+        for k in range(len(plan)):
+            self.last_indices = batch = indices[k]
+            images = self.images[batch]
+            if augment:
+                images = crop_flip(images, dy[k], dx[k], flip[k], recipe.padding)
+            yield self.normalize(images), self.labels[batch]
 
 
 class FastValLoader:

@@ -44,7 +44,8 @@ LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4  # conf/optim/sgd.yaml
 def build_dataset(workload: str, size: int, data_root: str | None):
     if workload == "A":  # conf/dataset/fake.yaml: no augmentation
         mean, std = FAKE_NORM
-        tf = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+        tf = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                         v2.Normalize(mean, std)])  # fmt: skip
         return torchvision.datasets.FakeData(size, (3, 32, 32), 10, transform=tf)
     mean, std = MNIST_NORM  # conf/dataset/mnist.yaml: augment=true (random 28px crop, padding 2)
     tf = v2.Compose([v2.RandomCrop(28, padding=MNIST_PADDING), v2.ToImage(),

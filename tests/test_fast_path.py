@@ -311,6 +311,7 @@ def test_augmentation_depends_only_on_seed_epoch_and_index(make_splits):
                 assert torch.equal(image, expected[i]), (world_size, rank, batch, skip, i)
                 count += 1
         assert count >= 20
+
     # Different epochs and different (dataset) seeds give different crops/flips.
     def changed(images: torch.Tensor) -> int:
         return int((images != expected).flatten(1).any(1).sum())

@@ -1,0 +1,481 @@
+"""Throughput benchmark: train.py against the plain DDP recipe and a raw loop, same workload.
+
+    python -m launch.bench [--workloads A,B] [--world-sizes 1,2] [--repeats 3] [--steps N]
+                           [--smoke] [--out results.json]
+
+For each workload x world size it runs three modes, each as its own process (world size 2:
+``python -m torch.distributed.run --standalone --nproc-per-node=2 ...``), alternating them
+``--repeats`` times with the order rotated each repeat, so that machine noise hits all three
+alike:
+
+  train.py   train.py with the matching config (metrics.jsonl's samples_per_s windows)
+  reference  launch/bench_reference.py --mode reference: DataLoader + DistributedSampler + DDP +
+             set_epoch, nothing else
+  raw        launch/bench_reference.py --mode raw: forward/backward/step on one pre-built batch
+
+Workloads: A = torchvision resnet18 (3x3 stem) on FakeData 3x32x32, global batch 64; B = the
+small CNN on MNIST-format idx files generated here (~30k samples), global batch 256. Every
+process gets OMP_NUM_THREADS = cores / world size. Steady-state samples/s is the median of the
+per-window rates (``log_every`` steps per window, rank 0's clock) after the first window
+(warm-up); each mode's number is the median over repeats. Also reported: time from process
+start to the end of the first optimizer step, ``python -c "import torch, torchvision"`` wall
+time, peak RSS per rank. Targets are printed PASS/MISS for information: only a run that fails
+makes the exit status non-zero.
+
+This module imports nothing heavy (launch/bench_reference.py imports its helpers from here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT_TAG = "BENCH_RESULT "  # how bench_reference.py's result line starts
+MODES = ("train.py", "reference", "raw")
+WARMUP_WINDOWS = 1  # dropped from the front of each run's window rates
+WINDOWS = 6  # throughput windows per run (log_every = steps // WINDOWS)
+SMOKE_STEPS = 3
+MNIST_TEST_SAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class Workload:
+    description: str
+    global_batch: int
+    shape: tuple[int, int, int]  # one sample, C x H x W
+    steps: int  # default optimizer steps per run (one epoch of steps * global_batch samples)
+
+
+WORKLOADS = {
+    "A": Workload("resnet18 (3x3 stem) on FakeData 3x32x32", 64, (3, 32, 32), steps=30),
+    # 120 * 256 = 30720 MNIST-format samples
+    "B": Workload("small CNN on MNIST-format idx files", 256, (1, 28, 28), steps=120),
+}
+
+# (name, workload it applies to or None for all, what it compares)
+TARGETS = (
+    ("A: train/ref >= 1.0", "A"),
+    ("B: train/raw >= 0.95", "B"),
+    ("1st step <= import + 1.5 s", None),
+)
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux: /proc/self/stat start time, in clock ticks
+    after boot, against CLOCK_BOOTTIME; 10 ms resolution)."""
+    with open("/proc/self/stat") as f:
+        fields = f.read().rpartition(")")[2].split()  # fields 3.. of proc(5)
+    start_ticks = int(fields[22 - 3])  # field 22: starttime
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def steady_rate(window_rates: list[float]) -> float | None:
+    """Median of the window rates after the warm-up window(s); all of them if too few."""
+    kept = window_rates[WARMUP_WINDOWS:] or window_rates
+    return statistics.median(kept) if kept else None
+
+
+def median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+# --- MNIST-format data ----------------------------------------------------------------------
+
+
+def write_idx(path: Path, data: bytes, shape: tuple[int, ...]) -> None:
+    """IDX file (yann.lecun.com/exdb/mnist): magic 0x0000 08 <ndim>, big-endian uint32 dims,
+    then the uint8 data."""
+    header = struct.pack(">HBB", 0, 0x08, len(shape)) + struct.pack(f">{len(shape)}I", *shape)
+    path.write_bytes(header + data)
+
+
+def make_mnist(root: Path, n_train: int, n_test: int = MNIST_TEST_SAMPLES) -> Path:
+    """<root>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte of random content, as
+    torchvision.datasets.MNIST(root) reads them. Returns root."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.randbytes(n * 28 * 28), (n, 28, 28))
+        labels = bytes(b % 10 for b in rng.randbytes(n))
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels, (n,))
+    return root
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    workload: str
+    world_size: int
+    steps: int
+    log_every: int
+    data_root: Path | None  # workload B
+    threads: int  # OMP_NUM_THREADS per process
+    train_overrides: tuple[str, ...] = ()
+    timeout_s: float = 1800.0
+
+
+def launch(world_size: int, target: list[str]) -> list[str]:
+    if world_size == 1:
+        return [sys.executable, *target]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={world_size}", *target]  # fmt: skip
+
+
+def run_env(threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.pop("HYDRA_DDP_FAULT", None)
+    path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=path, PYTHONUNBUFFERED="1",
+               WANDB_MODE="disabled", WANDB_SILENT="true")  # fmt: skip
+    return env
+
+
+def train_overrides(s: Setup, run_dir: Path) -> list[str]:
+    spec = WORKLOADS[s.workload]
+    size = s.steps * spec.global_batch  # one epoch = s.steps optimizer steps at any world size
+    if s.workload == "A":
+        data = ["model=resnet18", "model.small_input_stem=true", "dataset=fake",
+                f"dataset.size={size}", "dataset.image_size=32",
+                "dataset.num_classes=10"]  # fmt: skip
+    else:
+        data = ["model=small_cnn", "dataset=mnist", f"dataset.root={s.data_root}"]
+    return [
+        *data,
+        "optim=sgd",
+        f"trainer.batch_size={spec.global_batch}",
+        "trainer.max_epochs=1",
+        f"trainer.log_every_n_steps={s.log_every}",
+        "trainer.progress_bar=false",
+        "trainer.device=cpu",
+        "dist.backend=gloo",
+        "wandb.mode=disabled",
+        f"hydra.run.dir={run_dir}",
+        *s.train_overrides,
+    ]
+
+
+def run_mode(s: Setup, mode: str, run_dir: Path) -> dict:
+    """One process (or torchrun job) of ``mode``; its measurements, or ``error`` on failure."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if mode == "train.py":
+        target = ["train.py", *train_overrides(s, run_dir)]
+    else:
+        target = ["-m", "launch.bench_reference", "--workload", s.workload, "--mode", mode,
+                  "--steps", str(s.steps), "--log-every", str(s.log_every)]  # fmt: skip
+        if s.data_root is not None:
+            target += ["--data-root", str(s.data_root)]
+    cmd = launch(s.world_size, target)
+    tic = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=run_env(s.threads), capture_output=True,
+                              text=True, timeout=s.timeout_s)  # fmt: skip
+        stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+        stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or ""
+        rc = f"timeout after {s.timeout_s:.0f} s"
+    wall = time.perf_counter() - tic
+    (run_dir / "bench_stdout.txt").write_text(stdout)
+    (run_dir / "bench_stderr.txt").write_text(stderr)
+    out = {"mode": mode, "wall_s": wall, "command": cmd, "run_dir": str(run_dir)}
+    if rc != 0:
+        tail = "\n".join((stdout + stderr).strip().splitlines()[-15:])
+        return {**out, "error": f"exit status {rc}: {tail}"}
+    try:
+        found = train_result(run_dir) if mode == "train.py" else reference_result(stdout)
+    except (OSError, ValueError, KeyError) as e:
+        return {**out, "error": f"no result: {e}"}
+    return {**out, **found, "samples_per_s": steady_rate(found["window_rates"])}
+
+
+def train_result(run_dir: Path) -> dict:
+    """Window rates from metrics.jsonl; time to first step and peak memory from result.json
+    (None where this train.py does not record them)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rates = [row["samples_per_s"] for row in rows if "samples_per_s" in row]
+    if not rates:
+        raise ValueError(f"no train rows with samples_per_s in {run_dir / 'metrics.jsonl'}")
+    result_path = run_dir / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    return {
+        "window_rates": rates,
+        "time_to_first_step_s": result.get("time_to_first_step_s"),
+        "peak_memory_mb_per_rank": result.get("peak_memory_mb_per_rank"),
+    }
+
+
+def reference_result(stdout: str) -> dict:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(RESULT_TAG):
+            found = json.loads(line[len(RESULT_TAG) :])
+            keys = ("window_rates", "time_to_first_step_s", "peak_memory_mb_per_rank")
+            return {k: found[k] for k in keys}
+    raise ValueError(f"no {RESULT_TAG.strip()} line in the output")
+
+
+def import_time(threads: int) -> float:
+    """Wall time of ``python -c "import torch, torchvision"`` (interpreter start included)."""
+    tic = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, torchvision"], cwd=REPO,
+                   env=run_env(threads), check=True, capture_output=True)  # fmt: skip
+    return time.perf_counter() - tic
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+
+def bench_cell(s: Setup, repeats: int, work: Path) -> dict:
+    """All modes of one workload x world size, alternated ``repeats`` times; the summary row."""
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    imports = []
+    items = ("import", *MODES)  # the import timing takes its turn in the rotation too
+    for r in range(repeats):
+        for mode in items[r % len(items) :] + items[: r % len(items)]:
+            if mode == "import":
+                imports.append(import_time(s.threads))
+                continue
+            run_dir = work / f"{s.workload}-ws{s.world_size}" / f"r{r}-{mode.replace('.', '_')}"
+            res = run_mode(s, mode, run_dir)
+            runs[mode].append(res)
+            progress(s, r, repeats, res)
+    return summarize(s, runs, imports)
+
+
+def progress(s: Setup, r: int, repeats: int, res: dict) -> None:
+    where = f"[{s.workload} world {s.world_size} repeat {r + 1}/{repeats}] {res['mode']:9s}"
+    if "error" in res:
+        print(f"{where} FAILED ({res['wall_s']:.1f} s): {res['error']}", file=sys.stderr)
+    else:
+        print(f"{where} {fmt(res['samples_per_s'], '.1f')} samples/s, first step "
+              f"{fmt(res['time_to_first_step_s'], '.2f')} s, run {res['wall_s']:.1f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
+def peak_per_rank(runs: list[dict]) -> list[float] | None:
+    """Each rank's peak over the repeats."""
+    lists = [r["peak_memory_mb_per_rank"] for r in runs if r.get("peak_memory_mb_per_rank")]
+    return [max(values) for values in zip(*lists, strict=True)] if lists else None
+
+
+def summarize(s: Setup, runs: dict[str, list[dict]], imports: list[float]) -> dict:
+    rate = {mode: median(r.get("samples_per_s") for r in runs[mode]) for mode in MODES}
+    first = {mode: median(r.get("time_to_first_step_s") for r in runs[mode]) for mode in MODES}
+    row = {
+        "workload": s.workload,
+        "description": WORKLOADS[s.workload].description,
+        "world_size": s.world_size,
+        "steps": s.steps,
+        "log_every": s.log_every,
+        "omp_num_threads": s.threads,
+        "samples_per_s": rate,
+        "ratios": {
+            "train_vs_reference": ratio(rate["train.py"], rate["reference"]),
+            "train_vs_raw": ratio(rate["train.py"], rate["raw"]),
+            "reference_vs_raw": ratio(rate["reference"], rate["raw"]),
+        },
+        "time_to_first_step_s": first,
+        "import_s": median(imports),
+        "peak_memory_mb_per_rank": {mode: peak_per_rank(runs[mode]) for mode in MODES},
+        "failed_runs": sum("error" in r for mode in MODES for r in runs[mode]),
+        "runs": runs,
+        "imports_s": imports,
+    }
+    row["targets"] = targets(row)
+    return row
+
+
+def targets(row: dict) -> dict[str, dict]:
+    """Each target of this row: value, threshold, and PASS / MISS / n/a (not measured)."""
+    out = {}
+    for name, workload in TARGETS:
+        if workload not in (None, row["workload"]):
+            continue
+        if name.startswith("A:"):
+            value, limit, higher = row["ratios"]["train_vs_reference"], 1.0, True
+        elif name.startswith("B:"):
+            value, limit, higher = row["ratios"]["train_vs_raw"], 0.95, True
+        else:
+            value, higher = row["time_to_first_step_s"]["train.py"], False
+            limit = row["import_s"] + 1.5 if row["import_s"] is not None else None
+        if value is None or limit is None:
+            verdict = "n/a"
+        else:
+            verdict = "PASS" if (value >= limit if higher else value <= limit) else "MISS"
+        out[name] = {"value": value, "threshold": limit, "verdict": verdict}
+    return out
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def fmt_mb(values: list[float] | None) -> str:
+    return "n/a" if not values else "/".join(f"{v:.0f}" for v in values)
+
+
+def table(rows: list[dict]) -> str:
+    """The summary as a Markdown table (readable in a terminal, pasteable into the README)."""
+    head = ["workload", "world", "train.py s/s", "reference s/s", "raw s/s", "train/ref",
+            "train/raw", "1st step train.py s", "1st step ref s", "import s",
+            "peak MB/rank train.py", "peak MB/rank ref", "peak MB/rank raw",
+            *(name for name, _ in TARGETS)]  # fmt: skip
+    lines = [head]
+    for row in rows:
+        rate, first, mem = row["samples_per_s"], row["time_to_first_step_s"], row[
+            "peak_memory_mb_per_rank"]  # fmt: skip
+        verdicts = [row["targets"].get(name, {}).get("verdict", "-") for name, _ in TARGETS]
+        lines.append([
+            row["workload"], str(row["world_size"]),
+            *(fmt(rate[m], ".1f") for m in MODES),
+            fmt(row["ratios"]["train_vs_reference"], ".3f"),
+            fmt(row["ratios"]["train_vs_raw"], ".3f"),
+            fmt(first["train.py"], ".2f"), fmt(first["reference"], ".2f"),
+            fmt(row["import_s"], ".2f"),
+            *(fmt_mb(mem[m]) for m in MODES),
+            *verdicts,
+        ])  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    text = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) + " |"
+            for line in lines]  # fmt: skip
+    text.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(text)
+
+
+def legend(rows: list[dict], args: argparse.Namespace, cores: int) -> str:
+    used = sorted({r["workload"] for r in rows})
+    lines = [f"{w} = {WORKLOADS[w].description}, global batch {WORKLOADS[w].global_batch}"
+             for w in used]  # fmt: skip
+    steps = ", ".join(f"{r['workload']}/{r['world_size']}: {r['steps']} steps, windows of "
+                      f"{r['log_every']}" for r in rows)  # fmt: skip
+    lines += [
+        f"{cores} CPU cores, OMP_NUM_THREADS = {cores} / world size; gloo; {args.repeats} "
+        f"repeat(s) per mode, alternated; {steps}.",
+        "s/s: samples/s, median over repeats of each run's median window rate after the first "
+        "window. 1st step: process start -> end of the first optimizer step (rank 0). import: "
+        '`python -c "import torch, torchvision"`. peak MB: max RSS per rank. Targets are '
+        "informational (PASS/MISS; n/a: not measured).",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m launch.bench",
+        description="train.py vs the plain DDP recipe vs a raw loop: samples/s, ratios, "
+        "time to first step, peak memory.",
+    )
+    p.add_argument("--workloads", default="A,B", help="comma-separated, of: A, B (default A,B)")
+    p.add_argument("--world-sizes", default="1,2", help="comma-separated (default 1,2)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each mode (default 3)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default: A 30, B 120)")
+    p.add_argument("--smoke", action="store_true",
+                   help=f"tiny: {SMOKE_STEPS} steps, 1 repeat (CI; numbers not meaningful)")
+    p.add_argument("--out", type=Path, help="also write the results as JSON here")
+    p.add_argument("--work-dir", type=Path,
+                   help="keep data, run dirs and logs here (default: a temp dir, removed)")
+    p.add_argument("--train-override", action="append", default=[], metavar="[W:]KEY=VALUE",
+                   help="extra train.py override, for every workload or only workload W "
+                   "(repeatable), e.g. B:dataset.num_workers=1")
+    p.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
+    args = p.parse_args(argv)
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown or not args.workloads:
+        p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}")
+    try:
+        args.world_sizes = [int(w) for w in args.world_sizes.split(",") if w.strip()]
+    except ValueError:
+        p.error("--world-sizes: comma-separated positive integers, e.g. 1,2")
+    if not args.world_sizes or min(args.world_sizes) < 1:
+        p.error("--world-sizes: comma-separated positive integers, e.g. 1,2")
+    if args.smoke:
+        args.repeats = 1
+        args.steps = args.steps or SMOKE_STEPS
+    if args.repeats < 1 or (args.steps is not None and args.steps < 1):
+        p.error("--repeats and --steps must be >= 1")
+    return args
+
+
+def overrides_for(workload: str, given: list[str]) -> tuple[str, ...]:
+    out = []
+    for item in given:
+        head, sep, rest = item.partition(":")
+        if sep and head in WORKLOADS and "=" not in head:
+            if head == workload:
+                out.append(rest)
+        else:
+            out.append(item)
+    return tuple(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    started = time.perf_counter()
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="hydra-ddp-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for workload in args.workloads:
+            spec = WORKLOADS[workload]
+            steps = args.steps or spec.steps
+            log_every = max(1, steps // WINDOWS)
+            data_root = None
+            if workload == "B":  # generated once, shared by every run of B
+                data_root = make_mnist(work / f"mnist-{steps * spec.global_batch}",
+                                       steps * spec.global_batch)  # fmt: skip
+            for world_size in args.world_sizes:
+                setup = Setup(workload, world_size, steps, log_every, data_root,
+                              threads=max(1, cores // world_size),
+                              train_overrides=overrides_for(workload, args.train_override),
+                              timeout_s=args.timeout)  # fmt: skip
+                rows.append(bench_cell(setup, args.repeats, work / "runs"))
+    finally:
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(table(rows))
+    print()
+    print(legend(rows, args, cores))
+    failed = sum(row["failed_runs"] for row in rows)
+    if failed:
+        print(f"\n{failed} run(s) failed: see the messages above", file=sys.stderr)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        report = {
+            "command": [sys.executable, "-m", "launch.bench", *(argv or sys.argv[1:])],
+            "cores": cores,
+            "repeats": args.repeats,
+            "smoke": args.smoke,
+            "warmup_windows": WARMUP_WINDOWS,
+            "targets": [name for name, _ in TARGETS],
+            "total_s": time.perf_counter() - started,
+            "table": table(rows),
+            "rows": rows,
+        }
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

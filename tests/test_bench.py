@@ -1,0 +1,115 @@
+"""The throughput benchmark (launch/bench.py): end to end in its smoke size, no timing
+assertions; and checks that its three modes really run the same workload as train.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from torchvision.datasets import MNIST
+
+import conf.schema  # noqa: F401 - registers the schema for compose()
+from data.transforms import NORMALIZATION, crop_flip_recipe
+from launch import bench, bench_reference
+from tests.conftest import REPO, run_env
+
+
+def composed(workload: str, data_root: Path | None = None):
+    """train.py's config for a workload, composed from the benchmark's own overrides."""
+    setup = bench.Setup(workload, 1, steps=4, log_every=2, data_root=data_root, threads=1)
+    overrides = [o for o in bench.train_overrides(setup, Path("unused"))
+                 if not o.startswith("hydra.")]  # fmt: skip
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+@pytest.mark.parametrize("workload", sorted(bench.WORKLOADS))
+def test_reference_matches_train_config(workload, tmp_path):
+    """Same network, optimizer settings, batch, data size and per-sample work on both sides."""
+    cfg = composed(workload, tmp_path)
+    spec = bench.WORKLOADS[workload]
+    assert cfg.trainer.batch_size == spec.global_batch
+    assert cfg.trainer.max_epochs == 1 and cfg.trainer.log_every_n_steps == 2
+    assert cfg.wandb.mode == "disabled" and cfg.trainer.device == "cpu"
+    assert cfg.optim._target_ == "torch.optim.SGD"
+    assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (
+        bench_reference.LR, bench_reference.MOMENTUM, bench_reference.WEIGHT_DECAY)  # fmt: skip
+    assert not cfg.optim.nesterov
+    for key, plain in (("precision", "32"), ("accumulate_grad_batches", 1),
+                       ("channels_last", False), ("compile", False), ("grad_clip", None)):
+        assert cfg.trainer.get(key, plain) == plain, key  # fmt: skip
+
+    channels, size = spec.shape[0], spec.shape[1]
+    theirs = instantiate(cfg.model, num_classes=10, in_channels=channels, image_size=size)
+    ours = bench_reference.build_model(workload)
+    assert [(n, p.shape) for n, p in theirs.named_parameters()] == [
+        (n, p.shape) for n, p in ours.named_parameters()
+    ]
+    assert str(theirs) == str(ours)
+
+    name = cfg.dataset.name
+    assert name == {"A": "fake", "B": "mnist"}[workload]
+    norm = bench_reference.FAKE_NORM if workload == "A" else bench_reference.MNIST_NORM
+    assert NORMALIZATION[name] == norm
+    recipe = crop_flip_recipe(name, size, bool(cfg.dataset.augment))
+    if workload == "A":
+        assert recipe.padding == 0 and not recipe.flip  # no augmentation on either side
+        assert cfg.dataset.size == 4 * spec.global_batch and cfg.dataset.image_size == size
+    else:
+        assert recipe.padding == bench_reference.MNIST_PADDING and not recipe.flip
+        assert cfg.dataset.root == str(tmp_path)
+
+
+def test_generated_mnist_reads_back(tmp_path):
+    bench.make_mnist(tmp_path, n_train=12, n_test=5)
+    train, test = MNIST(tmp_path, train=True), MNIST(tmp_path, train=False)
+    assert train.data.shape == (12, 28, 28) and train.data.dtype == torch.uint8
+    assert len(test) == 5 and 0 <= int(train.targets.min()) <= int(train.targets.max()) <= 9
+
+
+def test_steady_rate_drops_warmup_and_ratios():
+    assert bench.steady_rate([1.0, 10.0, 12.0, 11.0]) == 11.0
+    assert bench.steady_rate([5.0]) == 5.0  # too few windows: all of them
+    assert bench.steady_rate([]) is None
+    assert bench.ratio(3.0, 2.0) == 1.5 and bench.ratio(None, 2.0) is None
+    assert bench.overrides_for("A", ["x=1", "B:y=2", "A:z=3"]) == ("x=1", "z=3")
+
+
+def test_process_age_is_positive():
+    assert 0 < bench.process_age() < 1e6
+
+
+@pytest.mark.slow
+def test_smoke_end_to_end(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.bench", "--smoke", "--out", str(out)],
+        cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    rows = {(row["workload"], row["world_size"]): row for row in report["rows"]}
+    assert set(rows) == {(w, n) for w in bench.WORKLOADS for n in (1, 2)}
+    for (workload, world), row in rows.items():
+        rate = row["samples_per_s"]
+        for mode in bench.MODES:
+            assert rate[mode] is not None and rate[mode] > 0, (workload, world, mode)
+            runs = row["runs"][mode]
+            assert len(runs) == 1 and runs[0]["samples_per_s"] == rate[mode]
+            assert len(row["peak_memory_mb_per_rank"][mode] or [0] * world) == world
+        assert row["ratios"]["train_vs_reference"] == pytest.approx(
+            rate["train.py"] / rate["reference"])  # fmt: skip
+        assert row["ratios"]["train_vs_raw"] == pytest.approx(rate["train.py"] / rate["raw"])
+        assert row["time_to_first_step_s"]["reference"] > 0 and row["import_s"] > 0
+        for target in row["targets"].values():
+            assert target["verdict"] in ("PASS", "MISS", "n/a")
+    assert report["table"] in proc.stdout
+    for name in report["targets"]:
+        assert name in proc.stdout
+    assert {"A: train/ref >= 1.0", "B: train/raw >= 0.95"} <= set(report["targets"])
