@@ -410,11 +410,13 @@ def lr_schedule(optimizer, trainer_cfg, steps_per_epoch: int):
 
 
 def resume_setting(resume: str | None) -> str | None:
-    """After torchrun restarts the ranks (--max-restarts), continue from the run's checkpoints."""
-    if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-        log.warning("restart %s of the ranks: resuming from the latest checkpoint",
-                    os.environ["TORCHELASTIC_RESTART_COUNT"])  # fmt: skip
-        return "auto"
+    """A restarted job continues from its run dir's checkpoints: after torchrun restarted the
+    ranks (--max-restarts) or SLURM requeued the job."""
+    for var, what in (("TORCHELASTIC_RESTART_COUNT", "of the ranks"),
+                      ("SLURM_RESTART_COUNT", "of the SLURM job")):  # fmt: skip
+        if resume is None and int(os.environ.get(var) or 0) > 0:
+            log.warning("restart %s %s: resuming from the latest checkpoint", os.environ[var], what)
+            return "auto"
     return resume
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from data.samplers import ExactShardSampler, ResumableDistributedSampler
-from data.seeding import _splitmix64
+from data.seeding import splitmix64
 from data.transforms import CropFlip
 
 _MASK64 = (1 << 64) - 1
@@ -93,7 +93,7 @@ def mix_seed_tensor(*values: torch.Tensor | int) -> torch.Tensor:
             v = value if torch.is_tensor(value) else _signed(int(value))
             h = splitmix64_tensor((_signed(h) if isinstance(h, int) else h) ^ v)
         else:
-            h = _splitmix64(h ^ (int(value) & _MASK64))
+            h = splitmix64(h ^ (int(value) & _MASK64))
     return _shr(h, 1) if torch.is_tensor(h) else torch.tensor(h >> 1)
 
 

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 _MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(x: int) -> int:
+def splitmix64(x: int) -> int:
     # SplitMix64 finaliser: cheap, well mixed, and identical in every process and Python version
     # (unlike hash(), whose str hashing is salted per process).
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
@@ -28,7 +28,7 @@ def mix_seed(*values: int) -> int:
     """A 63-bit seed that depends on every value and their order (valid for torch.manual_seed)."""
     h = 0
     for value in values:
-        h = _splitmix64(h ^ (int(value) & _MASK64))
+        h = splitmix64(h ^ (int(value) & _MASK64))
     return h >> 1
 
 

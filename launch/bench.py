@@ -46,7 +46,7 @@ RESULT_TAG = "BENCH_RESULT "  # how bench_reference.py's result line starts
 MODES = ("train.py", "reference", "raw")
 WARMUP_WINDOWS = 1  # dropped from the front of each run's window rates
 WINDOWS = 6  # throughput windows per run (log_every = steps // WINDOWS)
-SMOKE_STEPS = 3
+SMOKE_STEPS = 2
 MNIST_TEST_SAMPLES = 1000
 
 
@@ -59,7 +59,7 @@ class Workload:
 
 
 WORKLOADS = {
-    "A": Workload("resnet18 (3x3 stem) on FakeData 3x32x32", 64, (3, 32, 32), steps=30),
+    "A": Workload("resnet18 (3x3 stem) on FakeData 3x32x32", 64, (3, 32, 32), steps=24),
     # 120 * 256 = 30720 MNIST-format samples
     "B": Workload("small CNN on MNIST-format idx files", 256, (1, 28, 28), steps=120),
 }
@@ -387,7 +387,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workloads", default="A,B", help="comma-separated, of: A, B (default A,B)")
     p.add_argument("--world-sizes", default="1,2", help="comma-separated (default 1,2)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each mode (default 3)")
-    p.add_argument("--steps", type=int, help="optimizer steps per run (default: A 30, B 120)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default: A 24, B 120)")
     p.add_argument("--smoke", action="store_true",
                    help=f"tiny: {SMOKE_STEPS} steps, 1 repeat (CI; numbers not meaningful)")
     p.add_argument("--out", type=Path, help="also write the results as JSON here")
