@@ -166,6 +166,4 @@ def tighten_timeout(env: DistEnv) -> None:
     """Lower the collective timeout once startup (downloads, compilation) is over."""
     seconds = env.step_timeout_s
     if seconds and env.is_distributed:
-        from torch.distributed.distributed_c10d import _set_pg_timeout
-
-        _set_pg_timeout(timedelta(seconds=seconds))
+        dist.set_timeout(timedelta(seconds=seconds))

@@ -320,7 +320,7 @@ def test_optuna_sweep(tmp_path: Path) -> None:
     best val/acc) and reports the best of them."""
     result = sweep(
         tmp_path / "optuna",
-        "+hparams_search=digits_optuna",
+        "hparams_search=digits_optuna",
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.n_jobs=3",
         "hydra.launcher.max_parallel=3",

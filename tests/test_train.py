@@ -57,6 +57,17 @@ def test_every_group_choice_composes(group, choice):
 
 
 @pytest.mark.parametrize(
+    "choice",
+    [f"experiment={p.stem}" for p in sorted((CONF / "experiment").glob("*.yaml"))]
+    + [f"hparams_search={p.stem}" for p in sorted((CONF / "hparams_search").glob("*.yaml"))],
+)
+def test_experiments_and_search_spaces_compose(choice):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[choice], return_hydra_config=True)
+    assert cfg.hydra.runtime.choices[choice.split("=")[0]] == choice.split("=")[1]
+
+
+@pytest.mark.parametrize(
     "override,message",
     [
         ("trainer.max_epoch=3", "Could not override 'trainer.max_epoch'"),
