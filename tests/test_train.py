@@ -39,9 +39,11 @@ def only_error_lines(text: str) -> list[str]:
 
 def composition_error(config_dir: Path, overrides: list[str]) -> str:
     """Hydra's error (with its cause) when composing fails; the test fails if it does not."""
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        with pytest.raises(Exception) as failure:  # noqa: PT011 - Hydra's own error types vary
-            compose("train", overrides=overrides)
+    with (
+        initialize_config_dir(config_dir=str(config_dir), version_base="1.3"),
+        pytest.raises(Exception) as failure,  # Hydra's own error types vary
+    ):
+        compose("train", overrides=overrides)
     return f"{failure.value}\n{failure.value.__cause__}"
 
 
@@ -164,7 +166,8 @@ def test_two_ranks_share_one_run_dir_written_by_rank_zero(two_runs):
     # metrics.jsonl: the documented keys, all-reduced val metrics over the full val set
     all_rows = rows(run_dir)
     train_rows = [r for r in all_rows if "train/loss" in r]
-    assert train_rows and all({"step", "epoch", "lr", "samples_per_s"} <= r.keys() for r in train_rows)
+    keys = {"step", "epoch", "lr", "samples_per_s"}
+    assert train_rows and all(keys <= r.keys() for r in train_rows)
     vals = val_rows(run_dir)
     assert [v["epoch"] for v in vals] == [1, 2]
     assert all(0.0 <= v["val/acc"] <= 1.0 and "val/loss" in v for v in vals)
