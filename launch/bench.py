@@ -32,6 +32,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import struct
 import subprocess
@@ -186,14 +187,7 @@ def run_mode(s: Setup, mode: str, run_dir: Path) -> dict:
             target += ["--data-root", str(s.data_root)]
     cmd = launch(s.world_size, target)
     tic = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=run_env(s.threads), capture_output=True,
-                              text=True, timeout=s.timeout_s)  # fmt: skip
-        stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
-        stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or ""
-        rc = f"timeout after {s.timeout_s:.0f} s"
+    stdout, stderr, rc = run_process(cmd, run_env(s.threads), s.timeout_s)
     wall = time.perf_counter() - tic
     (run_dir / "bench_stdout.txt").write_text(stdout)
     (run_dir / "bench_stderr.txt").write_text(stderr)
@@ -206,6 +200,24 @@ def run_mode(s: Setup, mode: str, run_dir: Path) -> dict:
     except (OSError, ValueError, KeyError) as e:
         return {**out, "error": f"no result: {e}"}
     return {**out, **found, "samples_per_s": steady_rate(found["window_rates"])}
+
+
+def run_process(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[str, str, object]:
+    """(stdout, stderr, exit status or a timeout message). The command runs in its own session
+    so that a timeout kills torchrun's ranks too, not only the agent."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        return stdout, stderr, proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return stdout, stderr, f"timeout after {timeout_s:.0f} s"
+    finally:
+        if proc.poll() is None:  # interrupted (Ctrl-C): leave no ranks behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def train_result(run_dir: Path) -> dict:
@@ -294,6 +306,12 @@ def summarize(s: Setup, runs: dict[str, list[dict]], imports: list[float]) -> di
             "reference_vs_raw": ratio(rate["reference"], rate["raw"]),
         },
         "time_to_first_step_s": first,
+        # train.py's startup beyond the plain recipe's (both include the first step's compute)
+        "first_step_overhead_s": (
+            first["train.py"] - first["reference"]
+            if None not in (first["train.py"], first["reference"])
+            else None
+        ),
         "import_s": median(imports),
         "peak_memory_mb_per_rank": {mode: peak_per_rank(runs[mode]) for mode in MODES},
         "failed_runs": sum("error" in r for mode in MODES for r in runs[mode]),
@@ -336,7 +354,7 @@ def fmt_mb(values: list[float] | None) -> str:
 def table(rows: list[dict]) -> str:
     """The summary as a Markdown table (readable in a terminal, pasteable into the README)."""
     head = ["workload", "world", "train.py s/s", "reference s/s", "raw s/s", "train/ref",
-            "train/raw", "1st step train.py s", "1st step ref s", "import s",
+            "train/raw", "1st step train.py s", "1st step ref s", "train-ref s", "import s",
             "peak MB/rank train.py", "peak MB/rank ref", "peak MB/rank raw",
             *(name for name, _ in TARGETS)]  # fmt: skip
     lines = [head]
@@ -350,7 +368,7 @@ def table(rows: list[dict]) -> str:
             fmt(row["ratios"]["train_vs_reference"], ".3f"),
             fmt(row["ratios"]["train_vs_raw"], ".3f"),
             fmt(first["train.py"], ".2f"), fmt(first["reference"], ".2f"),
-            fmt(row["import_s"], ".2f"),
+            fmt(row["first_step_overhead_s"], "+.2f"), fmt(row["import_s"], ".2f"),
             *(fmt_mb(mem[m]) for m in MODES),
             *verdicts,
         ])  # fmt: skip
@@ -371,7 +389,8 @@ def legend(rows: list[dict], args: argparse.Namespace, cores: int) -> str:
         f"{cores} CPU cores, OMP_NUM_THREADS = {cores} / world size; gloo; {args.repeats} "
         f"repeat(s) per mode, alternated; {steps}.",
         "s/s: samples/s, median over repeats of each run's median window rate after the first "
-        "window. 1st step: process start -> end of the first optimizer step (rank 0). import: "
+        "window. 1st step: process start -> end of the first optimizer step (rank 0); train-ref: "
+        "train.py's extra startup. import: "
         '`python -c "import torch, torchvision"`. peak MB: max RSS per rank. Targets are '
         "informational (PASS/MISS; n/a: not measured).",
     ]
@@ -388,14 +407,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--world-sizes", default="1,2", help="comma-separated (default 1,2)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each mode (default 3)")
     p.add_argument("--steps", type=int, help="optimizer steps per run (default: A 24, B 120)")
-    p.add_argument("--smoke", action="store_true",
-                   help=f"tiny: {SMOKE_STEPS} steps, 1 repeat (CI; numbers not meaningful)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"tiny: {SMOKE_STEPS} steps, 1 repeat (CI; numbers not meaningful)",
+    )
     p.add_argument("--out", type=Path, help="also write the results as JSON here")
-    p.add_argument("--work-dir", type=Path,
-                   help="keep data, run dirs and logs here (default: a temp dir, removed)")
-    p.add_argument("--train-override", action="append", default=[], metavar="[W:]KEY=VALUE",
-                   help="extra train.py override, for every workload or only workload W "
-                   "(repeatable), e.g. B:dataset.num_workers=1")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        help="keep data, run dirs and logs here (default: a temp dir, removed)",
+    )
+    p.add_argument(
+        "--train-override",
+        action="append",
+        default=[],
+        metavar="[W:]KEY=VALUE",
+        help="extra train.py override, for every workload or only workload W "
+        "(repeatable), e.g. B:dataset.num_workers=1",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
     args = p.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]

@@ -33,6 +33,7 @@ import cloudpickle
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from hydra_plugins.hydra_ddp_torchrun_launcher.config import TorchrunLauncherConf
 from launch.errors import UserError, find_user_error
 
 log = logging.getLogger(__name__)
@@ -45,23 +46,8 @@ RESULT_JSON = "result.json"  # in the job dir: train.py's result, the launcher's
 POLL_S = 0.2
 
 
-@dataclass
-class LauncherSettings:
-    """The `hydra.launcher` options (hydra_plugins/hydra_ddp_torchrun_launcher/config.py)."""
-
-    max_parallel: int | None = None
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
-    rdzv_backend: str = "c10d"
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    node_rank: int | None = None
-    gpus: list[int] | None = None
-    log_dir: str = "rank_logs"
-    tee: str = "3"
-    nproc_key: str = "dist.nproc_per_node"
-    nnodes_key: str = "dist.nnodes"
-    backend_key: str = "dist.backend"
+class LauncherSettings(TorchrunLauncherConf):
+    """The `hydra.launcher` options; their schema and docs are the plugin's config."""
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> LauncherSettings:

@@ -41,8 +41,13 @@ def test_reference_matches_train_config(workload, tmp_path):
     assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (
         bench_reference.LR, bench_reference.MOMENTUM, bench_reference.WEIGHT_DECAY)  # fmt: skip
     assert not cfg.optim.nesterov
-    for key, plain in (("precision", "32"), ("accumulate_grad_batches", 1),
-                       ("channels_last", False), ("compile", False), ("grad_clip", None)):
+    for key, plain in (
+        ("precision", "32"),
+        ("accumulate_grad_batches", 1),
+        ("channels_last", False),
+        ("compile", False),
+        ("grad_clip", None),
+    ):
         assert cfg.trainer.get(key, plain) == plain, key  # fmt: skip
 
     channels, size = spec.shape[0], spec.shape[1]
@@ -86,6 +91,7 @@ def test_process_age_is_positive():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_smoke_end_to_end(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run(

@@ -1,0 +1,280 @@
+"""A real one-node SLURM cluster for the tests: Debian's slurm-wlm and munge, started as root.
+
+`slurm_cluster` (session fixture) installs the packages when they are missing, writes a
+slurm.conf for this machine (its real CPUs and memory, proctrack/linuxproc, task/none,
+select/cons_tres, SlurmUser=root, JobRequeue=1) into a temp dir that also holds every state,
+spool, log and pid file, starts munged (its own socket and key), slurmctld and slurmd on free
+ports, waits until `sinfo` shows the node idle, and stops all three afterwards. Nothing outside
+the temp dir is touched besides the package installation: commands reach this cluster through
+`SLURM_CONF` (`cluster.env`), so another cluster on the machine is not disturbed.
+
+The fixture skips (with the reason) when not root or when apt cannot install the packages.
+Standalone, for poking at it by hand: `python -m tests.slurm_cluster` starts one and waits.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "scontrol",
+            "scancel")  # fmt: skip
+PACKAGES = ("slurm-wlm", "munge")
+# A requeued job may start once its old credentials have expired (AuthInfo cred_expire, 120 s
+# by default): 10 s here, and a scheduler that looks every second, keep requeue tests short.
+CRED_EXPIRE_S = 10
+
+
+class ClusterUnavailable(Exception):
+    """The cluster cannot be had on this machine (a reason to skip, not a failure)."""
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    node: str
+    cpus: int
+    memory_mb: int
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to talk to this cluster (pass to subprocesses)."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    def run(self, *cmd: str, timeout: float = 60, check: bool = False):
+        return subprocess.run(
+            cmd, env={**os.environ, **self.env}, capture_output=True, text=True,
+            timeout=timeout, check=check,
+        )  # fmt: skip
+
+    def node_state(self) -> str:
+        proc = self.run("sinfo", "--noheader", "--Node", "--format=%T")
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    def job_ids(self) -> list[str]:
+        proc = self.run("squeue", "--noheader", "--array", "--format=%i")
+        return proc.stdout.split() if proc.returncode == 0 else []
+
+    def wait_until_idle(self, timeout: float = 120) -> None:
+        """No jobs left and the node idle (jobs of one test never overlap the next test's)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not self.job_ids() and self.node_state() == "idle":
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"cluster not idle after {timeout} s: {self.job_ids()}\n{self.logs()}")
+
+    def logs(self, lines: int = 30) -> str:
+        out = []
+        for path in sorted(self.root.glob("log/*.log")):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            out += [f"--- {path.name}", *tail]
+        return "\n".join(out)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def install() -> None:
+    """apt-get install the packages when a command is missing; ClusterUnavailable if it fails."""
+    if all(shutil.which(c) for c in COMMANDS):
+        return
+    if not shutil.which("apt-get"):
+        raise ClusterUnavailable("SLURM is not installed and there is no apt-get to install it")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    proc = None
+    for step in ([], ["apt-get", "update", "-q"]):  # the package lists may be stale or absent
+        if step:
+            subprocess.run(step, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if proc.returncode == 0 and all(shutil.which(c) for c in COMMANDS):
+            return
+    tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:]) if proc else ""
+    raise ClusterUnavailable(f"apt-get could not install {' '.join(PACKAGES)}: {tail}")
+
+
+def node_hardware() -> tuple[int, int, str]:
+    """(CPUs, RealMemory MB, the topology part of `slurmd -C`) of this machine."""
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=60).stdout
+    line = next((x for x in out.splitlines() if x.startswith("NodeName=")), "")
+    fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+    cpus = int(fields.get("CPUs", os.cpu_count() or 1))
+    memory = int(fields.get("RealMemory", 1024))
+    keep = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
+    topology = " ".join(f"{k}={fields[k]}" for k in keep if k in fields) or f"CPUs={cpus}"
+    return cpus, memory, topology
+
+
+def write_config(root: Path, node: str, topology: str, memory_mb: int) -> None:
+    for sub in ("state", "spool", "log", "munge"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(root / "munge", 0o755)
+    key = root / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    os.chmod(key, 0o600)
+    (root / "slurm.conf").write_text(
+        f"""\
+# One-node test cluster (tests/slurm_cluster.py): every path is under {root}
+ClusterName=hydra-ddp-test
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge/munge.socket,cred_expire={CRED_EXPIRE_S}
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=1
+JobRequeue=1
+ReturnToService=2
+MpiDefault=none
+SwitchType=switch/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MinJobAge=600
+KillWait=10
+InactiveLimit=0
+NodeName={node} NodeAddr=127.0.0.1 {topology} RealMemory={memory_mb} State=UNKNOWN
+PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+"""
+    )
+
+
+def start(root: Path) -> SlurmCluster:
+    """Install if needed, configure and start munged, slurmctld and slurmd; wait for idle."""
+    if os.geteuid() != 0:
+        raise ClusterUnavailable("the SLURM test cluster runs its daemons as root: not root")
+    install()
+    node = socket.gethostname().split(".")[0]
+    cpus, memory, topology = node_hardware()
+    write_config(root, node, topology, memory)
+    cluster = SlurmCluster(root, node, cpus, memory)
+    env = {**os.environ, **cluster.env}
+    munge = root / "munge"
+
+    def daemon(name: str, *cmd: str) -> None:
+        log = open(root / "log" / f"{name}.out", "wb")  # noqa: SIM115 - the daemon's lifetime
+        cluster.procs[name] = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    try:
+        daemon("munged", "munged", "--foreground", "--force", f"--socket={munge}/munge.socket",
+               f"--key-file={munge}/munge.key", f"--pid-file={munge}/munged.pid",
+               f"--seed-file={munge}/munged.seed", f"--log-file={root}/log/munged.log")  # fmt: skip
+        wait_for(lambda: (munge / "munge.socket").exists(), 30, "munged", cluster)
+        daemon("slurmctld", "slurmctld", "-D", "-c", "-i", "-f", str(cluster.conf))
+        wait_for(lambda: cluster.run("scontrol", "ping").returncode == 0, 60, "slurmctld", cluster)
+        daemon("slurmd", "slurmd", "-D", "-N", node, "-f", str(cluster.conf))
+        wait_for(lambda: cluster.node_state() == "idle", 90, "an idle node", cluster)
+    except BaseException:
+        stop(cluster)
+        raise
+    return cluster
+
+
+def wait_for(ready, timeout: float, what: str, cluster: SlurmCluster) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        dead = [n for n, p in cluster.procs.items() if p.poll() is not None]
+        if dead:
+            break
+        if ready():
+            return
+        time.sleep(0.3)
+    else:
+        dead = []
+    outs = "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+        for p in sorted((cluster.root / "log").glob("*.out"))
+    )
+    raise RuntimeError(
+        f"SLURM test cluster: no {what} after {timeout} s"
+        f"{' (exited: ' + ', '.join(dead) + ')' if dead else ''}\n{cluster.logs()}\n{outs}"
+    )
+
+
+def stop(cluster: SlurmCluster) -> None:
+    """Cancel what is left, then stop the daemons we started (slurmd first)."""
+    if "slurmctld" in cluster.procs and cluster.procs["slurmctld"].poll() is None:
+        ids = cluster.job_ids()
+        if ids:
+            cluster.run("scancel", *ids)
+            deadline = time.time() + 30
+            while cluster.job_ids() and time.time() < deadline:
+                time.sleep(0.5)
+    for name in ("slurmd", "slurmctld", "munged"):
+        proc = cluster.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            continue
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    try:
+        cluster = start(tmp_path_factory.mktemp("slurm"))
+    except ClusterUnavailable as e:
+        pytest.skip(f"no SLURM test cluster: {e}")
+    try:
+        yield cluster
+    finally:
+        stop(cluster)
+
+
+@pytest.fixture
+def idle_cluster(slurm_cluster: SlurmCluster) -> SlurmCluster:
+    """The cluster with no job of an earlier test still in it."""
+    slurm_cluster.wait_until_idle()
+    return slurm_cluster
+
+
+if __name__ == "__main__":
+    root = Path(tempfile.mkdtemp(prefix="slurm-"))
+    cluster = start(root)
+    print(f"SLURM test cluster up: export SLURM_CONF={cluster.conf}   (Ctrl-C stops it)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(cluster)
+    sys.exit(0)
