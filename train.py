@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
@@ -35,18 +34,23 @@ from launch import faults, rundir
 from launch.checkpoint import Checkpointer, decode_rank_state, load_for_resume, set_rng_state
 from launch.distributed import (
     DistEnv,
+    gather_floats,
     init_distributed,
+    per_rank,
     requested_world,
     started_by_launcher,
     tighten_timeout,
+    wrap_ddp,
 )
 from launch.errors import UserError, find_user_error
 from launch.metrics import RunLogger, run_facts
 from launch.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
 from launch.speed import (
     StepTimer,
+    memory_format,
     peak_flops,
     peak_memory_mb,
+    precision_context,
     process_age_s,
     train_flops_per_sample,
 )
@@ -356,42 +360,6 @@ def evaluate(model, loader, device, trainer_cfg) -> dict:
     return {"val/loss": loss_sum / count, "val/acc": correct / count, "val/count": int(count)}
 
 
-def precision_context(precision: str, device: torch.device):
-    """Autocast for bf16/fp16; a no-op for 32."""
-    dtypes = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if str(precision) not in dtypes:
-        raise UserError(f"trainer.precision={precision} is not valid: use 32, bf16 or fp16")
-    dtype = dtypes[str(precision)]
-    return torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
-
-
-def memory_format(trainer_cfg) -> torch.memory_format:
-    return torch.channels_last if trainer_cfg.channels_last else torch.preserve_format
-
-
-def gather_floats(value: float) -> list[float]:
-    values: list = [None] * dist.get_world_size()
-    dist.all_gather_object(values, round(value, 1))
-    return values
-
-
-def per_rank(global_batch: int, world_size: int, accumulate: int = 1) -> int:
-    """The micro-batch each rank runs: global batch / (world size x accumulation steps)."""
-    parts = world_size * accumulate
-    if accumulate < 1:
-        raise UserError(f"trainer.accumulate_grad_batches={accumulate}: use a positive integer")
-    if global_batch <= 0 or global_batch % parts:
-        fix = max(parts, round(global_batch / parts) * parts)
-        what = f"the world size {world_size}" + (
-            f" x trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
-        )
-        raise UserError(
-            f"trainer.batch_size={global_batch} (the global batch) is not divisible by {what}: "
-            f"use a multiple of {parts}, e.g. trainer.batch_size={fix}"
-        )
-    return global_batch // parts
-
-
 def lr_schedule(optimizer, trainer_cfg, steps_per_epoch: int):
     """Linear warm-up, then cosine decay to 0 (or constant), stepped once per optimizer step."""
     total = max(1, steps_per_epoch * trainer_cfg.max_epochs)
@@ -444,21 +412,6 @@ def restore(path: Path, ckpt: dict, model, optimizer, scheduler, scaler, env: Di
         state.loss_sum, state.loss_count = 0.0, 0
     log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.step)
     return state, ckpt.get("wandb_run_id")
-
-
-def wrap_ddp(model, dist_cfg, env: DistEnv):
-    if not env.is_distributed:
-        return model  # one rank: nothing to synchronise
-    if dist_cfg.sync_batchnorm:
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return DDP(
-        model,
-        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
-        find_unused_parameters=dist_cfg.find_unused_parameters,
-        gradient_as_bucket_view=dist_cfg.gradient_as_bucket_view,
-        static_graph=dist_cfg.static_graph,
-        bucket_cap_mb=dist_cfg.bucket_cap_mb,
-    )
 
 
 if __name__ == "__main__":

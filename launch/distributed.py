@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from launch.errors import UserError
 
@@ -167,3 +168,41 @@ def tighten_timeout(env: DistEnv) -> None:
     seconds = env.step_timeout_s
     if seconds and env.is_distributed:
         dist.set_timeout(timedelta(seconds=seconds))
+
+
+def per_rank(global_batch: int, world_size: int, accumulate: int = 1) -> int:
+    """The micro-batch each rank runs: global batch / (world size x accumulation steps)."""
+    parts = world_size * accumulate
+    if accumulate < 1:
+        raise UserError(f"trainer.accumulate_grad_batches={accumulate}: use a positive integer")
+    if global_batch <= 0 or global_batch % parts:
+        fix = max(parts, round(global_batch / parts) * parts)
+        what = f"the world size {world_size}" + (
+            f" x trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
+        )
+        raise UserError(
+            f"trainer.batch_size={global_batch} (the global batch) is not divisible by {what}: "
+            f"use a multiple of {parts}, e.g. trainer.batch_size={fix}"
+        )
+    return global_batch // parts
+
+
+def gather_floats(value: float) -> list[float]:
+    values: list = [None] * dist.get_world_size()
+    dist.all_gather_object(values, round(value, 1))
+    return values
+
+
+def wrap_ddp(model, dist_cfg, env: DistEnv):
+    if not env.is_distributed:
+        return model  # one rank: nothing to synchronise
+    if dist_cfg.sync_batchnorm:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return DDP(
+        model,
+        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
+        find_unused_parameters=dist_cfg.find_unused_parameters,
+        gradient_as_bucket_view=dist_cfg.gradient_as_bucket_view,
+        static_graph=dist_cfg.static_graph,
+        bucket_cap_mb=dist_cfg.bucket_cap_mb,
+    )

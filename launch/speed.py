@@ -10,9 +10,11 @@ import os
 import resource
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
+
+from launch.errors import UserError
 
 # Dense peak throughput per GPU, in FLOP/s, by the precision the matmuls run in.
 # (tf32 is what fp32 matmuls use when torch.backends.cuda.matmul.allow_tf32 is on.)
@@ -97,3 +99,16 @@ class StepTimer:
         """(seconds, data-wait share in %, steps) since the last reset."""
         seconds = time.perf_counter() - self.window_start
         return seconds, 100.0 * self.data_wait / max(seconds, 1e-9), self.steps
+
+
+def precision_context(precision: str, device: torch.device):
+    """Autocast for bf16/fp16; a no-op for 32."""
+    dtypes = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if str(precision) not in dtypes:
+        raise UserError(f"trainer.precision={precision} is not valid: use 32, bf16 or fp16")
+    dtype = dtypes[str(precision)]
+    return torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+
+
+def memory_format(trainer_cfg) -> torch.memory_format:
+    return torch.channels_last if trainer_cfg.channels_last else torch.preserve_format
