@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -70,6 +71,10 @@ def requeue_on_slurm() -> bool:
                               timeout=30).stdout  # fmt: skip
         if "Requeue=1" not in info:
             log.warning("SLURM job %s does not allow requeue (sbatch --requeue): not requeued", job)
+            return False
+        state = re.search(r"\bJobState=(\S+)", info)
+        if state and state.group(1) != "RUNNING":  # scancel'd (or already requeued): leave it
+            log.warning("SLURM job %s is %s: not requeued", job, state.group(1))
             return False
         subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
         log.info("SLURM job %s requeued", job)

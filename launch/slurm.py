@@ -19,10 +19,12 @@
 * **Preemption and time limits**: sbatch `--signal=USR1@<signal_delay_s>` and `--requeue`.
   USR1/TERM reach train.py's launch/preemption.py (agreed stop, checkpoint, rank 0 runs
   `scontrol requeue`, exit 75); the requeued job runs the same pickled job again: same job dir,
-  SLURM_RESTART_COUNT > 0 makes train.py resume, the same W&B run continues. submitit's own
-  handlers (USR2: checkpoint-and-requeue, TERM: ignored) are replaced in the task: USR2 is
-  forwarded as USR1, and a stop signal that arrives before training has started requeues at
-  once (there is nothing new to save).
+  SLURM_RESTART_COUNT > 0 makes train.py resume, the same W&B run continues. Ranks other than 0
+  end a preempted task with exit 0 so that `srun --kill-on-bad-exit` leaves rank 0 the time to
+  finish. submitit's own handlers (USR2: its checkpoint-and-requeue, TERM: ignored) are
+  replaced in each task until train.py installs its own: USR1 before training has started
+  requeues at once (nothing new to save yet), TERM ends the task (srun also sends it to stop
+  the other tasks when one fails, and scancel to cancel), USR2 is forwarded as USR1.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,18 +191,22 @@ class SlurmSettings(DDPSlurmQueueConf):
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 
 
+def gpus_in_gres(text: str) -> int:
+    """The most GPUs of any node in `sinfo --format=%G` output: gpu:8, gpu:a100:8(S:0-1)."""
+    counts = [int(m) for line in text.splitlines() for m in _GPU_GRES.findall(line.strip())]
+    return max(counts, default=0)
+
+
 def cluster_gpus_per_node(partition: str | None) -> int:
     """GPUs per node of `partition` (the default partition when None) as `sinfo` reports
-    them in the nodes' generic resources (gpu:8, gpu:a100:8(S:0-1)); 0 when none or unknown."""
+    them in the nodes' generic resources; 0 when none or unknown (a CPU cluster)."""
     cmd = ["sinfo", "--noheader", "--format=%G"]
     if partition:
         cmd.append(f"--partition={partition}")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+        return gpus_in_gres(subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout)
     except (OSError, subprocess.SubprocessError):
         return 0
-    counts = [int(m) for line in out.splitlines() for m in _GPU_GRES.findall(line.strip())]
-    return max(counts, default=0)
 
 
 def _count(value: Any, key: str, auto: int | None = None) -> int | None:
@@ -366,7 +373,8 @@ def submit(launcher, planned: list[Submitted]) -> None:
         args = [(s.job.overrides, "hydra.sweep.dir", s.job.num, f"job_id_for_{s.job.num}",
                  s.job.spec.singleton_state) for s in group]  # fmt: skip
         started = time.time()
-        jobs = executor.map_array(launcher, *zip(*args, strict=True))
+        with submission_env():
+            jobs = executor.map_array(launcher, *zip(*args, strict=True))
         for s, slurm_job in zip(group, jobs, strict=True):
             s.slurm, s.job.started = slurm_job, started
             where = f"{s.resources['nodes']} node(s) x {s.resources['tasks_per_node']} task(s)"
@@ -374,6 +382,26 @@ def submit(launcher, planned: list[Submitted]) -> None:
             log.info("#%d %s: SLURM job %s, %s%s", s.job.num,
                      " ".join(s.job.overrides) or "(no overrides)", slurm_job.job_id, where,
                      f", {gpus} GPU(s) per node" if gpus else "")  # fmt: skip
+
+
+@contextmanager
+def submission_env() -> Iterator[None]:
+    """Submitting from inside a SLURM job (salloc, a batch script): hide that job's own
+    variables from sbatch and the new job (its SLURM_* but SLURM_CONF; SLURMD_*, SRUN_*,
+    SUBMITIT_*, torch's rank variables), as submitit.helpers.clean_env does; SBATCH_* (the
+    user's sbatch defaults) are kept."""
+    torch_names = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                   "LOCAL_WORLD_SIZE", "GROUP_RANK"}  # fmt: skip
+    hidden = {
+        k: os.environ.pop(k)
+        for k in list(os.environ)
+        if (k.startswith(("SLURM_", "SLURMD_", "SRUN_", "SUBMITIT_")) and k != "SLURM_CONF")
+        or k in torch_names
+    }
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
 
 
 def slurm_states(job_ids: Sequence[str]) -> dict[str, str]:
@@ -487,11 +515,35 @@ def finish(s: Submitted) -> Any:
 
 
 def failure_reason(s: Submitted, outcome: tuple[str, Any] | None) -> str:
-    """The best one-line account of why a job failed, most specific first."""
-    from launch.errors import find_user_error
-    from launch.torchrun import TaskExit, job_result, one_line
+    """The best one-line account of why a job failed, most specific first: another rank that
+    srun saw fail (rank 0's own error is then often only the consequence), then rank 0's."""
+    others = other_task_failures(s)
+    rank0 = rank0_failure(s, outcome)
+    if others:
+        return f"{others[0]}" + (f" (rank 0: {rank0})" if rank0 else "")
+    if rank0:
+        return rank0
+    logs = f"see {s.slurm.task(0).paths.stderr}"
+    state = s.state or "UNKNOWN"
+    if job_result_of(s).get("status") == "preempted":
+        return (
+            f"stopped and checkpointed but not requeued (SLURM job {s.slurm.job_id} {state}; "
+            f"requeue=false?): resume=auto continues it in {s.job.job_dir}; {logs}"
+        )
+    return f"SLURM job {s.slurm.job_id} ended ({state}) without rank 0's result: {logs}"
 
-    result = job_result(s.job)  # train.py's result.json, if this run of the job wrote it
+
+def job_result_of(s: Submitted) -> dict:
+    from launch.torchrun import job_result
+
+    return job_result(s.job)  # train.py's result.json, if this run of the job wrote it
+
+
+def rank0_failure(s: Submitted, outcome: tuple[str, Any] | None) -> str:
+    from launch.errors import find_user_error
+    from launch.torchrun import TaskExit, one_line
+
+    result = job_result_of(s)
     if result.get("error"):
         return one_line(result["error"])
     if outcome is not None and outcome[0] == "success":  # rank 0's failed JobReturn
@@ -505,11 +557,31 @@ def failure_reason(s: Submitted, outcome: tuple[str, Any] | None) -> str:
     if outcome is not None and outcome[0] == "error":  # the task raised outside the job
         lines = [line for line in str(outcome[1]).strip().splitlines() if line.strip()]
         return one_line(lines[-1] if lines else outcome[1])
-    logs = f"see {s.slurm.task(0).paths.stderr}"
-    if result.get("status") == "preempted":
-        return f"preempted and not requeued (was it submitted with --requeue?): {logs}"
-    state = s.state or "UNKNOWN"
-    return f"SLURM job {s.slurm.job_id} ended ({state}) without rank 0's result: {logs}"
+    return ""
+
+
+_SRUN_TASK_ERROR = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.+)$", re.MULTILINE)
+
+
+def other_task_failures(s: Submitted) -> list[str]:
+    """srun's own lines about tasks other than 0 that ended badly (`task 1: Killed`), from the
+    batch script's stderr (submitit's file of task 0)."""
+    try:
+        text = s.slurm.task(0).paths.stderr.read_text(errors="replace")
+    except OSError:
+        return []
+    found = []
+    for host, tasks, what in _SRUN_TASK_ERROR.findall(text):
+        ranks = [int(t) for part in tasks.split(",") for t in _span(part)]
+        ranks = [r for r in ranks if r != 0]
+        if ranks and "exit code 75" not in what:  # 75: preempted, not a failure
+            found.append(f"rank {','.join(map(str, ranks))} on {host}: {what.strip().lower()}")
+    return found
+
+
+def _span(part: str) -> list[int]:
+    low, _, high = part.partition("-")
+    return list(range(int(low), int(high or low) + 1))
 
 
 def cancel(planned: list[Submitted]) -> None:
@@ -523,8 +595,10 @@ def launch_sweep_batch(launcher, job_overrides, initial_job_idx: int) -> list[An
     """Hydra Launcher.launch: run one batch of sweep jobs on SLURM, return their JobReturns."""
     from hydra.core.utils import filter_overrides, setup_globals
 
-    if os.environ.get("RANK") is not None and in_slurm_task():
-        raise UserError("a sweep cannot start inside a SLURM task: run `python train.py -m ...`")
+    if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
+        raise UserError(
+            "a sweep cannot start in every task of an srun step: run `python train.py -m ...` once"
+        )
     setup_globals()
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -622,10 +696,12 @@ def exits_as_errors(task_function):
 
 def install_stop_handlers(rank: int) -> None:
     """Replace submitit's signal handlers (USR2: its own checkpoint-and-requeue; TERM: ignored)
-    with ours until train.py installs launch/preemption.py's: TERM/USR1 before training starts
-    requeue the job at once (nothing new to save) and end the task with exit 75; submitit's
-    USR2 (`job._interrupt()`) is forwarded as USR1, so it always takes our path."""
-    from launch.preemption import REQUEUE_EXIT_CODE, STOP_SIGNALS, requeue_on_slurm
+    until train.py installs launch/preemption.py's. Before training has started there is
+    nothing new to save: USR1 (our time-limit signal) requeues the job at once and ends the
+    task with exit 75; TERM ends the task (it is also how srun stops the other tasks when one
+    fails, and how scancel cancels: no requeue; SLURM's own preemption requeues by itself).
+    submitit's USR2 (`job._interrupt()`) is forwarded as USR1, so it always takes our path."""
+    from launch.preemption import REQUEUE_EXIT_CODE, requeue_on_slurm
 
     stopping = []
 
@@ -634,6 +710,10 @@ def install_stop_handlers(rank: int) -> None:
             return
         stopping.append(signum)
         name = signal.Signals(signum).name
+        if signum == signal.SIGTERM:
+            raise SystemExit(
+                "stopped by SIGTERM (another rank failed, the job was cancelled or preempted)"
+            )
         logging.getLogger("train").warning("%s before training started: requeueing", name)
         if rank == 0:
             requeue_on_slurm()
@@ -642,10 +722,10 @@ def install_stop_handlers(rank: int) -> None:
     def forward_as_usr1(_signum, _frame) -> None:
         os.kill(os.getpid(), signal.SIGUSR1)
 
-    for sig in STOP_SIGNALS:
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, stop_before_training)
     submitit_signal = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
-    if submitit_signal not in STOP_SIGNALS:
+    if submitit_signal not in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(submitit_signal, forward_as_usr1)
 
 

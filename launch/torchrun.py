@@ -81,10 +81,24 @@ class Job:
     process: subprocess.Popen | None = None
     started: float = 0.0
     label: str = ""  # prefixed to every line its ranks print: "#3 " in a sweep
+    node: str = ""  # multi-node jobs: this node's name for its own launcher files (node_name)
 
     @property
     def files(self) -> Path:
-        return self.job_dir / JOB_FILES
+        return self.job_dir / JOB_FILES / self.node if self.node else self.job_dir / JOB_FILES
+
+
+def node_name(settings: LauncherSettings, nnodes: int) -> str:
+    """A multi-node job runs in the same (shared) job dir on every node: each node's launcher
+    keeps its files (payload, failures, rank logs) apart, under node<node_rank> or its host
+    name. Global rank 0 writes result.pkl and job.json into its own node's files."""
+    if nnodes == 1:
+        return ""
+    if settings.node_rank is not None:
+        return f"node{settings.node_rank}"
+    import socket
+
+    return socket.gethostname()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +146,7 @@ def torchrun_command(job: Job, settings: LauncherSettings, payload: Path) -> lis
            f"--nproc-per-node={job.nproc}", f"--nnodes={job.nnodes}",
            f"--max-restarts={settings.max_restarts}",
            f"--monitor-interval={settings.monitor_interval}",
-           f"--log-dir={job.job_dir / settings.log_dir}", f"--tee={settings.tee}",
+           f"--log-dir={job.job_dir / settings.log_dir / job.node}", f"--tee={settings.tee}",
            f"--log-line-prefix-template=[{job.label}rank${{rank}}]: "]  # fmt: skip
     if job.nnodes == 1 and settings.rdzv_endpoint is None:
         cmd.append("--standalone")  # c10d store on port 0: the OS picks a free port per job
@@ -196,6 +210,15 @@ def finish(job: Job) -> Any:
         except Exception as e:  # noqa: BLE001 - e.g. a class the launcher cannot import
             log.warning("#%d: unreadable %s (%s: %s)", job.num, result_file, type(e).__name__, e)
     if code == 0 and ret is not None and ret.status == JobStatus.COMPLETED:
+        return ret
+    if code == 0 and ret is None and job.nnodes > 1:
+        # Every rank here succeeded and global rank 0 ran on another node: the job's value
+        # and files are that node's (its launcher returns them to its sweeper).
+        log.info("#%d: done on this node; rank 0 ran on another node", job.num)
+        ret = JobReturn(overrides=job.overrides, cfg=job.spec.config, hydra_cfg=job.spec.config)
+        ret.working_dir = str(job.job_dir)
+        ret.return_value = None
+        ret.status = JobStatus.COMPLETED
         return ret
     error = failure_reason(job, code, ret)
     log.error("#%d %s failed: %s", job.num, " ".join(job.overrides), error)
@@ -419,7 +442,8 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     spec = JobSpec(task_function, config, Singleton.get_state(), job_dir_key="hydra.run.dir",
                    job_subdir_key=None)  # fmt: skip
     nproc, nnodes = job_world(config, settings, len(visible_gpus(settings)))
-    job = Job(0, list(hydra_cfg.overrides.task), job_dir, spec, nproc, nnodes)
+    job = Job(0, list(hydra_cfg.overrides.task), job_dir, spec, nproc, nnodes,
+              node=node_name(settings, nnodes))  # fmt: skip
     (ret,) = run_jobs([job], settings)
     return ret.return_value  # raises JobFailed when the job failed
 
@@ -444,7 +468,8 @@ def job_overrides_to_jobs(launcher, job_overrides, initial_job_idx: int) -> list
         spec = JobSpec(launcher.task_function, config, Singleton.get_state(),
                        hydra_context=launcher.hydra_context)  # fmt: skip
         nproc, nnodes = job_world(config, settings, n_gpus)
-        jobs.append(Job(num, list(overrides), job_dir, spec, nproc, nnodes, label=f"#{num} "))
+        jobs.append(Job(num, list(overrides), job_dir, spec, nproc, nnodes, label=f"#{num} ",
+                        node=node_name(settings, nnodes)))  # fmt: skip
     return jobs
 
 

@@ -45,3 +45,14 @@ def output(proc) -> str:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture(autouse=True)
+def fresh_hydra_version_base():
+    """initialize()/compose(version_base="1.3") in a test sets Hydra's version base for the
+    whole process; later in-process sweeps (Hydra's launcher suites) expect a fresh process's."""
+    from hydra.version import VersionBase
+
+    saved = VersionBase.instance().getbase()
+    yield
+    VersionBase.instance().version_base = saved

@@ -57,10 +57,11 @@ class SlurmCluster:
         """What a process needs to talk to this cluster (pass to subprocesses)."""
         return {"SLURM_CONF": str(self.conf)}
 
-    def run(self, *cmd: str, timeout: float = 60, check: bool = False):
+    def run(self, *cmd: str, timeout: float = 60, cwd: Path | None = None, **env: str):
+        """Run a command against this cluster (extra keyword arguments: environment)."""
         return subprocess.run(
-            cmd, env={**os.environ, **self.env}, capture_output=True, text=True,
-            timeout=timeout, check=check,
+            cmd, env={**os.environ, **env, **self.env}, cwd=cwd, capture_output=True,
+            text=True, timeout=timeout,
         )  # fmt: skip
 
     def node_state(self) -> str:

@@ -1,0 +1,121 @@
+"""Multi-node torchrun, with two "nodes" on this machine: two torchrun agents (--nnodes=2,
+c10d rendezvous), each in its own working directory, form one job.
+
+Global rank 0 writes the run dir; the other node's rank writes nothing (Hydra only creates the
+same, empty, run dir there: both nodes agreed on `${now:}` through the rendezvous store).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import launch.torchrun
+from tests.conftest import QUICK, REPO, run_env
+from tests.wandb_records import offline_runs
+
+pytestmark = pytest.mark.slow
+
+RUN_FILES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "wandb"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_nodes(tmp_path: Path, argv_for_node) -> list[tuple[Path, subprocess.Popen]]:
+    """One process per node, each in its own directory (its own `outputs/`)."""
+    nodes = []
+    for node_rank in (0, 1):
+        cwd = tmp_path / f"node{node_rank}"
+        cwd.mkdir()
+        proc = subprocess.Popen(argv_for_node(node_rank), cwd=cwd, env=run_env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        nodes.append((cwd, proc))
+    return nodes
+
+
+def wait_all(nodes: list[tuple[Path, subprocess.Popen]], timeout: float = 300) -> list[str]:
+    outs = []
+    try:
+        for _, proc in nodes:
+            out, _ = proc.communicate(timeout=timeout)
+            outs.append(out)
+    finally:
+        for _, proc in nodes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return outs
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_two_torchrun_agents_form_one_job(tmp_path: Path) -> None:
+    """`torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d` on two nodes: one job of
+    world size 2; node 0's rank (global rank 0) writes the only run dir, node 1's writes nothing.
+    --local-addr names each node (c10d orders nodes by it: 127.0.0.1 < localhost)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+
+    def torchrun(node_rank: int) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=two-nodes",
+                f"--node-rank={node_rank}", f"--local-addr={('127.0.0.1', 'localhost')[node_rank]}",
+                str(REPO / "train.py"), *QUICK, "trainer.batch_size=64"]  # fmt: skip
+
+    nodes = start_nodes(tmp_path, torchrun)
+    outs = wait_all(nodes)
+    for (_, proc), out in zip(nodes, outs, strict=True):
+        assert proc.returncode == 0, out[-5000:]
+    (node0, _), (node1, _) = nodes
+    run_dirs = [sorted(cwd.glob("outputs/*/*")) for cwd in (node0, node1)]
+    assert [len(d) for d in run_dirs] == [1, 1], run_dirs
+    # One start instant for the run: the same run dir name on both nodes.
+    assert run_dirs[0][0].relative_to(node0) == run_dirs[1][0].relative_to(node1)
+    run_dir = run_dirs[0][0]
+    assert {p.name for p in run_dir.iterdir()} == RUN_FILES
+    assert files_under(node1) == [], "the second node's rank wrote files"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and len(result["peak_memory_mb_per_rank"]) == 2
+    (wb,) = offline_runs(run_dir)
+    assert wb.config["run"]["world_size"] == 2 and wb.exit_code == 0
+    assert "Traceback" not in outs[1] and "ERROR" not in outs[1], outs[1][-3000:]
+
+
+@pytest.mark.skipif(
+    not hasattr(launch.torchrun, "node_name"),
+    reason="the torchrun launcher's multi-node files are not per node yet (launch/torchrun.py)",
+)
+def test_torchrun_launcher_runs_one_job_on_two_nodes(tmp_path: Path) -> None:
+    """`python train.py -m hydra/launcher=torchrun dist.nnodes=2` on both nodes with the same
+    (shared) sweep dir and rdzv_endpoint: one job dir written by rank 0; each node's launcher
+    keeps its own files; both sweeps succeed (the node without rank 0 returns no value)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    sweep_dir = tmp_path / "shared" / "sweep"
+
+    def sweep(node_rank: int) -> list[str]:
+        return [sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=torchrun",
+                f"hydra.sweep.dir={sweep_dir}", "dist.nnodes=2", "dist.nproc_per_node=1",
+                f"hydra.launcher.rdzv_endpoint={endpoint}", f"hydra.launcher.node_rank={node_rank}",
+                *QUICK, "wandb.mode=disabled"]  # fmt: skip
+
+    nodes = start_nodes(tmp_path, sweep)
+    outs = wait_all(nodes)
+    for (_, proc), out in zip(nodes, outs, strict=True):
+        assert proc.returncode == 0, out[-5000:]
+    job = sweep_dir / "0"
+    assert (job / ".hydra" / "config.yaml").is_file()
+    assert json.loads((job / "result.json").read_text())["status"] == "completed"
+    assert sorted(p.name for p in (job / ".torchrun").iterdir()) == ["node0", "node1"]
+    with_result = [n for n in ("node0", "node1") if (job / ".torchrun" / n / "result.pkl").exists()]
+    assert len(with_result) == 1, with_result
+    assert sum("rank 0 ran on another node" in out for out in outs) == 1, outs

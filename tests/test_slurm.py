@@ -1,0 +1,540 @@
+"""The `hydra/launcher=slurm` plugin (launch/slurm.py) and launch/sbatch_example.sh on a real
+one-node SLURM cluster (tests/slurm_cluster.py: slurm-wlm + munge, started as root; skipped
+when that is not possible), with gloo ranks on CPU and offline W&B.
+
+Hydra's own launcher suites run first (as Hydra's launcher plugins test themselves). One 2-job
+train.py sweep (dist.nproc_per_node=2, optim.lr=0.05,0.1) is shared by the tests of job dirs,
+W&B runs, the summary, and serves as the uninterrupted reference of the preemption test. A tiny
+Hydra app (written into a temp dir, no torch) checks what the sweeper receives and how failures
+are reported. Then `srun`/`sbatch` by hand: launch/slurm.py's mapping, launch/sbatch_example.sh.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra import version as hydra_version
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.plugins import Plugins
+from hydra.core.utils import setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+from hydra.version import VersionBase
+
+from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
+from launch.checkpoint import load_checkpoint
+from launch.errors import UserError
+from launch.slurm import (
+    SlurmSettings,
+    expand_nodelist,
+    expand_tasks_per_node,
+    gpus_in_gres,
+    job_resources,
+    master_port,
+    torch_env,
+)
+from tests.conftest import REPO, output, run, run_env, train_cmd
+from tests.wandb_records import offline_runs
+
+if TYPE_CHECKING:
+    from tests.slurm_cluster import SlurmCluster
+
+pytest_plugins = ["tests.slurm_cluster"]
+
+# 2 epochs of 89 steps (digits: 1437 samples // 16): long enough to be preempted mid-run.
+JOB = ["trainer.max_epochs=2", "trainer.batch_size=16", "trainer.log_every_n_steps=5",
+       "trainer.checkpoint_every_n_steps=40", "model.dropout=0.1", "seed=7",
+       "wandb.mode=offline", "trainer.progress_bar=false"]  # fmt: skip
+SLURM = [
+    "hydra/launcher=slurm",
+    "hydra.launcher.poll_interval_s=1",
+    "hydra.launcher.cpus_per_task=1",
+]
+LRS = ("0.05", "0.1")
+# Rank 0 writes exactly these into a train.py job dir; rank 1 nothing.
+JOB_DIR_ENTRIES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "wandb"}
+
+
+# ---------------------------------------------------------------------------------------------
+# SLURM -> torch variables, and per-job resources (no cluster)
+
+
+def test_expand_nodelist_and_tasks_per_node() -> None:
+    assert expand_nodelist("vm") == ["vm"]
+    assert expand_nodelist("gpu[01-03,7],cpu1") == ["gpu01", "gpu02", "gpu03", "gpu7", "cpu1"]
+    assert expand_nodelist("a[1-2]-ib[3,4]") == ["a1-ib3", "a1-ib4", "a2-ib3", "a2-ib4"]
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert expand_tasks_per_node("8") == [8]
+
+
+def test_torch_env_from_slurm_variables() -> None:
+    """Rank 5 of 2 nodes x 4 tasks: node 1, local rank 1; rendezvous at the first node."""
+    slurm = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
+             "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NODELIST": "node[07-08]",
+             "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1", "SLURM_JOB_ID": "4242",
+             "SLURM_STEP_ID": "0"}  # fmt: skip
+    env = torch_env(slurm)
+    assert env == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+                   "GROUP_RANK": "1", "MASTER_ADDR": "node07",
+                   "MASTER_PORT": str(master_port("4242"))}  # fmt: skip
+    # A requeued job meets at another port (never the old store); the sbatch script agrees.
+    assert master_port("4242", 1) != master_port("4242") == 20000 + 4242
+    assert master_port("4242", 1) == 20000 + (4242 + 7919) % 40000
+    with pytest.raises(UserError, match="not a SLURM task"):
+        torch_env({})
+
+
+@pytest.fixture
+def train_config():
+    """A composer for train.py's config with hydra/launcher=slurm (the hydra node included)."""
+    import conf.schema  # noqa: F401 - registers the schema train.py's YAMLs extend
+
+    setup_globals()
+    GlobalHydra.instance().clear()
+    version_base = VersionBase.instance().getbase()  # initialize sets it for the process
+    try:
+        with initialize_config_dir(str(REPO / "conf"), version_base="1.3", job_name="t"):
+            yield lambda *o: compose(
+                "train", ["hydra/launcher=slurm", *o], return_hydra_config=True
+            )
+    finally:
+        GlobalHydra.instance().clear()
+        VersionBase.instance().version_base = version_base
+
+
+def resources(config, gpus: int) -> dict:
+    return job_resources(config, SlurmSettings.from_config(config.hydra.launcher), gpus)
+
+
+def test_job_resources_follow_each_jobs_world_size(train_config) -> None:
+    """Tasks per node = dist.nproc_per_node (auto: the node's GPUs, 1 on CPU), nodes =
+    dist.nnodes; GPU jobs ask for one GPU per task; the sbatch/srun options for preemption."""
+    cpu = resources(train_config(), gpus=0)
+    assert (cpu["nodes"], cpu["tasks_per_node"]) == (1, 1) and "gpus_per_node" not in cpu
+    assert cpu["slurm_additional_parameters"] == {"signal": "USR1@120", "requeue": True}
+    assert cpu["slurm_srun_args"] == ["--kill-on-bad-exit=1"]
+    two = resources(train_config("dist.nproc_per_node=2", "dist.nnodes=3"), gpus=0)
+    assert (two["nodes"], two["tasks_per_node"]) == (3, 2)
+    gpu = resources(train_config(), gpus=8)
+    assert (gpu["tasks_per_node"], gpu["gpus_per_node"]) == (8, 8)
+    part = resources(train_config("dist.nproc_per_node=2"), gpus=8)
+    assert (part["tasks_per_node"], part["gpus_per_node"]) == (2, 2)
+    gloo = resources(train_config("dist=cpu"), gpus=8)  # CPU ranks on a GPU node
+    assert gloo["tasks_per_node"] == 1 and "gpus_per_node" not in gloo
+    fixed = resources(train_config("hydra.launcher.tasks_per_node=4"), gpus=0)
+    assert fixed["tasks_per_node"] == 4
+    extra = resources(
+        train_config(
+            "hydra.launcher.signal_delay_s=300",
+            "hydra.launcher.requeue=false",
+            "+hydra.launcher.additional_parameters.reservation=r1",
+            "hydra.launcher.partition=gpu",
+        ),
+        gpus=0,
+    )
+    assert extra["slurm_additional_parameters"] == {
+        "signal": "USR1@300",
+        "no-requeue": True,
+        "reservation": "r1",
+    }
+    assert extra["slurm_partition"] == "gpu"
+    with pytest.raises(UserError, match="asks for 16 GPUs per node"):
+        resources(train_config("dist.nproc_per_node=16"), gpus=8)
+    with pytest.raises(UserError, match="hydra.launcher.tasks_per_node=4"):
+        resources(train_config("dist.nproc_per_node=2", "hydra.launcher.tasks_per_node=4"), 0)
+    with pytest.raises(UserError, match="gpus_per_task"):
+        resources(train_config("hydra.launcher.gpus_per_task=1"), gpus=8)
+
+
+def test_gpus_in_gres() -> None:
+    assert gpus_in_gres("(null)\n") == 0
+    assert gpus_in_gres("gpu:8\ngpu:4(S:0)") == 8
+    assert gpus_in_gres("gpu:a100:4(S:0-1),shard:8") == 4
+
+
+def test_discovery() -> None:
+    names = [x.__name__ for x in Plugins.instance().discover(Launcher)]
+    assert DDPSlurmLauncher.__name__ in names
+
+
+# ---------------------------------------------------------------------------------------------
+# Hydra's launcher test suites on the cluster (hydra.test_utils apps: no `dist`, 1 task a job)
+
+
+@pytest.fixture
+def cluster_env(idle_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The suites launch from this process (and `python task.py` subprocesses of a temp dir):
+    they need the cluster's SLURM_CONF and the repo (plugin, launch/) on the import path, and
+    Hydra's version base as in a fresh process (an earlier test's compose() sets it to 1.3
+    for the whole process, which turns off the chdir the suite's apps expect)."""
+    for key, value in idle_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    rest = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), *([rest] if rest else [])]))
+    version_base = VersionBase.instance().getbase()
+    VersionBase.instance().version_base = hydra_version._UNSPECIFIED_
+    try:
+        yield
+    finally:
+        VersionBase.instance().version_base = version_base
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("cluster_env")
+@pytest.mark.parametrize(
+    "launcher_name, overrides", [("ddp_slurm", ["hydra.launcher.poll_interval_s=1"])]
+)
+class TestSlurmLauncher(LauncherTestSuite):
+    """Hydra's launcher suite: in-process sweeps; each job a SLURM job."""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("cluster_env")
+@pytest.mark.parametrize(
+    "task_launcher_cfg, extra_flags",
+    [({}, ["-m", "hydra/job_logging=hydra_debug", "hydra/job_logging=disabled",
+           "hydra/launcher=ddp_slurm", "hydra.launcher.poll_interval_s=1"])],
+)  # fmt: skip
+class TestSlurmLauncherIntegration(IntegrationTestSuite):
+    """Hydra's integration suite: `python task.py -m ...` apps written into a temp dir."""
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers for the cluster tests
+
+
+@dataclass
+class Sweep:
+    dir: Path
+    proc: subprocess.CompletedProcess
+
+    @property
+    def out(self) -> str:
+        return output(self.proc)
+
+    def job(self, num: int) -> Path:
+        return self.dir / str(num)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def summary_rows(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "summary.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def task_logs(sweep_dir: Path, task: int, kind: str = "err") -> str:
+    """submitit's stderr (or stdout: kind="out") files of one task (rank) of every SLURM job
+    of a sweep."""
+    paths = sorted(sweep_dir.glob(f".submitit/*/*_{task}_log.{kind}"))
+    return "\n".join(p.read_text(errors="replace") for p in paths)
+
+
+def wait_for_rows(path: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.1)
+    out = proc.stdout.read() if proc.poll() is not None and proc.stdout else ""
+    raise AssertionError(f"{path} never had {n} rows\n{out[-3000:]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# a train.py sweep: two 2-task jobs
+
+
+@pytest.fixture(scope="module")
+def sweep(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    slurm_cluster.wait_until_idle()
+    sweep_dir = tmp_path_factory.mktemp("slurm_sweep") / "sweep"
+    cmd = train_cmd("-m", *SLURM, f"hydra.sweep.dir={sweep_dir}", *JOB,
+                    "dist.nproc_per_node=2", f"optim.lr={','.join(LRS)}")  # fmt: skip
+    result = Sweep(sweep_dir, run(cmd, timeout=300, **slurm_cluster.env))
+    assert result.proc.returncode == 0, result.out[-5000:]
+    return result
+
+
+@pytest.mark.slow
+def test_sweep_jobs_are_2_rank_slurm_jobs(sweep: Sweep) -> None:
+    """Each job: one SLURM job of 2 tasks (ranks), a complete Hydra job dir written by rank 0
+    only, DDP over both ranks (the per-rank memory list is all-gathered), one array for both."""
+    assert sorted(p.name for p in sweep.dir.iterdir() if p.is_dir()) == [".submitit", "0", "1"]
+    for num, lr in enumerate(LRS):
+        job = sweep.job(num)
+        assert {p.name for p in job.iterdir()} == JOB_DIR_ENTRIES, sorted(job.iterdir())
+        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+        assert f"optim.lr={lr}" in overrides
+        hydra_cfg = yaml.safe_load((job / ".hydra" / "hydra.yaml").read_text())["hydra"]
+        assert hydra_cfg["job"]["num"] == num and "_" in hydra_cfg["job"]["id"]  # array task
+        assert "val/acc" in (job / "train.log").read_text()
+        result = read_json(job / "result.json")
+        assert result["status"] == "completed" and result["error"] is None, result
+        assert len(result["peak_memory_mb_per_rank"]) == 2
+    # One array of two 2-task jobs, preemption-ready.
+    (script,) = sweep.dir.glob(".submitit/.submission_file_*.sh")
+    text = script.read_text()
+    for line in ("--array=0-1%", "--ntasks-per-node=2", "--nodes=1", "--signal=USR1@120",
+                 "--requeue", "--kill-on-bad-exit=1"):  # fmt: skip
+        assert line in text, text
+    # Rank 1 ran in every job and printed no error (its only output is errors).
+    assert task_logs(sweep.dir, 1, "out").count("Starting with JobEnvironment") == 2
+    rank1 = task_logs(sweep.dir, 1)
+    assert "Traceback" not in rank1 and "ERROR" not in rank1, rank1
+    assert "SLURM job" in sweep.out and "running" in sweep.out
+
+
+@pytest.mark.slow
+def test_sweep_wandb_runs(sweep: Sweep) -> None:
+    """One offline W&B run per job, from rank 0, in one group, named by the job's overrides."""
+    runs = offline_runs(sweep.dir)
+    by_job = {r.path.relative_to(sweep.dir).parts[0]: r for r in runs}
+    assert len(runs) == 2 and sorted(by_job) == ["0", "1"], [r.path for r in runs]
+    assert len({r.group for r in runs}) == 1 and runs[0].group
+    for num, lr in enumerate(LRS):
+        wb = by_job[str(num)]
+        assert wb.name.startswith(f"{num}:") and f"optim.lr={lr}" in wb.name, wb.name
+        assert wb.config["run"]["world_size"] == 2 and wb.exit_code == 0
+        assert any("val/acc" in h for h in wb.history)
+
+
+@pytest.mark.slow
+def test_sweep_summary(sweep: Sweep) -> None:
+    """The multirun's summary lists both jobs with rank 0's result.json numbers."""
+    rows = {r["job"]: r for r in summary_rows(sweep.dir)}
+    assert sorted(rows) == ["0", "1"]
+    for num in range(2):
+        result = read_json(sweep.job(num) / "result.json")
+        assert rows[str(num)]["status"] == "completed"
+        assert float(rows[str(num)]["best_val_acc"]) == pytest.approx(result["best_val_acc"])
+    assert "Sweep summary" in sweep.out
+
+
+# ---------------------------------------------------------------------------------------------
+# preemption: USR1 -> checkpoint -> requeue -> exact resume
+
+
+def weights(job_dir: Path) -> dict:
+    return load_checkpoint(job_dir / "checkpoints" / "last.pt")["model"]
+
+
+def metric_rows(job_dir: Path) -> list[dict]:
+    keep = ("step", "epoch", "train/loss", "lr", "val/loss", "val/acc", "val/count")
+    rows = [json.loads(x) for x in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: r[k] for k in keep if k in r} for r in rows]
+
+
+@pytest.mark.slow
+def test_usr1_checkpoints_requeues_and_resumes_exactly(
+    sweep: Sweep, idle_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """`scancel --signal=USR1` mid-run: the ranks checkpoint at an agreed step, rank 0 requeues
+    the job, the requeued job resumes in the same job dir and W&B run, and ends with the weights
+    of the uninterrupted sweep job #0 (same config)."""
+    sweep_dir = tmp_path / "preempted"
+    cmd = train_cmd("-m", *SLURM, f"hydra.sweep.dir={sweep_dir}", *JOB, "dist.nproc_per_node=2",
+                    f"optim.lr={LRS[0]}", "trainer.preemption_check_every_n_steps=1")  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=run_env(**idle_cluster.env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        job = sweep_dir / "0"
+        wait_for_rows(job / "metrics.jsonl", 1, proc)
+        (job_id,) = idle_cluster.job_ids()
+        signalled = idle_cluster.run("scancel", "--signal=USR1", job_id)
+        assert signalled.returncode == 0, signalled.stderr
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-5000:]
+    log = (job / "train.log").read_text()
+    assert "preempted at step" in log, f"the run ended before USR1 arrived?\n{log}"
+    assert "restart 1 of the SLURM job" in log and "resumed from" in log, log
+    assert f"SLURM job {job_id}) requeued" in out, out[-3000:]
+    assert read_json(job / "result.json")["status"] == "completed"
+    # The same weights and metrics as the uninterrupted job #0 of the sweep.
+    reference, resumed = weights(sweep.job(0)), weights(job)
+    assert reference.keys() == resumed.keys()
+    for key in reference:
+        assert torch.equal(reference[key], resumed[key]), f"{key} differs after the requeue"
+    assert metric_rows(job) == metric_rows(sweep.job(0))
+    # One W&B run, continued by the requeued job (one record file per attempt).
+    runs = offline_runs(job)
+    assert len(runs) == 2 and len({r.run_id for r in runs}) == 1, [r.path for r in runs]
+    assert runs[-1].exit_code == 0
+    # The preempted attempt left no result for the launcher; the requeued one did.
+    assert "Traceback" not in task_logs(sweep_dir, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# what the sweeper receives, and failures: a tiny app (no torch), 2 tasks per job
+
+APP = """\
+import os
+import signal
+import sys
+import time
+
+import hydra
+
+
+@hydra.main(version_base="1.3", config_path=".", config_name="app")
+def main(cfg):
+    rank = int(os.environ["RANK"])
+    assert os.environ["WORLD_SIZE"] == "2" and os.environ["MASTER_ADDR"]
+    if cfg.fail == "exit":
+        sys.exit(f"failing on purpose on rank {rank}")
+    if cfg.fail == "kill":
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    return float(cfg.x) + 100 * rank  # the sweeper must get rank 0's value
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def write_app(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "app.py").write_text(APP)
+    (root / "app.yaml").write_text(textwrap.dedent(f"""\
+        defaults:
+          - override hydra/launcher: slurm
+          - _self_
+        dist: {{nproc_per_node: 2, nnodes: 1, backend: gloo}}
+        x: 1.0
+        fail: none
+        hydra:
+          searchpath: [file://{REPO}/conf]
+          launcher: {{poll_interval_s: 1, cpus_per_task: 1}}
+        """))  # fmt: skip
+    (root / "search").mkdir(exist_ok=True)
+    (root / "search" / "optuna.yaml").write_text(textwrap.dedent("""\
+        # @package _global_
+        defaults:
+          - override /hydra/sweeper: optuna
+        hydra:
+          sweeper:
+            direction: minimize
+            n_trials: 3
+            n_jobs: 3
+            sampler: {seed: 0}
+            params:
+              x: choice(3.0, 1.0, 2.0)
+        """))  # fmt: skip
+    return root / "app.py"
+
+
+@pytest.mark.slow
+def test_sweeper_receives_rank_0s_value(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """3 Optuna trials, 2 tasks each, in one array: the study's best value is the smallest
+    x of the trials, which only rank 0 returns (rank 1 returns x + 100)."""
+    app = write_app(tmp_path / "app")
+    sweep_dir = tmp_path / "optuna"
+    proc = run([sys.executable, str(app), "-m", "+search=optuna", f"hydra.sweep.dir={sweep_dir}"],
+               cwd=tmp_path, timeout=240, **idle_cluster.env)  # fmt: skip
+    assert proc.returncode == 0, output(proc)[-5000:]
+    xs = []
+    for num in range(3):
+        overrides = yaml.safe_load((sweep_dir / str(num) / ".hydra" / "overrides.yaml").read_text())
+        xs += [float(o.split("=", 1)[1]) for o in overrides if o.startswith("x=")]
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_value"] == min(xs), (best, xs)
+    assert float(best["best_params"]["x"]) == min(xs)
+    assert len(list(sweep_dir.glob(".submitit/*_2/*_2_1_log.err"))) == 1  # one array, 2 tasks
+
+
+@pytest.mark.slow
+def test_failed_jobs_are_reported(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A job whose ranks exit with an error and a job whose rank 1 is SIGKILLed both fail with a
+    one-line reason (console, result.json); the good job completes; the sweep exits non-zero."""
+    app = write_app(tmp_path / "app")
+    sweep_dir = tmp_path / "failing"
+    proc = run([sys.executable, str(app), "-m", "fail=none,exit,kill",
+                f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, timeout=240,
+               **idle_cluster.env)  # fmt: skip
+    out = output(proc)
+    assert proc.returncode != 0, out[-5000:]
+    assert (sweep_dir / "0" / ".hydra").is_dir() and not (sweep_dir / "0" / "result.json").exists()
+    exited = read_json(sweep_dir / "1" / "result.json")
+    assert exited["status"] == "failed" and exited["error"] == "failing on purpose on rank 0"
+    # srun stopped rank 0 (SIGTERM, --kill-on-bad-exit) when rank 1 died: rank 1 is the cause.
+    killed = read_json(sweep_dir / "2" / "result.json")
+    assert killed["status"] == "failed" and killed["error"].startswith("rank 1 on "), killed
+    assert "killed" in killed["error"] and "SIGTERM" in killed["error"], killed
+    assert "#1 fail=exit failed: failing on purpose on rank 0" in out, out[-5000:]
+    assert "#2 fail=kill failed: rank 1 on" in out
+    assert "2 of 3 job(s) failed in this batch: #1, #2" in out
+    assert "Traceback" not in out, out[-5000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# srun by hand: launch/sbatch_example.sh
+
+
+@pytest.mark.slow
+def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
+    """`srun -n2 python -m launch.slurm env`: ranks 0 and 1 of 2, one rendezvous address."""
+    proc = idle_cluster.run("srun", "--nodes=1", "--ntasks=2", "--cpus-per-task=1",
+                            sys.executable, "-m", "launch.slurm", "env", timeout=120,
+                            cwd=REPO, PYTHONPATH=str(REPO))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    envs = [dict(kv.split("=", 1) for kv in line.split()) for line in proc.stdout.splitlines()]
+    envs.sort(key=lambda e: e["RANK"])
+    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "2"),
+        ("1", "1", "2"),
+    ]
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+    # What a plain `srun python train.py` can call first: the same mapping, in the process.
+    script = ("import os; from launch.slurm import export_torch_env_in_srun as export; "
+              "print(export(), os.environ.get('RANK'), os.environ.get('WORLD_SIZE'))")  # fmt: skip
+    for ntasks, expected in ((2, ["True 0 2", "True 1 2"]), (1, ["False None None"])):
+        proc = idle_cluster.run("srun", "--nodes=1", f"--ntasks={ntasks}", "--cpus-per-task=1",
+                                sys.executable, "-c", script, timeout=120, cwd=REPO,
+                                PYTHONPATH=str(REPO))  # fmt: skip
+        assert sorted(proc.stdout.splitlines()) == expected, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """sbatch launch/sbatch_example.sh with 2 tasks: one DDP run in RUN_DIR, written by rank 0."""
+    run_dir = tmp_path / "run"
+    proc = run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                f"--output={tmp_path}/slurm-%j.out", "launch/sbatch_example.sh",
+                "trainer.max_epochs=1", "wandb.mode=offline", "trainer.progress_bar=false"],
+               RUN_DIR=str(run_dir), PYTHON=sys.executable, **idle_cluster.env)  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    job_id = proc.stdout.strip().split(";")[0]
+    deadline = time.time() + 240
+    while job_id in idle_cluster.job_ids() and not (run_dir / "result.json").exists():
+        assert time.time() < deadline, "the sbatch job did not finish"
+        time.sleep(0.5)
+    idle_cluster.wait_until_idle()
+    log = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert f"job {job_id} (restart 0): 2 rank(s) on 1 node(s)" in log, log
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", f"slurm-{job_id}.out"]
+    assert {p.name for p in run_dir.iterdir()} == JOB_DIR_ENTRIES
+    result = read_json(run_dir / "result.json")
+    assert result["status"] == "completed" and len(result["peak_memory_mb_per_rank"]) == 2
+    (wb,) = offline_runs(run_dir)
+    assert wb.config["run"]["world_size"] == 2 and wb.exit_code == 0
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
