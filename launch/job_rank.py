@@ -79,7 +79,9 @@ def main(payload: Path) -> int:
 
 def exits_as_errors(task_function):
     """Hydra's run_job records a task's exceptions in its JobReturn, but SystemExit passes
-    through it (no result.pkl, no on_job_end callbacks): make a failing exit an exception."""
+    through it (no result.pkl, no on_job_end callbacks): make a failing exit an exception.
+    The preemption exit (75, "requeue me") stays an exit: the task ends without a result."""
+    from launch.preemption import REQUEUE_EXIT_CODE
 
     @functools.wraps(task_function)
     def task(cfg):
@@ -88,6 +90,8 @@ def exits_as_errors(task_function):
         except SystemExit as e:
             if e.code in (0, None):
                 return None
+            if e.code == REQUEUE_EXIT_CODE:
+                raise
             raise TaskExit.from_exit(e) from e
 
     return task

@@ -29,7 +29,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import logging
@@ -540,19 +539,14 @@ def job_result_of(s: Submitted) -> dict:
 
 
 def rank0_failure(s: Submitted, outcome: tuple[str, Any] | None) -> str:
-    from launch.errors import find_user_error
-    from launch.torchrun import TaskExit, one_line
+    from launch.torchrun import describe_task_error, one_line
 
     result = job_result_of(s)
     if result.get("error"):
         return one_line(result["error"])
     if outcome is not None and outcome[0] == "success":  # rank 0's failed JobReturn
-        error = getattr(outcome[1], "_return_value", None)
-        if isinstance(error, BaseException):
-            user_error = find_user_error(error)
-            text = one_line(user_error or error)
-            if user_error is None and not isinstance(error, TaskExit):
-                text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+        text = describe_task_error(getattr(outcome[1], "_return_value", None))
+        if text is not None:
             return text
     if outcome is not None and outcome[0] == "error":  # the task raised outside the job
         lines = [line for line in str(outcome[1]).strip().splitlines() if line.strip()]
@@ -632,7 +626,7 @@ def run_task(launcher, overrides, job_dir_key: str, job_num: int, singleton_stat
     from hydra.core.singleton import Singleton
     from hydra.core.utils import run_job, setup_globals
 
-    from launch.job_rank import OTHER_RANKS_LOGGING, without_callbacks
+    from launch.job_rank import OTHER_RANKS_LOGGING, exits_as_errors, without_callbacks
     from launch.preemption import REQUEUE_EXIT_CODE
 
     env = export_torch_env()
@@ -671,27 +665,6 @@ def run_task(launcher, overrides, job_dir_key: str, job_num: int, singleton_stat
             logging.getLogger("train").error("rank %d failed: %s", rank, ret._return_value)
         return None
     return ret
-
-
-def exits_as_errors(task_function):
-    """Like launch/job_rank.py: a failing sys.exit() of the task becomes the job's error
-    (TaskExit) so that rank 0 still returns a failed JobReturn; the preemption exit (75) stays an
-    exit: the task ends without a result and the requeued job runs again."""
-    from launch.preemption import REQUEUE_EXIT_CODE
-    from launch.torchrun import TaskExit
-
-    @functools.wraps(task_function)
-    def task(cfg):
-        try:
-            return task_function(cfg)
-        except SystemExit as e:
-            if e.code in (0, None):
-                return None
-            if e.code == REQUEUE_EXIT_CODE:
-                raise
-            raise TaskExit.from_exit(e) from e
-
-    return task
 
 
 def install_stop_handlers(rank: int) -> None:

@@ -268,6 +268,17 @@ def one_line(text: object) -> str:
     return lines[0].strip() if lines else ""
 
 
+def describe_task_error(error: object) -> str | None:
+    """One line for the exception in rank 0's failed JobReturn (None if it holds none)."""
+    if not isinstance(error, BaseException):
+        return None
+    user_error = find_user_error(error)
+    text = one_line(user_error or error)
+    if user_error is None and not isinstance(error, TaskExit):
+        text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text
+
+
 def failure_reason(job: Job, code: int | None, ret: Any = None) -> str:
     """The best one-line account of why a job failed, most specific first."""
     # Rank 0 of a train.py job records its own error in result.json; other apps leave none.
@@ -276,12 +287,8 @@ def failure_reason(job: Job, code: int | None, ret: Any = None) -> str:
         return one_line(error)
     # Rank 0's JobReturn: the task's exception.
     if ret is not None and ret.status.name == "FAILED":
-        error = ret._return_value
-        if isinstance(error, BaseException):
-            user_error = find_user_error(error)
-            text = one_line(user_error or error)
-            if user_error is None and not isinstance(error, TaskExit):
-                text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+        text = describe_task_error(ret._return_value)
+        if text is not None:
             return text
     # The agent's record of the first rank that failed: a signal, an exit code, an error.
     failures = read_failures(job.files / FAILURES_JSON)
