@@ -3,9 +3,11 @@
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 # Quick settings for tests that only need a run to happen; each test adds what it checks.
@@ -56,3 +58,21 @@ def fresh_hydra_version_base():
     saved = VersionBase.instance().getbase()
     yield
     VersionBase.instance().version_base = saved
+
+
+@dataclass
+class Sweep:
+    """A finished multirun: its sweep dir and the process that ran it."""
+
+    dir: Path
+    proc: subprocess.CompletedProcess
+
+    @property
+    def out(self) -> str:
+        return output(self.proc)
+
+    def job(self, num: int) -> Path:
+        return self.dir / str(num)
+
+    def overrides(self, num: int) -> list[str]:
+        return yaml.safe_load((self.job(num) / ".hydra" / "overrides.yaml").read_text())

@@ -13,10 +13,8 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,7 @@ from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, Launche
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
 from launch.errors import UserError
 from launch.torchrun import Job, TaskExit, failure_reason, record_failure
-from tests.conftest import QUICK, output, run, train_cmd
+from tests.conftest import QUICK, Sweep, output, run, train_cmd
 from tests.wandb_records import offline_runs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,22 +39,6 @@ NO_WANDB = "wandb.mode=disabled"  # for sweeps whose W&B runs no test reads (sav
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-@dataclass
-class Sweep:
-    dir: Path
-    proc: subprocess.CompletedProcess
-
-    @property
-    def out(self) -> str:
-        return output(self.proc)
-
-    def job(self, num: int) -> Path:
-        return self.dir / str(num)
-
-    def overrides(self, num: int) -> list[str]:
-        return yaml.safe_load((self.job(num) / ".hydra" / "overrides.yaml").read_text())
 
 
 def sweep(sweep_dir: Path, *overrides: str, timeout: float = 300, **env: str) -> Sweep:

@@ -19,7 +19,6 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +46,7 @@ from launch.slurm import (
     master_port,
     torch_env,
 )
-from tests.conftest import REPO, output, run, run_env, train_cmd
+from tests.conftest import REPO, Sweep, output, run, run_env, train_cmd
 from tests.wandb_records import offline_runs
 
 if TYPE_CHECKING:
@@ -215,19 +214,6 @@ class TestSlurmLauncherIntegration(IntegrationTestSuite):
 
 # ---------------------------------------------------------------------------------------------
 # helpers for the cluster tests
-
-
-@dataclass
-class Sweep:
-    dir: Path
-    proc: subprocess.CompletedProcess
-
-    @property
-    def out(self) -> str:
-        return output(self.proc)
-
-    def job(self, num: int) -> Path:
-        return self.dir / str(num)
 
 
 def read_json(path: Path) -> dict:
