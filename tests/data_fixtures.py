@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import numpy as np
 from PIL import Image
+from torch.utils.data import Dataset
 
 MNIST_FILES = {
     True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -159,3 +160,17 @@ if __name__ == "__main__":
         _download_once_worker(*sys.argv[2:6])
     else:
         raise SystemExit(f"unknown command {sys.argv[1]!r}")
+
+
+class IndexDataset(Dataset):
+    """Returns the index it was asked for (from an (epoch, index) key or a bare index): a
+    loader over it shows which indices each batch holds."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key):
+        return key[1] if isinstance(key, tuple) else key

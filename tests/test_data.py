@@ -262,21 +262,9 @@ def test_exact_shard_sampler_covers_every_index_once(n, world_size):
 # --- loaders --------------------------------------------------------------------------------
 
 
-class IndexDataset(Dataset):
-    """Returns the index it was asked for (from an (epoch, index) key or a bare index)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, key):
-        return key[1] if isinstance(key, tuple) else key
-
-
 def index_splits(n: int) -> DataSplits:
-    return DataSplits(IndexDataset(n), IndexDataset(n), num_classes=2, in_channels=1, image_size=1)
+    indices = fx.IndexDataset(n)
+    return DataSplits(indices, indices, num_classes=2, in_channels=1, image_size=1)
 
 
 def global_batches(n: int, world_size: int, batch_size: int, epoch: int = 1) -> list[list[int]]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torchvision import datasets as tvd
 
 from conf.schema import DatasetConfig
@@ -60,19 +60,6 @@ def to_uint8(x: torch.Tensor, name: str) -> torch.Tensor:
     """Undo the normalisation: back to the 0..255 pixels ([..., C, H, W])."""
     mean, std = (torch.tensor(v).view(-1, 1, 1) for v in NORMALIZATION[name])
     return ((x.cpu() * std + mean) * 255).round().to(torch.uint8)
-
-
-class IndexDataset(Dataset):
-    """Yields the index of each (epoch, index) key: a DataLoader over it shows its indices."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, key):
-        return key[1] if isinstance(key, tuple) else key
 
 
 # --- which path --------------------------------------------------------------------------
@@ -150,7 +137,7 @@ def test_same_indices_per_rank_and_step_as_the_dataloader_path(make_splits, name
     splits = make_splits(name, True)
     # The standard path over a dataset that returns its indices: the DataLoader's own batching.
     index_only = replace(
-        splits, train=IndexDataset(len(splits.train)), val=IndexDataset(len(splits.val)),
+        splits, train=fx.IndexDataset(len(splits.train)), val=fx.IndexDataset(len(splits.val)),
         memory=None,
     )  # fmt: skip
     batch = 8
