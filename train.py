@@ -29,10 +29,9 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-from data import build_datasets, build_loaders
-from launch import faults, rundir
-from launch.checkpoint import Checkpointer, decode_rank_state, load_for_resume, set_rng_state
-from launch.distributed import (
+from components import faults
+from components.checkpoint import Checkpointer, decode_rank_state, load_for_resume, set_rng_state
+from components.distributed import (
     DistEnv,
     gather_floats,
     init_distributed,
@@ -42,10 +41,10 @@ from launch.distributed import (
     tighten_timeout,
     wrap_ddp,
 )
-from launch.errors import UserError, find_user_error
-from launch.metrics import RunLogger, run_facts
-from launch.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
-from launch.speed import (
+from components.errors import UserError, find_user_error
+from components.metrics import RunLogger, run_facts
+from components.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
+from components.speed import (
     StepTimer,
     memory_format,
     peak_flops,
@@ -54,6 +53,8 @@ from launch.speed import (
     process_age_s,
     train_flops_per_sample,
 )
+from data import build_datasets, build_loaders
+from launch import rundir
 
 log = logging.getLogger("train")
 

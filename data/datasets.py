@@ -16,11 +16,11 @@ from omegaconf.errors import MissingMandatoryValue
 from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 
+from components.errors import UserError
 from data.digits import Digits
 from data.fast import InMemoryData, as_uint8_nchw
 from data.seeding import EpochSeededDataset
 from data.transforms import NORMALIZATION, crop_flip_recipe, train_transform, val_transform
-from launch.errors import UserError
 
 T = TypeVar("T")
 

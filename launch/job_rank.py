@@ -26,7 +26,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, env_override, run_job
 from omegaconf import OmegaConf, open_dict, read_write
 
-from launch.errors import UserError, find_user_error
+from components.errors import UserError, find_user_error
 from launch.torchrun import JOB_JSON, RESULT_PKL, TaskExit
 
 OTHER_RANKS_LOGGING = (
@@ -81,7 +81,7 @@ def exits_as_errors(task_function):
     """Hydra's run_job records a task's exceptions in its JobReturn, but SystemExit passes
     through it (no result.pkl, no on_job_end callbacks): make a failing exit an exception.
     The preemption exit (75, "requeue me") stays an exit: the task ends without a result."""
-    from launch.preemption import REQUEUE_EXIT_CODE
+    from components.preemption import REQUEUE_EXIT_CODE
 
     @functools.wraps(task_function)
     def task(cfg):

@@ -1,7 +1,7 @@
 """SLURM: each SLURM task is one rank. The engine behind `hydra/launcher=slurm`.
 
 * **SLURM -> torch**: :func:`torch_env` maps a task's SLURM variables to what
-  `init_process_group("env://")` and launch/distributed.py read: RANK = SLURM_PROCID,
+  `init_process_group("env://")` and components/distributed.py read: RANK = SLURM_PROCID,
   LOCAL_RANK = SLURM_LOCALID, WORLD_SIZE = tasks of the step, LOCAL_WORLD_SIZE = tasks on this
   node, MASTER_ADDR = the step's first node, MASTER_PORT = a port derived from the job id and
   restart count (the same in every task, a different one for every job and every requeue).
@@ -17,7 +17,7 @@
   log, callbacks); other ranks run it with `hydra.output_subdir=null`, errors-only logging and no
   callbacks, as launch/job_rank.py does for torchrun jobs.
 * **Preemption and time limits**: sbatch `--signal=USR1@<signal_delay_s>` and `--requeue`.
-  USR1/TERM reach train.py's launch/preemption.py (agreed stop, checkpoint, rank 0 runs
+  USR1/TERM reach train.py's components/preemption.py (agreed stop, checkpoint, rank 0 runs
   `scontrol requeue`, exit 75); the requeued job runs the same pickled job again: same job dir,
   SLURM_RESTART_COUNT > 0 makes train.py resume, the same W&B run continues. Ranks other than 0
   end a preempted task with exit 0 so that `srun --kill-on-bad-exit` leaves rank 0 the time to
@@ -49,8 +49,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from components.errors import UserError
 from hydra_plugins.hydra_ddp_slurm_launcher.config import DDPSlurmQueueConf
-from launch.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -626,8 +626,8 @@ def run_task(launcher, overrides, job_dir_key: str, job_num: int, singleton_stat
     from hydra.core.singleton import Singleton
     from hydra.core.utils import run_job, setup_globals
 
+    from components.preemption import REQUEUE_EXIT_CODE
     from launch.job_rank import OTHER_RANKS_LOGGING, exits_as_errors, without_callbacks
-    from launch.preemption import REQUEUE_EXIT_CODE
 
     env = export_torch_env()
     rank = int(env["RANK"])
@@ -669,12 +669,12 @@ def run_task(launcher, overrides, job_dir_key: str, job_num: int, singleton_stat
 
 def install_stop_handlers(rank: int) -> None:
     """Replace submitit's signal handlers (USR2: its own checkpoint-and-requeue; TERM: ignored)
-    until train.py installs launch/preemption.py's. Before training has started there is
+    until train.py installs components/preemption.py's. Before training has started there is
     nothing new to save: USR1 (our time-limit signal) requeues the job at once and ends the
     task with exit 75; TERM ends the task (it is also how srun stops the other tasks when one
     fails, and how scancel cancels: no requeue; SLURM's own preemption requeues by itself).
     submitit's USR2 (`job._interrupt()`) is forwarded as USR1, so it always takes our path."""
-    from launch.preemption import REQUEUE_EXIT_CODE, requeue_on_slurm
+    from components.preemption import REQUEUE_EXIT_CODE, requeue_on_slurm
 
     stopping = []
 

@@ -33,8 +33,8 @@ import cloudpickle
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from components.errors import UserError, find_user_error
 from hydra_plugins.hydra_ddp_torchrun_launcher.config import TorchrunLauncherConf
-from launch.errors import UserError, find_user_error
 
 log = logging.getLogger(__name__)
 

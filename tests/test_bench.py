@@ -1,4 +1,4 @@
-"""The throughput benchmark (launch/bench.py): end to end in its smoke size, no timing
+"""The throughput benchmark (bench/bench.py): end to end in its smoke size, no timing
 assertions; and checks that its three modes really run the same workload as train.py."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from hydra.utils import instantiate
 from torchvision.datasets import MNIST
 
 import conf.schema  # noqa: F401 - registers the schema for compose()
+from bench import bench
+from bench import reference as bench_reference
 from data.transforms import NORMALIZATION, crop_flip_recipe
-from launch import bench, bench_reference
-from tests.conftest import REPO, run_env
+from tests.helpers import REPO, run_env
 
 
 def composed(workload: str, data_root: Path | None = None):
@@ -95,7 +96,7 @@ def test_process_age_is_positive():
 def test_smoke_end_to_end(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.bench", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
         cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import Dataset, DistributedSampler
 from torchvision import datasets as tvd
 
+from components.errors import UserError
 from conf.schema import DatasetConfig
 from data import (
     DataSplits,
@@ -31,8 +32,7 @@ from data import (
 )
 from data.datasets import DATASETS, _download_once_then_load
 from data.transforms import NORMALIZATION
-from launch.errors import UserError
-from tests import data_fixtures as fx
+from tests import helpers as fx
 
 REPO = Path(__file__).resolve().parents[1]
 

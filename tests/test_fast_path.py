@@ -19,7 +19,7 @@ from data import FastTrainLoader, FastValLoader, build_datasets, build_loaders
 from data.fast import augment_batch, crop_flip, crop_flip_params, mix_seed_tensor
 from data.seeding import mix_seed
 from data.transforms import NORMALIZATION, CropFlip
-from tests import data_fixtures as fx
+from tests import helpers as fx
 
 NAMES = ["digits", "mnist", "cifar10"]  # 1437 / 300 / 100 train samples
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch.checkpoint import load_checkpoint, step_files, verify
-from launch.preemption import REQUEUE_EXIT_CODE
-from tests.conftest import REPO, output, run, run_env, train_cmd
-from tests.wandb_records import offline_runs
+from components.checkpoint import load_checkpoint, step_files, verify
+from components.preemption import REQUEUE_EXIT_CODE
+from tests.helpers import REPO, offline_runs, output, run, run_env, train_cmd
 
 pytestmark = pytest.mark.slow
 

@@ -23,11 +23,10 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 
+from components.errors import UserError
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
-from launch.errors import UserError
 from launch.torchrun import Job, TaskExit, failure_reason, record_failure
-from tests.conftest import QUICK, Sweep, output, run, train_cmd
-from tests.wandb_records import offline_runs
+from tests.helpers import QUICK, Sweep, offline_runs, output, run, train_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "launcher_apps"

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 import launch.torchrun
-from tests.conftest import QUICK, REPO, run_env
-from tests.wandb_records import offline_runs
+from tests.helpers import QUICK, REPO, offline_runs, run_env
 
 pytestmark = pytest.mark.slow
 

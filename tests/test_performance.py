@@ -1,5 +1,5 @@
 """Speed features on CPU: precision modes, gradient accumulation, channels_last, compile, and
-the per-step speed metrics. (Speed itself is shown by `python -m launch.bench`, not asserted.)"""
+the per-step speed metrics. (Speed itself is shown by `python -m bench.bench`, not asserted.)"""
 
 import json
 from pathlib import Path
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch.checkpoint import load_checkpoint
-from tests.conftest import output, run, train_cmd
+from components.checkpoint import load_checkpoint
+from tests.helpers import output, run, train_cmd
 
 pytestmark = pytest.mark.slow
 

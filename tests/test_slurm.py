@@ -34,9 +34,9 @@ from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 from hydra.version import VersionBase
 
+from components.checkpoint import load_checkpoint
+from components.errors import UserError
 from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
-from launch.checkpoint import load_checkpoint
-from launch.errors import UserError
 from launch.slurm import (
     SlurmSettings,
     expand_nodelist,
@@ -46,8 +46,7 @@ from launch.slurm import (
     master_port,
     torch_env,
 )
-from tests.conftest import REPO, Sweep, output, run, run_env, train_cmd
-from tests.wandb_records import offline_runs
+from tests.helpers import REPO, Sweep, offline_runs, output, run, run_env, train_cmd
 
 if TYPE_CHECKING:
     from tests.slurm_cluster import SlurmCluster

@@ -14,9 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import conf.schema  # noqa: F401 - registers the schema for compose()
-from launch.checkpoint import atomic_save, load_checkpoint
-from tests.conftest import QUICK, REPO, output, run, train_cmd
-from tests.wandb_records import offline_runs
+from components.checkpoint import atomic_save, load_checkpoint
+from tests.helpers import QUICK, REPO, offline_runs, output, run, train_cmd
 
 CONF = REPO / "conf"
 GROUPS = ["model", "dataset", "dist", "optim", "trainer", "wandb"]

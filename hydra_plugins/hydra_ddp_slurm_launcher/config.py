@@ -23,7 +23,7 @@ class DDPSlurmQueueConf(SlurmQueueConf):
     # The GPUs a node offers to a job; GPU jobs ask for one per task (--gpus-per-node=<tasks>).
     # auto: what `sinfo` reports for the partition (gres gpu:N), 0 on a CPU cluster.
     gpus_per_node: Any = "auto"
-    # Sent signal_delay_s seconds before the time limit (sbatch --signal): launch/preemption.py
+    # Sent signal_delay_s seconds before the time limit (sbatch --signal): components/preemption.py
     # checkpoints, requeues the job (sbatch --requeue) and exits; the requeued job resumes.
     signal: str = "USR1"
     signal_delay_s: int = 120

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from launch.errors import UserError
+from components.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from launch.errors import UserError
+from components.errors import UserError
 
 # Dense peak throughput per GPU, in FLOP/s, by the precision the matmuls run in.
 # (tf32 is what fp32 matmuls use when torch.backends.cuda.matmul.allow_tf32 is on.)

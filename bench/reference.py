@@ -1,7 +1,7 @@
-"""The plain DDP recipe the benchmark (launch/bench.py) compares train.py against.
+"""The plain DDP recipe the benchmark (bench/bench.py) compares train.py against.
 
-    python -m launch.bench_reference --workload A|B --mode reference|raw --steps N --log-every K
-    python -m torch.distributed.run --standalone --nproc-per-node=2 -m launch.bench_reference ...
+    python -m bench.reference --workload A|B --mode reference|raw --steps N --log-every K
+    python -m torch.distributed.run --standalone --nproc-per-node=2 -m bench.reference ...
 
 reference: init_process_group(gloo) -> torchvision dataset + DistributedSampler + DataLoader ->
 model (DDP when world size > 1) -> SGD; set_epoch each epoch; forward, backward, step. Nothing
@@ -10,7 +10,7 @@ raw: the same model and optimizer on one pre-built batch of random tensors, reus
 the ceiling for this model on this machine.
 
 Throughput is measured the way train.py measures it (its metrics.jsonl rows): samples/s per
-window of K steps on rank 0, timed from the start of the epoch's loop; launch.bench takes the
+window of K steps on rank 0, timed from the start of the epoch's loop; bench.bench takes the
 median after the warm-up window(s). Rank 0 prints one line: RESULT_TAG + JSON.
 """
 
@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 from torchvision.transforms import v2
 
-from launch.bench import RESULT_TAG, WORKLOADS, process_age
+from bench.bench import RESULT_TAG, WORKLOADS, process_age
 
 # train.py's data.transforms constants, restated so this script stays the plain recipe
 # (tests/test_bench.py checks that they agree).

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from launch.errors import UserError
+from components.errors import UserError
 
 WORLD_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 

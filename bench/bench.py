@@ -1,6 +1,6 @@
 """Throughput benchmark: train.py against the plain DDP recipe and a raw loop, same workload.
 
-    python -m launch.bench [--workloads A,B] [--world-sizes 1,2] [--repeats 3] [--steps N]
+    python -m bench [--workloads A,B] [--world-sizes 1,2] [--repeats 3] [--steps N]
                            [--smoke] [--out results.json]
 
 For each workload x world size it runs three modes, each as its own process (world size 2:
@@ -9,9 +9,9 @@ For each workload x world size it runs three modes, each as its own process (wor
 alike:
 
   train.py   train.py with the matching config (metrics.jsonl's samples_per_s windows)
-  reference  launch/bench_reference.py --mode reference: DataLoader + DistributedSampler + DDP +
+  reference  bench/reference.py --mode reference: DataLoader + DistributedSampler + DDP +
              set_epoch, nothing else
-  raw        launch/bench_reference.py --mode raw: forward/backward/step on one pre-built batch
+  raw        bench/reference.py --mode raw: forward/backward/step on one pre-built batch
 
 Workloads: A = torchvision resnet18 (3x3 stem) on FakeData 3x32x32, global batch 64; B = the
 small CNN on MNIST-format idx files generated here (~30k samples), global batch 256. Every
@@ -22,7 +22,7 @@ start to the end of the first optimizer step, ``python -c "import torch, torchvi
 time, peak RSS per rank. Targets are printed PASS/MISS for information: only a run that fails
 makes the exit status non-zero.
 
-This module imports nothing heavy (launch/bench_reference.py imports its helpers from here).
+This module imports nothing heavy (bench/reference.py imports its helpers from here).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def run_mode(s: Setup, mode: str, run_dir: Path) -> dict:
     if mode == "train.py":
         target = ["train.py", *train_overrides(s, run_dir)]
     else:
-        target = ["-m", "launch.bench_reference", "--workload", s.workload, "--mode", mode,
+        target = ["-m", "bench.reference", "--workload", s.workload, "--mode", mode,
                   "--steps", str(s.steps), "--log-every", str(s.log_every)]  # fmt: skip
         if s.data_root is not None:
             target += ["--data-root", str(s.data_root)]
@@ -434,7 +434,7 @@ def legend(rows: list[dict], repeats: int, cores: int) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m launch.bench",
+        prog="python -m bench",
         description="train.py vs the plain DDP recipe vs a raw loop: samples/s, ratios, "
         "time to first step, peak memory.",
     )
@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     report = {
-        "command": [sys.executable, "-m", "launch.bench", *(argv or sys.argv[1:])],
+        "command": [sys.executable, "-m", "bench.bench", *(argv or sys.argv[1:])],
         "cores": cores,
         "repeats": args.repeats,
         "smoke": args.smoke,

@@ -1,0 +1,135 @@
+"""The run dir's contract: what a run leaves in its directory, and how to read and write it.
+
+One module, no torch, used by every process that touches a run dir: train.py's rank 0 (the
+writer), both launchers (they record jobs that failed without a record of their own), the sweep
+summary and the benchmark (readers).
+
+    <run dir>/
+      .hydra/overrides.yaml   the job's overrides (Hydra)
+      train.log               rank 0's log (Hydra's job logging)
+      metrics.jsonl           one JSON row per log step / epoch, appended line by line
+      result.json             the run's record (RunResult), rewritten atomically
+      checkpoints/            components/checkpoint.py
+      wandb/                  the W&B run
+      .torchrun/              the torchrun launcher's hand-off files (launch/torchrun.py)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+CHECKPOINT_DIR = "checkpoints"
+OVERRIDES_FILE = ".hydra/overrides.yaml"
+LAUNCHER_DIR = ".torchrun"
+
+STATUSES = ("running", "completed", "failed", "preempted", "interrupted")
+
+
+@dataclass
+class RunResult:
+    """result.json: how a run ended and what it reached. None: not measured (yet)."""
+
+    status: str = "running"
+    error: str | None = None  # one line, for every status but completed
+    best_val_acc: float | None = None
+    final_val_acc: float | None = None
+    final_val_loss: float | None = None
+    wall_time_s: float | None = None
+    samples_per_s: float | None = None  # mean of the logged train windows
+    time_to_first_step_s: float | None = None  # from process start
+    peak_memory_mb_per_rank: list[float] | None = None
+    # Set by a launcher that records a job which left no result of its own.
+    overrides: list[str] | None = None
+    job_num: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys of newer/other writers, kept
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        extra = data.pop("extra")
+        data = {k: v for k, v in data.items() if v is not None or k in _ALWAYS}
+        return {**data, **extra}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   extra={k: v for k, v in data.items() if k not in known})  # fmt: skip
+
+
+_ALWAYS = {"status", "error"}
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write `data` as JSON so that readers see the old file or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def write_result(run_dir: Path, result: RunResult) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / RESULT_FILE, result.to_json())
+
+
+def read_result(run_dir: Path, *, since: float | None = None) -> RunResult | None:
+    """The run's result.json; None if absent or unreadable, or (with `since`, a unix time)
+    older than that, i.e. left by an earlier run into the same dir."""
+    path = Path(run_dir) / RESULT_FILE
+    try:
+        if since is not None and path.stat().st_mtime < since - 2.0:  # coarse mtimes
+            return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return RunResult.from_json(data) if isinstance(data, dict) else None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The JSON object rows of a metrics.jsonl (or of `<run dir>/metrics.jsonl`); a line torn
+    by a kill, or anything else unparsable, is skipped."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict):
+                    rows.append(row)
+    except OSError:
+        pass
+    return rows
+
+
+def process_start_time(pid: int | str = "self") -> float:
+    """When process `pid` started, as a unix time (Linux /proc; now where unavailable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration):
+        return time.time()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (the clock of the time-to-first-step figures):
+    start time in clock ticks after boot, against CLOCK_BOOTTIME; 10 ms resolution."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError):
+        return time.process_time()
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")

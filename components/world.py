@@ -1,0 +1,66 @@
+"""World-size rules, shared by the ranks (components/distributed.py) and both launchers
+(launch/jobs.py). Imports no torch unless a GPU driver is present: launchers use it too.
+
+`dist.nproc_per_node` and `dist.nnodes` are `auto` or a positive integer. `auto` nproc means
+every usable GPU of a node, or 1 where the job uses no GPU (none visible, or dist.backend=gloo);
+`auto` nnodes means 1. Under torchrun (or srun) the environment's values win, and an explicit
+value must agree with them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from typing import Any
+
+from components.errors import UserError
+
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # what torchrun (or our srun mapping) sets
+
+
+def parse_count(value: Any, key: str) -> int | None:
+    """`auto` -> None, a positive integer -> itself; anything else is a UserError naming `key`."""
+    text = str(value).strip()
+    if text == "auto":
+        return None
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise UserError(f"{key}={text} is not valid: use {key}=auto or a positive integer")
+
+
+def started_as_rank(environ=os.environ) -> bool:
+    """True in a process that torchrun (or srun mapped to torch's variables) started as a rank."""
+    return all(k in environ for k in RANK_ENV)
+
+
+def gpu_driver_present() -> bool:
+    """Whether Linux shows a GPU driver's device nodes (NVIDIA, WSL's, AMD ROCm's)."""
+    if not sys.platform.startswith("linux"):
+        return True  # cannot tell without asking torch
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or any(
+        os.path.exists(p) for p in ("/dev/dxg", "/dev/kfd")
+    )
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use; no torch import (seconds) where no driver is present."""
+    if "torch" not in sys.modules and not gpu_driver_present():
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def uses_gpus(backend: Any, n_gpus: int) -> bool:
+    """Whether a job with this `dist.backend` runs its ranks on GPUs, given `n_gpus` usable."""
+    return n_gpus > 0 and str(backend) != "gloo"
+
+
+def requested_world(dist_cfg: Any, n_gpus: int) -> tuple[int, int]:
+    """(nproc_per_node, nnodes) a job asks for outside torchrun, `auto` resolved."""
+    nproc = parse_count(dist_cfg.nproc_per_node, "dist.nproc_per_node")
+    nnodes = parse_count(dist_cfg.nnodes, "dist.nnodes")
+    if nproc is None:
+        nproc = n_gpus if uses_gpus(dist_cfg.backend, n_gpus) else 1
+    return nproc, nnodes or 1

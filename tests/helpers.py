@@ -1,0 +1,376 @@
+"""Helpers shared by the tests: run train.py as a user does, read what a run wrote (metrics,
+results, checkpoints, W&B's offline records), and write small datasets in the real on-disk
+formats torchvision reads (no network needed).
+
+Also runnable under torchrun as the worker of the download-once test:
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/helpers.py \
+        download-once <root> <mirror url> <md5 json> <log file>
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import yaml
+from PIL import Image
+from torch.utils.data import Dataset
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script (the download-once worker)
+    sys.path.insert(0, str(REPO))
+
+from components.run_dir import read_metrics  # noqa: E402
+
+# Quick settings for tests that only need a run to happen; each test adds what it checks.
+QUICK = ["trainer.max_epochs=1", "wandb.mode=offline", "trainer.progress_bar=false"]
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+def run_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_"))}
+    env.update(
+        WANDB_SILENT="true",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(REPO),
+    )
+    env.update(extra)
+    return env
+
+
+def train_cmd(*overrides: str, nproc: int | None = None) -> list[str]:
+    if nproc is None:
+        return [sys.executable, "train.py", *overrides]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "train.py", *overrides]  # fmt: skip
+
+
+def run(cmd: list[str], *, timeout: float = 600, cwd: Path = REPO, **env: str):
+    """Run a command to completion (a hang fails the test at `timeout`)."""
+    return subprocess.run(
+        cmd, cwd=cwd, env=run_env(**env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def output(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+@dataclass
+class Sweep:
+    """A finished multirun: its sweep dir and the process that ran it."""
+
+    dir: Path
+    proc: subprocess.CompletedProcess
+
+    @property
+    def out(self) -> str:
+        return output(self.proc)
+
+    def job(self, num: int) -> Path:
+        return self.dir / str(num)
+
+    def overrides(self, num: int) -> list[str]:
+        return yaml.safe_load((self.job(num) / ".hydra" / "overrides.yaml").read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# what a run wrote
+
+
+def rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's rows (a line torn by a kill skipped)."""
+    return read_metrics(run_dir)
+
+
+def val_rows(run_dir: Path) -> list[dict]:
+    return [r for r in rows(run_dir) if "val/acc" in r]
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    return [r for r in rows(run_dir) if "train/loss" in r]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def summary_rows(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "summary.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def weights(run_dir: Path, name: str = "last.pt") -> dict:
+    from components.checkpoint import load_checkpoint
+
+    return load_checkpoint(run_dir / "checkpoints" / name)["model"]
+
+
+def wait_for_rows(path: Path, n: int, proc: subprocess.Popen | None = None,
+                  timeout: float = 240) -> None:
+    """Until `path` (a metrics.jsonl) has `n` lines; fails when `proc` ends first or at timeout."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and (proc is None or proc.poll() is None):
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.05)
+    out = proc.stdout.read() if proc is not None and proc.poll() is not None and proc.stdout else ""
+    raise AssertionError(f"{path} never had {n} rows\n{out[-3000:]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# W&B offline records: the run-<id>.wandb record log
+#
+# The file is a LevelDB-style log (32 KiB blocks, 7-byte record headers, FULL/FIRST/MIDDLE/LAST
+# fragments) of protobuf `Record` messages from wandb.proto.wandb_internal_pb2.
+
+BLOCK = 32 * 1024
+HEADER = 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def _payloads(data: bytes):
+    assert data[:4] == b":W&B", "not a W&B record log"
+    pos, parts = HEADER, b""
+    while pos + HEADER <= len(data):
+        room = BLOCK - pos % BLOCK
+        if room < HEADER:  # block trailer padding
+            pos += room
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        if kind == 0 and length == 0:
+            pos += room
+            continue
+        chunk = data[pos + HEADER : pos + HEADER + length]
+        pos += HEADER + length
+        if kind == FULL:
+            yield chunk
+        elif kind == FIRST:
+            parts = chunk
+        elif kind == MIDDLE:
+            parts += chunk
+        elif kind == LAST:
+            yield parts + chunk
+            parts = b""
+
+
+@dataclass
+class OfflineRun:
+    path: Path
+    run_id: str = ""
+    group: str = ""
+    job_type: str = ""
+    name: str = ""
+    config: dict = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+    exit_code: int | None = None
+
+
+def read_run(path: Path) -> OfflineRun:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    run = OfflineRun(path)
+    for raw in _payloads(path.read_bytes()):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            r = record.run
+            run.run_id, run.group, run.job_type, run.name = (
+                r.run_id, r.run_group, r.job_type, r.display_name
+            )
+            for item in r.config.update:
+                run.config[item.key] = json.loads(item.value_json)
+        elif kind == "history":
+            items = record.history.item
+            run.history.append(
+                {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items}
+            )
+        elif kind == "exit":
+            run.exit_code = record.exit.exit_code
+    return run
+
+
+def offline_runs(root: Path) -> list[OfflineRun]:
+    """Every offline W&B run under `root` (any depth), oldest first."""
+    return [read_run(p) for p in sorted(root.rglob("offline-run-*/run-*.wandb"))]
+
+
+# ---------------------------------------------------------------------------------------------
+# datasets in their real formats
+
+MNIST_FILES = {
+    True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def md5(path: str | os.PathLike) -> str:
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """IDX format (yann.lecun.com/exdb/mnist): magic 0x0000 08 <ndim>, big-endian int32 dims."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(header + array.tobytes())
+
+
+def make_mnist(root: Path, folder: str = "MNIST", n_train: int = 300, n_test: int = 100):
+    """<root>/<folder>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte with random content.
+
+    Returns {train: (images, labels)} for train=True/False.
+    """
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    out = {}
+    for train, n in ((True, n_train), (False, n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        image_file, label_file = MNIST_FILES[train]
+        write_idx(raw / image_file, images)
+        write_idx(raw / label_file, labels)
+        out[train] = (images, labels)
+    return out
+
+
+def make_mnist_mirror(directory: Path) -> dict[str, str]:
+    """Gzipped MNIST files as served by a mirror; returns {file name: md5} (MNIST.resources)."""
+    make_mnist(directory / "build")
+    raw = directory / "build" / "MNIST" / "raw"
+    sums = {}
+    for name in MNIST_FILES[True] + MNIST_FILES[False]:
+        with open(raw / name, "rb") as src, gzip.open(directory / f"{name}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        sums[f"{name}.gz"] = md5(directory / f"{name}.gz")
+    shutil.rmtree(directory / "build")
+    return sums
+
+
+def _pickle(path: Path, obj: dict) -> str:
+    with open(path, "wb") as f:
+        pickle.dump(obj, f)
+    return md5(path)
+
+
+def make_cifar(root: Path, classes: int = 10, n_per_batch: int = 20):
+    """cifar-10-batches-py (5 train batches + test_batch + batches.meta) or, for 100 classes,
+    cifar-100-python (train, test, meta), as pickled dicts of uint8 rows (3x32x32, CHW).
+
+    Returns (data, md5s): data[train] = (images NHWC, labels); md5s = the class attributes
+    train_list, test_list and meta torchvision checks, with the md5 of the files written here.
+    """
+    rng = np.random.default_rng(1)
+    if classes == 10:
+        folder, label_key = root / "cifar-10-batches-py", "labels"
+        train_files, test_files = [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"]
+        meta = {"filename": "batches.meta", "key": "label_names"}
+    else:
+        folder, label_key = root / "cifar-100-python", "fine_labels"
+        train_files, test_files = ["train"], ["test"]
+        meta = {"filename": "meta", "key": "fine_label_names"}
+    folder.mkdir(parents=True, exist_ok=True)
+    data, lists = {}, {}
+    for train, files in ((True, train_files), (False, test_files)):
+        rows, labels, entries = [], [], []
+        for name in files:
+            batch = rng.integers(0, 256, size=(n_per_batch, 3 * 32 * 32), dtype=np.uint8)
+            batch_labels = rng.integers(0, classes, size=n_per_batch).tolist()
+            entry = {"batch_label": name, "data": batch, label_key: batch_labels}
+            entries.append([name, _pickle(folder / name, entry)])
+            rows.append(batch)
+            labels += batch_labels
+        images = np.concatenate(rows).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        data[train] = (images, labels)
+        lists["train_list" if train else "test_list"] = entries
+    names = {meta["key"]: [f"class_{i}" for i in range(classes)]}
+    lists["meta"] = {**meta, "md5": _pickle(folder / meta["filename"], names)}
+    return data, lists
+
+
+COLORS = {"cat": (200, 10, 30), "dog": (5, 120, 250), "emu": (90, 90, 90)}
+
+
+def make_imagefolder(root: Path, per_class: dict[str, int] | None = None, size=(40, 30)):
+    """<root>/{train,val}/<class>/<i>.png, each image one solid colour per class (COLORS)."""
+    per_class = per_class or {"train": 3, "val": 2}
+    for split, n in per_class.items():
+        for cls, color in COLORS.items():
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                Image.new("RGB", size, color).save(root / split / cls / f"{i}.png")
+
+
+def _download_once_worker(root: str, mirror: str, sums_json: str, log: str) -> None:
+    """One torchrun rank: build MNIST with download=true through build_datasets."""
+    import torch.distributed as dist
+    from torchvision.datasets import mnist
+
+    from data import build_datasets
+
+    sums = json.loads(sums_json)
+    mnist.MNIST.mirrors = [mirror]
+    mnist.MNIST.resources = [(name, sums[name]) for name, _ in mnist.MNIST.resources]
+    rank = int(os.environ["RANK"])
+    real_download = mnist.download_and_extract_archive
+
+    def logged_download(url, *args, **kwargs):  # spy: records who fetched what, then fetches
+        with open(log, "a") as f:
+            f.write(f"{rank} {url}\n")
+        return real_download(url, *args, **kwargs)
+
+    mnist.download_and_extract_archive = logged_download
+
+    dist.init_process_group("gloo")
+    try:
+        cfg = SimpleNamespace(name="mnist", root=root, download=True, augment=False, image_size=28)
+        splits = build_datasets(cfg, local_rank=int(os.environ["LOCAL_RANK"]), barrier=dist.barrier)
+        with open(log, "a") as f:
+            f.write(f"{rank} loaded {len(splits.train)} {len(splits.val)}\n")
+    finally:
+        dist.destroy_process_group()
+
+
+class IndexDataset(Dataset):
+    """Returns the index it was asked for (from an (epoch, index) key or a bare index): a
+    loader over it shows which indices each batch holds."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key):
+        return key[1] if isinstance(key, tuple) else key
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "download-once":
+        _download_once_worker(*sys.argv[2:6])
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]!r}")
