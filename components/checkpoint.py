@@ -10,10 +10,11 @@ fsync): a SIGKILL at any point leaves only whole files, and a file that does not
 digest (torn by a crash elsewhere, corrupted on disk) is never loaded. Resuming takes the newest
 checkpoint that verifies and names every newer one it skipped.
 
-A checkpoint is a plain dict of tensors and Python scalars/containers (model, optimizer,
-scheduler, epoch, step, step_in_epoch, best_val_acc, W&B run id, and under `ranks` each rank's
-RNG states and loss window),
-so it loads with `torch.load(weights_only=True)`: no pickled code runs on load.
+What goes in is one TrainingState: everything a resume needs, saved and restored by the same
+object (model, optimizer, scheduler, scaler, progress with the W&B run id, and under `ranks`
+each rank's own state: its RNG states and loss window). A checkpoint is a plain dict of tensors
+and Python scalars/containers, so it loads with `torch.load(weights_only=True)`: no pickled code
+runs on load.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ import logging
 import os
 import random
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from components.errors import UserError
+from components.errors import UserError, one_line
+from components.run_dir import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +109,13 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # torn file, not a checkpoint, or pickled code we refuse to run
-            problem = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            problem = one_line(e)[:160] or type(e).__name__
     if problem is not None:
         raise UserError(
             f"checkpoint {path} cannot be loaded ({problem}): "
             "pass resume=<another checkpoint> or resume=null to start fresh"
         )
-    required = {"model", "optimizer", "epoch", "step"}
+    required = {"model", "progress"}
     missing = required - set(state) if isinstance(state, dict) else required
     if missing:
         raise UserError(
@@ -188,48 +191,115 @@ def decode_rank_state(blob: torch.Tensor) -> dict[str, Any]:
     return torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True)
 
 
-def resume_path(resume: str | None, run_dir: Path) -> Path | str | None:
-    """None: start fresh. "auto": the newest valid checkpoint in the run dir, if any. A path."""
+def resume_choice(resume: str | None) -> str | Path | None:
+    """None: start fresh; "auto": the newest valid checkpoint in the run dir, if any; a path.
+
+    A restarted job continues from its run dir's checkpoints: after torchrun restarted the ranks
+    (--max-restarts) or SLURM requeued the job."""
     if resume is None or str(resume).lower() in ("null", "none", ""):
+        for var, what in (("TORCHELASTIC_RESTART_COUNT", "of the ranks"),
+                          ("SLURM_RESTART_COUNT", "of the SLURM job")):  # fmt: skip
+            if int(os.environ.get(var) or 0) > 0:
+                log.warning("restart %s %s: resuming from the latest checkpoint",
+                            os.environ[var], what)  # fmt: skip
+                return "auto"
         return None
     if resume == "auto":
         return "auto"
     return Path(resume).expanduser()
 
 
-def load_for_resume(resume: str | None, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
-    choice = resume_path(resume, run_dir)
-    if choice is None:
-        return None
-    if choice == "auto":
-        return load_latest_valid(run_dir / "checkpoints")
-    return choice, load_checkpoint(choice)
+def prune_plan(step_paths: list[Path], keep: int, best: Path | None) -> list[Path]:
+    """The step files to delete: all but the newest `keep` (`step_paths` newest first), never
+    the one `best` (best.pt) links to."""
+    doomed = step_paths[keep:]
+    if best is not None and best.exists():
+        doomed = [p for p in doomed if not os.path.samefile(p, best)]
+    return doomed
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+class TrainingState:
+    """Everything a resume needs, saved and restored by this one object.
+
+    `shared`: objects that are the same on every rank (model, optimizer, scheduler, scaler,
+    progress): rank 0 saves them. `per_rank`: each rank's own (e.g. its loss window); every
+    rank's are gathered into the checkpoint together with its RNG states, and restored to the
+    same rank when the world size is unchanged.
+    """
+
+    def __init__(self, shared: Mapping[str, Stateful], per_rank: Mapping[str, Stateful]):
+        self.shared = dict(shared)
+        self.per_rank = dict(per_rank)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: obj.state_dict() for name, obj in self.shared.items()}
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        return {name: obj.state_dict() for name, obj in self.per_rank.items()}
+
+    def load_state_dict(self, ckpt: dict[str, Any], *, rank: int, world_size: int) -> None:
+        for name, obj in self.shared.items():
+            if name in ckpt and ckpt[name] is not None:
+                obj.load_state_dict(ckpt[name])
+        ranks = ckpt.get("ranks") or []
+        if len(ranks) != world_size:
+            log.warning("checkpoint from world size %d: per-rank state not restored", len(ranks))
+            return
+        mine = decode_rank_state(ranks[rank])
+        set_rng_state(mine.pop("rng"))
+        for name, obj in self.per_rank.items():
+            if name in mine:
+                obj.load_state_dict(mine[name])
 
 
 class Checkpointer:
-    """Saves <run dir>/checkpoints/step-N.pt (+ last.pt, best.pt) from rank 0, then a barrier."""
+    """<run dir>/checkpoints/step-N.pt (+ last.pt, best.pt): saved by rank 0 while every rank
+    contributes its own state, then a barrier; restored in every rank."""
 
-    def __init__(self, run_dir: Path, is_main: bool, keep: int = KEEP):
-        self.dir = run_dir / "checkpoints"
-        self.is_main = is_main
+    def __init__(self, run_dir: Path, *, rank: int, world_size: int, keep: int = KEEP):
+        self.dir = run_dir / CHECKPOINT_DIR
+        self.run_dir = run_dir
+        self.rank = rank
+        self.world_size = world_size
         self.keep = keep
 
-    def save(self, state: dict[str, Any], *, is_best: bool, rank_local: dict | None = None) -> None:
-        """`state` is rank 0's; `rank_local` is this rank's own (stored per rank with its RNG)."""
-        state = {**state, "ranks": gather_rank_states(rank_local or {})}  # every rank takes part
-        if self.is_main:
-            path = self.dir / f"step-{state['step']:08d}.pt"
-            atomic_save(state, path)
+    def save(self, state: TrainingState, *, step: int, is_best: bool) -> None:
+        # Every rank takes part in the gather; only rank 0 writes.
+        ranks = gather_rank_states(state.rank_state_dict())
+        if self.rank == 0:
+            ckpt = {**state.state_dict(), "world_size": self.world_size, "ranks": ranks}
+            path = self.dir / f"step-{step:08d}.pt"
+            atomic_save(ckpt, path)
             for name in [LAST, BEST] if is_best else [LAST]:
                 _link_atomic(digest_path(path), digest_path(self.dir / name))
                 _link_atomic(path, self.dir / name)
-            self._prune()
+            for old in prune_plan(step_files(self.dir), self.keep, self.dir / BEST):
+                old.unlink(missing_ok=True)
+                digest_path(old).unlink(missing_ok=True)
         dist.barrier()
 
-    def _prune(self) -> None:
-        best = self.dir / BEST
-        for old in step_files(self.dir)[self.keep :]:
-            if best.exists() and os.path.samefile(old, best):
-                continue  # best.pt is a link to it: keep the pair together for clarity
-            old.unlink(missing_ok=True)
-            digest_path(old).unlink(missing_ok=True)
+    def restore(self, state: TrainingState, resume: str | None) -> Path | None:
+        """Load `resume` (see resume_choice) into `state`; the file used, or None (fresh)."""
+        choice = resume_choice(resume)
+        if choice is None:
+            return None
+        if choice == "auto":
+            found = load_latest_valid(self.dir)
+        else:
+            found = choice, load_checkpoint(choice)
+        if found is None:
+            return None
+        path, ckpt = found
+        try:
+            state.load_state_dict(ckpt, rank=self.rank, world_size=self.world_size)
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise UserError(
+                f"checkpoint {path} does not fit this model/optimizer ({one_line(e)[:160]}): "
+                "resume with the config it was saved with, or resume=null"
+            ) from None
+        return path

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from components import world
 from components.errors import UserError
-
-WORLD_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+from components.world import started_as_rank
 
 
 @dataclass(frozen=True)
@@ -42,61 +42,36 @@ class DistEnv:
         return self.world_size > 1
 
 
-def started_by_launcher() -> bool:
-    """True when torchrun (or srun mapped to its variables) started this process as a rank."""
-    return all(k in os.environ for k in WORLD_ENV)
-
-
-def gpus_available() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _positive_int_or_auto(value: object, key: str) -> int | None:
-    text = str(value).strip()
-    if text == "auto":
-        return None
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    raise UserError(f"{key}={text} is not valid: use {key}=auto or a positive integer")
-
-
 def requested_world(dist_cfg) -> tuple[int, int]:
-    """(nproc_per_node, nnodes) this run should have, resolving `auto`.
+    """(nproc_per_node, nnodes) this run should have, `auto` resolved (components/world.py).
 
     Under torchrun, auto takes the environment's values and an explicit value must match them.
-    Otherwise auto means every visible GPU (1 on CPU, or when the backend is gloo) and one node.
     """
-    nproc = _positive_int_or_auto(dist_cfg.nproc_per_node, "dist.nproc_per_node")
-    nnodes = _positive_int_or_auto(dist_cfg.nnodes, "dist.nnodes")
-    if started_by_launcher():
-        env_nproc = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-        env_nnodes = int(os.environ["WORLD_SIZE"]) // env_nproc
-        if nproc is not None and nproc != env_nproc:
-            raise UserError(
-                f"dist.nproc_per_node={nproc} but torchrun started {env_nproc} processes per node: "
-                f"drop the override or run torchrun --nproc_per_node={nproc}"
-            )
-        if nnodes is not None and nnodes != env_nnodes:
-            raise UserError(
-                f"dist.nnodes={nnodes} but torchrun started {env_nnodes} nodes: "
-                f"drop the override or run torchrun --nnodes={nnodes}"
-            )
-        return env_nproc, env_nnodes
-    if nproc is None:
-        nproc = max(gpus_available(), 1) if _wants_cuda(dist_cfg.backend) else 1
-    return nproc, nnodes or 1
-
-
-def _wants_cuda(backend: str) -> bool:
-    return backend != "gloo" and gpus_available() > 0
+    if not started_as_rank():
+        return world.requested_world(dist_cfg, world.visible_gpus())
+    nproc = world.parse_count(dist_cfg.nproc_per_node, "dist.nproc_per_node")
+    nnodes = world.parse_count(dist_cfg.nnodes, "dist.nnodes")
+    env_nproc = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    env_nnodes = int(os.environ["WORLD_SIZE"]) // env_nproc
+    if nproc is not None and nproc != env_nproc:
+        raise UserError(
+            f"dist.nproc_per_node={nproc} but torchrun started {env_nproc} processes per node: "
+            f"drop the override or run torchrun --nproc_per_node={nproc}"
+        )
+    if nnodes is not None and nnodes != env_nnodes:
+        raise UserError(
+            f"dist.nnodes={nnodes} but torchrun started {env_nnodes} nodes: "
+            f"drop the override or run torchrun --nnodes={nnodes}"
+        )
+    return env_nproc, env_nnodes
 
 
 def resolve_backend(backend: str, device: str) -> str:
     if backend not in ("auto", "nccl", "gloo"):
         raise UserError(f"dist.backend={backend} is not valid: use auto, nccl or gloo")
     if backend == "auto":
-        return "nccl" if gpus_available() > 0 and device != "cpu" else "gloo"
-    if backend == "nccl" and gpus_available() == 0:
+        return "nccl" if world.visible_gpus() > 0 and device != "cpu" else "gloo"
+    if backend == "nccl" and world.visible_gpus() == 0:
         raise UserError(
             "dist.backend=nccl needs a CUDA GPU and none is visible: "
             "use dist.backend=gloo (or auto) on CPU"
@@ -109,11 +84,11 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
     """Set up this rank's device and process group; destroy the group on exit, error or not."""
     if device not in ("auto", "cpu", "cuda"):
         raise UserError(f"trainer.device={device} is not valid: use auto, cpu or cuda")
-    if device == "cuda" and gpus_available() == 0:
+    if device == "cuda" and world.visible_gpus() == 0:
         raise UserError("trainer.device=cuda but no CUDA GPU is visible: use trainer.device=auto")
     nproc, nnodes = requested_world(dist_cfg)
     backend = resolve_backend(dist_cfg.backend, device)
-    if started_by_launcher():
+    if started_as_rank():
         rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
     else:
@@ -124,15 +99,15 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
             )
         rank, local_rank, world_size = 0, 0, 1
 
-    use_cuda = backend == "nccl" or (device != "cpu" and gpus_available() > 0 and backend != "gloo")
-    if use_cuda:
+    # Pin this rank's device: GPU LOCAL_RANK with nccl (one GPU per rank), else the CPU.
+    if backend == "nccl":
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
     else:
         dev = torch.device("cpu")
 
     timeout = timedelta(seconds=dist_cfg.timeout_s)
-    if world_size == 1 and not started_by_launcher():
+    if world_size == 1 and not started_as_rank():
         # A one-rank group keeps every collective (metric all-reduce, barriers) valid without
         # a rendezvous port; DDP itself is skipped for a single rank.
         dist.init_process_group(
@@ -168,23 +143,6 @@ def tighten_timeout(env: DistEnv) -> None:
     seconds = env.step_timeout_s
     if seconds and env.is_distributed:
         dist.set_timeout(timedelta(seconds=seconds))
-
-
-def per_rank(global_batch: int, world_size: int, accumulate: int = 1) -> int:
-    """The micro-batch each rank runs: global batch / (world size x accumulation steps)."""
-    parts = world_size * accumulate
-    if accumulate < 1:
-        raise UserError(f"trainer.accumulate_grad_batches={accumulate}: use a positive integer")
-    if global_batch <= 0 or global_batch % parts:
-        fix = max(parts, round(global_batch / parts) * parts)
-        what = f"the world size {world_size}" + (
-            f" x trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
-        )
-        raise UserError(
-            f"trainer.batch_size={global_batch} (the global batch) is not divisible by {what}: "
-            f"use a multiple of {parts}, e.g. trainer.batch_size={fix}"
-        )
-    return global_batch // parts
 
 
 def gather_floats(value: float) -> list[float]:

@@ -1,14 +1,17 @@
 """Errors that are the user's to fix: one line naming the fix, never a traceback.
 
 A UserError is raised where the problem is found and reported once, by whoever runs the task:
-Hydra itself in a single process (it prints a CompactHydraException as its message alone; the
-entry point turns the exit status into UserError.exit_code), or the rank bootstrap
-(launch/rank.py) in ranks that a launcher started. Nothing catches it in between.
+ReportUserError below (a Hydra callback) in a process that runs its own Hydra job, or the rank
+bootstrap (launch/rank.py) in ranks that a launcher started. Nothing catches it in between.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
 
 
 class UserError(CompactHydraException):
@@ -43,3 +46,35 @@ def describe(error: BaseException) -> str:
         return one_line(user_error)
     text = one_line(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def instantiate(node, **kwargs):
+    """Hydra's instantiate, re-raising a UserError its target raised as itself (Hydra wraps it
+    in a multi-line InstantiationException)."""
+    from hydra.utils import instantiate as hydra_instantiate
+
+    try:
+        return hydra_instantiate(node, **kwargs)
+    except Exception as e:
+        user_error = find_user_error(e)
+        if user_error is None:
+            raise
+        raise user_error from None
+
+
+class ReportUserError(Callback):
+    """Reports a user error of a plain Hydra run (`python train.py`, or each rank under plain
+    torchrun) as one log line (console and train.log) and exits with UserError.exit_code,
+    before Hydra would print the error between lines of its own. Any other failure, and every
+    job of a sweep (its launcher reports those), is left to Hydra."""
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN:
+            return
+        error = find_user_error(job_return._return_value)
+        if error is not None:
+            logging.getLogger("train").error("%s", error)
+            raise SystemExit(error.exit_code)

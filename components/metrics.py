@@ -1,6 +1,6 @@
-"""Rank 0's record of a run: metrics.jsonl, result.json and the W&B run.
+"""Rank 0's record of a run: metrics.jsonl, result.json and the W&B run, however the run ends.
 
-Every other rank gets a RunLogger that does nothing, so train.py calls it unconditionally.
+Every other rank gets a RunLogger that writes nothing, so train.py calls it unconditionally.
 W&B problems never stop training: init has a timeout, and a failure is a warning.
 """
 
@@ -12,18 +12,20 @@ import netrc
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from components.errors import describe
+from components.preemption import Preempted
+from components.run_dir import METRICS_FILE, RunResult, read_metrics, write_result
+
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
-RESULT_FILE = "result.json"
-
 
 def wandb_credentials_exist() -> bool:
     """Whether W&B could log in without prompting: WANDB_API_KEY or a netrc entry for its host."""
@@ -94,63 +96,118 @@ def wandb_group_and_name(group: str | None, name: str | None) -> tuple[str | Non
     return group, name
 
 
-class RunLogger:
-    """Rank 0's metrics.jsonl and W&B run. On resume, rows the earlier attempt already logged
-    (same step, same kind) are not logged again: a resumed run recomputes them identically, so
-    metrics.jsonl and the W&B history keep every step exactly once."""
+def row_kind(row: dict[str, Any]) -> str:
+    """Rows are keyed by (step, kind): a train window and an epoch's validation share a step."""
+    return "val" if "val/acc" in row else "train"
 
-    def __init__(
-        self,
-        run_dir: Path,
-        cfg: DictConfig,
-        *,
-        enabled: bool,
-        facts: dict[str, Any],
-        resuming: bool = False,
-        wandb_run_id: str | None = None,
-    ):
+
+def rows_to_replay(rows: list[dict[str, Any]], wandb_start: int) -> list[dict[str, Any]]:
+    """The rows of an earlier attempt W&B has not got: those at or after the step its history
+    ends at (`starting_step`; 0 offline, where W&B cannot say and `wandb sync` keeps the first
+    copy of a step)."""
+    return [row for row in rows if row["step"] >= wandb_start]
+
+
+def ending(error: BaseException | None) -> tuple[str, str | None]:
+    """(status, one-line error) of a run that ended with `error` (None: it completed)."""
+    if error is None:
+        return "completed", None
+    if isinstance(error, Preempted):
+        return "preempted", describe(error)
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted", "interrupted (Ctrl-C)"
+    return "failed", describe(error)
+
+
+class LossWindow:
+    """This rank's train loss since the last logged row, summed on the device (no host sync
+    per step). Saved per rank in checkpoints, so a resume continues the window exactly."""
+
+    def __init__(self, device: torch.device):
+        self.sum = torch.zeros((), device=device)
+        self.count = 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.sum += loss
+        self.count += 1
+
+    def mean_over_ranks(self) -> float:
+        """The window's mean loss over every rank (one all-reduce), then start a new window."""
+        totals = torch.stack([self.sum, torch.tensor(float(self.count), device=self.sum.device)])
+        dist.all_reduce(totals)  # SUM (gloo has no AVG)
+        self.sum.zero_()
+        self.count = 0
+        return (totals[0] / totals[1].clamp(min=1)).item()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sum": float(self.sum), "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sum.fill_(state["sum"])
+        self.count = int(state["count"])
+
+
+class RunLogger:
+    """Rank 0's metrics.jsonl, result.json and W&B run; a context manager around the whole run
+    that writes result.json and closes the W&B run however the run ends (completed, failed,
+    preempted, interrupted).
+
+    On resume, rows the earlier attempt already logged (same step, same kind) are not logged
+    again: a resumed run recomputes them identically, so metrics.jsonl and the W&B history keep
+    every step exactly once; rows W&B lost in a kill are replayed from metrics.jsonl.
+    """
+
+    def __init__(self, run_dir: Path, *, enabled: bool):
         self.enabled = enabled
         self.run_dir = run_dir
         self.metrics_path = run_dir / METRICS_FILE
+        self.result = RunResult()
         self.wandb = None
         self.logged: set[tuple[int, str]] = set()
-        if not enabled:
-            return
+        self._file = None
+        self._started = time.time()
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(self, _kind, error, _tb) -> bool:
+        self.result.status, self.result.error = ending(error)
+        self.result.wall_time_s = round(time.time() - self._started, 3)
+        if self.enabled:
+            write_result(self.run_dir, self.result)
+            if self._file is not None:
+                self._file.close()
+            self._finish_wandb(self.result.status)
+        return False  # the error goes on to whoever reports it
+
+    def open(
+        self, cfg: DictConfig, facts: dict[str, Any], *, resuming: bool, wandb_run_id: str | None
+    ) -> str | None:
+        """Start metrics.jsonl and the W&B run (continuing `wandb_run_id`); returns the W&B id."""
+        if not self.enabled:
+            return None
         earlier = self._rows_already_logged() if resuming else []
-        self.logged = {(row["step"], self._kind(row)) for row in earlier}
+        self.logged = {(row["step"], row_kind(row)) for row in earlier}
         # Line-buffered, so a killed run keeps every row it logged.
-        self._file = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 - closed in finish()
+        self._file = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 - closed in __exit__
         self._init_wandb(cfg, facts, wandb_run_id)
         if earlier and self.wandb is not None:
             self._replay_into_wandb(earlier)
-
-    @staticmethod
-    def _kind(row: dict[str, Any]) -> str:
-        return "val" if "val/acc" in row else "train"
+        return self.wandb_run_id
 
     def _rows_already_logged(self) -> list[dict[str, Any]]:
         """Every whole row of metrics.jsonl; a line torn by a kill is dropped from the file."""
         if not self.metrics_path.exists():
             return []
-        kept, rows = [], []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-            kept.append(line)
+        rows = read_metrics(self.metrics_path)
         tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
         os.replace(tmp, self.metrics_path)
         return rows
 
     def _replay_into_wandb(self, rows: list[dict[str, Any]]) -> None:
-        """A killed process loses what W&B had not yet flushed; metrics.jsonl (line-buffered)
-        has it all. Online, W&B says where its history ends (`starting_step`) and we send the
-        rest; offline there is no such answer, so this attempt's run gets the whole history
-        (`wandb sync` keeps the first copy of a step, so nothing is doubled)."""
         start = self.wandb.starting_step if not self.wandb.settings._offline else 0
-        missing = [row for row in rows if row["step"] >= start]
+        missing = rows_to_replay(rows, start)
         for row in missing:
             self.wandb.log(row, step=row["step"])
         log.info("W&B: replayed %d row(s) from metrics.jsonl (steps >= %d)", len(missing), start)
@@ -190,32 +247,23 @@ class RunLogger:
             self.wandb.define_metric("val/acc", step_metric="epoch", summary="max")
             log.info("W&B run %s (%s mode) in %s", self.wandb.id, mode, self.wandb.dir)
         except Exception as e:  # noqa: BLE001 - any W&B failure must leave training running
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            log.warning("W&B init failed, training goes on without it: %s", first[:200])
+            log.warning("W&B init failed, training goes on without it: %s", describe(e)[:200])
             self.wandb = None
 
     def log(self, row: dict[str, Any]) -> None:
-        if not self.enabled or (row["step"], self._kind(row)) in self.logged:
+        if not self.enabled or (row["step"], row_kind(row)) in self.logged:
             return
         self._file.write(json.dumps(row) + "\n")
         if self.wandb is not None:
             self.wandb.log(row, step=row["step"])
 
-    def write_result(self, result: dict[str, Any]) -> None:
-        if self.enabled:
-            tmp = self.run_dir / f".{RESULT_FILE}.tmp"
-            tmp.write_text(json.dumps(result, indent=2))
-            os.replace(tmp, self.run_dir / RESULT_FILE)
-
-    def finish(self, status: str) -> None:
-        """Close the run; W&B shows failed runs as failed and preempted ones as preempted."""
-        if not self.enabled:
+    def _finish_wandb(self, status: str) -> None:
+        """W&B shows failed runs as failed and preempted ones as preempted."""
+        if self.wandb is None:
             return
-        self._file.close()
-        if self.wandb is not None:
-            try:
-                if status == "preempted":
-                    self.wandb.mark_preempting()
-                self.wandb.finish(exit_code={"completed": 0, "preempted": 75}.get(status, 1))
-            except Exception as e:  # noqa: BLE001
-                log.warning("W&B finish failed: %s", e)
+        try:
+            if status == "preempted":
+                self.wandb.mark_preempting()
+            self.wandb.finish(exit_code={"completed": 0, "preempted": 75}.get(status, 1))
+        except Exception as e:  # noqa: BLE001
+            log.warning("W&B finish failed: %s", e)

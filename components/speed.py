@@ -6,15 +6,12 @@ a window's totals are exact without a sync per step.
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
-
-from components.errors import UserError
 
 # Dense peak throughput per GPU, in FLOP/s, by the precision the matmuls run in.
 # (tf32 is what fp32 matmuls use when torch.backends.cuda.matmul.allow_tf32 is on.)
@@ -60,15 +57,6 @@ def train_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> float:
     return 3.0 * counter.get_total_flops()
 
 
-def process_age_s() -> float:
-    """Seconds since this process started (the clock the time-to-first-step target uses)."""
-    with open("/proc/self/stat") as f:
-        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/uptime") as f:
-        uptime = float(f.read().split()[0])
-    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-
-
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -99,16 +87,3 @@ class StepTimer:
         """(seconds, data-wait share in %, steps) since the last reset."""
         seconds = time.perf_counter() - self.window_start
         return seconds, 100.0 * self.data_wait / max(seconds, 1e-9), self.steps
-
-
-def precision_context(precision: str, device: torch.device):
-    """Autocast for bf16/fp16; a no-op for 32."""
-    dtypes = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if str(precision) not in dtypes:
-        raise UserError(f"trainer.precision={precision} is not valid: use 32, bf16 or fp16")
-    dtype = dtypes[str(precision)]
-    return torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
-
-
-def memory_format(trainer_cfg) -> torch.memory_format:
-    return torch.channels_last if trainer_cfg.channels_last else torch.preserve_format

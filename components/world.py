@@ -64,3 +64,20 @@ def requested_world(dist_cfg: Any, n_gpus: int) -> tuple[int, int]:
     if nproc is None:
         nproc = n_gpus if uses_gpus(dist_cfg.backend, n_gpus) else 1
     return nproc, nnodes or 1
+
+
+def per_rank_batch(global_batch: int, world_size: int, accumulate: int = 1) -> int:
+    """The micro-batch each rank runs: global batch / (world size x accumulation steps)."""
+    parts = world_size * accumulate
+    if accumulate < 1:
+        raise UserError(f"trainer.accumulate_grad_batches={accumulate}: use a positive integer")
+    if global_batch <= 0 or global_batch % parts:
+        fix = max(parts, round(global_batch / parts) * parts)
+        what = f"the world size {world_size}" + (
+            f" x trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
+        )
+        raise UserError(
+            f"trainer.batch_size={global_batch} (the global batch) is not divisible by {what}: "
+            f"use a multiple of {parts}, e.g. trainer.batch_size={fix}"
+        )
+    return global_batch // parts

@@ -185,7 +185,8 @@ def test_sigterm_preemption_checkpoints_then_resumes_exactly(tmp_path, reference
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "preempted", out
     last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert 0 < last["step"] < TOTAL and f"preempted at step {last['step']}" in out
+    assert 0 < last["progress"]["step"] < TOTAL
+    assert f"preempted at step {last['progress']['step']}" in out
     resumed = run(train_cmd(*job(run_dir, "resume=auto"), nproc=launch))
     assert resumed.returncode == 0, output(resumed)
     assert_same_run(run_dir, reference[nproc])

@@ -173,13 +173,13 @@ def test_two_ranks_share_one_run_dir_written_by_rank_zero(two_runs):
     assert all(v["val/count"] == N_VAL for v in vals)  # every sample once, no padding
     # checkpoints: rank 0's, loadable with weights_only=True, holding the run's state
     last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert last["epoch"] == 2 and last["step"] == vals[-1]["step"]
+    assert last["progress"]["epoch"] == 2 and last["progress"]["step"] == vals[-1]["step"]
     assert last["world_size"] == 2 and len(last["ranks"]) == 2
-    assert {"model", "optimizer", "scheduler", "best_val_acc", "wandb_run_id"} <= last.keys()
+    assert {"model", "optimizer", "scheduler", "scaler", "progress"} <= last.keys()
     assert (run_dir / "checkpoints" / "best.pt").exists()
     # one W&B run (rank 0's), with the history of metrics.jsonl
     (wb,) = offline_runs(run_dir)
-    assert wb.run_id == last["wandb_run_id"] and wb.exit_code == 0
+    assert wb.run_id == last["progress"]["wandb_run_id"] and wb.exit_code == 0
     assert len(wb.history) == len({r["step"] for r in all_rows})
     assert wb.config["run"]["world_size"] == 2 and wb.config["run"]["per_rank_batch_size"] == 32
     assert wb.config["trainer"]["max_epochs"] == 2
@@ -203,7 +203,7 @@ def test_resume_auto_continues_from_last(two_runs, tmp_path):
     run_dir = tmp_path / "resumed"
     shutil.copytree(one_dir, run_dir)
     before = rows(run_dir)
-    run_id = load_checkpoint(run_dir / "checkpoints" / "last.pt")["wandb_run_id"]
+    run_id = load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["wandb_run_id"]
     proc = run(train_cmd(*QUICK, "trainer.max_epochs=3", f"hydra.run.dir={run_dir}",
                          "resume=auto", *FAKE_ODD, "seed=3"))  # fmt: skip
     assert proc.returncode == 0, output(proc)
@@ -213,7 +213,7 @@ def test_resume_auto_continues_from_last(two_runs, tmp_path):
     assert [v["epoch"] for v in val_rows(run_dir)] == [1, 2, 3]
     steps = [r["step"] for r in after if "train/loss" in r]
     assert steps == sorted(set(steps))  # no duplicated steps
-    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"] == 3
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["epoch"] == 3
     # the same W&B run continues
     assert {r.run_id for r in offline_runs(run_dir)} == {run_id}
 
@@ -316,16 +316,16 @@ def test_wandb_init_failure_is_a_warning(tmp_path):
 
 def test_atomic_save_keeps_the_previous_file_when_a_save_fails(tmp_path):
     path = tmp_path / "last.pt"
-    atomic_save({"model": {"w": torch.ones(2)}, "optimizer": {}, "epoch": 1, "step": 5}, path)
+    atomic_save({"model": {"w": torch.ones(2)}, "progress": {"step": 5}}, path)
     with pytest.raises(Exception):  # noqa: B017 - whatever torch.save raises
         atomic_save({"model": lambda: None}, path)  # unpicklable: fails mid-save
-    assert load_checkpoint(path)["step"] == 5
+    assert load_checkpoint(path)["progress"]["step"] == 5
     # no temp file left behind: the checkpoint and its digest only
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "last.pt.sha256"]
 
 
 def test_checkpoint_with_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
-    torch.save({"model": {}, "optimizer": {}, "epoch": 0, "step": 0, "x": Path("/")}, path)
+    torch.save({"model": {}, "progress": {}, "x": Path("/")}, path)
     with pytest.raises(Exception, match="cannot be loaded"):
         load_checkpoint(path)
