@@ -374,3 +374,47 @@ if __name__ == "__main__":
         _download_once_worker(*sys.argv[2:6])
     else:
         raise SystemExit(f"unknown command {sys.argv[1]!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# train.py in this process
+
+
+def compose_train(run_dir: Path, *overrides: str):
+    """train.py's config as Hydra composes it for `python train.py <overrides>` (hydra node
+    included, the run dir set), without starting a process."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    import conf.schema  # noqa: F401 - registers the schema
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, f"hydra.run.dir={run_dir}"],
+                      return_hydra_config=True)  # fmt: skip
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+    return cfg
+
+
+def train_in_process(run_dir: Path, *overrides: str):
+    """Run train.py's `train(cfg)` here with world size 1, as Hydra's run_job would (config and
+    run dir set up, no logging configured): errors propagate as raised, nothing is reported.
+    W&B's service is shut down at the end, so its offline records are complete on disk."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    import train
+
+    cfg = compose_train(run_dir, "trainer.progress_bar=false", *overrides)
+    HydraConfig.instance().set_config(cfg)
+    task_cfg = copy.deepcopy(cfg)
+    with open_dict(task_cfg):
+        del task_cfg["hydra"]
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        return train.train(task_cfg)
+    finally:
+        if "wandb" in sys.modules:
+            sys.modules["wandb"].teardown()

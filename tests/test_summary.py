@@ -225,6 +225,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_writes_files_and_prints_table(sweep: Path) -> None:
     proc = _cli(str(sweep))
     assert proc.returncode == 0, proc.stderr
@@ -235,6 +236,7 @@ def test_cli_writes_files_and_prints_table(sweep: Path) -> None:
     assert "Failed jobs:" in proc.stdout and "no result.json" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_empty_dir_fails_with_one_line(tmp_path: Path) -> None:
     proc = _cli(str(tmp_path))
     assert proc.returncode != 0
@@ -305,6 +307,7 @@ def _run_app(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProce
     return proc, sweep_dir
 
 
+@pytest.mark.slow
 def test_callback_writes_summary_at_multirun_end(tmp_path: Path) -> None:
     proc, sweep_dir = _run_app(tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -321,6 +324,7 @@ def test_callback_writes_summary_at_multirun_end(tmp_path: Path) -> None:
     assert "Failed jobs" not in proc.stdout and "x=3" in proc.stdout
 
 
+@pytest.mark.slow
 def test_callback_writes_summary_when_a_job_fails(tmp_path: Path) -> None:
     proc, sweep_dir = _run_app(tmp_path, "fail_on=2")
     assert proc.returncode != 0

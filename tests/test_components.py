@@ -1,0 +1,339 @@
+"""components/: the services inside a rank, as units (no processes, no training).
+
+Checkpoint files (digests, atomic writes, fallback, pruning, resume choice, one TrainingState
+saving and restoring everything), the metrics log's de-duplication and W&B replay, world-size
+rules, the error policy. Collectives run on a one-rank process group in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from components import checkpoint as ck
+from components import world
+from components.errors import ReportUserError, UserError, describe, find_user_error, instantiate
+from components.metrics import LossWindow, RunLogger, ending, rows_to_replay
+from components.preemption import Preempted
+from components.run_dir import RunResult, read_result
+
+
+@pytest.fixture
+def one_rank_group():
+    """A one-rank gloo group in this process, as train.py makes for a single process."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------ checkpoints
+
+
+def save(path: Path, step: int) -> None:
+    ck.atomic_save({"model": {"w": torch.full((2,), float(step))}, "progress": {"step": step}},
+                   path)  # fmt: skip
+
+
+def test_digest_detects_corruption_and_truncation(tmp_path):
+    path = tmp_path / "step-00000001.pt"
+    save(path, 1)
+    assert ck.verify(path) is None
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert "SHA-256 mismatch" in ck.verify(path)
+    with pytest.raises(UserError, match="cannot be loaded"):
+        ck.load_checkpoint(path)
+    path.write_bytes(path.read_bytes()[:100])  # torn
+    assert ck.verify(path) is not None
+
+
+def test_latest_valid_skips_bad_newer_files_and_names_them(tmp_path, caplog):
+    for step in (10, 20, 30):
+        save(tmp_path / f"step-{step:08d}.pt", step)
+    (tmp_path / "step-00000030.pt").write_bytes(b"torn")
+    ck.digest_path(tmp_path / "step-00000020.pt").write_text("0" * 64 + "\n")  # wrong digest
+    with caplog.at_level(logging.WARNING):
+        path, state = ck.load_latest_valid(tmp_path)
+    assert path.name == "step-00000010.pt" and state["progress"]["step"] == 10
+    assert "step-00000030.pt" in caplog.text and "step-00000020.pt" in caplog.text
+
+
+def test_no_valid_checkpoint_is_a_user_error_and_none_is_a_fresh_start(tmp_path):
+    assert ck.load_latest_valid(tmp_path) is None
+    (tmp_path / "step-00000005.pt").write_bytes(b"x" * 10)
+    with pytest.raises(UserError, match="no valid checkpoint .* resume=null"):
+        ck.load_latest_valid(tmp_path)
+
+
+def test_step_files_newest_first_ignoring_other_names(tmp_path):
+    for name in ("step-00000009.pt", "step-00000010.pt", "step-2.pt", "last.pt", "x.pt"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in ck.step_files(tmp_path)] == [
+        "step-00000010.pt", "step-00000009.pt", "step-2.pt"
+    ]  # fmt: skip
+
+
+def test_prune_plan_keeps_the_newest_and_the_best(tmp_path):
+    paths = []
+    for step in (50, 40, 30, 20, 10):  # newest first
+        paths.append(tmp_path / f"step-{step:08d}.pt")
+        paths[-1].write_bytes(str(step).encode())
+    os.link(paths[3], tmp_path / "best.pt")  # step 20 is the best
+    doomed = ck.prune_plan(paths, keep=2, best=tmp_path / "best.pt")
+    assert [p.name for p in doomed] == ["step-00000030.pt", "step-00000010.pt"]
+    assert ck.prune_plan(paths, keep=10, best=None) == []
+    assert len(ck.prune_plan(paths, keep=0, best=tmp_path / "absent.pt")) == 5
+
+
+def test_atomic_save_leaves_the_old_file_when_a_save_fails(tmp_path):
+    path = tmp_path / "last.pt"
+    save(path, 5)
+    with pytest.raises(Exception):  # noqa: B017 - whatever torch.save raises
+        ck.atomic_save({"model": lambda: None}, path)
+    assert ck.load_checkpoint(path)["progress"]["step"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "last.pt.sha256"]
+
+
+def test_checkpoint_with_pickled_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "progress": {}, "x": Path("/")}, path)  # needs a class to load
+    with pytest.raises(UserError, match="cannot be loaded"):
+        ck.load_checkpoint(path)
+
+
+def test_resume_choice(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    assert ck.resume_choice(None) is None and ck.resume_choice("null") is None
+    assert ck.resume_choice("auto") == "auto"
+    assert ck.resume_choice("~/x.pt") == Path("~/x.pt").expanduser()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restarted rank continues
+    assert ck.resume_choice(None) == "auto"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # a requeued SLURM job continues
+    assert ck.resume_choice(None) == "auto"
+
+
+class Counter:
+    def __init__(self, n: int = 0):
+        self.n = n
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+def training_state(seed: int) -> tuple[ck.TrainingState, torch.nn.Module, Counter, Counter]:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    progress, window = Counter(seed), Counter(10 * seed)
+    state = ck.TrainingState(shared={"model": model, "optimizer": optimizer, "progress": progress},
+                             per_rank={"window": window})  # fmt: skip
+    return state, model, progress, window
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_training_state_round_trip_through_a_checkpoint(tmp_path):
+    """One object saves everything a resume needs and restores it, RNG included."""
+    saved, model, _, _ = training_state(1)
+    checkpoints = ck.Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
+    torch.manual_seed(123)
+    checkpoints.save(saved, step=7, is_best=True)
+    expected_draw = torch.rand(3)
+
+    restored, other, progress, window = training_state(2)
+    assert checkpoints.restore(restored, "auto") == tmp_path / "checkpoints" / "step-00000007.pt"
+    for key, value in model.state_dict().items():
+        assert torch.equal(other.state_dict()[key], value)
+    assert restored.shared["optimizer"].state_dict()["state"]  # momentum buffers came back
+    assert (progress.n, window.n) == (1, 10)
+    assert torch.equal(torch.rand(3), expected_draw)  # this rank's RNG continues exactly
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["best.pt", "best.pt.sha256", "last.pt", "last.pt.sha256",
+                     "step-00000007.pt", "step-00000007.pt.sha256"]  # fmt: skip
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_saves_keep_the_newest_two_plus_the_best(tmp_path):
+    state, *_ = training_state(1)
+    checkpoints = ck.Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
+    for step, best in ((1, True), (2, False), (3, False), (4, False)):
+        checkpoints.save(state, step=step, is_best=best)
+    steps = [p.name for p in ck.step_files(tmp_path / "checkpoints")]
+    assert steps == ["step-00000004.pt", "step-00000003.pt", "step-00000001.pt"]
+    folder = tmp_path / "checkpoints"
+    assert os.path.samefile(folder / "best.pt", folder / steps[2])
+    assert os.path.samefile(folder / "last.pt", folder / steps[0])
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_restore_into_a_different_model_is_one_user_error(tmp_path):
+    state, *_ = training_state(1)
+    checkpoints = ck.Checkpointer(tmp_path, rank=0, world_size=1)
+    checkpoints.save(state, step=1, is_best=False)
+    wrong = ck.TrainingState(shared={"model": torch.nn.Linear(4, 2)}, per_rank={})
+    with pytest.raises(UserError, match="does not fit this model.*resume=null"):
+        checkpoints.restore(wrong, "auto")
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_per_rank_state_is_not_restored_across_world_sizes(tmp_path, caplog):
+    state, *_ = training_state(1)
+    ck.Checkpointer(tmp_path, rank=0, world_size=1).save(state, step=1, is_best=False)
+    other, _, progress, window = training_state(2)
+    with caplog.at_level(logging.WARNING):
+        ck.Checkpointer(tmp_path, rank=0, world_size=2).restore(other, "auto")
+    assert progress.n == 1 and window.n == 20  # shared restored, per-rank kept
+    assert "world size 1: per-rank state not restored" in caplog.text
+
+
+# ------------------------------------------------------------------------------ metrics log
+
+
+def test_rows_to_replay_from_where_wandb_history_ends():
+    rows = [{"step": s} for s in (10, 20, 20, 30)]
+    assert rows_to_replay(rows, 20) == rows[1:]
+    assert rows_to_replay(rows, 0) == rows
+    assert rows_to_replay(rows, 31) == []
+
+
+def test_ending_maps_each_way_a_run_ends():
+    assert ending(None) == ("completed", None)
+    assert ending(Preempted("preempted at step 3"))[0] == "preempted"
+    assert ending(KeyboardInterrupt())[0] == "interrupted"
+    assert ending(UserError("bad input: fix x")) == ("failed", "bad input: fix x")
+    assert ending(RuntimeError("boom\nmore")) == ("failed", "RuntimeError: boom")
+
+
+WANDB_OFF = SimpleNamespace(wandb=SimpleNamespace(mode="disabled"))
+
+
+def test_resumed_log_keeps_every_step_once_and_drops_a_torn_line(tmp_path):
+    first = [{"step": 10, "epoch": 1, "train/loss": 1.0}, {"step": 20, "epoch": 1, "val/acc": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in first) + '{"step": 30, "tr'  # killed mid-line
+    )
+    with RunLogger(tmp_path, enabled=True) as run:
+        run.open(WANDB_OFF, {}, resuming=True, wandb_run_id=None)
+        run.log({"step": 10, "epoch": 1, "train/loss": 1.0})  # recomputed: not logged again
+        run.log({"step": 20, "epoch": 1, "train/loss": 0.9})  # a train row at a val row's step
+        run.log({"step": 20, "epoch": 1, "val/acc": 0.5})
+        run.log({"step": 30, "epoch": 2, "train/loss": 0.8})
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "val/acc" in r) for r in lines] == [
+        (10, False), (20, True), (20, False), (30, False)
+    ]  # fmt: skip
+    assert read_result(tmp_path).status == "completed"
+
+
+def test_run_logger_records_the_end_of_a_failed_run_and_reraises(tmp_path):
+    with pytest.raises(UserError), RunLogger(tmp_path, enabled=True) as run:
+        run.result.final_val_acc = 0.25
+        raise UserError("trainer.max_epochs=0: use a positive number")
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "failed" and result["error"].startswith("trainer.max_epochs=0")
+    assert result["final_val_acc"] == 0.25 and result["wall_time_s"] >= 0
+    with pytest.raises(UserError), RunLogger(tmp_path / "other", enabled=False):
+        raise UserError("x")
+    assert not (tmp_path / "other").exists()  # ranks other than 0 write nothing
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_loss_window_mean_and_exact_state():
+    window = LossWindow(torch.device("cpu"))
+    for value in (1.0, 2.0, 4.5):
+        window.add(torch.tensor(value))
+    saved = window.state_dict()
+    other = LossWindow(torch.device("cpu"))
+    other.load_state_dict(saved)
+    assert other.mean_over_ranks() == pytest.approx(2.5)
+    assert other.count == 0 and float(other.sum) == 0.0  # a new window starts
+
+
+def test_run_result_keeps_unknown_keys():
+    result = RunResult.from_json({"status": "completed", "best_val_acc": 0.5, "test/acc": 0.4})
+    assert result.best_val_acc == 0.5 and result.to_json()["test/acc"] == 0.4
+
+
+# ------------------------------------------------------------------------------ world size
+
+
+@pytest.mark.parametrize("value, expected", [("auto", None), ("1", 1), (8, 8), (" 2 ", 2)])
+def test_parse_count_accepts_auto_and_positive_integers(value, expected):
+    assert world.parse_count(value, "dist.nnodes") == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
+def test_parse_count_names_the_key_and_the_fix(value):
+    with pytest.raises(UserError, match=r"dist.nnodes=.* use dist.nnodes=auto or a positive"):
+        world.parse_count(value, "dist.nnodes")
+
+
+@pytest.mark.parametrize(
+    "nproc, backend, gpus, expected",
+    [("auto", "auto", 0, (1, 1)), ("auto", "auto", 8, (8, 1)), ("auto", "gloo", 8, (1, 1)),
+     ("2", "auto", 0, (2, 1)), ("4", "nccl", 8, (4, 1))],
+)  # fmt: skip
+def test_requested_world(nproc, backend, gpus, expected):
+    cfg = SimpleNamespace(nproc_per_node=nproc, nnodes="auto", backend=backend)
+    assert world.requested_world(cfg, gpus) == expected
+
+
+def test_per_rank_batch_and_its_error():
+    assert world.per_rank_batch(64, 2) == 32 and world.per_rank_batch(64, 2, 4) == 8
+    with pytest.raises(UserError, match="trainer.batch_size=63 .* world size 2.*batch_size=64"):
+        world.per_rank_batch(63, 2)
+    with pytest.raises(UserError, match="accumulate_grad_batches=0"):
+        world.per_rank_batch(64, 1, 0)
+
+
+def test_started_as_rank():
+    assert world.started_as_rank({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
+    assert not world.started_as_rank({"RANK": "0"})
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def test_user_errors_are_found_through_hydras_wrapping():
+    with pytest.raises(Exception) as caught:
+        instantiate({"_target_": "models.torchvision.build_torchvision_model", "name": "nope"},
+                    num_classes=2, in_channels=3, image_size=32)  # fmt: skip
+    assert type(caught.value) is UserError  # re-raised as itself, not Hydra's wrapper
+    wrapped = RuntimeError("outer")
+    wrapped.__cause__ = UserError("inner: fix it")
+    assert str(find_user_error(wrapped)) == "inner: fix it"
+    assert describe(wrapped) == "inner: fix it" and describe(ValueError("v")) == "ValueError: v"
+
+
+def test_report_user_error_only_in_a_plain_run(caplog):
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    def job(status, value):
+        ret = JobReturn()
+        ret.status, ret._return_value = status, value
+        return ret
+
+    run_mode = SimpleNamespace(hydra=SimpleNamespace(mode=RunMode.RUN))
+    sweep_mode = SimpleNamespace(hydra=SimpleNamespace(mode=RunMode.MULTIRUN))
+    callback = ReportUserError()
+    callback.on_job_end(run_mode, job(JobStatus.COMPLETED, 1.0))
+    callback.on_job_end(run_mode, job(JobStatus.FAILED, RuntimeError("not the user's")))
+    callback.on_job_end(sweep_mode, job(JobStatus.FAILED, UserError("the launcher's to say")))
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as exit_:
+        callback.on_job_end(run_mode, job(JobStatus.FAILED, UserError("bad: fix it")))
+    assert exit_.value.code == 2 and caplog.messages == ["bad: fix it"]
