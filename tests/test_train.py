@@ -249,6 +249,14 @@ BAD_INPUTS = [
 ]  # fmt: skip
 
 
+def assert_clean_failure(proc, *fragments: str):
+    text = output(proc)
+    assert proc.returncode != 0, text
+    # no traceback through our code (torchrun's agent prints its own failure report)
+    assert f'File "{REPO}' not in text, text
+    assert any(all(f in line for f in fragments) for line in text.splitlines()), text
+
+
 @pytest.mark.parametrize("overrides, fragments", BAD_INPUTS)
 def test_bad_input_is_one_user_error_and_recorded(tmp_path, overrides, fragments):
     run_dir = tmp_path / "r"
