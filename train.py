@@ -75,6 +75,7 @@ class Progress:
     step: int = 0  # optimizer steps so far
     step_in_epoch: int = 0  # batches of `epoch` already trained: the sampler's position
     best_val_acc: float = 0.0
+    best_epoch: int | None = None
     skipped_steps: int = 0  # non-finite updates skipped (trainer.nonfinite=skip)
     wandb_run_id: str | None = None
 
@@ -192,12 +193,12 @@ def train(cfg: DictConfig) -> float:
                 log.info("epoch %d/%d step %d val/loss %.4f val/acc %.4f", epoch + 1,
                          tc.max_epochs, progress.step, val["val/loss"], val["val/acc"])  # fmt: skip
                 is_best = val["val/acc"] > progress.best_val_acc
-                progress.best_val_acc = max(progress.best_val_acc, val["val/acc"])
+                if is_best:
+                    progress.best_val_acc, progress.best_epoch = val["val/acc"], epoch + 1
                 # Rank 0 writes the checkpoint; every rank adds its own state and waits.
                 checkpoints.save(state, step=progress.step, is_best=is_best)
-                run.result.final_val_acc = val["val/acc"]
-                run.result.final_val_loss = val["val/loss"]
-            run.result.best_val_acc = progress.best_val_acc
+                run.record_epoch(epoch + 1, val, best=progress.best_val_acc,
+                                 best_epoch=progress.best_epoch)  # fmt: skip
             run.result.time_to_first_step_s = speed.first_step_s
             run.result.peak_memory_mb_per_rank = gather_floats(peak_memory_mb(env.device))
             return progress.best_val_acc

@@ -23,7 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from components.errors import describe
 from components.preemption import Preempted
-from components.run_dir import METRICS_FILE, RunResult, read_metrics, write_result
+from components.run_dir import (
+    CHECKPOINT_DIR,
+    METRICS_FILE,
+    RunResult,
+    read_metrics,
+    write_result,
+)
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +186,17 @@ class RunLogger:
             self._finish_wandb(self.result.status)
         return False  # the error goes on to whoever reports it
 
+    def record_epoch(
+        self, epoch: int, val: dict[str, Any], *, best: float, best_epoch: int | None
+    ) -> None:
+        """result.json's view of the epoch just validated (written at the end of the run)."""
+        r = self.result
+        r.epochs, r.final = epoch, {"epoch": epoch, **val}
+        r.final_val_acc, r.final_val_loss = val.get("val/acc"), val.get("val/loss")
+        r.best = r.best_val_acc = best
+        r.best_epoch = best_epoch
+        r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if best_epoch is not None else None
+
     def open(
         self, cfg: DictConfig, facts: dict[str, Any], *, resuming: bool, wandb_run_id: str | None
     ) -> str | None:
@@ -193,6 +210,7 @@ class RunLogger:
         self._init_wandb(cfg, facts, wandb_run_id)
         if earlier and self.wandb is not None:
             self._replay_into_wandb(earlier)
+        self.result.wandb_run_id = self.wandb_run_id
         return self.wandb_run_id
 
     def _rows_already_logged(self) -> list[dict[str, Any]]:

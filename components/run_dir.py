@@ -38,6 +38,16 @@ class RunResult:
 
     status: str = "running"
     error: str | None = None  # one line, for every status but completed
+    monitor: str = "val/acc"  # the metric that picks best.pt and the sweepers' value
+    mode: str = "max"  # max: higher is better; min: lower is
+    best: float | None = None  # the monitored metric's best value
+    best_epoch: int | None = None
+    best_checkpoint: str | None = None  # relative to the run dir
+    final: dict[str, float] = field(default_factory=dict)  # the last epoch's val/* metrics
+    test: dict[str, float] = field(default_factory=dict)  # test/* of the best checkpoint
+    epochs: int | None = None  # epochs completed
+    wandb_run_id: str | None = None
+    # val/acc's best and the last epoch's val/acc and val/loss, whatever the monitor is
     best_val_acc: float | None = None
     final_val_acc: float | None = None
     final_val_loss: float | None = None
