@@ -41,7 +41,7 @@ from components.distributed import (
     tighten_timeout,
     wrap_ddp,
 )
-from components.errors import UserError, find_user_error
+from components.errors import UserError
 from components.metrics import RunLogger, run_facts
 from components.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
 from components.speed import (
@@ -54,7 +54,6 @@ from components.speed import (
     train_flops_per_sample,
 )
 from data import build_datasets, build_loaders
-from launch import rundir
 
 log = logging.getLogger("train")
 
@@ -73,12 +72,6 @@ def main(cfg: DictConfig) -> float:
         if int(os.environ.get("RANK", "0")) == 0:
             requeue_on_slurm()
         sys.exit(e.exit_code)
-    except Exception as e:
-        user_error = find_user_error(e)
-        if user_error is None:
-            raise
-        log.error("%s", user_error)  # the user's to fix: one line, no traceback
-        sys.exit(user_error.exit_code)
 
 
 @dataclass
@@ -416,5 +409,6 @@ def restore(path: Path, ckpt: dict, model, optimizer, scheduler, scaler, env: Di
 
 
 if __name__ == "__main__":
-    sys.argv = rundir.prepare_argv(sys.argv)
-    main()
+    from launch.rank import entry_point
+
+    entry_point(main)
