@@ -1,10 +1,11 @@
 """The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/jobs.py, launch/rank.py).
 
-First the launcher's failure reports without processes. Then real processes (marked slow):
-Hydra's own launcher suites (as Hydra's launcher plugins test themselves), then train.py sweeps
-with torchrun agents, gloo ranks on CPU and offline W&B. One 2x2 sweep (dist.nproc_per_node=2,1
-x two optim.lr values, two jobs at a time) is shared by the tests of job dirs, W&B runs, world
-sizes, parallel jobs and the summary.
+First the launcher's logic without processes: the scheduler with fake processes, world sizes,
+failure reasons, composing jobs. Then real processes (marked slow): Hydra's own launcher suites
+(as Hydra's launcher plugins test themselves), then train.py sweeps with torchrun agents, gloo
+ranks on CPU and offline W&B. One 2x2 sweep (dist.nproc_per_node=2,1 x two optim.lr values, two
+jobs at a time) is shared by the tests of job dirs, W&B runs, world sizes, parallel jobs and
+the summary.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import cloudpickle
 import pytest
@@ -28,18 +30,21 @@ from omegaconf import OmegaConf
 
 from components.errors import UserError
 from components.run_dir import RESULT_FILE, RunResult, read_result, write_result
+from components.world import parse_count
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
 from launch.jobs import (
     Job,
     JobFailed,
     JobSpec,
     Stopped,
+    compose_jobs,
     failed_job_return,
     failure_reason,
+    job_world,
     record_failure,
 )
 from launch.rank import FAILURES_JSON, RESULT_PKL, TaskExit, exits_as_errors
-from launch.torchrun import Agents, TorchrunLauncherConf
+from launch.torchrun import Agents, TorchrunLauncherConf, plan, schedule
 from tests.helpers import (
     QUICK,
     Sweep,
@@ -84,6 +89,146 @@ def fake_job(num: int, nproc: int = 1, gpus: bool = False, job_dir: Path | None 
     spec = JobSpec(None, OmegaConf.create(config or {}), None)
     return Job(num, [f"n={num}"], job_dir or Path(f"/nonexistent/{num}"), spec, nproc=nproc,
                uses_gpus=gpus)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# the scheduler, with fake processes
+
+
+class FakeProcess:
+    """Runs for `polls` polls of the scheduler, then exits 0."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.returncode = polls, None
+
+    def poll(self) -> int | None:
+        self.polls -= 1
+        if self.polls <= 0:
+            self.returncode = 0
+        return self.returncode
+
+
+class FakeAgents:
+    """Records what the scheduler asks for and checks no GPU is used twice at any time."""
+
+    def __init__(self, polls: dict[int, int] | None = None) -> None:
+        self.polls = polls or {}
+        self.started: list[tuple[int, list[int]]] = []  # (job num, its GPUs), in start order
+        self.running: dict[int, list[int]] = {}
+        self.most_at_once = 0
+        self.stopped: list[int] = []
+
+    def start(self, job: Job, gpus: list[int]) -> FakeProcess:
+        in_use = [g for held in self.running.values() for g in held]
+        assert not set(gpus) & set(in_use), f"#{job.num} got GPUs {gpus} in use: {in_use}"
+        assert len(gpus) == (job.nproc if job.uses_gpus else 0), (job, gpus)
+        self.started.append((job.num, gpus))
+        self.running[job.num] = gpus
+        self.most_at_once = max(self.most_at_once, len(self.running))
+        process = FakeProcess(self.polls.get(job.num, 2))
+        process.num = job.num
+        return process
+
+    def finish(self, job: Job, process: FakeProcess) -> str:
+        del self.running[job.num]
+        return f"done {job.num}"
+
+    def stop(self, process: FakeProcess) -> None:
+        self.stopped.append(process.num)
+
+
+def run_schedule(jobs: list[Job], gpus: list[int], max_parallel: int | None,
+                 agents: FakeAgents) -> dict:  # fmt: skip
+    return schedule(jobs, gpus, max_parallel, agents, poll_s=0, sleep=lambda _: None)
+
+
+def test_scheduler_packs_gpu_jobs_onto_disjoint_gpu_sets_in_order() -> None:
+    """8 GPUs, 2- and 4-rank jobs: each job gets its own GPUs (FakeAgents checks that no GPU
+    is held twice at any time), and jobs start strictly in order: when #0 ends, its 2 GPUs wait
+    for the 4-rank #3 (next in line) instead of going to the 2-rank #4 behind it."""
+    sizes = [2, 4, 2, 4, 2, 2, 2]
+    jobs = [fake_job(n, nproc, gpus=True) for n, nproc in enumerate(sizes)]
+    agents = FakeAgents(polls={0: 1, 1: 5, 2: 5, 3: 3, 4: 1, 5: 9, 6: 1})
+    results = run_schedule(jobs, list(range(8)), None, agents)
+    assert results == {n: f"done {n}" for n in range(len(sizes))}
+    assert [num for num, _ in agents.started] == list(range(len(sizes)))  # FIFO
+    started = dict(agents.started)
+    assert (started[0], started[1], started[2]) == ([0, 1], [2, 3, 4, 5], [6, 7])
+    assert (started[3], started[4], started[5], started[6]) == (
+        [0, 1, 2, 3], [4, 5], [6, 7], [4, 5])  # fmt: skip
+    assert agents.most_at_once == 3 and not agents.running
+
+
+def test_scheduler_never_runs_more_than_max_parallel() -> None:
+    """On CPU (no GPUs): at most max_parallel jobs at once (default 1), in order; CPU jobs on a
+    GPU node take no GPU."""
+    for max_parallel, expected in ((None, 1), (2, 2), (3, 3)):
+        agents = FakeAgents()
+        jobs = [fake_job(n, nproc=2) for n in range(6)]
+        run_schedule(jobs, [], max_parallel, agents)
+        assert agents.most_at_once == expected
+        assert [num for num, _ in agents.started] == list(range(6))
+    agents = FakeAgents()
+    run_schedule([fake_job(n, nproc=4) for n in range(3)], [0, 1], 3, agents)
+    assert agents.most_at_once == 3 and all(gpus == [] for _, gpus in agents.started)
+
+
+def test_scheduler_stops_running_jobs_when_interrupted() -> None:
+    agents = FakeAgents(polls={0: 100, 1: 100})
+
+    def interrupt(_: float) -> None:
+        if len(agents.started) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        schedule([fake_job(n) for n in range(3)], [], 2, agents, poll_s=0, sleep=interrupt)
+    assert sorted(agents.stopped) == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# world size
+
+
+def test_job_world_from_the_jobs_dist_config() -> None:
+    """(ranks per node, nodes, uses GPUs): auto = every GPU for GPU jobs, 1 on CPU or with
+    gloo; an app without `dist` (Hydra's test apps) runs 1 x 1; bad values are one UserError."""
+    def world(n_gpus: int, **dist: object) -> tuple[int, int, bool]:
+        return job_world(OmegaConf.create({"dist": dist} if dist else {}), n_gpus)
+
+    assert world(8) == (1, 1, False)
+    assert world(0, nproc_per_node="auto", nnodes="auto", backend="auto") == (1, 1, False)
+    assert world(8, nproc_per_node="auto", nnodes="auto", backend="auto") == (8, 1, True)
+    assert world(8, nproc_per_node="auto", nnodes=2, backend="gloo") == (1, 2, False)
+    assert world(8, nproc_per_node=2) == (2, 1, True)  # missing keys: 1 node, backend auto
+    for key, value in (("nproc_per_node", 0), ("nnodes", "two"), ("nproc_per_node", -1)):
+        with pytest.raises(UserError) as e:
+            world(0, **{key: value})
+        assert str(e.value) == (
+            f"dist.{key}={value} is not valid: use dist.{key}=auto or a positive integer"
+        )
+    assert parse_count("0", "hydra.launcher.gpus_per_node", minimum=0) == 0
+    with pytest.raises(UserError, match="=auto or a non-negative integer"):
+        parse_count("-1", "hydra.launcher.gpus_per_node", minimum=0)
+
+
+def test_plan_fails_only_the_job_that_cannot_run() -> None:
+    """A world-size error, more GPUs than the launcher has, or a multi-node job without a
+    rendezvous point: that job's error (it fails alone), the others are planned."""
+    settings = TorchrunLauncherConf()
+    jobs = [fake_job(n, config={"dist": d}) for n, d in enumerate([
+        {"nproc_per_node": "auto"}, {"nproc_per_node": 16}, {"nproc_per_node": "x"},
+        {"nproc_per_node": 1, "nnodes": 2}, {"nproc_per_node": 4, "backend": "gloo"},
+    ])]  # fmt: skip
+    for job in jobs:
+        plan(job, settings, gpus=list(range(8)))
+    assert (jobs[0].nproc, jobs[0].uses_gpus, jobs[0].error) == (8, True, None)
+    assert jobs[1].error.startswith("dist.nproc_per_node=16 asks for 16 GPUs per node but "
+                                    "the launcher has 8")  # fmt: skip
+    assert jobs[2].error.startswith("dist.nproc_per_node=x is not valid")
+    assert "hydra.launcher.rdzv_endpoint=HOST:PORT" in jobs[3].error
+    assert (jobs[4].nproc, jobs[4].uses_gpus, jobs[4].error) == (4, False, None)
+    plan(jobs[3], TorchrunLauncherConf(rdzv_endpoint="node1:29400"), gpus=[])
+    assert jobs[3].error is None and (jobs[3].nproc, jobs[3].nnodes) == (1, 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,6 +333,31 @@ def test_result_json_only_when_the_run_left_none(tmp_path: Path) -> None:
     os.utime(job.job_dir / RESULT_FILE, (old, old))
     record_failure(job, "this attempt's reason")
     assert read_result(job.job_dir).error == "this attempt's reason"
+
+
+# ---------------------------------------------------------------------------------------------
+# composing jobs
+
+
+def test_compose_jobs(train_config, tmp_path: Path) -> None:
+    """Each job's config composed as Hydra's launchers do: its overrides, job num and id, the
+    sweep dir's ${now:} resolved once here (ranks and tasks are other processes)."""
+    master = train_config.multirun("hydra/launcher=torchrun",
+                                   f"hydra.sweep.dir={tmp_path}/${{now:%H-%M-%S-%f}}")  # fmt: skip
+    sweep_dir = Path(master.hydra.sweep.dir)  # as Hydra's sweeper resolves it, once
+    launcher = SimpleNamespace(config=master, hydra_context=train_config.context,
+                               task_function=len)  # fmt: skip
+    jobs = compose_jobs(launcher, [["dist.nproc_per_node=2"], ["optim.lr=0.5"]], 4)
+    assert [(j.num, j.overrides, j.label) for j in jobs] == [
+        (4, ["dist.nproc_per_node=2"], "#4 "), (5, ["optim.lr=0.5"], "#5 ")]  # fmt: skip
+    for job in jobs:
+        config = job.spec.config
+        assert config.hydra.job.num == job.num and config.hydra.job.id == f"t_{job.num}"
+        assert job.job_dir == sweep_dir / str(job.num)
+        assert "${" not in OmegaConf.to_yaml(config.hydra.sweep)  # resolved once, here
+        assert job.spec.task_function is len and job.spec.hydra_context is train_config.context
+    assert job_world(jobs[0].spec.config, 0) == (2, 1, False)
+    assert jobs[1].spec.config.optim.lr == 0.5
 
 
 # ---------------------------------------------------------------------------------------------
