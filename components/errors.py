@@ -40,11 +40,14 @@ def one_line(text: object) -> str:
 
 
 def describe(error: BaseException) -> str:
-    """One line for an exception: a user error's message, else `Type: first line`."""
+    """One line for an exception: a user error's message, or any CompactHydraException's (what
+    Hydra prints alone), else `Type: first line`."""
     user_error = find_user_error(error)
     if user_error is not None:
         return one_line(user_error)
     text = one_line(error)
+    if isinstance(error, CompactHydraException) and text:
+        return text
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

@@ -18,9 +18,10 @@ import threading
 import torch
 import torch.distributed as dist
 
+from components.run_dir import REQUEUE_EXIT_CODE
+
 log = logging.getLogger(__name__)
 
-REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "temporary failure, try again"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 

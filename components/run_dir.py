@@ -30,6 +30,9 @@ OVERRIDES_FILE = ".hydra/overrides.yaml"
 LAUNCHER_DIR = ".torchrun"
 
 STATUSES = ("running", "completed", "failed", "preempted", "interrupted")
+# The exit status of a rank that stopped at an agreed step after a stop signal and saved a
+# checkpoint: EX_TEMPFAIL, "temporary failure, try again" (requeue me; resume=auto continues).
+REQUEUE_EXIT_CODE = 75
 
 
 @dataclass

@@ -19,14 +19,17 @@ from components.errors import UserError
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # what torchrun (or our srun mapping) sets
 
 
-def parse_count(value: Any, key: str) -> int | None:
-    """`auto` -> None, a positive integer -> itself; anything else is a UserError naming `key`."""
+def parse_count(value: Any, key: str, minimum: int = 1) -> int | None:
+    """`auto` -> None, an integer >= `minimum` (1, or 0 for counts that may be none, like a
+    node's GPUs) -> itself; anything else is a UserError naming `key`."""
     text = str(value).strip()
     if text == "auto":
         return None
-    if text.isdigit() and int(text) > 0:
+    if text.isdigit() and int(text) >= minimum:
         return int(text)
-    raise UserError(f"{key}={text} is not valid: use {key}=auto or a positive integer")
+    kinds = {0: "a non-negative integer", 1: "a positive integer"}
+    kind = kinds.get(minimum, f"an integer >= {minimum}")
+    raise UserError(f"{key}={text} is not valid: use {key}=auto or {kind}")
 
 
 def started_as_rank(environ=os.environ) -> bool:

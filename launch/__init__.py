@@ -1,2 +1,15 @@
-"""How a run is started, supervised and recorded: distributed setup, run directory,
-checkpoints, metrics/W&B, the torchrun job runner behind the Hydra launcher, sweep summary."""
+"""How ranks and sweeps start, and nothing else (the in-rank services are in components/):
+
+* jobs.py: the job model both launchers share: composing a sweep's jobs, their world size,
+  the one-line reason a job failed and its failed JobReturn, a sweep batch;
+* rank.py: how a rank starts: the one bootstrap for torchrun ranks and SLURM tasks, and the
+  entry point of train.py (one run dir for the ranks of a plain torchrun or srun run);
+* torchrun.py: `hydra/launcher=torchrun` and `python train.py dist.nproc_per_node=N`: jobs as
+  torchrun jobs, a FIFO scheduler over GPUs, the agent that records which ranks failed;
+* slurm.py: `hydra/launcher=slurm`: jobs as SLURM jobs, one task per rank; SLURM -> torch
+  variables; sbatch_example.sh does the same by hand;
+* summary.py: the sweep summary (a Hydra callback and `python -m launch.summary`).
+
+The Launcher classes Hydra instantiates are thin subclasses in hydra_plugins/ (Hydra's rule);
+imports flow one way: hydra_plugins -> launch -> components.
+"""

@@ -1,10 +1,322 @@
-"""TEMPORARY (replaced by the launcher restructure): the entry point of train.py."""
+"""How a rank starts: the one bootstrap for the ranks a launcher starts, and the entry point of
+a script whose ranks something else starts (plain `torchrun train.py`, `srun python train.py`).
 
+* **Ranks a launcher started** (:func:`run_rank`): torchrun ranks run
+  `python -m launch.rank <job dir>/.torchrun/job.pkl` (launch/torchrun.py writes the pickled
+  JobSpec: task function, composed config, Hydra's singleton state), SLURM tasks call it from
+  launch/slurm.py. Rank 0 runs the job as the Hydra job (job dir, `.hydra/`, log, callbacks);
+  the other ranks run it with `hydra.output_subdir=null`, errors-only logging and no callbacks,
+  so they write nothing. A failure is reported here, once: one line (a traceback only for an
+  error that is not the user's), the error left in torchrun's error file for the launcher, and
+  the exit status UserError.exit_code (2) or 1. Torchrun's rank 0 also writes its JobReturn
+  (result.pkl) and a record of the run (job.json: pid, rendezvous address, times).
+* **The entry point** (:func:`entry_point`, `entry_point(main)` under a script's
+  `if __name__ == "__main__":`): every rank of a plain torchrun run agrees on one start instant,
+  so `${now:}` names one run dir, and ranks other than 0 write nothing (:func:`prepare_argv`).
+  Hydra reports a task's error itself (a user error as its message alone) and exits 1; a user
+  error's exit status becomes UserError.exit_code.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
 import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
 
-from launch import rundir
+from hydra.errors import CompactHydraException
+
+from components.errors import UserError, describe, find_user_error
+from components.run_dir import process_start_time
+
+log = logging.getLogger("launch.rank")  # also when run as `python -m launch.rank`
+
+# The torchrun launcher's hand-off files, in <job dir>/.torchrun/ (components/run_dir.py's
+# LAUNCHER_DIR; a multi-node job keeps one folder per node below it).
+JOB_PKL = "job.pkl"  # the JobSpec, written by the launcher
+RESULT_PKL = "result.pkl"  # rank 0's JobReturn
+JOB_JSON = "job.json"  # rank 0's record: pid, rendezvous address, start and end times
+FAILURES_JSON = "failures.json"  # the agent's record of the ranks that failed, first first
+
+# What ranks other than 0 change in their config: no `.hydra/` output, errors-only logging.
+OTHER_RANKS_LOGGING = (
+    Path(__file__).resolve().parent.parent / "conf/hydra/job_logging/other_ranks.yaml"
+)
+OTHER_RANK_OVERRIDES = ("hydra.output_subdir=null", f"hydra/job_logging={OTHER_RANKS_LOGGING.stem}")
 
 
-def entry_point(hydra_main) -> None:
-    sys.argv = rundir.prepare_argv(sys.argv)
-    hydra_main()
+# ---------------------------------------------------------------------------------------------
+# the entry point of a script whose ranks something else starts
+
+INFO_FLAGS = {
+    "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
+    "--shell-completion", "-sc", "--resolve", "-p", "--package",
+}  # fmt: skip
+MULTIRUN_FLAGS = {"-m", "--multirun"}
+START_TIME_KEY = "hydra_ddp/start_time"
+
+
+def entry_point(main: Callable[[], Any]) -> None:
+    """Run `main`, a @hydra.main function, as this process's program (see the module docstring).
+
+    Hydra's run_and_report prints a task's error and calls sys.exit(1) inside its except block,
+    so the SystemExit's __context__ is the error: a user error exits with its own status."""
+    sys.argv = prepare_argv(sys.argv)
+    try:
+        main()
+    except SystemExit as e:
+        user_error = find_user_error(e.__context__) if e.code == 1 else None
+        if user_error is not None:
+            raise SystemExit(user_error.exit_code) from None
+        raise
+
+
+def prepare_argv(argv: list[str]) -> list[str]:
+    """The command line each rank of a plain torchrun (or srun) run hands to Hydra.
+
+    Every rank runs Hydra, which resolves `${now:}` per process: ranks that start in different
+    seconds would land in different directories (hydra #2070), and every rank would write
+    `.hydra/` and a log. So the ranks agree on one start instant through torchrun's store and
+    pin Hydra's `now` to it, and ranks other than 0 write nothing."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return argv
+    if MULTIRUN_FLAGS & set(argv):
+        sys.exit(
+            "error: -m/--multirun under torchrun would start a sweep in every rank: run "
+            "`python train.py -m ...` instead (each sweep job is started with torchrun)"
+        )
+    if INFO_FLAGS & set(argv):
+        return argv
+    pin_now(agreed_start_time())
+    if int(os.environ["RANK"]) != 0:
+        argv = [*argv, *OTHER_RANK_OVERRIDES]
+    return argv
+
+
+def pin_now(timestamp: float) -> None:
+    """Make Hydra's `${now:...}` resolve to `timestamp` in this process.
+
+    Hydra registers `now` as `lambda p: datetime.now().strftime(p)` over the `datetime` name in
+    hydra.core.utils, and re-registers it at every start, so we swap that name for a datetime
+    whose now() is the run's agreed start instant.
+    """
+    import hydra.core.utils
+
+    fixed = datetime.fromtimestamp(timestamp)
+
+    class _RunStart(datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ARG003 - same signature as datetime.now
+            return fixed
+
+    hydra.core.utils.datetime = _RunStart
+
+
+def agreed_start_time() -> float:
+    """The start instant of this run, the same in every rank, on every node, after restarts."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        import torch.distributed as dist
+
+        # The elastic agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT for its workers; the
+        # first rank 0 of the run publishes its start time and restarted workers reuse it.
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=120),
+        )
+        key = f"{START_TIME_KEY}/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
+        if int(os.environ["RANK"]) == 0:
+            value = store.compare_set(key, "", repr(time.time()))
+        else:
+            value = store.get(key)
+        return float(value.decode() if isinstance(value, bytes) else value)
+    # Without an agent store (srun, hand-set env://) the ranks of one node share a parent
+    # process (srun's step daemon): its start time is common to them.
+    return process_start_time(os.getppid())
+
+
+# ---------------------------------------------------------------------------------------------
+# the rank bootstrap
+
+
+def run_rank(spec: Any, rank: int) -> Any:
+    """Run one rank of a job (a launch.jobs.JobSpec); return its JobReturn. A failure is
+    reported here (:func:`report_failure`); a SystemExit of the task (75: requeue me) passes."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import JobStatus, run_job
+    from hydra.types import HydraContext
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    Singleton.set_state(spec.singleton_state)
+    config, context = spec.config, spec.hydra_context
+    with read_write(config.hydra), open_dict(config):
+        if context is None:  # `python train.py dist.nproc_per_node=N`: that process is the
+            config.hydra.output_subdir = None  # Hydra job: it wrote .hydra/, ran the callbacks
+        if rank != 0:
+            config.hydra.output_subdir = None
+            config.hydra.job_logging = OmegaConf.load(OTHER_RANKS_LOGGING)
+    if context is None or rank != 0:
+        loader = context.config_loader if context is not None else None
+        context = HydraContext(config_loader=loader, callbacks=Callbacks())
+    ret = run_job(
+        hydra_context=context,
+        config=config,
+        task_function=exits_as_errors(spec.task_function),
+        job_dir_key=spec.job_dir_key,
+        job_subdir_key=spec.job_subdir_key,
+    )
+    if ret.status == JobStatus.FAILED:
+        report_failure(ret._return_value)
+    return ret
+
+
+def report_failure(error: BaseException) -> int:
+    """Say once why this rank failed: one line for a user error (or another error Hydra prints
+    alone: a CompactHydraException), else a traceback; leave it in torchrun's error file too.
+    Returns the rank's exit status."""
+    record_rank_error(error)
+    if find_user_error(error) is not None or isinstance(error, CompactHydraException):
+        log.error("%s", describe(error))  # the user's to fix: one line, no traceback
+    else:
+        log.error("job failed", exc_info=error)
+    return exit_status(error)
+
+
+def exit_status(error: BaseException | None) -> int:
+    """A failed rank's exit status: a user error's own (UserError.exit_code: 2), else 1."""
+    user_error = find_user_error(error)
+    return user_error.exit_code if user_error is not None else 1
+
+
+def record_rank_error(error: BaseException) -> None:
+    """Leave this rank's error where torchrun looks for it (TORCHELASTIC_ERROR_FILE, in the
+    format of torch's ErrorHandler): the launcher's failure report then names it."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {
+        "message": {
+            "message": describe(error),
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(error)),
+                "timestamp": str(int(time.time())),
+            },
+        }
+    }
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data))
+    except OSError:
+        pass
+
+
+class TaskExit(UserError):
+    """A task function ended itself with sys.exit(n), n not 0 and not 75 (requeue me): it has
+    said what went wrong, so the job fails with that one line and the rank exits with n."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self):  # it travels in result.pkl and submitit's result
+        return type(self), (str(self), self.exit_code)
+
+
+def exits_as_errors(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Hydra's run_job records a task's exceptions in its JobReturn, but SystemExit passes
+    through it (no JobReturn, no on_job_end callbacks): make a failing exit an exception. The
+    preemption exit (75, "requeue me") stays an exit: the task ends without a result."""
+    from components.run_dir import REQUEUE_EXIT_CODE
+
+    @functools.wraps(task_function)
+    def task(cfg):
+        try:
+            return task_function(cfg)
+        except SystemExit as e:
+            if e.code in (0, None):
+                return None
+            if e.code == REQUEUE_EXIT_CODE:
+                raise
+            if isinstance(e.code, int):
+                raise TaskExit(f"the task exited with code {e.code}", e.code) from e
+            raise TaskExit(str(e.code)) from e
+
+    return task
+
+
+class JobRecord:
+    """Rank 0's <job dir>/.torchrun/job.json: when the job ran, as which process, and the
+    rendezvous address of its ranks (each single-node job has its own free port)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        env = os.environ
+        self.data = {
+            "pid": os.getpid(),
+            "world_size": int(env.get("WORLD_SIZE", "1")),
+            "local_world_size": int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
+            "master_addr": env.get("MASTER_ADDR"),
+            "master_port": int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None,
+            "run_id": env.get("TORCHELASTIC_RUN_ID"),
+            "started": time.time(),
+            "finished": None,
+            "status": "running",
+        }
+        self.write()
+
+    def finish(self, status: str) -> None:
+        self.data.update(finished=time.time(), status=status)
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2))
+        os.replace(tmp, self.path)
+
+
+def write_job_return(ret: Any, path: Path) -> None:
+    import cloudpickle
+    from hydra.core.utils import JobStatus
+
+    try:
+        data = cloudpickle.dumps(ret)
+    except Exception:  # noqa: BLE001 - an unpicklable return value still reports its status
+        value = ret._return_value
+        failed = ret.status == JobStatus.FAILED
+        ret._return_value = RuntimeError(repr(value)) if failed else repr(value)
+        data = cloudpickle.dumps(ret)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def main(payload: Path) -> int:
+    """One torchrun rank of a job the torchrun launcher started."""
+    import cloudpickle
+
+    with open(payload, "rb") as f:
+        spec = cloudpickle.load(f)
+    rank = int(os.environ["RANK"])
+    record = JobRecord(payload.parent / JOB_JSON) if rank == 0 else None
+    ret = run_rank(spec, rank)
+    if record is not None:
+        write_job_return(ret, payload.parent / RESULT_PKL)
+        record.finish(ret.status.name.lower())
+    return 0 if ret.status.name == "COMPLETED" else exit_status(ret._return_value)
+
+
+if __name__ == "__main__":
+    try:
+        code = main(Path(sys.argv[1]))
+    except Exception as e:  # noqa: BLE001 - e.g. the job cannot be unpickled: an import fails
+        code = report_failure(e)
+    sys.exit(code)

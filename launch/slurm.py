@@ -7,15 +7,16 @@
   restart count (the same in every task, a different one for every job and every requeue).
   No torchrun runs inside a task. `python -m launch.slurm env` prints the mapping of the task it
   runs in; launch/sbatch_example.sh does the same mapping in bash for `srun python train.py`.
-* **The launcher** (:func:`launch_sweep_batch`, called by
-  hydra_plugins/hydra_ddp_slurm_launcher): composes each sweep job's config here, reads its
-  world size (`dist.nnodes` x `dist.nproc_per_node`, `auto` resolved as by the torchrun
-  launcher) and turns it into that job's SLURM resources (nodes, tasks per node, GPUs). Jobs
-  that ask for the same resources go out as one submitit job array; the launcher then waits for
-  rank 0's JobReturn of each (the sweeper's value), or says why a job ended without one.
-* **In each task** (:func:`run_task`): the job runs as a Hydra job on rank 0 only (`.hydra/`,
-  log, callbacks); other ranks run it with `hydra.output_subdir=null`, errors-only logging and no
-  callbacks, as launch/job_rank.py does for torchrun jobs.
+* **The launcher** (:class:`DDPSlurmLauncherBase`, subclassed by
+  hydra_plugins/hydra_ddp_slurm_launcher; options: :class:`DDPSlurmQueueConf`): composes each
+  sweep job's config here (launch/jobs.py, as the torchrun launcher does), reads its world size
+  (`dist.nnodes` x `dist.nproc_per_node`, components/world.py's rules) and turns it into that
+  job's SLURM resources (nodes, tasks per node, GPUs). Jobs that ask for the same resources go
+  out as one submitit job array; the launcher then waits for rank 0's JobReturn of each (the
+  sweeper's value), or says why a job ended without one.
+* **In each task** (:func:`run_task`): launch/rank.py's rank bootstrap, as in a torchrun rank:
+  rank 0 runs the job as the Hydra job (`.hydra/`, log, callbacks) and returns its JobReturn
+  (submitit's result); the other ranks write nothing and return None.
 * **Preemption and time limits**: sbatch `--signal=USR1@<signal_delay_s>` and `--requeue`.
   USR1/TERM reach train.py's components/preemption.py (agreed stop, checkpoint, rank 0 runs
   `scontrol requeue`, exit 75); the requeued job runs the same pickled job again: same job dir,
@@ -43,14 +44,31 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus
+from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from components.errors import UserError
-from hydra_plugins.hydra_ddp_slurm_launcher.config import DDPSlurmQueueConf
+from components.run_dir import read_result
+from components.world import parse_count
+from launch.jobs import (
+    Job,
+    Stopped,
+    check_gpus,
+    failed_job_return,
+    failure_reason,
+    job_return,
+    job_world,
+    launch_batch,
+    settings_from,
+)
+from launch.rank import report_failure, run_rank
 
 log = logging.getLogger(__name__)
 
@@ -168,23 +186,74 @@ def export_torch_env_in_srun() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# launcher settings and per-job resources
+# the launcher's options, and the Launcher
 
 
-class SlurmSettings(DDPSlurmQueueConf):
-    """The `hydra.launcher` options; their schema and docs are the plugin's config
-    (hydra_plugins/hydra_ddp_slurm_launcher/config.py, conf/hydra/launcher/slurm.yaml)."""
+@dataclass
+class DDPSlurmQueueConf(SlurmQueueConf):
+    """hydra-submitit-launcher's SLURM options, plus what a DDP job needs.
+
+    A job's world size comes from its own config, not from here: each job gets
+    nodes = dist.nnodes and tasks per node = dist.nproc_per_node (one task per rank), and
+    GPU jobs one GPU per task. `auto` resolves as with the torchrun launcher: nproc = the GPUs
+    of a node (gpus_per_node), 1 on CPU or with dist.backend=gloo; nnodes = 1. The project's
+    ready-to-use config, with every key documented, is conf/hydra/launcher/slurm.yaml.
+    """
+
+    _target_: str = "hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher.DDPSlurmLauncher"
+    # auto: each job's dist.nnodes / dist.nproc_per_node. An integer fixes the value for every
+    # job of the sweep (then a job's explicit dist value must agree with it).
+    nodes: Any = "auto"
+    tasks_per_node: Any = "auto"
+    # The GPUs a node offers to a job; GPU jobs ask for one per task (--gpus-per-node=<tasks>).
+    # auto: what `sinfo` reports for the partition (gres gpu:N), 0 on a CPU cluster.
+    gpus_per_node: Any = "auto"
+    # Sent signal_delay_s seconds before the time limit (sbatch --signal): components/preemption.py
+    # checkpoints, requeues the job (sbatch --requeue) and exits; the requeued job resumes.
+    signal: str = "USR1"
+    signal_delay_s: int = 120
+    requeue: bool = True
+    # Extra srun arguments (sbatch arguments: additional_parameters).
+    srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
+    # How often the launcher asks SLURM (squeue, else sacct) about its jobs.
+    poll_interval_s: float = 5.0
 
     @classmethod
-    def from_config(cls, launcher_cfg: Any) -> SlurmSettings:
-        if OmegaConf.is_config(launcher_cfg):
-            launcher_cfg = OmegaConf.to_container(launcher_cfg, resolve=True)
-        known = {k: v for k, v in dict(launcher_cfg or {}).items() if k in cls.__dataclass_fields__}
+    def from_config(cls, launcher_cfg: Any) -> DDPSlurmQueueConf:
+        known = settings_from(cls, launcher_cfg)
         if "additional_parameters" in known:
             known["additional_parameters"] = dict(known["additional_parameters"] or {})
         if "srun_args" in known:
             known["srun_args"] = list(known["srun_args"] or [])
         return cls(**known)
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="ddp_slurm", node=DDPSlurmQueueConf)
+
+
+class DDPSlurmLauncherBase(SlurmLauncher):
+    """hydra-submitit-launcher's SlurmLauncher with one SLURM task per rank.
+
+    launch(): each job's resources from its own `dist` config (jobs asking for the same go out
+    as one array), then rank 0's JobReturn per job. __call__ (in every task, with its Job):
+    :func:`run_task`.
+    """
+
+    def __call__(self, job: Job) -> Any:
+        return run_task(job)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
+        if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
+            raise UserError(
+                "a sweep cannot start in every task of an srun step: run "
+                "`python train.py -m ...` once"
+            )
+        return launch_batch(self, job_overrides, initial_job_idx, "SLURM launcher",
+                            lambda jobs: run_on_slurm(self, jobs))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# per-job resources
 
 
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
@@ -208,40 +277,30 @@ def cluster_gpus_per_node(partition: str | None) -> int:
         return 0
 
 
-def _count(value: Any, key: str, auto: int | None = None) -> int | None:
-    text = str(value).strip()
-    if text == "auto" or value is None:
-        return auto
-    if text.isdigit() and int(text) >= 0:
-        return int(text)
-    raise UserError(f"{key}={text} is not valid: use {key}=auto or a non-negative integer")
+def launcher_count(settings: DDPSlurmQueueConf, key: str, minimum: int = 1) -> int | None:
+    """hydra.launcher.<key>: None for auto (or null), else its count."""
+    value = getattr(settings, key)
+    return parse_count("auto" if value is None else value, f"hydra.launcher.{key}", minimum)
 
 
-def job_resources(config: DictConfig, settings: SlurmSettings, cluster_gpus: int) -> dict:
-    """This job's SLURM resources, from its own `dist` config: one task per rank.
+def job_resources(config: DictConfig, settings: DDPSlurmQueueConf, cluster_gpus: int) -> dict:
+    """This job's submitit parameters, from its own `dist` config: one task per rank.
 
     nproc `auto` = the GPUs of a node for GPU jobs (`hydra.launcher.gpus_per_node`), 1 on CPU
     (or with dist.backend=gloo), as with the torchrun launcher; GPU jobs ask for one GPU per
     task (`--gpus-per-node=<tasks per node>`), each rank taking GPU LOCAL_RANK.
     """
-    from launch.torchrun import LauncherSettings, job_world
-
-    keys = LauncherSettings(nproc_key=settings.nproc_key, nnodes_key=settings.nnodes_key,
-                            backend_key=settings.backend_key)  # fmt: skip
-    backend = OmegaConf.select(config, settings.backend_key, default="auto")
-    uses_gpus = cluster_gpus > 0 and backend != "gloo"
-    nproc, nnodes = job_world(config, keys, cluster_gpus)
-    for launcher_key, dist_key, value in (
-        ("tasks_per_node", settings.nproc_key, nproc),
-        ("nodes", settings.nnodes_key, nnodes),
-    ):
-        fixed = _count(getattr(settings, launcher_key), f"hydra.launcher.{launcher_key}")
-        if fixed is None or fixed == value:
+    nproc, nnodes, gpu_job = job_world(config, cluster_gpus)
+    for launcher_key, dist_key in (("tasks_per_node", "dist.nproc_per_node"),
+                                   ("nodes", "dist.nnodes")):  # fmt: skip
+        fixed = launcher_count(settings, launcher_key)
+        if fixed is None or fixed == (nproc if launcher_key == "tasks_per_node" else nnodes):
             continue
         if str(OmegaConf.select(config, dist_key, default="auto")) != "auto":
             raise UserError(
-                f"{dist_key}={value} but hydra.launcher.{launcher_key}={fixed}: drop one of them "
-                f"(hydra.launcher.{launcher_key}=auto takes each job's {dist_key})"
+                f"{dist_key}={OmegaConf.select(config, dist_key)} but hydra.launcher."
+                f"{launcher_key}={fixed}: drop one of them (hydra.launcher.{launcher_key}=auto "
+                f"takes each job's {dist_key})"
             )
         if launcher_key == "tasks_per_node":
             nproc = fixed
@@ -252,11 +311,7 @@ def job_resources(config: DictConfig, settings: SlurmSettings, cluster_gpus: int
             "hydra.launcher.gpus_per_task binds each task to its own GPU, but ranks pick GPU "
             "LOCAL_RANK among the node's: use hydra.launcher.gpus_per_node"
         )
-    if uses_gpus and nproc > cluster_gpus:
-        raise UserError(
-            f"{settings.nproc_key}={nproc} asks for {nproc} GPUs per node but "
-            f"hydra.launcher.gpus_per_node={cluster_gpus}: lower {settings.nproc_key}"
-        )
+    check_gpus(nproc, gpu_job, cluster_gpus, f"hydra.launcher.gpus_per_node={cluster_gpus}")
     additional = {"signal": f"{settings.signal}@{settings.signal_delay_s}"}
     additional["requeue" if settings.requeue else "no-requeue"] = True
     additional.update(settings.additional_parameters)
@@ -272,7 +327,7 @@ def job_resources(config: DictConfig, settings: SlurmSettings, cluster_gpus: int
         "slurm_signal_delay_s": settings.signal_delay_s,
         "slurm_setup": [*python_path_setup(), *(settings.setup or [])],
     }
-    if uses_gpus:
+    if gpu_job:
         params["gpus_per_node"] = nproc
     for key in ("cpus_per_task", "mem_gb"):
         if getattr(settings, key) is not None:
@@ -295,14 +350,17 @@ def python_path_setup() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# the launcher: submit, wait, collect
+# the launcher: plan, submit, wait, collect
 
 
 @dataclass
 class Submitted:
-    job: Any  # launch.torchrun.Job: num, overrides, job dir, config, world size
-    resources: dict
-    slurm: Any = None  # submitit's SlurmJob (None: failed before submission)
+    job: Job
+    params: dict = field(default_factory=dict)  # submitit's executor parameters
+    folder: str = ""
+    max_num_timeout: int = 0
+    poll_s: float = 5.0
+    slurm: Any = None  # submitit's SlurmJob (None: not submitted)
     state: str = ""
     ended_since: float | None = None  # first seen in a final (or no) state without a result
     ran: bool = False  # seen running since it was (re)queued
@@ -314,73 +372,62 @@ class Submitted:
         return f"#{self.job.num}{slurm}"
 
 
-def plan_jobs(launcher, job_overrides, initial_job_idx: int) -> list[Submitted]:
-    """Compose every job's config here (as the torchrun launcher does) to read its world size."""
-    from hydra.core.singleton import Singleton
-
-    from launch.torchrun import Job, JobSpec, resolve_output_dirs
-
-    planned, gpus_by_partition = [], {}
-    for idx, overrides in enumerate(job_overrides):
-        num = initial_job_idx + idx
-        config = launcher.hydra_context.config_loader.load_sweep_config(
-            launcher.config, list(overrides)
-        )
-        with open_dict(config):
-            config.hydra.job.num = num
-        resolve_output_dirs(config, ("hydra.sweep.dir", "hydra.sweep.subdir"))
-        job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
-        spec = JobSpec(launcher.task_function, config, Singleton.get_state())
-        job = Job(num, list(overrides), job_dir, spec, nproc=1, nnodes=1, label=f"#{num} ")
-        try:
-            settings = SlurmSettings.from_config(config.hydra.launcher)  # this job's own values
-            gpus = _count(settings.gpus_per_node, "hydra.launcher.gpus_per_node")
-            if gpus is None:
-                if settings.partition not in gpus_by_partition:
-                    gpus_by_partition[settings.partition] = cluster_gpus_per_node(
-                        settings.partition
-                    )
-                gpus = gpus_by_partition[settings.partition]
-            resources = job_resources(config, settings, gpus)
-            job.nproc, job.nnodes = resources["tasks_per_node"], resources["nodes"]
-            resources["folder"] = settings.submitit_folder
-            resources["max_num_timeout"] = settings.max_num_timeout
-            resources["poll_interval_s"] = settings.poll_interval_s
-        except UserError as e:
-            resources = {"error": str(e)}
-        planned.append(Submitted(job, resources))
-    return planned
+def run_on_slurm(launcher: Any, jobs: list[Job]) -> list[Any]:
+    """Submit the jobs, wait for them, return their JobReturns in order."""
+    gpus_by_partition: dict[str | None, int] = {}
+    planned = [plan(job, gpus_by_partition) for job in jobs]
+    try:
+        submit(launcher, planned)
+        wait_for_results(planned)
+    except BaseException:  # Ctrl-C, or a failed submission: take the submitted jobs down
+        cancel(planned)
+        raise
+    return [finish(s) for s in planned]
 
 
-def submit(launcher, planned: list[Submitted]) -> None:
+def plan(job: Job, gpus_by_partition: dict[str | None, int]) -> Submitted:
+    """The job's submission, from its own config (its launcher values may interpolate it);
+    job.error when it cannot be submitted."""
+    try:
+        settings = DDPSlurmQueueConf.from_config(job.spec.config.hydra.launcher)
+        gpus = launcher_count(settings, "gpus_per_node", minimum=0)
+        if gpus is None:
+            if settings.partition not in gpus_by_partition:
+                gpus_by_partition[settings.partition] = cluster_gpus_per_node(settings.partition)
+            gpus = gpus_by_partition[settings.partition]
+        params = job_resources(job.spec.config, settings, gpus)
+    except UserError as e:
+        job.error = str(e)
+        return Submitted(job)
+    job.nproc, job.nnodes = params["tasks_per_node"], params["nodes"]
+    job.uses_gpus = "gpus_per_node" in params
+    return Submitted(job, params, settings.submitit_folder, settings.max_num_timeout,
+                     settings.poll_interval_s)  # fmt: skip
+
+
+def submit(launcher: Any, planned: list[Submitted]) -> None:
     """One submitit array per run of jobs asking for the same resources, in job order."""
     import submitit
 
     def key(s: Submitted) -> str:
-        return json.dumps({k: v for k, v in s.resources.items() if k != "poll_interval_s"},
-                          sort_keys=True, default=str)  # fmt: skip
+        return json.dumps([s.folder, s.max_num_timeout, s.params], sort_keys=True, default=str)
 
-    todo = [s for s in planned if "error" not in s.resources]
+    todo = [s for s in planned if not s.job.error]
     for _, group in itertools.groupby(sorted(todo, key=key), key=key):
         group = sorted(group, key=lambda s: s.job.num)
-        params = dict(group[0].resources)
-        folder, max_timeout = params.pop("folder"), params.pop("max_num_timeout")
-        params.pop("poll_interval_s")
-        executor = submitit.AutoExecutor(folder=folder, cluster="slurm",
-                                         slurm_max_num_timeout=max_timeout)  # fmt: skip
-        executor.update_parameters(**params)
-        args = [(s.job.overrides, "hydra.sweep.dir", s.job.num, f"job_id_for_{s.job.num}",
-                 s.job.spec.singleton_state) for s in group]  # fmt: skip
+        first = group[0]
+        executor = submitit.AutoExecutor(folder=first.folder, cluster="slurm",
+                                         slurm_max_num_timeout=first.max_num_timeout)  # fmt: skip
+        executor.update_parameters(**first.params)
         started = time.time()
         with submission_env():
-            jobs = executor.map_array(launcher, *zip(*args, strict=True))
-        for s, slurm_job in zip(group, jobs, strict=True):
+            slurm_jobs = executor.map_array(launcher, [s.job for s in group])
+        for s, slurm_job in zip(group, slurm_jobs, strict=True):
             s.slurm, s.job.started = slurm_job, started
-            where = f"{s.resources['nodes']} node(s) x {s.resources['tasks_per_node']} task(s)"
-            gpus = s.resources.get("gpus_per_node")
+            where = f"{s.job.nnodes} node(s) x {s.job.nproc} task(s)"
             log.info("#%d %s: SLURM job %s, %s%s", s.job.num,
                      " ".join(s.job.overrides) or "(no overrides)", slurm_job.job_id, where,
-                     f", {gpus} GPU(s) per node" if gpus else "")  # fmt: skip
+                     f", {s.job.nproc} GPU(s) per node" if s.job.uses_gpus else "")  # fmt: skip
 
 
 @contextmanager
@@ -433,7 +480,7 @@ def slurm_states(job_ids: Sequence[str]) -> dict[str, str]:
 def wait_for_results(planned: list[Submitted]) -> None:
     """Poll until every submitted job has rank 0's result or has ended without one."""
     waiting = [s for s in planned if s.slurm is not None]
-    poll = min((s.resources.get("poll_interval_s", 5.0) for s in waiting), default=5.0)
+    poll = min((s.poll_s for s in waiting), default=5.0)
     grace = max(15.0, 2 * poll)
     while waiting:
         states = slurm_states([s.slurm.job_id for s in waiting])
@@ -491,67 +538,34 @@ def read_outcome(s: Submitted) -> tuple[str, Any] | None:
 
 def finish(s: Submitted) -> Any:
     """The JobReturn of one job: rank 0's own, or a failed one saying what went wrong."""
-    from hydra.core.utils import JobReturn, JobStatus
-
-    from launch.torchrun import JobFailed, failed_before_start, record_failure
-
-    if "error" in s.resources:
-        return failed_before_start(s.job, s.resources["error"])
+    if s.job.error:
+        return failed_job_return(s.job, s.job.error)
     outcome = read_outcome(s)
     ret = outcome[1] if outcome and outcome[0] == "success" else None
-    if isinstance(ret, JobReturn) and ret.status == JobStatus.COMPLETED:
-        return ret
-    error = failure_reason(s, outcome)
-    log.error("#%d %s failed: %s", s.job.num, " ".join(s.job.overrides), error)
-    record_failure(s.job, error)
     if not isinstance(ret, JobReturn):
-        config = s.job.spec.config
-        ret = JobReturn(overrides=s.job.overrides, cfg=config, hydra_cfg=config)
-        ret.working_dir = str(s.job.job_dir)
-    ret.return_value = JobFailed(f"job #{s.job.num} ({' '.join(s.job.overrides)}): {error}")
-    ret.status = JobStatus.FAILED
-    return ret
+        ret = None
+    elif ret.status == JobStatus.COMPLETED:
+        return ret
+    rank0: BaseException | str | None = None
+    if ret is not None:  # rank 0's failed JobReturn
+        rank0 = ret._return_value
+    elif outcome is not None and outcome[0] == "error":  # the task raised outside the job
+        lines = [line for line in str(outcome[1]).strip().splitlines() if line.strip()]
+        rank0 = lines[-1] if lines else str(outcome[1])
+    reason = failure_reason(rank0, other_task_failures(s), ended_without_result(s))
+    return failed_job_return(s.job, reason, ret)
 
 
-def failure_reason(s: Submitted, outcome: tuple[str, Any] | None) -> str:
-    """The best one-line account of why a job failed, most specific first: another rank that
-    srun saw fail (rank 0's own error is then often only the consequence), then rank 0's."""
-    others = other_task_failures(s)
-    rank0 = rank0_failure(s, outcome)
-    if others:
-        return f"{others[0]}" + (f" (rank 0: {rank0})" if rank0 else "")
-    if rank0:
-        return rank0
+def ended_without_result(s: Submitted) -> str:
     logs = f"see {s.slurm.task(0).paths.stderr}"
     state = s.state or "UNKNOWN"
-    if job_result_of(s).get("status") == "preempted":
+    result = read_result(s.job.job_dir, since=s.job.started)
+    if result is not None and result.status == "preempted":
         return (
             f"stopped and checkpointed but not requeued (SLURM job {s.slurm.job_id} {state}; "
             f"requeue=false?): resume=auto continues it in {s.job.job_dir}; {logs}"
         )
     return f"SLURM job {s.slurm.job_id} ended ({state}) without rank 0's result: {logs}"
-
-
-def job_result_of(s: Submitted) -> dict:
-    from launch.torchrun import job_result
-
-    return job_result(s.job)  # train.py's result.json, if this run of the job wrote it
-
-
-def rank0_failure(s: Submitted, outcome: tuple[str, Any] | None) -> str:
-    from launch.torchrun import describe_task_error, one_line
-
-    result = job_result_of(s)
-    if result.get("error"):
-        return one_line(result["error"])
-    if outcome is not None and outcome[0] == "success":  # rank 0's failed JobReturn
-        text = describe_task_error(getattr(outcome[1], "_return_value", None))
-        if text is not None:
-            return text
-    if outcome is not None and outcome[0] == "error":  # the task raised outside the job
-        lines = [line for line in str(outcome[1]).strip().splitlines() if line.strip()]
-        return one_line(lines[-1] if lines else outcome[1])
-    return ""
 
 
 _SRUN_TASK_ERROR = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.+)$", re.MULTILINE)
@@ -585,86 +599,36 @@ def cancel(planned: list[Submitted]) -> None:
         subprocess.run(["scancel", *ids], check=False, timeout=60)
 
 
-def launch_sweep_batch(launcher, job_overrides, initial_job_idx: int) -> list[Any]:
-    """Hydra Launcher.launch: run one batch of sweep jobs on SLURM, return their JobReturns."""
-    from hydra.core.utils import filter_overrides, setup_globals
-
-    if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
-        raise UserError(
-            "a sweep cannot start in every task of an srun step: run `python train.py -m ...` once"
-        )
-    setup_globals()
-    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    log.info("SLURM launcher: %d job(s), sweep dir %s", len(job_overrides), sweep_dir)
-    for idx, overrides in enumerate(job_overrides):
-        log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
-    planned = plan_jobs(launcher, job_overrides, initial_job_idx)
-    try:
-        submit(launcher, planned)
-        wait_for_results(planned)
-    except BaseException:  # Ctrl-C, or a failed submission: take the submitted jobs down
-        cancel(planned)
-        raise
-    results = [finish(s) for s in planned]
-    failed = [f"#{s.job.num}" for s, r in zip(planned, results, strict=True)
-              if r.status.name == "FAILED"]  # fmt: skip
-    if failed:
-        log.error("%d of %d job(s) failed in this batch: %s", len(failed), len(results),
-                  ", ".join(failed))  # fmt: skip
-    return results
-
-
 # ---------------------------------------------------------------------------------------------
 # in each SLURM task
 
 
-def run_task(launcher, overrides, job_dir_key: str, job_num: int, singleton_state) -> Any:
-    """One task of a sweep job: one rank. Rank 0 runs the Hydra job and returns its JobReturn
-    (submitit pickles it for the launcher); other ranks write nothing and return None."""
-    import submitit
-    from hydra.core.singleton import Singleton
-    from hydra.core.utils import run_job, setup_globals
-
-    from components.preemption import REQUEUE_EXIT_CODE
-    from launch.job_rank import OTHER_RANKS_LOGGING, exits_as_errors, without_callbacks
-
-    env = export_torch_env()
-    rank = int(env["RANK"])
+def run_task(job: Job) -> Any:
+    """One task of a sweep job: one rank, through launch/rank.py's bootstrap. Rank 0 returns
+    the job's JobReturn (submitit pickles it for the launcher); the other ranks return None."""
+    rank = int(export_torch_env()["RANK"])
     install_stop_handlers(rank)
-    Singleton.set_state(singleton_state)
-    setup_globals()
-    config = launcher.hydra_context.config_loader.load_sweep_config(
-        launcher.config, list(overrides)
-    )
-    with open_dict(config.hydra.job):
-        config.hydra.job.id = submitit.JobEnvironment().job_id
-        config.hydra.job.num = job_num
-    if rank != 0:
-        with read_write(config.hydra), open_dict(config):
-            config.hydra.output_subdir = None
-            config.hydra.job_logging = OmegaConf.load(OTHER_RANKS_LOGGING)
-    context = launcher.hydra_context if rank == 0 else without_callbacks(launcher.hydra_context)
     try:
-        ret = run_job(
-            hydra_context=context,
-            task_function=exits_as_errors(launcher.task_function),
-            config=config,
-            job_dir_key=job_dir_key,
-            job_subdir_key="hydra.sweep.subdir",
-        )
+        import submitit
+
+        with open_dict(job.spec.config):
+            job.spec.config.hydra.job.id = submitit.JobEnvironment().job_id
+        ret = run_rank(job.spec, rank)
+    except Stopped as e:  # stopped before the job's task function ran: rank 0 still says so
+        if rank != 0:
+            raise SystemExit(str(e)) from None
+        report_failure(e)
+        return job_return(job, JobStatus.FAILED, e)
     except SystemExit as e:
+        from components.run_dir import REQUEUE_EXIT_CODE
+
         # Preempted (exit 75): no result, the job is requeued. Rank 0 requeues it once W&B and
         # the checkpoint are done; the others end quietly so that srun --kill-on-bad-exit does
         # not cut rank 0 short.
         if rank != 0 and e.code == REQUEUE_EXIT_CODE:
             return None
         raise
-    if rank != 0:
-        if ret.status.name == "FAILED":
-            logging.getLogger("train").error("rank %d failed: %s", rank, ret._return_value)
-        return None
-    return ret
+    return ret if rank == 0 else None
 
 
 def install_stop_handlers(rank: int) -> None:
@@ -673,9 +637,9 @@ def install_stop_handlers(rank: int) -> None:
     nothing new to save: USR1 (our time-limit signal) requeues the job at once and ends the
     task with exit 75; TERM ends the task (it is also how srun stops the other tasks when one
     fails, and how scancel cancels: no requeue; SLURM's own preemption requeues by itself).
-    submitit's USR2 (`job._interrupt()`) is forwarded as USR1, so it always takes our path."""
-    from components.preemption import REQUEUE_EXIT_CODE, requeue_on_slurm
-
+    submitit's USR2 (`job._interrupt()`) is forwarded as USR1, so it always takes our path.
+    Installed first thing in a task, before anything slow (torch is imported only on USR1):
+    until then submitit ignores TERM, and a task stopped meanwhile is killed without a word."""
     stopping = []
 
     def stop_before_training(signum, _frame) -> None:
@@ -684,10 +648,13 @@ def install_stop_handlers(rank: int) -> None:
         stopping.append(signum)
         name = signal.Signals(signum).name
         if signum == signal.SIGTERM:
-            raise SystemExit(
+            raise Stopped(
                 "stopped by SIGTERM (another rank failed, the job was cancelled or preempted)"
             )
-        logging.getLogger("train").warning("%s before training started: requeueing", name)
+        from components.preemption import requeue_on_slurm
+        from components.run_dir import REQUEUE_EXIT_CODE
+
+        log.warning("%s before training started: requeueing", name)
         if rank == 0:
             requeue_on_slurm()
         raise SystemExit(REQUEUE_EXIT_CODE)

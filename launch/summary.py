@@ -36,14 +36,14 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
+from components.run_dir import METRICS_FILE, OVERRIDES_FILE, RESULT_FILE, read_metrics
+
 log = logging.getLogger(__name__)
 
 CSV_NAME = "summary.csv"
 MD_NAME = "summary.md"
 PNG_NAME = "summary.png"
-RESULT_NAME = "result.json"
-METRICS_NAME = "metrics.jsonl"
-NO_RESULT_ERROR = "no result.json"
+NO_RESULT_ERROR = f"no {RESULT_FILE}"
 
 # Fields of JobSummary a sweep can be ranked by.
 METRICS = ("best_val_acc", "final_val_acc", "final_val_loss", "wall_time_s", "samples_per_s")
@@ -123,7 +123,7 @@ def _natural_key(name: str) -> tuple:
 
 def is_job_dir(path: Path) -> bool:
     return path.is_dir() and any(
-        (path / name).exists() for name in (".hydra", RESULT_NAME, METRICS_NAME)
+        (path / name).exists() for name in (".hydra", RESULT_FILE, METRICS_FILE)
     )
 
 
@@ -135,28 +135,8 @@ def find_job_dirs(sweep_dir: str | os.PathLike) -> list[Path]:
     return sorted((p for p in root.iterdir() if is_job_dir(p)), key=lambda p: _natural_key(p.name))
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """The JSON object rows of a metrics.jsonl; unparsable lines (a killed job's last) skipped."""
-    rows: list[dict] = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict):
-                    rows.append(row)
-    except OSError:
-        pass
-    return rows
-
-
 def _read_overrides(job_dir: Path) -> list[str] | None:
-    path = job_dir / ".hydra" / "overrides.yaml"
+    path = job_dir / OVERRIDES_FILE
     if not path.is_file():
         return None
     try:
@@ -198,9 +178,9 @@ def _from_metrics(rows: Iterable[dict]) -> dict[str, Any]:
 def read_job(job_dir: str | os.PathLike) -> JobSummary:
     """Summarise one job dir: result.json first, gaps filled from metrics.jsonl."""
     job_dir = Path(job_dir)
-    derived = _from_metrics(read_metrics(job_dir / METRICS_NAME))
+    derived = _from_metrics(read_metrics(job_dir / METRICS_FILE))
     result: dict[str, Any] = {}
-    result_path = job_dir / RESULT_NAME
+    result_path = job_dir / RESULT_FILE
     status, error = "failed", NO_RESULT_ERROR
     if result_path.is_file():
         try:
@@ -402,7 +382,7 @@ def write_summary(
     jobs = collect_jobs(root)
     if not jobs:
         raise FileNotFoundError(
-            f"no job dirs in {root} (nothing with .hydra/, {RESULT_NAME} or {METRICS_NAME})"
+            f"no job dirs in {root} (nothing with .hydra/, {RESULT_FILE} or {METRICS_FILE})"
         )
     rows = sort_jobs(jobs, metric, mode)
     title = root.name

@@ -19,3 +19,12 @@ def fresh_hydra_version_base():
     saved = VersionBase.instance().getbase()
     yield
     VersionBase.instance().version_base = saved
+
+
+@pytest.fixture
+def train_config():
+    """train.py's config as a launcher composes it (tests/helpers.py: train_composer)."""
+    from tests.helpers import train_composer
+
+    with train_composer() as composer:
+        yield composer

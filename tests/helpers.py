@@ -21,6 +21,8 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -95,6 +97,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def train_composer() -> Iterator[SimpleNamespace]:
+    """train.py's config as Hydra composes it for a launcher (hydra node included), without a
+    process: `.compose(*overrides)` a run's config, `.multirun(*overrides)` a sweep's master
+    config, `.context` the HydraContext a launcher gets (config loader, no callbacks)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import setup_globals
+    from hydra.types import HydraContext, RunMode
+
+    import conf.schema  # noqa: F401 - registers the schema train.py's YAMLs extend
+
+    setup_globals()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(REPO / "conf"), version_base="1.3", job_name="t"):
+            loader = GlobalHydra.instance().config_loader()
+            yield SimpleNamespace(
+                compose=lambda *o: compose("train", list(o), return_hydra_config=True),
+                multirun=lambda *o: loader.load_configuration("train", list(o),
+                                                              run_mode=RunMode.MULTIRUN),
+                context=HydraContext(config_loader=loader, callbacks=Callbacks()),
+            )  # fmt: skip
+    finally:
+        GlobalHydra.instance().clear()
 
 
 # ---------------------------------------------------------------------------------------------

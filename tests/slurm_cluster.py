@@ -1,6 +1,7 @@
 """A real one-node SLURM cluster for the tests: Debian's slurm-wlm and munge, started as root.
 
-`slurm_cluster` (session fixture) installs the packages when they are missing, writes a
+`slurm_cluster` (session fixture) installs the packages when they are missing and
+HYDRA_DDP_INSTALL_SLURM=1 allows it (.ci/run sets it; otherwise the tests skip), writes a
 slurm.conf for this machine (its real CPUs and memory, proctrack/linuxproc, task/none,
 select/cons_tres, SlurmUser=root, JobRequeue=1) into a temp dir that also holds every state,
 spool, log and pid file, starts munged (its own socket and key), slurmctld and slurmd on free
@@ -8,7 +9,8 @@ ports, waits until `sinfo` shows the node idle, and stops all three afterwards. 
 the temp dir is touched besides the package installation: commands reach this cluster through
 `SLURM_CONF` (`cluster.env`), so another cluster on the machine is not disturbed.
 
-The fixture skips (with the reason) when not root or when apt cannot install the packages.
+The fixture skips (with the reason) when not root, when SLURM is missing and installing it is
+not allowed, or when apt cannot install the packages.
 Standalone, for poking at it by hand: `python -m tests.slurm_cluster` starts one and waits.
 """
 
@@ -28,9 +30,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_port
+
 COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "scontrol",
             "scancel")  # fmt: skip
 PACKAGES = ("slurm-wlm", "munge")
+INSTALL_ENV = "HYDRA_DDP_INSTALL_SLURM"  # =1: the fixture may apt-get install PACKAGES
 # A requeued job may start once its old credentials have expired (AuthInfo cred_expire, 120 s
 # by default): 10 s here, and a scheduler that looks every second, keep requeue tests short.
 CRED_EXPIRE_S = 10
@@ -89,16 +94,17 @@ class SlurmCluster:
         return "\n".join(out)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def install() -> None:
-    """apt-get install the packages when a command is missing; ClusterUnavailable if it fails."""
-    if all(shutil.which(c) for c in COMMANDS):
+    """apt-get install the packages when a command is missing and INSTALL_ENV=1 allows it;
+    ClusterUnavailable otherwise, or if it fails."""
+    missing = [c for c in COMMANDS if not shutil.which(c)]
+    if not missing:
         return
+    if os.environ.get(INSTALL_ENV) != "1":
+        raise ClusterUnavailable(
+            f"SLURM is not installed ({', '.join(missing)} missing): set {INSTALL_ENV}=1 to let "
+            f"the tests apt-get install {' '.join(PACKAGES)}"
+        )
     if not shutil.which("apt-get"):
         raise ClusterUnavailable("SLURM is not installed and there is no apt-get to install it")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}

@@ -1,14 +1,15 @@
-"""The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/job_rank.py), with real
-processes: torchrun agents, gloo ranks on CPU, offline W&B.
+"""The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/jobs.py, launch/rank.py).
 
-Hydra's own launcher suites come first (as Hydra's launcher plugins test themselves), then
-train.py sweeps. One 2x2 sweep (dist.nproc_per_node=2,1 x two optim.lr values, two jobs at a
-time) is shared by the tests of job dirs, W&B runs, world sizes, parallel jobs and the summary.
+First the launcher's logic without processes: the scheduler with fake processes, world sizes,
+failure reasons, composing jobs. Then real processes (marked slow): Hydra's own launcher suites
+(as Hydra's launcher plugins test themselves), then train.py sweeps with torchrun agents, gloo
+ranks on CPU and offline W&B. One 2x2 sweep (dist.nproc_per_node=2,1 x two optim.lr values, two
+jobs at a time) is shared by the tests of job dirs, W&B runs, world sizes, parallel jobs and
+the summary.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import pickle
@@ -16,17 +17,44 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import cloudpickle
 import pytest
 import yaml
 from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+from omegaconf import OmegaConf
 
 from components.errors import UserError
+from components.run_dir import RESULT_FILE, RunResult, read_result, write_result
+from components.world import parse_count
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
-from launch.torchrun import Job, TaskExit, failure_reason, record_failure
-from tests.helpers import QUICK, Sweep, offline_runs, output, run, train_cmd
+from launch.jobs import (
+    Job,
+    JobFailed,
+    JobSpec,
+    Stopped,
+    compose_jobs,
+    failed_job_return,
+    failure_reason,
+    job_world,
+    record_failure,
+)
+from launch.rank import FAILURES_JSON, RESULT_PKL, TaskExit, exits_as_errors
+from launch.torchrun import Agents, TorchrunLauncherConf, plan, schedule
+from tests.helpers import (
+    QUICK,
+    Sweep,
+    offline_runs,
+    output,
+    read_json,
+    run,
+    summary_rows,
+    train_cmd,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "launcher_apps"
@@ -51,59 +79,285 @@ def override_value(overrides: list[str], key: str) -> str:
     return values[0]
 
 
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
-
-
 def rank_dirs(job_dir: Path) -> list[Path]:
     """torchrun's per-rank log dirs: <job>/rank_logs/<run id>/attempt_<n>/<local rank>/."""
     return sorted(p for p in job_dir.glob("rank_logs/*/attempt_*/*") if p.is_dir())
 
 
-def summary_rows(sweep_dir: Path) -> list[dict]:
-    with open(sweep_dir / "summary.csv", newline="") as f:
-        return list(csv.DictReader(f))
+def fake_job(num: int, nproc: int = 1, gpus: bool = False, job_dir: Path | None = None,
+             config: dict | None = None) -> Job:  # fmt: skip
+    spec = JobSpec(None, OmegaConf.create(config or {}), None)
+    return Job(num, [f"n={num}"], job_dir or Path(f"/nonexistent/{num}"), spec, nproc=nproc,
+               uses_gpus=gpus)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
-# failure reports, without processes
+# the scheduler, with fake processes
 
 
-def test_task_exit_keeps_the_error_it_exited_on() -> None:
-    """train.py logs a UserError and sys.exit()s: the job's error is that UserError's text."""
-    try:
-        try:
-            raise UserError("trainer.batch_size=63 is not divisible by 2")
-        except UserError as e:
-            sys.exit(e.exit_code)  # as train.py's main() does
-    except SystemExit as e:
-        exit_error = TaskExit.from_exit(e)
-    assert str(exit_error) == "trainer.batch_size=63 is not divisible by 2"
-    assert exit_error.exit_code == UserError.exit_code
-    again = pickle.loads(pickle.dumps(exit_error))  # it travels in result.pkl
-    assert str(again) == str(exit_error) and again.exit_code == exit_error.exit_code
-    assert str(TaskExit.from_exit(SystemExit(3))) == "the task exited with code 3"
+class FakeProcess:
+    """Runs for `polls` polls of the scheduler, then exits 0."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.returncode = polls, None
+
+    def poll(self) -> int | None:
+        self.polls -= 1
+        if self.polls <= 0:
+            self.returncode = 0
+        return self.returncode
 
 
-def test_failure_reason_most_specific_first(tmp_path: Path) -> None:
-    job = Job(7, ["a=1"], tmp_path, spec=None, nproc=2, nnodes=1, started=time.time())
-    failures = [
-        {"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None},
-        {"rank": 0, "pid": 10, "exitcode": -15, "signal": "SIGTERM", "error": None},
-    ]
-    assert "torchrun exited with code 1" in failure_reason(job, 1)
-    (tmp_path / ".torchrun").mkdir()
-    (tmp_path / ".torchrun" / "failures.json").write_text(json.dumps(failures))
-    assert failure_reason(job, 1).startswith("rank 1 (pid 11) was killed by SIGKILL")
-    (tmp_path / "result.json").write_text(json.dumps({"status": "failed", "error": "boom\nmore"}))
-    assert failure_reason(job, 1) == "boom"
-    # A result.json from an earlier run into this dir says nothing about this one.
-    os.utime(tmp_path / "result.json", (job.started - 3600, job.started - 3600))
-    assert failure_reason(job, 1).startswith("rank 1")
-    record_failure(job, failure_reason(job, 1))
-    result = read_json(tmp_path / "result.json")
-    assert result["status"] == "failed" and "SIGKILL" in result["error"]
-    assert result["overrides"] == ["a=1"] and result["job_num"] == 7
+class FakeAgents:
+    """Records what the scheduler asks for and checks no GPU is used twice at any time."""
+
+    def __init__(self, polls: dict[int, int] | None = None) -> None:
+        self.polls = polls or {}
+        self.started: list[tuple[int, list[int]]] = []  # (job num, its GPUs), in start order
+        self.running: dict[int, list[int]] = {}
+        self.most_at_once = 0
+        self.stopped: list[int] = []
+
+    def start(self, job: Job, gpus: list[int]) -> FakeProcess:
+        in_use = [g for held in self.running.values() for g in held]
+        assert not set(gpus) & set(in_use), f"#{job.num} got GPUs {gpus} in use: {in_use}"
+        assert len(gpus) == (job.nproc if job.uses_gpus else 0), (job, gpus)
+        self.started.append((job.num, gpus))
+        self.running[job.num] = gpus
+        self.most_at_once = max(self.most_at_once, len(self.running))
+        process = FakeProcess(self.polls.get(job.num, 2))
+        process.num = job.num
+        return process
+
+    def finish(self, job: Job, process: FakeProcess) -> str:
+        del self.running[job.num]
+        return f"done {job.num}"
+
+    def stop(self, process: FakeProcess) -> None:
+        self.stopped.append(process.num)
+
+
+def run_schedule(jobs: list[Job], gpus: list[int], max_parallel: int | None,
+                 agents: FakeAgents) -> dict:  # fmt: skip
+    return schedule(jobs, gpus, max_parallel, agents, poll_s=0, sleep=lambda _: None)
+
+
+def test_scheduler_packs_gpu_jobs_onto_disjoint_gpu_sets_in_order() -> None:
+    """8 GPUs, 2- and 4-rank jobs: each job gets its own GPUs (FakeAgents checks that no GPU
+    is held twice at any time), and jobs start strictly in order: when #0 ends, its 2 GPUs wait
+    for the 4-rank #3 (next in line) instead of going to the 2-rank #4 behind it."""
+    sizes = [2, 4, 2, 4, 2, 2, 2]
+    jobs = [fake_job(n, nproc, gpus=True) for n, nproc in enumerate(sizes)]
+    agents = FakeAgents(polls={0: 1, 1: 5, 2: 5, 3: 3, 4: 1, 5: 9, 6: 1})
+    results = run_schedule(jobs, list(range(8)), None, agents)
+    assert results == {n: f"done {n}" for n in range(len(sizes))}
+    assert [num for num, _ in agents.started] == list(range(len(sizes)))  # FIFO
+    started = dict(agents.started)
+    assert (started[0], started[1], started[2]) == ([0, 1], [2, 3, 4, 5], [6, 7])
+    assert (started[3], started[4], started[5], started[6]) == (
+        [0, 1, 2, 3], [4, 5], [6, 7], [4, 5])  # fmt: skip
+    assert agents.most_at_once == 3 and not agents.running
+
+
+def test_scheduler_never_runs_more_than_max_parallel() -> None:
+    """On CPU (no GPUs): at most max_parallel jobs at once (default 1), in order; CPU jobs on a
+    GPU node take no GPU."""
+    for max_parallel, expected in ((None, 1), (2, 2), (3, 3)):
+        agents = FakeAgents()
+        jobs = [fake_job(n, nproc=2) for n in range(6)]
+        run_schedule(jobs, [], max_parallel, agents)
+        assert agents.most_at_once == expected
+        assert [num for num, _ in agents.started] == list(range(6))
+    agents = FakeAgents()
+    run_schedule([fake_job(n, nproc=4) for n in range(3)], [0, 1], 3, agents)
+    assert agents.most_at_once == 3 and all(gpus == [] for _, gpus in agents.started)
+
+
+def test_scheduler_stops_running_jobs_when_interrupted() -> None:
+    agents = FakeAgents(polls={0: 100, 1: 100})
+
+    def interrupt(_: float) -> None:
+        if len(agents.started) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        schedule([fake_job(n) for n in range(3)], [], 2, agents, poll_s=0, sleep=interrupt)
+    assert sorted(agents.stopped) == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# world size
+
+
+def test_job_world_from_the_jobs_dist_config() -> None:
+    """(ranks per node, nodes, uses GPUs): auto = every GPU for GPU jobs, 1 on CPU or with
+    gloo; an app without `dist` (Hydra's test apps) runs 1 x 1; bad values are one UserError."""
+    def world(n_gpus: int, **dist: object) -> tuple[int, int, bool]:
+        return job_world(OmegaConf.create({"dist": dist} if dist else {}), n_gpus)
+
+    assert world(8) == (1, 1, False)
+    assert world(0, nproc_per_node="auto", nnodes="auto", backend="auto") == (1, 1, False)
+    assert world(8, nproc_per_node="auto", nnodes="auto", backend="auto") == (8, 1, True)
+    assert world(8, nproc_per_node="auto", nnodes=2, backend="gloo") == (1, 2, False)
+    assert world(8, nproc_per_node=2) == (2, 1, True)  # missing keys: 1 node, backend auto
+    for key, value in (("nproc_per_node", 0), ("nnodes", "two"), ("nproc_per_node", -1)):
+        with pytest.raises(UserError) as e:
+            world(0, **{key: value})
+        assert str(e.value) == (
+            f"dist.{key}={value} is not valid: use dist.{key}=auto or a positive integer"
+        )
+    assert parse_count("0", "hydra.launcher.gpus_per_node", minimum=0) == 0
+    with pytest.raises(UserError, match="=auto or a non-negative integer"):
+        parse_count("-1", "hydra.launcher.gpus_per_node", minimum=0)
+
+
+def test_plan_fails_only_the_job_that_cannot_run() -> None:
+    """A world-size error, more GPUs than the launcher has, or a multi-node job without a
+    rendezvous point: that job's error (it fails alone), the others are planned."""
+    settings = TorchrunLauncherConf()
+    jobs = [fake_job(n, config={"dist": d}) for n, d in enumerate([
+        {"nproc_per_node": "auto"}, {"nproc_per_node": 16}, {"nproc_per_node": "x"},
+        {"nproc_per_node": 1, "nnodes": 2}, {"nproc_per_node": 4, "backend": "gloo"},
+    ])]  # fmt: skip
+    for job in jobs:
+        plan(job, settings, gpus=list(range(8)))
+    assert (jobs[0].nproc, jobs[0].uses_gpus, jobs[0].error) == (8, True, None)
+    assert jobs[1].error.startswith("dist.nproc_per_node=16 asks for 16 GPUs per node but "
+                                    "the launcher has 8")  # fmt: skip
+    assert jobs[2].error.startswith("dist.nproc_per_node=x is not valid")
+    assert "hydra.launcher.rdzv_endpoint=HOST:PORT" in jobs[3].error
+    assert (jobs[4].nproc, jobs[4].uses_gpus, jobs[4].error) == (4, False, None)
+    plan(jobs[3], TorchrunLauncherConf(rdzv_endpoint="node1:29400"), gpus=[])
+    assert jobs[3].error is None and (jobs[3].nproc, jobs[3].nnodes) == (1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# failures: one reason, most specific first; one JobReturn; result.json only when none
+
+
+def test_task_exit_only_for_a_failing_sys_exit() -> None:
+    """A task function's own sys.exit(n): 0/None is success, 75 (requeue) passes, anything
+    else is a TaskExit (a one-line user error) with n as the rank's exit status."""
+
+    def task(code):
+        sys.exit(code)
+
+    wrapped = exits_as_errors(task)
+    assert wrapped(0) is None and wrapped(None) is None
+    with pytest.raises(SystemExit) as requeue:
+        wrapped(75)
+    assert requeue.value.code == 75
+    with pytest.raises(TaskExit) as e:
+        wrapped("failing on purpose")
+    assert str(e.value) == "failing on purpose" and e.value.exit_code == 1
+    with pytest.raises(TaskExit) as e:
+        wrapped(3)
+    assert str(e.value) == "the task exited with code 3" and e.value.exit_code == 3
+    again = pickle.loads(pickle.dumps(e.value))  # it travels in result.pkl
+    assert str(again) == str(e.value) and again.exit_code == 3
+
+
+def test_failure_reason_most_specific_first() -> None:
+    """Rank 0's own error, then the first rank that died (rank 0 only stopped by a signal is
+    named in brackets), then exit codes."""
+    dead = ["rank 1 (pid 11) was killed by SIGKILL", "rank 0 (pid 10) was killed by SIGTERM"]
+    user = UserError("trainer.batch_size=63 is not divisible by 2\nmore")
+    assert failure_reason(user, dead, "exit 1") == "trainer.batch_size=63 is not divisible by 2"
+    assert failure_reason(RuntimeError("boom"), dead, "exit 1") == "RuntimeError: boom"
+    assert failure_reason(TaskExit("failing on purpose"), [], "exit 1") == "failing on purpose"
+    stopped = Stopped("stopped by SIGTERM (another rank failed)")
+    assert failure_reason(stopped, ["rank 1 on vm: killed"], "x") == (
+        "rank 1 on vm: killed (rank 0: stopped by SIGTERM (another rank failed))"
+    )
+    assert failure_reason(stopped, [], "x") == "stopped by SIGTERM (another rank failed)"
+    assert failure_reason("Traceback...\nValueError: bad", [], "x") == "Traceback..."
+    assert failure_reason(None, dead, "exit 1") == dead[0]
+    assert failure_reason(None, [], "torchrun exited with code 1") == "torchrun exited with code 1"
+
+
+class Exited:
+    def __init__(self, code: int) -> None:
+        self.returncode = code
+
+
+def rank0_return(value: object) -> JobReturn:
+    ret = JobReturn(overrides=["n=7"])
+    ret.return_value = value
+    ret.status = JobStatus.FAILED if isinstance(value, BaseException) else JobStatus.COMPLETED
+    return ret
+
+
+def test_torchrun_job_result_from_rank_0_then_the_agent_then_the_exit_code(tmp_path: Path) -> None:
+    """Agents.finish: rank 0's JobReturn (completed: as is; failed: its error), else the
+    agent's failures.json, else the exit code; a failed job's JobReturn holds the verdict."""
+    agents = Agents(TorchrunLauncherConf())
+    job = fake_job(7, nproc=2, job_dir=tmp_path / "7")
+    job.started = time.time()
+    files = agents.files(job)
+    files.mkdir(parents=True)
+    failures = [{"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None},
+                {"rank": 0, "pid": 10, "exitcode": -15, "signal": "SIGTERM", "error": None}]
+    assert "torchrun exited with code 1" in str(agents.finish(job, Exited(1))._return_value)
+    assert "torchrun was killed by SIGKILL" in str(agents.finish(job, Exited(-9))._return_value)
+    (files / FAILURES_JSON).write_text(json.dumps(failures))
+    ret = agents.finish(job, Exited(1))
+    assert ret.status == JobStatus.FAILED and isinstance(ret._return_value, JobFailed)
+    assert str(ret._return_value).startswith(
+        "job #7 (n=7): rank 1 (pid 11) was killed by SIGKILL; rank logs in "
+    )
+    (files / RESULT_PKL).write_bytes(cloudpickle.dumps(rank0_return(UserError("bad batch"))))
+    ret = agents.finish(job, Exited(1))
+    assert str(ret._return_value) == "job #7 (n=7): bad batch"
+    assert ret._return_value.__cause__.__class__ is UserError  # a user error stays findable
+    (files / RESULT_PKL).write_bytes(cloudpickle.dumps(rank0_return(0.9)))
+    assert agents.finish(job, Exited(0)).return_value == 0.9
+
+
+def test_result_json_only_when_the_run_left_none(tmp_path: Path) -> None:
+    """The launcher records a failed job in its result.json only when this attempt of the run
+    wrote none; the run's own stays as it is (no second copy of its error)."""
+    job = fake_job(3, job_dir=tmp_path / "3")
+    job.started = time.time()
+    ret = failed_job_return(job, "rank 1 (pid 5) was killed by SIGKILL")
+    assert ret.status == JobStatus.FAILED and ret.overrides == ["n=3"]
+    result = read_result(job.job_dir)
+    assert (result.status, result.error, result.overrides, result.job_num) == (
+        "failed", "rank 1 (pid 5) was killed by SIGKILL", ["n=3"], 3)  # fmt: skip
+    assert result.wall_time_s is not None
+    own = RunResult(status="preempted", error="preempted at step 4")
+    write_result(job.job_dir, own)
+    record_failure(job, "something else")
+    assert read_result(job.job_dir) == own
+    # A result.json of an earlier run into this dir says nothing about this attempt.
+    old = job.started - 3600
+    os.utime(job.job_dir / RESULT_FILE, (old, old))
+    record_failure(job, "this attempt's reason")
+    assert read_result(job.job_dir).error == "this attempt's reason"
+
+
+# ---------------------------------------------------------------------------------------------
+# composing jobs
+
+
+def test_compose_jobs(train_config, tmp_path: Path) -> None:
+    """Each job's config composed as Hydra's launchers do: its overrides, job num and id, the
+    sweep dir's ${now:} resolved once here (ranks and tasks are other processes)."""
+    master = train_config.multirun("hydra/launcher=torchrun",
+                                   f"hydra.sweep.dir={tmp_path}/${{now:%H-%M-%S-%f}}")  # fmt: skip
+    sweep_dir = Path(master.hydra.sweep.dir)  # as Hydra's sweeper resolves it, once
+    launcher = SimpleNamespace(config=master, hydra_context=train_config.context,
+                               task_function=len)  # fmt: skip
+    jobs = compose_jobs(launcher, [["dist.nproc_per_node=2"], ["optim.lr=0.5"]], 4)
+    assert [(j.num, j.overrides, j.label) for j in jobs] == [
+        (4, ["dist.nproc_per_node=2"], "#4 "), (5, ["optim.lr=0.5"], "#5 ")]  # fmt: skip
+    for job in jobs:
+        config = job.spec.config
+        assert config.hydra.job.num == job.num and config.hydra.job.id == f"t_{job.num}"
+        assert job.job_dir == sweep_dir / str(job.num)
+        assert "${" not in OmegaConf.to_yaml(config.hydra.sweep)  # resolved once, here
+        assert job.spec.task_function is len and job.spec.hydra_context is train_config.context
+    assert job_world(jobs[0].spec.config, 0) == (2, 1, False)
+    assert jobs[1].spec.config.optim.lr == 0.5
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,25 +8,17 @@ same, empty, run dir there: both nodes agreed on `${now:}` through the rendezvou
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import launch.torchrun
-from tests.helpers import QUICK, REPO, offline_runs, run_env
+from tests.helpers import QUICK, REPO, free_port, offline_runs, run_env
 
 pytestmark = pytest.mark.slow
 
 RUN_FILES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "wandb"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_nodes(tmp_path: Path, argv_for_node) -> list[tuple[Path, subprocess.Popen]]:
@@ -90,10 +82,6 @@ def test_two_torchrun_agents_form_one_job(tmp_path: Path) -> None:
     assert "Traceback" not in outs[1] and "ERROR" not in outs[1], outs[1][-3000:]
 
 
-@pytest.mark.skipif(
-    not hasattr(launch.torchrun, "node_name"),
-    reason="the torchrun launcher's multi-node files are not per node yet (launch/torchrun.py)",
-)
 def test_torchrun_launcher_runs_one_job_on_two_nodes(tmp_path: Path) -> None:
     """`python train.py -m hydra/launcher=torchrun dist.nnodes=2` on both nodes with the same
     (shared) sweep dir and rdzv_endpoint: one job dir written by rank 0; each node's launcher

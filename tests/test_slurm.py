@@ -11,7 +11,7 @@ are reported. Then `srun`/`sbatch` by hand: launch/slurm.py's mapping, launch/sb
 
 from __future__ import annotations
 
-import csv
+import functools
 import json
 import os
 import subprocess
@@ -25,11 +25,8 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
 from hydra import version as hydra_version
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.plugins import Plugins
-from hydra.core.utils import setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 from hydra.version import VersionBase
@@ -38,7 +35,7 @@ from components.checkpoint import load_checkpoint
 from components.errors import UserError
 from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
 from launch.slurm import (
-    SlurmSettings,
+    DDPSlurmQueueConf,
     expand_nodelist,
     expand_tasks_per_node,
     gpus_in_gres,
@@ -46,7 +43,18 @@ from launch.slurm import (
     master_port,
     torch_env,
 )
-from tests.helpers import REPO, Sweep, offline_runs, output, run, run_env, train_cmd
+from tests.helpers import (
+    REPO,
+    Sweep,
+    offline_runs,
+    output,
+    read_json,
+    run,
+    run_env,
+    summary_rows,
+    train_cmd,
+    wait_for_rows,
+)
 
 if TYPE_CHECKING:
     from tests.slurm_cluster import SlurmCluster
@@ -96,47 +104,30 @@ def test_torch_env_from_slurm_variables() -> None:
         torch_env({})
 
 
-@pytest.fixture
-def train_config():
-    """A composer for train.py's config with hydra/launcher=slurm (the hydra node included)."""
-    import conf.schema  # noqa: F401 - registers the schema train.py's YAMLs extend
-
-    setup_globals()
-    GlobalHydra.instance().clear()
-    version_base = VersionBase.instance().getbase()  # initialize sets it for the process
-    try:
-        with initialize_config_dir(str(REPO / "conf"), version_base="1.3", job_name="t"):
-            yield lambda *o: compose(
-                "train", ["hydra/launcher=slurm", *o], return_hydra_config=True
-            )
-    finally:
-        GlobalHydra.instance().clear()
-        VersionBase.instance().version_base = version_base
-
-
 def resources(config, gpus: int) -> dict:
-    return job_resources(config, SlurmSettings.from_config(config.hydra.launcher), gpus)
+    return job_resources(config, DDPSlurmQueueConf.from_config(config.hydra.launcher), gpus)
 
 
 def test_job_resources_follow_each_jobs_world_size(train_config) -> None:
     """Tasks per node = dist.nproc_per_node (auto: the node's GPUs, 1 on CPU), nodes =
     dist.nnodes; GPU jobs ask for one GPU per task; the sbatch/srun options for preemption."""
-    cpu = resources(train_config(), gpus=0)
+    config = functools.partial(train_config.compose, "hydra/launcher=slurm")
+    cpu = resources(config(), gpus=0)
     assert (cpu["nodes"], cpu["tasks_per_node"]) == (1, 1) and "gpus_per_node" not in cpu
     assert cpu["slurm_additional_parameters"] == {"signal": "USR1@120", "requeue": True}
     assert cpu["slurm_srun_args"] == ["--kill-on-bad-exit=1"]
-    two = resources(train_config("dist.nproc_per_node=2", "dist.nnodes=3"), gpus=0)
+    two = resources(config("dist.nproc_per_node=2", "dist.nnodes=3"), gpus=0)
     assert (two["nodes"], two["tasks_per_node"]) == (3, 2)
-    gpu = resources(train_config(), gpus=8)
+    gpu = resources(config(), gpus=8)
     assert (gpu["tasks_per_node"], gpu["gpus_per_node"]) == (8, 8)
-    part = resources(train_config("dist.nproc_per_node=2"), gpus=8)
+    part = resources(config("dist.nproc_per_node=2"), gpus=8)
     assert (part["tasks_per_node"], part["gpus_per_node"]) == (2, 2)
-    gloo = resources(train_config("dist=cpu"), gpus=8)  # CPU ranks on a GPU node
+    gloo = resources(config("dist=cpu"), gpus=8)  # CPU ranks on a GPU node
     assert gloo["tasks_per_node"] == 1 and "gpus_per_node" not in gloo
-    fixed = resources(train_config("hydra.launcher.tasks_per_node=4"), gpus=0)
+    fixed = resources(config("hydra.launcher.tasks_per_node=4"), gpus=0)
     assert fixed["tasks_per_node"] == 4
     extra = resources(
-        train_config(
+        config(
             "hydra.launcher.signal_delay_s=300",
             "hydra.launcher.requeue=false",
             "+hydra.launcher.additional_parameters.reservation=r1",
@@ -151,11 +142,11 @@ def test_job_resources_follow_each_jobs_world_size(train_config) -> None:
     }
     assert extra["slurm_partition"] == "gpu"
     with pytest.raises(UserError, match="asks for 16 GPUs per node"):
-        resources(train_config("dist.nproc_per_node=16"), gpus=8)
+        resources(config("dist.nproc_per_node=16"), gpus=8)
     with pytest.raises(UserError, match="hydra.launcher.tasks_per_node=4"):
-        resources(train_config("dist.nproc_per_node=2", "hydra.launcher.tasks_per_node=4"), 0)
+        resources(config("dist.nproc_per_node=2", "hydra.launcher.tasks_per_node=4"), 0)
     with pytest.raises(UserError, match="gpus_per_task"):
-        resources(train_config("hydra.launcher.gpus_per_task=1"), gpus=8)
+        resources(config("hydra.launcher.gpus_per_task=1"), gpus=8)
 
 
 def test_gpus_in_gres() -> None:
@@ -215,30 +206,11 @@ class TestSlurmLauncherIntegration(IntegrationTestSuite):
 # helpers for the cluster tests
 
 
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
-
-
-def summary_rows(sweep_dir: Path) -> list[dict]:
-    with open(sweep_dir / "summary.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def task_logs(sweep_dir: Path, task: int, kind: str = "err") -> str:
     """submitit's stderr (or stdout: kind="out") files of one task (rank) of every SLURM job
     of a sweep."""
     paths = sorted(sweep_dir.glob(f".submitit/*/*_{task}_log.{kind}"))
     return "\n".join(p.read_text(errors="replace") for p in paths)
-
-
-def wait_for_rows(path: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if path.exists() and len(path.read_text().splitlines()) >= n:
-            return
-        time.sleep(0.1)
-    out = proc.stdout.read() if proc.poll() is not None and proc.stdout else ""
-    raise AssertionError(f"{path} never had {n} rows\n{out[-3000:]}")
 
 
 # ---------------------------------------------------------------------------------------------
