@@ -274,10 +274,17 @@ class Checkpointer:
         if self.rank == 0:
             ckpt = {**state.state_dict(), "world_size": self.world_size, "ranks": ranks}
             path = self.dir / f"step-{step:08d}.pt"
-            atomic_save(ckpt, path)
-            for name in [LAST, BEST] if is_best else [LAST]:
-                _link_atomic(digest_path(path), digest_path(self.dir / name))
-                _link_atomic(path, self.dir / name)
+            try:
+                atomic_save(ckpt, path)
+                for name in [LAST, BEST] if is_best else [LAST]:
+                    _link_atomic(digest_path(path), digest_path(self.dir / name))
+                    _link_atomic(path, self.dir / name)
+            except OSError as e:  # a full disk, a quota, a read-only mount: the user's to fix
+                raise UserError(
+                    f"cannot write checkpoint {path} ({e.strerror or e}): free space in "
+                    f"{self.dir} or lower trainer.keep_checkpoints; the checkpoints already "
+                    "there are whole, and resume=auto continues from the newest"
+                ) from None
             for old in prune_plan(step_files(self.dir), self.keep, self.dir / BEST):
                 old.unlink(missing_ok=True)
                 digest_path(old).unlink(missing_ok=True)

@@ -53,11 +53,15 @@ def describe(error: BaseException) -> str:
 
 def instantiate(node, **kwargs):
     """Hydra's instantiate, re-raising a UserError its target raised as itself (Hydra wraps it
-    in a multi-line InstantiationException)."""
+    in a multi-line InstantiationException); a missing mandatory value (`???`) is one too."""
     from hydra.utils import instantiate as hydra_instantiate
+    from omegaconf.errors import MissingMandatoryValue
 
     try:
         return hydra_instantiate(node, **kwargs)
+    except MissingMandatoryValue as e:  # a `???` the user had to fill in
+        key = e.full_key or "a mandatory key"
+        raise UserError(f"{key} is required: set {key}=<value>") from None
     except Exception as e:
         user_error = find_user_error(e)
         if user_error is None:

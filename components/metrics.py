@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from components.errors import describe
+from components.errors import UserError, describe
 from components.preemption import Preempted
 from components.run_dir import (
     CHECKPOINT_DIR,
@@ -44,11 +44,18 @@ def wandb_credentials_exist() -> bool:
         return False
 
 
-def resolve_wandb_mode(mode: str) -> str:
+def resolve_wandb_mode(wandb_cfg) -> str:
+    """online / offline / disabled; `auto` is online when credentials exist, else offline."""
+    try:
+        mode = wandb_cfg.mode  # an enum (conf/schema.py): WANDB_MODE is checked on access
+    except Exception:  # noqa: BLE001 - OmegaConf's validation error
+        raise UserError(
+            f"WANDB_MODE={os.environ.get('WANDB_MODE')} is not valid: use auto, online, "
+            "offline or disabled, or unset it"
+        ) from None
+    mode = getattr(mode, "value", mode)
     if mode == "auto":
         return "online" if wandb_credentials_exist() else "offline"
-    if mode not in ("online", "offline", "disabled"):
-        raise ValueError(f"wandb.mode={mode} is not valid: use auto, online, offline or disabled")
     return mode
 
 
@@ -236,13 +243,13 @@ class RunLogger:
 
     def _init_wandb(self, cfg: DictConfig, facts: dict[str, Any], run_id: str | None) -> None:
         w = cfg.wandb
-        mode = resolve_wandb_mode(w.mode)
+        mode = resolve_wandb_mode(w)
         if mode == "disabled":
             return
         try:
             import wandb
 
-            config = OmegaConf.to_container(cfg, resolve=True)
+            config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
             config["run"] = facts
             group, name = wandb_group_and_name(w.group, w.name)
             self.wandb = wandb.init(
@@ -257,7 +264,9 @@ class RunLogger:
                 mode=mode,
                 id=run_id,
                 resume="allow" if run_id else None,
-                settings=wandb.Settings(init_timeout=w.init_timeout_s, console="off"),
+                # No banner or footer: the run's own end line says where the run is.
+                settings=wandb.Settings(init_timeout=w.init_timeout_s, console="off",
+                                        silent=True),  # fmt: skip
             )
             # Val metrics are plotted per epoch; val/acc's run summary is its best value.
             self.wandb.define_metric("epoch")
@@ -269,8 +278,12 @@ class RunLogger:
             self.wandb = None
 
     def log(self, row: dict[str, Any]) -> None:
+        """One row of metrics.jsonl (and W&B), stamped with the time (unix) and the seconds
+        since this attempt started."""
         if not self.enabled or (row["step"], row_kind(row)) in self.logged:
             return
+        now = time.time()
+        row = {**row, "time": round(now, 3), "elapsed_s": round(now - self._started, 3)}
         self._file.write(json.dumps(row) + "\n")
         if self.wandb is not None:
             self.wandb.log(row, step=row["step"])

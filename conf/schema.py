@@ -6,6 +6,7 @@ config group, mirroring the code that consumes it.
 """
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -124,9 +125,20 @@ class TrainerConfig:
     preemption_check_every_n_steps: int = 10
 
 
+class WandbMode(Enum):
+    """auto: online when W&B credentials exist (WANDB_API_KEY or ~/.netrc), else offline."""
+
+    auto = "auto"
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
 @dataclass
 class WandbConfig:
-    mode: str = "auto"  # auto | online | offline | disabled
+    # An enum, so `wandb.mode=onlin` fails at composition. conf/wandb/default.yaml takes
+    # WANDB_MODE / WANDB_PROJECT / WANDB_ENTITY from the environment when they are set.
+    mode: WandbMode = WandbMode.auto
     project: str = "hydra-ddp"
     entity: str | None = None
     group: str | None = None

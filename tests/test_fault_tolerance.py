@@ -57,7 +57,8 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     for key in ref_w:
         assert torch.equal(ref_w[key], got_w[key]), f"{key} differs from the uninterrupted run"
 
-    measured = {"samples_per_s", "step_time_ms", "data_wait_pct", "peak_mem_mb", "mfu"}
+    measured = {"samples_per_s", "step_time_ms", "data_wait_pct", "peak_mem_mb", "mfu", "time",
+                "elapsed_s"}  # fmt: skip
 
     def key(row):  # what must match exactly (speed is a measurement, not a result)
         return {k: v for k, v in row.items() if k not in measured}

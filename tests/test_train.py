@@ -16,18 +16,20 @@ from omegaconf import OmegaConf
 import conf.schema  # noqa: F401 - registers the schema for compose()
 from components.checkpoint import load_checkpoint
 from components.errors import UserError
-from tests.helpers import QUICK, REPO, offline_runs, output, run, train_cmd, train_in_process
+from tests.helpers import (
+    QUICK,
+    REPO,
+    offline_runs,
+    output,
+    rows,
+    run,
+    train_cmd,
+    train_in_process,
+    val_rows,
+)
 
 CONF = REPO / "conf"
 GROUPS = ["model", "dataset", "dist", "optim", "trainer", "wandb"]
-
-
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def val_rows(run_dir: Path) -> list[dict]:
-    return [r for r in rows(run_dir) if "val/acc" in r]
 
 
 def only_error_lines(text: str) -> list[str]:
@@ -246,6 +248,7 @@ BAD_INPUTS = [
     (["dataset=imagefolder"], ["imagefolder", "point dataset.root at a folder"]),
     (["dataset.val_fraction=1.5"], ["dataset.val_fraction=1.5 is out of range"]),
     (["resume=/nonexistent/last.pt"], ["/nonexistent/last.pt does not exist", "resume="]),
+    (["model=torchvision"], ["model.name is required", "model.name="]),
 ]  # fmt: skip
 
 
@@ -284,11 +287,51 @@ def test_a_user_error_is_one_line_and_exit_status_2(tmp_path):
 @pytest.mark.parametrize(
     "overrides, fragments",
     [(["dataset=nope"], ["Could not find 'dataset/nope'", "digits"]),
-     (["trainer.max_epochs=abc"], ["'abc'", "Integer"])],
+     (["trainer.max_epochs=abc"], ["'abc'", "Integer"]),
+     (["wandb.mode=onlin"], ["'onlin'", "auto, online, offline, disabled"])],
 )  # fmt: skip
 def test_unknown_choice_and_wrong_type_fail_at_composition(tmp_path, overrides, fragments):
     text = composition_error(CONF, overrides)
     assert all(f in text for f in fragments), text
+
+
+def test_wandb_environment_is_honoured(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    train_in_process(tmp_path / "off", *QUICK[:1], "trainer.log_every_n_steps=100")
+    assert not (tmp_path / "off" / "wandb").exists()  # no offline run written
+    # an explicit override wins over the environment
+    train_in_process(tmp_path / "on", *QUICK, "trainer.log_every_n_steps=100")
+    assert len(offline_runs(tmp_path / "on")) == 1
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    with pytest.raises(UserError, match="WANDB_MODE=bogus is not valid"):
+        train_in_process(tmp_path / "bad", *QUICK[:1])
+
+
+def test_full_disk_while_saving_is_one_error_and_resume_continues(tmp_path, monkeypatch):
+    import errno
+
+    from components import checkpoint
+
+    run_dir, writes = tmp_path / "r", []
+    real_write = checkpoint._write_atomic
+
+    def disk_fills_at_the_second_checkpoint(data, path):
+        writes.append(path.name)
+        if sum(name.endswith(".pt") for name in writes) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(data, path)
+
+    monkeypatch.setattr(checkpoint, "_write_atomic", disk_fills_at_the_second_checkpoint)
+    common = ["trainer.max_epochs=2", "trainer.progress_bar=false", "wandb.mode=disabled"]
+    with pytest.raises(UserError, match=r"cannot write checkpoint .*step-00000044.pt \(No space"):
+        train_in_process(run_dir, *common)
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
+    (saved,) = sorted((run_dir / "checkpoints").glob("step-*.pt"))
+    assert load_checkpoint(saved)["progress"]["epoch"] == 1  # the earlier checkpoint is whole
+    monkeypatch.setattr(checkpoint, "_write_atomic", real_write)
+    train_in_process(run_dir, *common, "resume=auto")
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["epoch"] == 2
+    assert [v["epoch"] for v in val_rows(run_dir)] == [1, 2]
 
 
 def test_non_finite_loss_keeps_what_was_written(tmp_path):
