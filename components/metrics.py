@@ -126,7 +126,7 @@ def ending(error: BaseException | None) -> tuple[str, str | None]:
     if error is None:
         return "completed", None
     if isinstance(error, Preempted):
-        return "preempted", describe(error)
+        return "preempted", str(error)
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", "interrupted (Ctrl-C)"
     return "failed", describe(error)

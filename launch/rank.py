@@ -76,6 +76,11 @@ def entry_point(main: Callable[[], Any]) -> None:
         if user_error is not None:
             raise SystemExit(user_error.exit_code) from None
         raise
+    except KeyboardInterrupt:  # Ctrl-C: the run recorded itself as interrupted
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("interrupted (Ctrl-C): rerun with resume=auto to continue from the last "
+                  "checkpoint", file=sys.stderr)  # fmt: skip
+        raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
 
 
 def prepare_argv(argv: list[str]) -> list[str]:

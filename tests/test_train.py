@@ -384,3 +384,26 @@ def test_wandb_init_failure_is_a_warning(tmp_path):
     assert "W&B init failed, training goes on without it" in output(proc)
     assert len(val_rows(run_dir)) == 1
     assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_interrupted_with_one_line(tmp_path):
+    import signal
+    import subprocess
+
+    from tests.helpers import run_env, wait_for_rows
+
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen(
+        train_cmd("trainer.max_epochs=50", "wandb.mode=disabled", "trainer.progress_bar=false",
+                  f"hydra.run.dir={run_dir}"),
+        cwd=REPO, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )  # fmt: skip
+    wait_for_rows(run_dir / "metrics.jsonl", 3, proc)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and out.count("interrupted (Ctrl-C)") == 1, out
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "interrupted"
