@@ -75,7 +75,7 @@ def test_experiments_and_search_spaces_compose(choice):
         ("trainer.max_epoch=3", "Could not override 'trainer.max_epoch'"),
         ("trainer.max_epochs=abc", "could not be converted to Integer"),
         ("model.nme=x", "Could not override 'model.nme'"),
-        ("dataset.download=maybe", "is not a valid bool"),
+        ("dataset.augment=maybe", "is not a valid bool"),
     ],
 )
 def test_typo_or_wrong_type_fails_at_composition(override, message):
@@ -243,7 +243,7 @@ BAD_INPUTS = [
     (["dist.nproc_per_node=two"], ["dist.nproc_per_node=two is not valid", "auto or a positive"]),
     (["dataset=mnist", "dataset.root=/nonexistent/mnist"],
      ["/nonexistent/mnist", "dataset.download=true"]),
-    (["dataset=imagefolder"], ["imagefolder", "point dataset.root at a folder"]),
+    (["dataset=imagefolder"], ["dataset imagefolder needs dataset.root", "point dataset.root at"]),
     (["dataset.val_fraction=1.5"], ["dataset.val_fraction=1.5 is out of range"]),
     (["resume=/nonexistent/last.pt"], ["/nonexistent/last.pt does not exist", "resume="]),
 ]  # fmt: skip
