@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -187,13 +187,21 @@ class TrainConfig:
     resume: str | None = None
 
 
+def open_node() -> Any:
+    """An empty node that takes any key: eval.py's `model.*` / `dataset.*` overrides can only
+    be checked against the checkpoint's own config (components/trained.py)."""
+    node = OmegaConf.create({})
+    OmegaConf.set_struct(node, False)
+    return node
+
+
 @dataclass
 class EvalConfig:
     """eval.py: the training groups (only what the command line overrides is taken; the rest
     comes from the checkpoint's own config), plus what to evaluate."""
 
-    model: Any = MISSING
-    dataset: Any = MISSING
+    model: Any = field(default_factory=open_node)
+    dataset: Any = field(default_factory=open_node)
     dist: DistConfig = field(default_factory=DistConfig)  # the evaluation's own world size
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)

@@ -112,7 +112,8 @@ def check_carved(splits, data: dict, name: str, n_train: int, n_test: int, fract
     """val carved from the training file (fraction, ceil), test the test file, each sample the
     file's pixels and label at its id; train and val disjoint."""
     n_val = -(-int(fraction * 100) * n_train // 100)
-    assert (len(splits.train), len(splits.val), len(splits.test)) == (n_train - n_val, n_val, n_test)
+    sizes = (len(splits.train), len(splits.val), len(splits.test))
+    assert sizes == (n_train - n_val, n_val, n_test)
     assert not set(ids(splits.train)) & set(ids(splits.val))
     assert sorted(ids(splits.train) + ids(splits.val)) == list(range(n_train))
     assert ids(splits.test) == list(range(n_test))
