@@ -60,13 +60,13 @@ def evaluate_checkpoint(cfg: DictConfig) -> float | None:
     with init_distributed(cfg.dist, tc.device) as env:
         splits = build_datasets(trained.dataset, local_rank=env.local_rank, barrier=dist.barrier,
                                 seed=trained.seed)  # fmt: skip
-        model = build_model(trained.model, splits)
-        load_weights(model, ckpt, path)
-        model = model.to(env.device, memory_format=memory_format(tc))
-
         # A split of the dataset, or (any other value) a folder of unlabeled images.
         folder = None if split in SPLITS else ImageFiles(split, splits.eval_transform,
                                                          splits.in_channels, splits.image_size)
+        dataset = folder or splits.eval_set(split)
+        model = build_model(trained.model, splits)
+        load_weights(model, ckpt, path)
+        model = model.to(env.device, memory_format=memory_format(tc))
         loader = eval_loader(splits, split, dataset=folder,
                              batch_size=math.ceil(tc.eval_batch_size / env.world_size),
                              **loader_options(trained.dataset, rank=env.rank,
@@ -83,11 +83,9 @@ def evaluate_checkpoint(cfg: DictConfig) -> float | None:
     if result is not None:
         log.info("%s on %s: loss %.4f acc %.4f acc5 %.4f ece %.4f (%d samples)", path, split,
                  result.loss, result.acc, result.acc5, result.ece, result.count)  # fmt: skip
-    dataset = folder or splits.eval_set(split)
     report = EvalReport(split=split, checkpoint=str(path.resolve()), world_size=env.world_size,
                         train_wandb_run_id=ckpt["progress"].get("wandb_run_id"))  # fmt: skip
-    record.save(report, result, splits.classes, rows,
-                dataset.sample_ids() if rows is not None and record.enabled else [])  # fmt: skip
+    record.save(report, result, splits.classes, rows, dataset)
     record.log_wandb(trained, ckpt["progress"], report, result,
                      label=split if folder is None else "predict")  # fmt: skip
     return result.acc if result is not None else None

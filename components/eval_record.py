@@ -39,9 +39,9 @@ class EvalRecord:
         self.started = time.time()
 
     def save(self, report: EvalReport, result: EvalResult | None, classes: list[str],
-             rows: list[dict] | None, sample_ids: list) -> None:  # fmt: skip
+             rows: list[dict] | None, dataset) -> None:  # fmt: skip
         """eval.json (+ the confusion matrix plot for labelled splits, + predictions.csv when
-        there are prediction rows; `sample_ids[position]` names each sample)."""
+        there are prediction rows, each sample named by `dataset.sample_ids()`)."""
         if not self.enabled:
             return
         report.classes = classes
@@ -53,7 +53,7 @@ class EvalRecord:
             report.confusion_matrix = result.confusion.tolist()
             plot_confusion(result, classes, self.out_dir / CONFUSION_FILE, report.split)
         if rows is not None:
-            write_predictions(self.out_dir / PREDICTIONS_FILE, rows, classes, sample_ids)
+            write_predictions(self.out_dir / PREDICTIONS_FILE, rows, classes, dataset.sample_ids())
             report.predictions = PREDICTIONS_FILE
         report.wall_time_s = round(time.time() - self.started, 3)
         write_json_atomic(self.out_dir / EVAL_FILE, report.to_json())

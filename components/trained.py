@@ -15,6 +15,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from components.checkpoint import BEST, load_checkpoint
 from components.errors import UserError, one_line
 from components.run_dir import CHECKPOINT_DIR
+from data.datasets import LOADER_KEYS
 
 # Keys of eval.py's own config, never taken into the trained config. `dist` too: the world
 # size of an evaluation is its own, whatever the training run's was.
@@ -79,7 +80,8 @@ def trained_config(ckpt: dict[str, Any], cfg: DictConfig, overrides: list[str]) 
             if isinstance(node, DictConfig) and leaf in node:
                 del node[leaf]
             continue
-        if not isinstance(node, DictConfig) or (leaf not in node and not o.is_add()):
+        addable = o.is_add() or (parent == "dataset" and leaf in LOADER_KEYS)  # any dataset's
+        if not isinstance(node, DictConfig) or (leaf not in node and not addable):
             known = ", ".join(sorted(node)) if isinstance(node, DictConfig) else "none"
             raise UserError(f"{key} is not in the config the checkpoint was trained with "
                             f"(keys there: {known}): fix the spelling, or add it with "

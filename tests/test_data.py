@@ -31,7 +31,7 @@ from data import (
     build_datasets,
     build_loaders,
 )
-from data.datasets import _download_once_then_load
+from data.datasets import _download_once_then_load, unwrap
 from data.transforms import NORMALIZATION
 from tests import helpers as fx
 from tests.helpers import dataset_cfg
@@ -512,3 +512,44 @@ def test_download_happens_once_per_node_under_torchrun(tmp_path):
         "0 loaded 270 30 100",  # val: 10% of the 300 training samples
         "1 loaded 270 30 100",
     ]
+
+
+# --- splits across ranks and epochs ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist"])
+def test_training_never_sees_val_or_test_and_splits_match_on_every_rank(tmp_path, name):
+    """Every sample a train batch holds, over epochs, ranks and world sizes, is a train sample
+    (by its index in the set it was carved from); val and test are disjoint from it and the
+    same whatever the rank, the local rank or the seed."""
+    keys = {} if name == "digits" else {"root": str(tmp_path)}
+    if name == "mnist":
+        fx.make_mnist(tmp_path, n_train=300, n_test=100)
+    splits = build_datasets(dataset_cfg(name, **keys), seed=0)
+    train_ids = ids(splits.train)
+
+    def source(ds) -> object:  # which file a split indexes: MNIST's train or test, or digits
+        view = ds.dataset if isinstance(ds, EpochSeededDataset) else ds  # a SplitView
+        base, _ = unwrap(view.dataset)
+        return getattr(base, "train", "scans")
+
+    held = {s: {(source(getattr(splits, s)), i) for i in ids(getattr(splits, s))}
+            for s in ("val", "test")}  # fmt: skip
+    for world_size in (1, 2):
+        seen = set()
+        for rank in range(world_size):
+            other = build_datasets(dataset_cfg(name, **keys), seed=rank + 5, local_rank=rank)
+            assert [ids(getattr(other, s)) for s in ("train", "val", "test")] == [
+                train_ids, ids(splits.val), ids(splits.test)]  # fmt: skip
+            loaders = build_loaders(other, batch_size=16, eval_batch_size=8, rank=rank,
+                                    world_size=world_size, seed=3, fast=True)  # fmt: skip
+            for epoch in range(3):
+                loaders.train_sampler.set_epoch(epoch)
+                seen |= {(source(other.train), train_ids[i])
+                         for batch in loaders.step_indices() for i in batch}  # fmt: skip
+        assert seen <= {(source(splits.train), i) for i in train_ids}
+        assert len(seen) > 0.9 * len(train_ids)
+        assert not seen & held["val"] and not seen & held["test"]
+    if name == "mnist":  # val is carved from the training file, test is the test file
+        assert {source(splits.train), source(splits.val), source(splits.test)} == {True, False}
+        assert held["test"] == {(False, i) for i in range(100)}
