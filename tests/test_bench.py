@@ -17,6 +17,7 @@ from torchvision.datasets import MNIST
 import conf.schema  # noqa: F401 - registers the schema for compose()
 from bench import bench
 from bench import reference as bench_reference
+from data import build_datasets
 from data.transforms import NORMALIZATION, crop_flip_recipe
 from tests.helpers import REPO, run_env
 
@@ -59,8 +60,9 @@ def test_reference_matches_train_config(workload, tmp_path):
     ]
     assert str(theirs) == str(ours)
 
-    name = cfg.dataset.name
-    assert name == {"A": "fake", "B": "mnist"}[workload]
+    name = cfg.dataset._target_.rsplit(".", 1)[-1]
+    assert cfg.dataset._target_ == f"data.catalog.{name}" and name == {"A": "fake", "B": "mnist"}[
+        workload]  # fmt: skip
     norm = bench_reference.FAKE_NORM if workload == "A" else bench_reference.MNIST_NORM
     assert NORMALIZATION[name] == norm
     recipe = crop_flip_recipe(name, size, bool(cfg.dataset.augment))
@@ -70,6 +72,12 @@ def test_reference_matches_train_config(workload, tmp_path):
     else:
         assert recipe.padding == bench_reference.MNIST_PADDING and not recipe.flip
         assert cfg.dataset.root == str(tmp_path)
+
+
+def test_generated_mnist_trains_on_the_steps_asked_for(tmp_path):
+    bench.make_mnist(tmp_path, n_train=bench.train_file_size(4 * 256), n_test=5)
+    splits = build_datasets(composed("B", tmp_path).dataset)
+    assert len(splits.train) == 4 * 256  # one epoch: 4 steps of the global batch
 
 
 def test_generated_mnist_reads_back(tmp_path):
