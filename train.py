@@ -33,6 +33,7 @@ from components import faults
 from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
 from components.distributed import (
     DistEnv,
+    broadcast_weights,
     gather_floats,
     init_distributed,
     tighten_timeout,
@@ -338,7 +339,9 @@ def test_best(model, checkpoints: Checkpointer, splits: DataSplits, loaders: Loa
     if splits.test is None:
         log.info("this dataset has no test split: nothing to test")
         return {}
-    model.load_state_dict(load_checkpoint(checkpoints.best)["model"])  # every rank reads it
+    if env.is_main:  # only rank 0's node is sure to have the file
+        model.load_state_dict(load_checkpoint(checkpoints.best)["model"])
+    broadcast_weights(model)
     with precision_context(tc.precision, env.device):
         metrics = evaluate(model, loaders.eval_loader("test"), env.device, tc, splits.num_classes)
     metrics.all_reduce()

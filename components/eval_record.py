@@ -46,7 +46,7 @@ class EvalRecord:
             return
         report.classes = classes
         if result is not None:
-            report.metrics = {k.split("/")[1]: v for k, v in result.scalars("x").items()}
+            report.metrics = result.numbers()
             report.per_class = [{"class": name, "acc": acc, "count": count} for name, acc, count
                                 in zip(classes, result.per_class_acc, result.per_class_count,
                                        strict=True)]  # fmt: skip

@@ -48,11 +48,13 @@ class EvalResult:
         hits, counts = self.confusion.diagonal().tolist(), self.per_class_count
         return [h / c if c else None for h, c in zip(hits, counts, strict=True)]
 
+    def numbers(self) -> dict[str, float | int]:
+        return {"loss": self.loss, "acc": self.acc, "acc5": self.acc5, "ece": self.ece,
+                "count": self.count}  # fmt: skip
+
     def scalars(self, prefix: str) -> dict[str, float | int]:
         """The logged numbers: ``{prefix}/loss``, ``/acc``, ``/acc5``, ``/ece``, ``/count``."""
-        return {f"{prefix}/loss": self.loss, f"{prefix}/acc": self.acc,
-                f"{prefix}/acc5": self.acc5, f"{prefix}/ece": self.ece,
-                f"{prefix}/count": self.count}  # fmt: skip
+        return {f"{prefix}/{name}": value for name, value in self.numbers().items()}
 
 
 class EvalAccumulator:

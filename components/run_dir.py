@@ -108,14 +108,6 @@ class EvalReport:
         return asdict(self)
 
 
-def read_eval(run_dir: Path) -> dict[str, Any] | None:
-    """An eval run dir's eval.json; None if absent or unreadable."""
-    try:
-        data = json.loads((Path(run_dir) / EVAL_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write `data` as JSON so that readers see the old file or the new one, never a part."""
