@@ -6,9 +6,10 @@
 
 The story, in every rank: join the process group (one device per rank) -> build the data (each
 rank reads its own shard) -> build the model, continue from a checkpoint, wrap it in DDP ->
-train and validate each epoch -> rank 0 saves checkpoints. Rank 0 writes everything into the run
-dir; other ranks write nothing. Each helper is one module away: components/ (services inside a
-rank), data/, models/, launch/ (how ranks and sweeps start).
+train and validate each epoch -> rank 0 saves checkpoints -> evaluate best.pt on the held-out
+test split. Rank 0 writes everything into the run dir; other ranks write nothing. Each helper is
+one module away: components/ (services inside a rank), data/, models/, launch/ (how ranks and
+sweeps start). eval.py evaluates a checkpoint later with the same pieces.
 """
 
 import logging
@@ -29,15 +30,17 @@ from tqdm import tqdm
 
 import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 from components import faults
-from components.checkpoint import Checkpointer, TrainingState
+from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
 from components.distributed import (
     DistEnv,
+    broadcast_weights,
     gather_floats,
     init_distributed,
     tighten_timeout,
     wrap_ddp,
 )
-from components.errors import UserError, instantiate
+from components.errors import UserError
+from components.evaluation import evaluate
 from components.metrics import LossWindow, RunLogger, run_facts
 from components.optim import build_optimizer, lr_schedule
 from components.precision import grad_scaler, memory_format, precision_context
@@ -45,14 +48,16 @@ from components.preemption import Preempted, StopRequest, cpu_group, requeue_on_
 from components.run_dir import process_age_s
 from components.speed import StepTimer, peak_flops, peak_memory_mb, train_flops_per_sample
 from components.world import per_rank_batch, requested_world, started_as_rank, visible_gpus
-from data import build_datasets, build_loaders
+from data import DataSplits, Loaders, build_datasets, build_loaders, loader_options
+from models import build_model
 
 log = logging.getLogger("train")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
-    """Hydra's task function; returns the best val/acc (what sweepers optimise). A user error
+    """Hydra's task function; returns the best val/acc (what sweepers optimise; never test's).
+    A user error
     propagates to whoever runs the task, which reports it once; preemption exits with 75."""
     try:
         if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
@@ -78,6 +83,8 @@ class Progress:
     best_epoch: int | None = None
     skipped_steps: int = 0  # non-finite updates skipped (trainer.nonfinite=skip)
     wandb_run_id: str | None = None
+    wandb_group: str | None = None  # eval.py puts its W&B run in this group
+    wandb_name: str | None = None
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -101,21 +108,16 @@ def train(cfg: DictConfig) -> float:
         micro_batch = per_rank_batch(tc.batch_size, env.world_size, tc.accumulate_grad_batches)
 
         # Data: a DistributedSampler gives each rank its own shard of every epoch; validation
-        # counts every sample exactly once across ranks.
+        # counts every sample exactly once across ranks. Test is only touched after training.
         splits = build_datasets(cfg.dataset, local_rank=env.local_rank, barrier=dist.barrier,
                                 seed=cfg.seed)  # fmt: skip
         loaders = build_loaders(
             splits,
             batch_size=micro_batch,
             eval_batch_size=math.ceil(tc.eval_batch_size / env.world_size),
-            rank=env.rank,
-            world_size=env.world_size,
-            seed=cfg.seed,
-            num_workers=cfg.dataset.num_workers,
-            pin_memory=env.device.type == "cuda",
-            fast=cfg.dataset.fast,
-            device=env.device,
-        )
+            **loader_options(cfg.dataset, rank=env.rank, world_size=env.world_size,
+                             seed=cfg.seed, device=env.device),
+        )  # fmt: skip
         steps_per_epoch = len(loaders.train) // tc.accumulate_grad_batches
         if steps_per_epoch == 0:
             raise UserError(
@@ -124,9 +126,7 @@ def train(cfg: DictConfig) -> float:
             )
 
         # Model, optimizer, schedule; everything a resume needs is one TrainingState.
-        model = instantiate(cfg.model, num_classes=splits.num_classes, image_size=splits.image_size,
-                            in_channels=splits.in_channels)  # fmt: skip
-        model = model.to(env.device, memory_format=memory_format(tc))
+        model = build_model(cfg.model, splits).to(env.device, memory_format=memory_format(tc))
         optimizer = build_optimizer(cfg.optim, model)
         scheduler = lr_schedule(optimizer, tc, steps_per_epoch)
         scaler = grad_scaler(tc.precision, env.device)
@@ -137,7 +137,7 @@ def train(cfg: DictConfig) -> float:
             per_rank={"loss_window": window},
         )
         checkpoints = Checkpointer(run_dir, rank=env.rank, world_size=env.world_size,
-                                   keep=tc.keep_checkpoints)  # fmt: skip
+                                   keep=tc.keep_checkpoints, config=cfg)  # fmt: skip
         resumed = checkpoints.restore(state, cfg.resume)
         if resumed is not None:
             log.info("resumed from %s: epoch %d, step %d", resumed, progress.epoch + 1,
@@ -149,6 +149,7 @@ def train(cfg: DictConfig) -> float:
         facts = run_facts(env.world_size, micro_batch * tc.accumulate_grad_batches, env.device)
         progress.wandb_run_id = run.open(cfg, facts, resuming=resumed is not None,
                                          wandb_run_id=progress.wandb_run_id)  # fmt: skip
+        progress.wandb_group, progress.wandb_name = run.wandb_group_name
         stop = StopRequest(tc.preemption_check_every_n_steps, cpu_group(env.backend))
         step = TrainStep(ddp_model, optimizer, scheduler, scaler, env, tc)
         speed = Speed(env, tc, samples_per_step=micro_batch * tc.accumulate_grad_batches
@@ -187,7 +188,9 @@ def train(cfg: DictConfig) -> float:
                 bar.close()
 
                 with precision_context(tc.precision, env.device):
-                    val = evaluate(model, loaders.val, env.device, tc)
+                    metrics = evaluate(model, loaders.val, env.device, tc, splits.num_classes)
+                metrics.all_reduce()  # every rank's sums and counts: each val sample once
+                val = metrics.result().scalars("val")
                 progress.epoch, progress.step_in_epoch = epoch + 1, 0
                 run.log({"step": progress.step, "epoch": epoch + 1, **val})
                 log.info("epoch %d/%d step %d val/loss %.4f val/acc %.4f", epoch + 1,
@@ -201,6 +204,11 @@ def train(cfg: DictConfig) -> float:
                                  best_epoch=progress.best_epoch)  # fmt: skip
             run.result.time_to_first_step_s = speed.first_step_s
             run.result.peak_memory_mb_per_rank = gather_floats(peak_memory_mb(env.device))
+            if tc.test_after_fit and progress.best_epoch is not None:
+                run.result.test = test_best(model, checkpoints, splits, loaders, env, tc)
+                if run.result.test:
+                    run.log({"step": progress.step, "epoch": progress.epoch,
+                             "best_epoch": progress.best_epoch, **run.result.test})  # fmt: skip
             return progress.best_val_acc
         finally:
             stop.restore_default_handlers()
@@ -324,21 +332,22 @@ def progress_bar(env: DistEnv, tc, steps: int, progress: Progress):
                 disable=not show, leave=False)  # fmt: skip
 
 
-@torch.no_grad()
-def evaluate(model, loader, device, tc) -> dict:
-    """Exact full-set metrics: every val sample counted once across ranks, (sum, count) reduced."""
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    for x, y in loader:
-        x = x.to(device, non_blocking=True, memory_format=memory_format(tc))
-        y = y.to(device, non_blocking=True)
-        logits = model(x)
-        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum").double()
-        totals[1] += (logits.argmax(1) == y).sum()
-        totals[2] += len(y)
-    dist.all_reduce(totals)
-    loss_sum, correct, count = totals.tolist()
-    return {"val/loss": loss_sum / count, "val/acc": correct / count, "val/count": int(count)}
+def test_best(model, checkpoints: Checkpointer, splits: DataSplits, loaders: Loaders,
+              env: DistEnv, tc) -> dict:  # fmt: skip
+    """test/* of best.pt on the test split, exact like validation ({} without either). Test
+    picks nothing: best.pt and the sweepers' value come from val only."""
+    if splits.test is None:
+        log.info("this dataset has no test split: nothing to test")
+        return {}
+    if env.is_main:  # only rank 0's node is sure to have the file
+        model.load_state_dict(load_checkpoint(checkpoints.best)["model"])
+    broadcast_weights(model)
+    with precision_context(tc.precision, env.device):
+        metrics = evaluate(model, loaders.eval_loader("test"), env.device, tc, splits.num_classes)
+    metrics.all_reduce()
+    test = metrics.result().scalars("test")
+    log.info("best.pt on test: test/loss %.4f test/acc %.4f", test["test/loss"], test["test/acc"])
+    return test
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -127,6 +128,15 @@ def make_mnist(root: Path, n_train: int, n_test: int = MNIST_TEST_SAMPLES) -> Pa
     return root
 
 
+def train_file_size(train_samples: int, val_fraction: float = 0.1) -> int:
+    """Samples the generated training file needs so that train.py, which carves
+    ``val_fraction`` of it as val (conf/dataset/mnist.yaml), trains on ``train_samples``."""
+    n = train_samples
+    while n - math.ceil(val_fraction * n) < train_samples:
+        n += 1
+    return n
+
+
 # --- one run ---------------------------------------------------------------------------------
 
 
@@ -172,6 +182,7 @@ def train_overrides(s: Setup, run_dir: Path) -> list[str]:
         "optim=sgd",
         f"trainer.batch_size={spec.global_batch}",
         "trainer.max_epochs=1",
+        "trainer.test_after_fit=false",  # training throughput only
         f"trainer.log_every_n_steps={s.log_every}",
         "trainer.progress_bar=false",
         "trainer.device=cpu",
@@ -541,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             data_root = None
             if workload == "B":  # generated once, shared by every run of B
                 data_root = make_mnist(work / f"mnist-{steps * spec.global_batch}",
-                                       steps * spec.global_batch)  # fmt: skip
+                                       train_file_size(steps * spec.global_batch))  # fmt: skip
             for world_size in args.world_sizes:
                 setup = Setup(workload, world_size, steps, log_every, data_root,
                               threads=max(1, cores // world_size),

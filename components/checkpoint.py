@@ -12,9 +12,10 @@ checkpoint that verifies and names every newer one it skipped.
 
 What goes in is one TrainingState: everything a resume needs, saved and restored by the same
 object (model, optimizer, scheduler, scaler, progress with the W&B run id, and under `ranks`
-each rank's own state: its RNG states and loss window). A checkpoint is a plain dict of tensors
-and Python scalars/containers, so it loads with `torch.load(weights_only=True)`: no pickled code
-runs on load.
+each rank's own state: its RNG states and loss window), plus the run's composed config as YAML
+text (`config`): a checkpoint alone rebuilds its model and data (eval.py). A checkpoint is a
+plain dict of tensors and Python scalars/containers/strings, so it loads with
+`torch.load(weights_only=True)`: no pickled code runs on load.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig
 
-from components.errors import UserError, one_line
+from components.errors import UserError, one_line, resolved_yaml
 from components.run_dir import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
@@ -99,10 +101,14 @@ def verify(path: Path) -> str | None:
     return None if actual == expected else "SHA-256 mismatch: torn or corrupt"
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, key: str = "resume") -> dict[str, Any]:
+    """The checkpoint at `path`, verified and loaded with weights_only=True; a UserError naming
+    the setting `key` (resume=, ckpt=) to change when it cannot be used."""
+    fresh = " or resume=null to start fresh" if key == "resume" else ""
     if not path.is_file():
         raise UserError(
-            f"checkpoint {path} does not exist: pass resume=<an existing .pt file> or resume=null"
+            f"checkpoint {path} does not exist: pass {key}=<an existing .pt file>"
+            + (" or resume=null" if key == "resume" else "")
         )
     problem = verify(path)
     if problem is None:
@@ -113,14 +119,14 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if problem is not None:
         raise UserError(
             f"checkpoint {path} cannot be loaded ({problem}): "
-            "pass resume=<another checkpoint> or resume=null to start fresh"
+            f"pass {key}=<another checkpoint>{fresh}"
         )
     required = {"model", "progress"}
     missing = required - set(state) if isinstance(state, dict) else required
     if missing:
         raise UserError(
             f"checkpoint {path} is not a hydra-ddp checkpoint (missing {sorted(missing)}): "
-            "pass resume=<a checkpoints/last.pt> or resume=null"
+            f"pass {key}=<a checkpoints/last.pt>" + (" or resume=null" if key == "resume" else "")
         )
     return state
 
@@ -259,20 +265,28 @@ class TrainingState:
 
 class Checkpointer:
     """<run dir>/checkpoints/step-N.pt (+ last.pt, best.pt): saved by rank 0 while every rank
-    contributes its own state, then a barrier; restored in every rank."""
+    contributes its own state, then a barrier; restored in every rank. `config`: the run's
+    composed config, saved with every checkpoint as YAML text."""
 
-    def __init__(self, run_dir: Path, *, rank: int, world_size: int, keep: int = KEEP):
+    def __init__(self, run_dir: Path, *, rank: int, world_size: int, keep: int = KEEP,
+                 config: DictConfig | None = None):  # fmt: skip
         self.dir = run_dir / CHECKPOINT_DIR
         self.run_dir = run_dir
         self.rank = rank
         self.world_size = world_size
         self.keep = keep
+        self.config = None if config is None else resolved_yaml(config)
+
+    @property
+    def best(self) -> Path:
+        return self.dir / BEST
 
     def save(self, state: TrainingState, *, step: int, is_best: bool) -> None:
         # Every rank takes part in the gather; only rank 0 writes.
         ranks = gather_rank_states(state.rank_state_dict())
         if self.rank == 0:
-            ckpt = {**state.state_dict(), "world_size": self.world_size, "ranks": ranks}
+            ckpt = {**state.state_dict(), "world_size": self.world_size, "ranks": ranks,
+                    "config": self.config}  # fmt: skip
             path = self.dir / f"step-{step:08d}.pt"
             try:
                 atomic_save(ckpt, path)

@@ -151,6 +151,14 @@ def gather_floats(value: float) -> list[float]:
     return values
 
 
+def broadcast_weights(model: torch.nn.Module, src: int = 0) -> None:
+    """Every rank's parameters and buffers become rank `src`'s (a collective). For state only
+    rank 0 can read, e.g. a checkpoint on its node's disk (nodes may share no file system)."""
+    with torch.no_grad():
+        for tensor in model.state_dict().values():  # views of the module's own tensors
+            dist.broadcast(tensor, src=src)
+
+
 def wrap_ddp(model, dist_cfg, env: DistEnv):
     if not env.is_distributed:
         return model  # one rank: nothing to synchronise

@@ -109,9 +109,45 @@ def wandb_group_and_name(group: str | None, name: str | None) -> tuple[str | Non
     return group, name
 
 
+def init_wandb(w: Any, *, run_dir: Path, config: dict[str, Any], group: str | None,
+               name: str | None, job_type: str | None = None, run_id: str | None = None,
+               resume: str | None = None, job: str = "training"):  # fmt: skip
+    """A W&B run as the `wandb` config `w` asks (mode, project, entity, tags, init timeout),
+    or None: disabled, or a W&B failure, which is a warning and never stops the job. With a
+    `run_id` the run continues (resume="allow" unless `resume` says otherwise)."""
+    mode = resolve_wandb_mode(w)
+    if mode == "disabled":
+        return None
+    try:
+        import wandb
+
+        run = wandb.init(
+            project=w.project,
+            entity=w.entity,
+            group=group,
+            name=name,
+            job_type=job_type or w.job_type,
+            tags=list(w.tags),
+            config=config,
+            dir=str(run_dir),
+            mode=mode,
+            id=run_id,
+            resume=resume or ("allow" if run_id else None),
+            # No banner or footer: the run's own end line says where the run is.
+            settings=wandb.Settings(init_timeout=w.init_timeout_s, console="off", silent=True),
+        )
+        log.info("W&B run %s (%s mode) in %s", run.id, mode, run.dir)
+        return run
+    except Exception as e:  # noqa: BLE001 - any W&B failure must leave the job running
+        log.warning("W&B init failed, %s goes on without it: %s", job, describe(e)[:200])
+        log.debug("W&B init failed", exc_info=True)
+        return None
+
+
 def row_kind(row: dict[str, Any]) -> str:
-    """Rows are keyed by (step, kind): a train window and an epoch's validation share a step."""
-    return "val" if "val/acc" in row else "train"
+    """Rows are keyed by (step, kind): a train window, an epoch's validation and the final test
+    of the best checkpoint may share a step."""
+    return "val" if "val/acc" in row else "test" if "test/acc" in row else "train"
 
 
 def rows_to_replay(rows: list[dict[str, Any]], wandb_start: int) -> list[dict[str, Any]]:
@@ -242,40 +278,25 @@ class RunLogger:
         return self.wandb.id if self.wandb is not None else None
 
     def _init_wandb(self, cfg: DictConfig, facts: dict[str, Any], run_id: str | None) -> None:
-        w = cfg.wandb
-        mode = resolve_wandb_mode(w)
-        if mode == "disabled":
+        if resolve_wandb_mode(cfg.wandb) == "disabled":
             return
-        try:
-            import wandb
-
-            config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-            config["run"] = facts
-            group, name = wandb_group_and_name(w.group, w.name)
-            self.wandb = wandb.init(
-                project=w.project,
-                entity=w.entity,
-                group=group,
-                name=name,
-                job_type=w.job_type,
-                tags=list(w.tags),
-                config=config,
-                dir=str(self.run_dir),
-                mode=mode,
-                id=run_id,
-                resume="allow" if run_id else None,
-                # No banner or footer: the run's own end line says where the run is.
-                settings=wandb.Settings(init_timeout=w.init_timeout_s, console="off",
-                                        silent=True),  # fmt: skip
-            )
+        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        config["run"] = facts
+        group, name = wandb_group_and_name(cfg.wandb.group, cfg.wandb.name)
+        self.wandb = init_wandb(cfg.wandb, run_dir=self.run_dir, config=config, group=group,
+                                name=name, run_id=run_id)  # fmt: skip
+        if self.wandb is not None:
             # Val metrics are plotted per epoch; val/acc's run summary is its best value.
             self.wandb.define_metric("epoch")
             self.wandb.define_metric("val/*", step_metric="epoch")
             self.wandb.define_metric("val/acc", step_metric="epoch", summary="max")
-            log.info("W&B run %s (%s mode) in %s", self.wandb.id, mode, self.wandb.dir)
-        except Exception as e:  # noqa: BLE001 - any W&B failure must leave training running
-            log.warning("W&B init failed, training goes on without it: %s", describe(e)[:200])
-            self.wandb = None
+
+    @property
+    def wandb_group_name(self) -> tuple[str | None, str | None]:
+        """The W&B run's group and name, as W&B has them (None without a run)."""
+        if self.wandb is None:
+            return None, None
+        return self.wandb.group or None, self.wandb.name or None
 
     def log(self, row: dict[str, Any]) -> None:
         """One row of metrics.jsonl (and W&B), stamped with the time (unix) and the seconds

@@ -12,6 +12,13 @@ summary and the benchmark (readers).
       checkpoints/            components/checkpoint.py
       wandb/                  the W&B run
       .torchrun/              the torchrun launcher's hand-off files (launch/torchrun.py)
+
+    <eval run dir>/          what eval.py writes (its own dir, never the training run's)
+      .hydra/, eval.log       as above
+      eval.json               the evaluation (EvalReport)
+      confusion_matrix.png    rows: true class, columns: predicted class
+      predictions.csv         with predictions=true, or for a folder of images
+      wandb/                  the W&B eval run
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
 CHECKPOINT_DIR = "checkpoints"
 OVERRIDES_FILE = ".hydra/overrides.yaml"
+EVAL_FILE = "eval.json"
+CONFUSION_FILE = "confusion_matrix.png"
+PREDICTIONS_FILE = "predictions.csv"
 LAUNCHER_DIR = ".torchrun"
 
 STATUSES = ("running", "completed", "failed", "preempted", "interrupted")
@@ -77,6 +87,29 @@ class RunResult:
 
 
 _ALWAYS = {"status", "error"}
+
+
+@dataclass
+class EvalReport:
+    """eval.json: what eval.py measured, on which checkpoint and split."""
+
+    split: str  # train | val | test | the folder of images predicted on
+    checkpoint: str
+    status: str = "completed"
+    # loss, acc, acc5, ece, count; {} for unlabeled images (predictions only)
+    metrics: dict[str, float] = field(default_factory=dict)
+    classes: list[str] = field(default_factory=list)
+    per_class: list[dict[str, Any]] = field(default_factory=list)  # class, acc, count
+    confusion_matrix: list[list[int]] = field(default_factory=list)  # [true][predicted]
+    predictions: str | None = None  # the predictions file, relative to the eval dir
+    world_size: int = 1
+    train_wandb_run_id: str | None = None  # the W&B run of the training run
+    wandb_run_id: str | None = None  # this evaluation's W&B run
+    wall_time_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

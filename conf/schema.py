@@ -10,7 +10,7 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -37,22 +37,55 @@ class SmallCNNConfig:
 
 @dataclass
 class DatasetConfig:
-    """A torchvision dataset by name (data/datasets.py)."""
+    """A dataset by `_target_` (data/datasets.py): a function returning a data.DataSource.
+    Every key but the loader's two below is an argument of that function."""
 
-    name: str = MISSING
+    _target_: str = MISSING
+    num_workers: int = 0  # DataLoader workers per rank
+    # Sets held in memory (digits, MNIST family, CIFAR) as one uint8 tensor on the training
+    # device, batches built with tensor ops (data/fast.py); false: the DataLoader path.
+    fast: bool = True
+
+
+@dataclass
+class TorchvisionDatasetConfig(DatasetConfig):
+    """mnist, fashion_mnist, cifar10, cifar100 (data/catalog.py): the official test set is
+    test; val is carved from the training set."""
+
     root: str = "${oc.env:HYDRA_DDP_DATA,data_cache}"
     download: bool = False
-    num_workers: int = 0
     augment: bool = True
-    # Samples/dataset shape for `fake` (torchvision FakeData); the others read theirs from data.
+    val_fraction: float = 0.1  # of the training set, stratified by class, fixed seed
+
+
+@dataclass
+class ImageFolderDatasetConfig(DatasetConfig):
+    """imagenet and imagefolder (data/catalog.py): image files, resized to image_size."""
+
+    root: str = MISSING
+    download: bool = False  # never possible; kept so that asking for it names the fix
+    augment: bool = True
+    image_size: int = 224
+    val_fraction: float = 0.1  # carved from train where the set has no val split of its own
+
+
+@dataclass
+class DigitsDatasetConfig(DatasetConfig):
+    """scikit-learn's digits (data/catalog.py), partitioned into train/val/test."""
+
+    augment: bool = False
+    val_fraction: float = 0.1  # of all 1797 scans, stratified by class, fixed seed
+    test_fraction: float = 0.1
+
+
+@dataclass
+class FakeDatasetConfig(DatasetConfig):
+    """torchvision FakeData (data/catalog.py): random images, size // 5 each for val/test."""
+
     size: int = 1000
     image_size: int = 32
     num_classes: int = 10
-    # Fraction of the digits set held out for validation (digits has no official split).
-    val_fraction: float = 0.2
-    # In-memory datasets (digits, MNIST family, CIFAR) as one uint8 tensor on the training
-    # device, batches built with tensor ops (data/fast.py); false: the DataLoader path.
-    fast: bool = True
+    augment: bool = False
 
 
 @dataclass
@@ -123,6 +156,9 @@ class TrainerConfig:
     nonfinite: str = "error"  # error: stop naming step and rank | skip: skip that update
     # How often ranks agree on a pending SIGTERM/SIGUSR1 (a tiny all-reduce on CPU).
     preemption_check_every_n_steps: int = 10
+    # After the last epoch, evaluate best.pt on the dataset's test split (exact, all ranks):
+    # test/* in metrics.jsonl, W&B and result.json. Nothing is ever chosen on test.
+    test_after_fit: bool = True
 
 
 class WandbMode(Enum):
@@ -152,7 +188,7 @@ class WandbConfig:
 @dataclass
 class TrainConfig:
     model: Any = MISSING
-    dataset: DatasetConfig = MISSING
+    dataset: Any = MISSING  # typed by each choice's own schema (a user's may have none)
     dist: DistConfig = field(default_factory=DistConfig)
     optim: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -163,14 +199,43 @@ class TrainConfig:
     resume: str | None = None
 
 
+def open_node() -> Any:
+    """An empty node that takes any key: eval.py's `model.*` / `dataset.*` overrides can only
+    be checked against the checkpoint's own config (components/trained.py)."""
+    node = OmegaConf.create({})
+    OmegaConf.set_struct(node, False)
+    return node
+
+
+@dataclass
+class EvalConfig:
+    """eval.py: the training groups (only what the command line overrides is taken; the rest
+    comes from the checkpoint's own config), plus what to evaluate."""
+
+    model: Any = field(default_factory=open_node)
+    dataset: Any = field(default_factory=open_node)
+    dist: DistConfig = field(default_factory=DistConfig)  # the evaluation's own world size
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    run: str | None = None  # a training run dir: evaluates its checkpoints/best.pt
+    ckpt: str | None = None  # a checkpoint file (instead of run=)
+    split: str = "test"  # train | val | test, or a folder of images (predictions only)
+    predictions: bool = False  # also write predictions.csv (always for a folder)
+
+
 def register_configs() -> None:
     """Schemas live in the `schema` group; each YAML names its own as `/schema/<group>/<name>`."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="eval_schema", node=EvalConfig)
     for group, name, node in (
         ("model", "torchvision", TorchvisionModelConfig),
         ("model", "small_cnn", SmallCNNConfig),
         ("dataset", "dataset", DatasetConfig),
+        ("dataset", "torchvision", TorchvisionDatasetConfig),
+        ("dataset", "image_folder", ImageFolderDatasetConfig),
+        ("dataset", "digits", DigitsDatasetConfig),
+        ("dataset", "fake", FakeDatasetConfig),
         ("dist", "dist", DistConfig),
         ("optim", "sgd", SGDConfig),
         ("optim", "adamw", AdamWConfig),

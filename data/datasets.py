@@ -1,168 +1,203 @@
-"""Datasets by name (cfg.dataset.name): one registry of torchvision datasets, built once per node.
+"""Datasets by `_target_`: any function that returns a DataSource is a dataset.
 
-Missing or undownloadable data is the user's to fix, so it surfaces as a one-line UserError
-naming the path and the setting to change, never as torchvision's traceback.
+A dataset config (conf/dataset/<choice>.yaml) is instantiated like a model: `_target_` names a
+function and the node's other keys are its arguments, except the loader's own keys
+(`num_workers`, `fast`). The function returns a DataSource: its train, val and test splits as
+plain datasets of ``(image, label)``, their shape and class count, and the transforms to apply.
+build_datasets calls it (on local rank 0 first when `download` is true: downloads happen once
+per node) and returns DataSplits, what the loaders take: transforms applied, train items seeded
+per (seed, epoch, index), and, for sets held in memory, uint8 tensors for the fast path.
+
+Splits: train / val / test, fixed for a dataset whatever the run's seed, rank or world size.
+Where a dataset has no validation set of its own, its target carves one from the training data
+with carve_val (a fixed seed, stratified by class where the labels are known); an official test
+set stays held out as test. Only evaluation touches test.
+
+The shipped datasets are targets in data/catalog.py; a new one is one function and one YAML.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
-from torch.utils.data import Dataset
-from torchvision import datasets as tvd
+from torch.utils.data import Dataset, Subset
 
-from components.errors import UserError
-from data.digits import Digits
+from components.errors import UserError, instantiate, one_line
 from data.fast import InMemoryData, as_uint8_nchw
 from data.seeding import EpochSeededDataset
-from data.transforms import NORMALIZATION, crop_flip_recipe, train_transform, val_transform
+from data.transforms import CropFlip
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+# Keys of a dataset config that the loaders read; every other key goes to the target.
+LOADER_KEYS = ("num_workers", "fast")
+# Carved splits never depend on the run's seed, so val/test numbers stay comparable across runs.
+SPLIT_SEED = 0
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """The in-memory fast path (data/fast.py) for a source whose splits hold their images as
+    uint8 ``data`` ([N, H, W] or [N, H, W, C]) and labels as ``targets`` (torchvision's MNIST
+    and CIFAR classes do; Subsets of them too): normalisation and train augmentation, applied
+    to whole batches on the device."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augment: CropFlip = CropFlip()
+
+
+@dataclass
+class DataSource:
+    """What a dataset target returns. Items are ``(image, label)``; the transforms turn an
+    image into the model's float tensor (None: the items already are tensors)."""
+
+    train: Dataset
+    val: Dataset  # carve_val(train, fraction) where the dataset has no validation set
+    test: Dataset | None  # the held-out set; None where the dataset has none
+    num_classes: int
+    in_channels: int
+    image_size: int  # side of the square tensors the model receives
+    train_transform: Callable | None = None  # may be random (seeded per sample)
+    eval_transform: Callable | None = None  # deterministic: val, test, evaluation of train
+    classes: Sequence[str] | None = None  # class names, by label (default "0", "1", ...)
+    fast: FastPath | None = None
 
 
 @dataclass
 class DataSplits:
+    """The run's datasets, built by build_datasets."""
+
     train: Dataset  # EpochSeededDataset: accepts ds[(epoch, index)] and ds[index]
     val: Dataset
     num_classes: int
     in_channels: int  # 1 for digits/mnist/fashion_mnist, 3 otherwise
     image_size: int  # side of the square tensors the model receives
-    # Both splits as uint8 tensors for the fast path (data/fast.py); None where the set is not
+    # The splits as uint8 tensors for the fast path (data/fast.py); None where the set is not
     # held in memory (imagenet, imagefolder, fake).
     memory: InMemoryData | None = None
+    test: Dataset | None = None
+    classes: list[str] = field(default_factory=list)
+    train_eval: Dataset | None = None  # the train split with the eval transform
+    eval_transform: Callable | None = None
+
+    def eval_set(self, split: str) -> Dataset:
+        """The split ``train``, ``val`` or ``test`` as evaluation sees it (no augmentation)."""
+        sets = {"train": self.train_eval, "val": self.val, "test": self.test}
+        if sets.get(split) is None:
+            have = ", ".join(name for name, found in sets.items() if found is not None)
+            raise UserError(f"this dataset has no {split!r} split: use split= one of {have} "
+                            "or a folder of images")  # fmt: skip
+        return sets[split]
 
 
-@dataclass(frozen=True)
-class _Request:
-    name: str
-    root: str
-    image_size: int
-    train_tf: Callable
-    val_tf: Callable
-    cfg: Any
+# --- splits of a dataset --------------------------------------------------------------------
 
 
-# (request, download) -> (train, val)
-_Loader = Callable[[_Request, bool], tuple[Dataset, Dataset]]
+def unwrap(dataset: Dataset) -> tuple[Dataset, np.ndarray | None]:
+    """The dataset under any Subsets, and which of its samples ``dataset`` holds (None: all)."""
+    indices = None
+    while isinstance(dataset, Subset):
+        outer = np.asarray(dataset.indices, dtype=np.int64)
+        indices = outer if indices is None else outer[indices]
+        dataset = dataset.dataset
+    return dataset, indices
 
 
-@dataclass(frozen=True)
-class _Spec:
-    load: _Loader
-    in_channels: int
-    image_size: int | None  # None: cfg.image_size
-    # "torchvision": fetched by torchvision when dataset.download=true; "none": nothing on disk,
-    # the flag is ignored; "manual": files must be put in place, download=true is an error.
-    fetch: str
-    missing_fix: str = "set dataset.download=true or point dataset.root at a copy"
-    # The loaded datasets hold all images as uint8 ``data`` and labels as ``targets``.
-    in_memory: bool = False
+def labels_of(dataset: Dataset) -> np.ndarray | None:
+    """The labels of every sample, read without loading images: the ``targets`` of the dataset
+    under any Subsets (torchvision's sets have them); None where there are none."""
+    base, indices = unwrap(dataset)
+    targets = getattr(base, "targets", None)
+    if targets is None:
+        return None
+    labels = np.asarray(targets, dtype=np.int64)
+    return labels if indices is None else labels[indices]
 
 
-def _train_test(cls: type) -> _Loader:
-    def load(req: _Request, download: bool) -> tuple[Dataset, Dataset]:
-        return (
-            cls(req.root, train=True, transform=req.train_tf, download=download),
-            cls(req.root, train=False, transform=req.val_tf, download=download),
-        )
+def stratified_holdout(
+    labels: np.ndarray | None, n: int, size: int, seed: int = SPLIT_SEED
+) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held out) positions of ``n`` samples, ``size`` held out, both sorted: a fixed
+    shuffle (``seed``), stratified by ``labels`` where given and every class can give one."""
+    from sklearn.model_selection import train_test_split  # slow to import; only carving uses it
 
-    return load
-
-
-def _digits(req: _Request, download: bool) -> tuple[Dataset, Dataset]:
-    fraction = float(req.cfg.val_fraction)
-    # Both sides must hold at least one sample per class (stratified split of 1797 samples).
-    if not 0.01 <= fraction <= 0.99:
-        raise UserError(f"dataset.val_fraction={fraction} is out of range: use 0.01 to 0.99")
-    return (
-        Digits(req.root, train=True, transform=req.train_tf, val_fraction=fraction),
-        Digits(req.root, train=False, transform=req.val_tf, val_fraction=fraction),
-    )
+    stratify = labels
+    if labels is not None:
+        counts = np.bincount(labels)
+        counts = counts[counts > 0]
+        if counts.min() < 2 or not len(counts) <= size <= n - len(counts):
+            stratify = None  # too few of a class to stratify: a plain fixed shuffle
+    kept, held = train_test_split(np.arange(n), test_size=size, stratify=stratify,
+                                  random_state=seed)  # fmt: skip
+    return np.sort(kept), np.sort(held)
 
 
-def _imagenet(req: _Request, download: bool) -> tuple[Dataset, Dataset]:
-    return (
-        tvd.ImageNet(req.root, split="train", transform=req.train_tf),
-        tvd.ImageNet(req.root, split="val", transform=req.val_tf),
-    )
+def holdout_size(fraction: float, n: int, key: str) -> int:
+    """``ceil(fraction * n)`` samples, checked: both sides keep at least one sample."""
+    fraction = float(fraction)
+    size = int(np.ceil(fraction * n))
+    if not 0.0 < fraction < 1.0 or not 1 <= size <= n - 1:
+        raise UserError(f"{key}={fraction} is out of range: use a fraction between 0.01 and "
+                        f"0.99 that leaves samples on both sides ({n} samples)")  # fmt: skip
+    return size
 
 
-def _imagefolder(req: _Request, download: bool) -> tuple[Dataset, Dataset]:
-    train = tvd.ImageFolder(os.path.join(req.root, "train"), transform=req.train_tf)
-    val = tvd.ImageFolder(os.path.join(req.root, "val"), transform=req.val_tf)
-    # Labels are class-folder indices: differing folder sets would silently mislabel val.
-    if train.classes != val.classes:
-        only_train = sorted(set(train.classes) - set(val.classes))
-        only_val = sorted(set(val.classes) - set(train.classes))
-        raise UserError(
-            f"class folders of {req.root}/train and {req.root}/val differ (only in train: "
-            f"{only_train[:5]}, only in val: {only_val[:5]}): give both the same class folders"
-        )
-    return train, val
+def carve_val(
+    train: Dataset, fraction: float, *, key: str = "dataset.val_fraction"
+) -> tuple[Subset, Subset]:
+    """(train, val): ``fraction`` of ``train`` held out as val, the same samples in every run,
+    rank and world size (a fixed seed), stratified by class where the labels are known."""
+    n = len(train)  # type: ignore[arg-type]
+    kept, held = stratified_holdout(labels_of(train), n, holdout_size(fraction, n, key))
+    return Subset(train, kept.tolist()), Subset(train, held.tolist())
 
 
-def _fake(req: _Request, download: bool) -> tuple[Dataset, Dataset]:
-    cfg, s = req.cfg, req.image_size
-    size, num_classes = int(cfg.size), int(cfg.num_classes)
-    if size < 1 or num_classes < 1:
-        raise UserError(
-            f"dataset.size={size} and dataset.num_classes={num_classes} must both be >= 1"
-        )
-    return (
-        tvd.FakeData(size, (3, s, s), num_classes, transform=req.train_tf),
-        # Offset past the train indices: FakeData seeds image i with i + random_offset.
-        tvd.FakeData(
-            max(size // 5, 1), (3, s, s), num_classes, transform=req.val_tf, random_offset=size
-        ),
-    )
+class SplitView(Dataset):
+    """One split with its transform applied: ``(transform(image), label)``.
+
+    torch has no transform-applying dataset wrapper, and a split carved from a training set
+    needs its own transform (val and test: the deterministic one)."""
+
+    def __init__(self, dataset: Dataset, transform: Callable | None) -> None:
+        self.dataset = dataset
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        image, label = self.dataset[index]
+        return (image if self.transform is None else self.transform(image)), label
+
+    @property
+    def targets(self) -> np.ndarray | None:
+        return labels_of(self.dataset)
+
+    def sample_ids(self) -> list[int | str]:
+        """What identifies each sample across runs: its file where it is one (ImageFolder,
+        ImageNet), else its index in the dataset it was carved from (e.g. MNIST's training set)."""
+        base, indices = unwrap(self.dataset)
+        positions = range(len(self)) if indices is None else indices.tolist()
+        samples = getattr(base, "samples", None)
+        if samples is not None:
+            return [str(samples[i][0]) for i in positions]
+        return list(positions)
+
+    def __repr__(self) -> str:
+        return f"SplitView({self.dataset!r}, transform={self.transform!r})"
 
 
-_IMAGENET_FIX = (
-    "put ILSVRC2012_devkit_t12.tar.gz and ILSVRC2012_img_train.tar/ILSVRC2012_img_val.tar "
-    "(or the train/, val/ folders and meta.bin torchvision made from them) there"
-)
-
-DATASETS: dict[str, _Spec] = {
-    "digits": _Spec(_digits, in_channels=1, image_size=8, fetch="none", in_memory=True),
-    "mnist": _Spec(
-        _train_test(tvd.MNIST), in_channels=1, image_size=28, fetch="torchvision", in_memory=True
-    ),
-    "fashion_mnist": _Spec(
-        _train_test(tvd.FashionMNIST),
-        in_channels=1,
-        image_size=28,
-        fetch="torchvision",
-        in_memory=True,
-    ),
-    "cifar10": _Spec(
-        _train_test(tvd.CIFAR10), in_channels=3, image_size=32, fetch="torchvision", in_memory=True
-    ),
-    "cifar100": _Spec(
-        _train_test(tvd.CIFAR100), in_channels=3, image_size=32, fetch="torchvision", in_memory=True
-    ),
-    "imagenet": _Spec(
-        _imagenet, in_channels=3, image_size=None, fetch="manual", missing_fix=_IMAGENET_FIX
-    ),
-    "imagefolder": _Spec(
-        _imagefolder,
-        in_channels=3,
-        image_size=None,
-        fetch="manual",
-        missing_fix="point dataset.root at a folder holding train/<class>/* and val/<class>/*",
-    ),
-    "fake": _Spec(_fake, in_channels=3, image_size=None, fetch="none"),
-}
-
-
-def _one_line(error: BaseException, limit: int = 300) -> str:
-    # torchvision's download errors span lines ("Error downloading X:\nTried <url>, got:\n...").
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+# --- calling a target -----------------------------------------------------------------------
 
 
 def _download_once_then_load(
@@ -194,22 +229,36 @@ def _download_once_then_load(
     return result if local_rank == 0 else build_fn(False)  # type: ignore[return-value]
 
 
-def _load(spec: _Spec, req: _Request, download: bool) -> tuple[Dataset, Dataset]:
+def target_arguments(cfg: Any) -> dict[str, Any]:
+    """The dataset config as the target's call: `_target_` and every key but the loader's."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
     try:
-        return spec.load(req, download)
-    except UserError:
+        args = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as e:
+        key = str(getattr(e, "key", None) or "root")
+        name = str(node.get("_target_", "?")).rsplit(".", 1)[-1]
+        fix = ("point dataset.root at its folder" if key == "root"
+               else f"set dataset.{key}=<value>")  # fmt: skip
+        raise UserError(f"dataset {name} needs dataset.{key}: {fix}") from None
+    if not args.get("_target_"):
+        raise UserError("the dataset config has no _target_: set dataset._target_ to a function "
+                        "that returns a data.DataSource (see conf/dataset/*.yaml)")  # fmt: skip
+    return {k: v for k, v in args.items() if k not in LOADER_KEYS}
+
+
+def call_target(args: dict[str, Any]) -> DataSource:
+    target = args["_target_"]
+    try:
+        source = instantiate(args)
+    except Exception as e:
+        if "Error locating target" in str(e):
+            raise UserError(f"dataset._target_={target} cannot be imported ({one_line(e)[:120]}): "
+                            "name a function as <module>.<function>") from None  # fmt: skip
         raise
-    # What torchvision raises for absent, partial or corrupt files (and failed downloads).
-    except (RuntimeError, OSError) as e:
-        if download:
-            raise UserError(
-                f"downloading dataset {req.name!r} into {req.root} failed ({_one_line(e)}): "
-                "check network access, or put the files there and set dataset.download=false"
-            ) from e
-        raise UserError(
-            f"dataset {req.name!r} not found or incomplete under {req.root} "
-            f"(dataset.download=false): {spec.missing_fix}"
-        ) from e
+    if not isinstance(source, DataSource):
+        raise UserError(f"dataset._target_={target} returned {type(source).__name__}, not a "
+                        "data.DataSource: return DataSource(train=..., val=..., test=..., ...)")
+    return source
 
 
 def build_datasets(
@@ -219,70 +268,64 @@ def build_datasets(
     barrier: Callable[[], None] = lambda: None,
     seed: int = 0,
 ) -> DataSplits:
-    """The train/val datasets named by ``cfg`` (the ``dataset`` config group).
+    """The splits of the dataset that ``cfg`` (the ``dataset`` config node) names.
 
     Train items are augmented deterministically from (seed, epoch, index); see
     EpochSeededDataset. Pass the node-local rank and a barrier over all ranks (e.g.
     ``torch.distributed.barrier``) so a download happens once per node.
     """
-    name = str(cfg.name)
-    spec = DATASETS.get(name)
-    if spec is None:
-        raise UserError(f"unknown dataset.name={name!r}: use one of {', '.join(DATASETS)}")
-    try:
-        root = os.path.abspath(os.path.expanduser(str(cfg.root)))
-    except MissingMandatoryValue:
-        raise UserError(f"dataset {name!r} needs a path: set dataset.root=/path/to/data") from None
-    download = bool(cfg.download)
-    if download and spec.fetch == "manual":
-        raise UserError(
-            f"dataset {name!r} cannot be downloaded and must be placed manually under {root}: "
-            "set dataset.download=false"
-        )
-    download = download and spec.fetch == "torchvision"
+    args = target_arguments(cfg)
+    download = bool(args.get("download", False))
 
-    image_size = spec.image_size or int(cfg.image_size)
-    if image_size < 1:
-        raise UserError(f"dataset.image_size={image_size} must be >= 1")
-    req = _Request(
-        name=name,
-        root=root,
-        image_size=image_size,
-        train_tf=train_transform(name, image_size, bool(cfg.augment)),
-        val_tf=val_transform(name, image_size),
-        cfg=cfg,
-    )
-    train, val = _download_once_then_load(
-        lambda dl: _load(spec, req, dl), download=download, local_rank=local_rank, barrier=barrier
-    )
-    num_classes = int(cfg.num_classes) if name == "fake" else len(train.classes)  # type: ignore[attr-defined]
-    memory = None
-    if spec.in_memory:
-        memory = _in_memory(name, train, val, image_size, bool(cfg.augment), seed)
+    def build(dl: bool) -> DataSource:
+        return call_target({**args, "download": dl} if "download" in args else args)
+
+    source = _download_once_then_load(build, download=download, local_rank=local_rank,
+                                      barrier=barrier)  # fmt: skip
+    names = [str(c) for c in (source.classes or range(source.num_classes))]
+    evaluated = {split: SplitView(getattr(source, split), source.eval_transform)
+                 for split in SPLITS if getattr(source, split) is not None}  # fmt: skip
     return DataSplits(
-        train=EpochSeededDataset(train, seed),
-        val=val,
-        num_classes=num_classes,
-        in_channels=spec.in_channels,
-        image_size=image_size,
-        memory=memory,
+        train=EpochSeededDataset(SplitView(source.train, source.train_transform), seed),
+        val=evaluated["val"],
+        num_classes=int(source.num_classes),
+        in_channels=int(source.in_channels),
+        image_size=int(source.image_size),
+        memory=_in_memory(source, seed) if source.fast is not None else None,
+        test=evaluated.get("test"),
+        classes=names,
+        train_eval=evaluated["train"],
+        eval_transform=source.eval_transform,
     )
 
 
-def _in_memory(
-    name: str, train: Any, val: Any, image_size: int, augment: bool, seed: int
-) -> InMemoryData:
-    """Views of the datasets' own uint8 ``data`` and labels (nothing copied)."""
-    mean, std = NORMALIZATION[name]
+def _tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split's uint8 images [N, C, H, W] and int64 labels: views of the dataset's own
+    ``data`` and ``targets``, gathered where the split is a Subset of them."""
+    base, indices = unwrap(dataset)
+    images = as_uint8_nchw(base.data)  # type: ignore[attr-defined]
+    labels = torch.as_tensor(np.asarray(base.targets), dtype=torch.int64)  # type: ignore[attr-defined]
+    if indices is not None:
+        index = torch.from_numpy(indices)
+        images, labels = images[index], labels[index]
+    return images, labels
+
+
+def _in_memory(source: DataSource, seed: int) -> InMemoryData:
+    fast = source.fast
+    assert fast is not None
+    (train_x, train_y), (val_x, val_y) = _tensors(source.train), _tensors(source.val)
+    test_x, test_y = _tensors(source.test) if source.test is not None else (None, None)
     return InMemoryData(
-        name=name,
-        train_images=as_uint8_nchw(train.data),
-        train_labels=torch.as_tensor(train.targets, dtype=torch.int64),
-        val_images=as_uint8_nchw(val.data),
-        val_labels=torch.as_tensor(val.targets, dtype=torch.int64),
-        image_size=image_size,
-        mean=mean,
-        std=std,
-        augment=crop_flip_recipe(name, image_size, augment),
+        train_images=train_x,
+        train_labels=train_y,
+        val_images=val_x,
+        val_labels=val_y,
+        image_size=int(source.image_size),
+        mean=tuple(fast.mean),
+        std=tuple(fast.std),
+        augment=fast.augment,
         seed=seed,
+        test_images=test_x,
+        test_labels=test_y,
     )

@@ -32,11 +32,10 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class InMemoryData:
-    """Both splits of a fixed-size image set, as stored (uint8), plus how to turn them into the
+    """The splits of a fixed-size image set, as stored (uint8), plus how to turn them into the
     model's float inputs. Built by build_datasets; the tensors may share memory with the
     torchvision datasets (views, no copy) and may be non-contiguous."""
 
-    name: str
     train_images: torch.Tensor  # uint8 [N, C, H, W]
     train_labels: torch.Tensor  # int64 [N]
     val_images: torch.Tensor  # uint8 [M, C, H, W]
@@ -46,6 +45,15 @@ class InMemoryData:
     std: tuple[float, ...]
     augment: CropFlip  # the train augmentation (CropFlip() when dataset.augment=false)
     seed: int  # augmentation seed: the one EpochSeededDataset uses on the standard path
+    test_images: torch.Tensor | None = None  # None: the set has no test split
+    test_labels: torch.Tensor | None = None
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images, labels) of the split ``train``, ``val`` or ``test``."""
+        images, labels = getattr(self, f"{name}_images"), getattr(self, f"{name}_labels")
+        if images is None:
+            raise ValueError(f"no {name} split held in memory")
+        return images, labels
 
 
 def as_uint8_nchw(data: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -223,9 +231,10 @@ class FastTrainLoader:
             yield self.normalize(images), self.labels[batch]
 
 
-class FastValLoader:
-    """This rank's exact val shard (ExactShardSampler), ``batch_size`` per batch, the last one
-    partial, normalised without augmentation: ``(x float32, y int64)`` on ``device``."""
+class FastEvalLoader:
+    """This rank's exact shard (ExactShardSampler) of one split, ``batch_size`` per batch, the
+    last one partial, normalised without augmentation: ``(x float32, y int64)`` on ``device``.
+    ``indices`` are the split's sample indices this rank evaluates, in order."""
 
     drop_last = False
     num_workers = 0
@@ -236,9 +245,10 @@ class FastValLoader:
         sampler: ExactShardSampler,
         batch_size: int,
         device: torch.device | str,
+        split: str = "val",
     ) -> None:
         self.device = torch.device(device)
-        self.images, self.labels = _on(self.device, data.val_images, data.val_labels)
+        self.images, self.labels = _on(self.device, *data.split(split))
         self.sampler = sampler
         self.batch_size = batch_size
         self.normalize = _Normalize(data.mean, data.std, self.device)

@@ -1,4 +1,4 @@
-"""Per-rank loaders: resumable shuffled train shards, exact val shards, seeded workers.
+"""Per-rank loaders: resumable shuffled train shards, exact eval shards, seeded workers.
 
 Two paths share the samplers: torch DataLoaders over the datasets (any set), and for sets held
 in memory the fast path (data/fast.py), which builds batches on the device with tensor ops.
@@ -6,33 +6,36 @@ in memory the fast path (data/fast.py), which builds batches on the device with 
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from data.datasets import DataSplits
-from data.fast import FastTrainLoader, FastValLoader
+from data.fast import FastEvalLoader, FastTrainLoader
 from data.samplers import ExactShardSampler, ResumableDistributedSampler
 from data.seeding import mix_seed
 
-# Distinguish the train and val loaders' worker seeds.
-_TRAIN_STREAM, _VAL_STREAM = 0, 1
+# Distinguish the train and eval loaders' worker seeds.
+_TRAIN_STREAM, _EVAL_STREAM = 0, 1
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Loaders:
-    """``for x, y in train`` / ``val``; ``len(train)`` batches per epoch (after any skip)."""
+    """``for x, y in train`` / ``val``; ``len(train)`` batches per epoch (after any skip).
+    ``eval_loader(split)``: another split (e.g. ``test``), loaded like val."""
 
     train: DataLoader | FastTrainLoader
-    val: DataLoader | FastValLoader
+    val: DataLoader | FastEvalLoader
     train_sampler: ResumableDistributedSampler
+    eval_loader: Callable[[str], DataLoader | FastEvalLoader]
 
     @property
     def fast(self) -> bool:
@@ -64,6 +67,17 @@ def seed_worker(worker_id: int) -> None:
     seed = torch.initial_seed()
     random.seed(seed)
     np.random.seed([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF])
+
+
+def loader_options(dataset_cfg, *, rank: int, world_size: int, seed: int,
+                   device: torch.device) -> dict:  # fmt: skip
+    """This rank's keyword arguments of build_loaders / eval_loader: its place in the world,
+    and from the dataset config (any dataset node: a user's may lack these keys) the workers
+    and the fast path; pinned memory on GPU."""
+    return dict(rank=rank, world_size=world_size, seed=seed,
+                num_workers=int(dataset_cfg.get("num_workers", 0)),
+                pin_memory=torch.device(device).type == "cuda",
+                fast=bool(dataset_cfg.get("fast", True)), device=device)  # fmt: skip
 
 
 def build_loaders(
@@ -104,32 +118,65 @@ def build_loaders(
         seed=seed,
         drop_last=True,
     )
-    val_sampler = ExactShardSampler(len(splits.val), rank, world_size)  # type: ignore[arg-type]
-
+    options = dict(rank=rank, world_size=world_size, seed=seed, num_workers=num_workers,
+                   pin_memory=pin_memory, fast=fast, device=device)  # fmt: skip
+    evaluate = functools.partial(eval_loader, splits, batch_size=eval_batch_size, **options)
     if fast and splits.memory is not None:
-        return Loaders(
-            train=FastTrainLoader(splits.memory, train_sampler, batch_size, device),
-            val=FastValLoader(splits.memory, val_sampler, eval_batch_size, device),
-            train_sampler=train_sampler,
-        )
-    if fast:
-        log.debug("fast data path: not for this dataset (not held in memory); using DataLoaders")
+        train = FastTrainLoader(splits.memory, train_sampler, batch_size, device)
+    else:
+        if fast:
+            log.debug("fast data path: not for this dataset (not held in memory); using "
+                      "DataLoaders")  # fmt: skip
+        train = _loader(splits.train, train_sampler, batch_size, drop_last=True,
+                        stream=_TRAIN_STREAM, **options)  # fmt: skip
+    return Loaders(train=train, val=evaluate("val"), train_sampler=train_sampler,
+                   eval_loader=evaluate)  # fmt: skip
 
-    def loader(dataset, sampler, size: int, drop_last: bool, stream: int) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=size,
-            sampler=sampler,
-            drop_last=drop_last,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            persistent_workers=num_workers > 0,
-            worker_init_fn=seed_worker,
-            generator=torch.Generator().manual_seed(mix_seed(seed, rank, stream)),
-        )
 
-    return Loaders(
-        train=loader(splits.train, train_sampler, batch_size, True, _TRAIN_STREAM),
-        val=loader(splits.val, val_sampler, eval_batch_size, False, _VAL_STREAM),
-        train_sampler=train_sampler,
+def eval_loader(
+    splits: DataSplits,
+    split: str,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    fast: bool = False,
+    device: torch.device | str = "cpu",
+    dataset: Dataset | None = None,
+) -> DataLoader | FastEvalLoader:
+    """This rank's exact shard (ExactShardSampler: every sample on exactly one rank, no
+    padding) of ``split`` (``train``, ``val``, ``test``: no augmentation), or of ``dataset``
+    (e.g. a folder of images), ``batch_size`` per batch; the fast path's where it applies."""
+    if dataset is None:
+        dataset = splits.eval_set(split)
+        if fast and splits.memory is not None:
+            sampler = ExactShardSampler(len(dataset), rank, world_size)  # type: ignore[arg-type]
+            return FastEvalLoader(splits.memory, sampler, batch_size, device, split)
+    sampler = ExactShardSampler(len(dataset), rank, world_size)  # type: ignore[arg-type]
+    return _loader(dataset, sampler, batch_size, drop_last=False, stream=_EVAL_STREAM, rank=rank,
+                   seed=seed, num_workers=num_workers, pin_memory=pin_memory)  # fmt: skip
+
+
+def _loader(dataset, sampler, size: int, *, drop_last: bool, stream: int, rank: int, seed: int,
+            num_workers: int, pin_memory: bool, **_unused) -> DataLoader:  # fmt: skip
+    return DataLoader(
+        dataset,
+        batch_size=size,
+        sampler=sampler,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+        worker_init_fn=seed_worker,
+        generator=torch.Generator().manual_seed(mix_seed(seed, rank, stream)),
     )
+
+
+def sample_positions(loader: DataLoader | FastEvalLoader) -> list[int]:
+    """The indices (in its split) of the samples an eval loader yields, in order."""
+    if isinstance(loader, FastEvalLoader):
+        return loader.indices.tolist()
+    return list(loader.sampler)  # type: ignore[arg-type]

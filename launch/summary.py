@@ -1,8 +1,8 @@
 """Sweep summary: one table (CSV, Markdown, text) and one val/acc plot for a Hydra multirun.
 
 Reads every job dir of a sweep dir (``<sweep_dir>/<subdir>/`` holding ``.hydra/``,
-``result.json`` or ``metrics.jsonl``) and writes ``summary.csv``, ``summary.md`` and
-``summary.png`` next to ``multirun.yaml``. Used three ways:
+``result.json`` or ``metrics.jsonl`` of train.py, or ``eval.json`` of eval.py) and writes
+``summary.csv``, ``summary.md`` and ``summary.png`` next to ``multirun.yaml``. Used three ways:
 
 * as a Hydra callback, written at the end of every multirun (also when a job failed)::
 
@@ -43,10 +43,13 @@ log = logging.getLogger(__name__)
 CSV_NAME = "summary.csv"
 MD_NAME = "summary.md"
 PNG_NAME = "summary.png"
+EVAL_NAME = "eval.json"  # an eval.py job's record
 NO_RESULT_ERROR = f"no {RESULT_FILE}"
 
-# Fields of JobSummary a sweep can be ranked by.
-METRICS = ("best_val_acc", "final_val_acc", "final_val_loss", "wall_time_s", "samples_per_s")
+# Fields of JobSummary a sweep can be ranked by. test_*: best.pt on the test split (reported,
+# never what a sweep optimises); eval_*: what an eval.py job measured on its split.
+METRICS = ("best_val_acc", "final_val_acc", "final_val_loss", "test_acc", "test_loss",
+           "eval_acc", "eval_loss", "wall_time_s", "samples_per_s")  # fmt: skip
 MODES = ("max", "min")
 CSV_COLUMNS = (
     "job",
@@ -55,6 +58,11 @@ CSV_COLUMNS = (
     "best_val_acc",
     "final_val_acc",
     "final_val_loss",
+    "test_acc",
+    "test_loss",
+    "split",
+    "eval_acc",
+    "eval_loss",
     "wall_time_s",
     "samples_per_s",
     "error",
@@ -65,6 +73,11 @@ _TABLE_COLUMNS = (  # (header, field) of the text / Markdown tables; overrides a
     ("best_val_acc", "best_val_acc"),
     ("final_val_acc", "final_val_acc"),
     ("final_val_loss", "final_val_loss"),
+    ("test_acc", "test_acc"),
+    ("test_loss", "test_loss"),
+    ("split", "split"),
+    ("eval_acc", "eval_acc"),
+    ("eval_loss", "eval_loss"),
     ("wall_time_s", "wall_time_s"),
     ("samples/s", "samples_per_s"),
     ("overrides", "overrides"),
@@ -82,6 +95,11 @@ class JobSummary:
     best_val_acc: float | None = None
     final_val_acc: float | None = None
     final_val_loss: float | None = None
+    test_acc: float | None = None
+    test_loss: float | None = None
+    split: str | None = None  # eval.py jobs: the split evaluated
+    eval_acc: float | None = None
+    eval_loss: float | None = None
     wall_time_s: float | None = None
     samples_per_s: float | None = None
     error: str | None = None
@@ -123,7 +141,7 @@ def _natural_key(name: str) -> tuple:
 
 def is_job_dir(path: Path) -> bool:
     return path.is_dir() and any(
-        (path / name).exists() for name in (".hydra", RESULT_FILE, METRICS_FILE)
+        (path / name).exists() for name in (".hydra", RESULT_FILE, METRICS_FILE, EVAL_NAME)
     )
 
 
@@ -182,6 +200,9 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
     result: dict[str, Any] = {}
     result_path = job_dir / RESULT_FILE
     status, error = "failed", NO_RESULT_ERROR
+    evaluation = _read_eval(job_dir)
+    if evaluation is not None and not result_path.is_file():
+        status, error = _one_line(evaluation.get("status") or "failed"), None
     if result_path.is_file():
         try:
             loaded = json.loads(result_path.read_text(encoding="utf-8"))
@@ -202,6 +223,9 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         value = _number(result.get(key))
         return derived.get(key) if value is None else value
 
+    test = result.get("test") if isinstance(result.get("test"), dict) else {}
+    measured = (evaluation or {}).get("metrics") or {}
+
     return JobSummary(
         job=job_dir.name,
         overrides=" ".join(overrides or []),
@@ -209,11 +233,24 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         best_val_acc=pick("best_val_acc"),
         final_val_acc=pick("final_val_acc"),
         final_val_loss=pick("final_val_loss"),
-        wall_time_s=pick("wall_time_s"),
+        test_acc=_number(test.get("test/acc")),
+        test_loss=_number(test.get("test/loss")),
+        split=None if evaluation is None else str(evaluation.get("split")),
+        eval_acc=_number(measured.get("acc")),
+        eval_loss=_number(measured.get("loss")),
+        wall_time_s=pick("wall_time_s") or _number((evaluation or {}).get("wall_time_s")),
         samples_per_s=pick("samples_per_s"),
         error=error,
         epochs=derived["epochs"],
     )
+
+
+def _read_eval(job_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((job_dir / EVAL_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def collect_jobs(sweep_dir: str | os.PathLike) -> list[JobSummary]:
@@ -255,8 +292,16 @@ def _fmt(name: str, value: Any) -> str:
     return str(value)
 
 
-def _cells(row: JobSummary) -> list[str]:
-    return [_fmt(name, getattr(row, name)) for _, name in _TABLE_COLUMNS]
+def _columns(rows: Sequence[JobSummary]) -> list[tuple[str, str]]:
+    """The table's columns: the metric columns that some job has a value in (a training sweep
+    shows no eval_* columns, an eval sweep no val ones), job, status and overrides always."""
+    return [(header, name) for header, name in _TABLE_COLUMNS
+            if name in ("job", "status", "overrides")
+            or any(getattr(r, name) is not None for r in rows)]  # fmt: skip
+
+
+def _cells(row: JobSummary, columns: Sequence[tuple[str, str]]) -> list[str]:
+    return [_fmt(name, getattr(row, name)) for _, name in columns]
 
 
 def _failures(rows: Sequence[JobSummary]) -> list[JobSummary]:
@@ -265,10 +310,11 @@ def _failures(rows: Sequence[JobSummary]) -> list[JobSummary]:
 
 def format_table(rows: Sequence[JobSummary]) -> str:
     """A fixed-width text table of ``rows`` (in the given order), then the failed jobs if any."""
-    headers = [h for h, _ in _TABLE_COLUMNS]
-    body = [_cells(r) for r in rows]
+    columns = _columns(rows)
+    headers = [h for h, _ in columns]
+    body = [_cells(r, columns) for r in rows]
     widths = [max(len(c) for c in col) for col in zip(headers, *body, strict=True)]
-    numeric = {i for i, (_, name) in enumerate(_TABLE_COLUMNS) if name in METRICS}
+    numeric = {i for i, (_, name) in enumerate(columns) if name in METRICS}
 
     def line(cells: Sequence[str]) -> str:
         parts = [
@@ -296,18 +342,19 @@ def _md_escape(text: str) -> str:
 def format_markdown(
     rows: Sequence[JobSummary], metric: str = "best_val_acc", mode: str = "max", title: str = ""
 ) -> str:
-    headers = ["rank", *(h for h, _ in _TABLE_COLUMNS), "error"]
+    columns = _columns(rows)
+    headers = ["rank", *(h for h, _ in columns), "error"]
     lines = [f"# Sweep summary{': ' + title if title else ''}", ""]
     lines.append(
         f"{len(rows)} jobs, {sum(r.status == 'completed' for r in rows)} completed; "
         f"sorted by `{metric}` ({mode})."
     )
     lines += ["", "| " + " | ".join(headers) + " |"]
-    names = ["rank", *(n for _, n in _TABLE_COLUMNS), "error"]
+    names = ["rank", *(n for _, n in columns), "error"]
     align = ["---:" if n == "rank" or n in METRICS else "---" for n in names]
     lines.append("| " + " | ".join(align) + " |")
     for rank, row in enumerate(rows, 1):
-        cells = [str(rank), *_cells(row), row.error or ""]
+        cells = [str(rank), *_cells(row, columns), row.error or ""]
         lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
     lines += ["", f"![val/acc per epoch]({PNG_NAME})", ""]
     return "\n".join(lines)

@@ -57,11 +57,15 @@ def run_env(**extra: str) -> dict:
     return env
 
 
-def train_cmd(*overrides: str, nproc: int | None = None) -> list[str]:
+def train_cmd(*overrides: str, nproc: int | None = None, script: str = "train.py") -> list[str]:
     if nproc is None:
-        return [sys.executable, "train.py", *overrides]
+        return [sys.executable, script, *overrides]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "train.py", *overrides]  # fmt: skip
+            f"--nproc-per-node={nproc}", script, *overrides]  # fmt: skip
+
+
+def eval_cmd(*overrides: str, nproc: int | None = None) -> list[str]:
+    return train_cmd(*overrides, nproc=nproc, script="eval.py")
 
 
 def run(cmd: list[str], *, timeout: float = 600, cwd: Path = REPO, **env: str):
@@ -216,7 +220,14 @@ class OfflineRun:
     name: str = ""
     config: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)  # the run's summary updates, merged
     exit_code: int | None = None
+    resumed: bool = False
+
+    def table(self, key: str) -> dict:
+        """A logged wandb.Table ({"columns": [...], "data": [[...]]}) from the run's files."""
+        ref = next(row[key] for row in self.history if key in row)
+        return json.loads((self.path.parent / "files" / ref["path"]).read_text())
 
 
 def read_run(path: Path) -> OfflineRun:
@@ -232,16 +243,35 @@ def read_run(path: Path) -> OfflineRun:
             run.run_id, run.group, run.job_type, run.name = (
                 r.run_id, r.run_group, r.job_type, r.display_name
             )
+            run.resumed = bool(r.resumed)
             for item in r.config.update:
                 run.config[item.key] = json.loads(item.value_json)
         elif kind == "history":
-            items = record.history.item
-            run.history.append(
-                {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items}
-            )
+            run.history.append(_items(record.history.item))
+        elif kind == "summary":
+            run.summary.update(_items(record.summary.update))
         elif kind == "exit":
             run.exit_code = record.exit.exit_code
     return run
+
+
+def _items(items) -> dict:
+    """Record items as {key: value}; W&B flattens nested values (tables) into key paths, which
+    are nested back into dicts here."""
+    out: dict = {}
+    for item in items:
+        keys = [item.key] if item.key else list(item.nested_key)
+        value = json.loads(item.value_json)
+        # A table "test/per_class" arrives as nested keys ("test/per_class", "path"), ...
+        head, *rest = keys
+        if rest:
+            node = out.setdefault(head, {})
+            for k in rest[:-1]:
+                node = node.setdefault(k, {})
+            node[rest[-1]] = value
+        else:
+            out[head] = value
+    return out
 
 
 def offline_runs(root: Path) -> list[OfflineRun]:
@@ -377,10 +407,10 @@ def _download_once_worker(root: str, mirror: str, sums_json: str, log: str) -> N
 
     dist.init_process_group("gloo")
     try:
-        cfg = SimpleNamespace(name="mnist", root=root, download=True, augment=False, image_size=28)
+        cfg = {"_target_": "data.catalog.mnist", "root": root, "download": True, "augment": False}
         splits = build_datasets(cfg, local_rank=int(os.environ["LOCAL_RANK"]), barrier=dist.barrier)
         with open(log, "a") as f:
-            f.write(f"{rank} loaded {len(splits.train)} {len(splits.val)}\n")
+            f.write(f"{rank} loaded {len(splits.train)} {len(splits.val)} {len(splits.test)}\n")
     finally:
         dist.destroy_process_group()
 
@@ -410,41 +440,66 @@ if __name__ == "__main__":
 # train.py in this process
 
 
-def compose_train(run_dir: Path, *overrides: str):
-    """train.py's config as Hydra composes it for `python train.py <overrides>` (hydra node
+def compose(config_name: str, run_dir: Path, *overrides: str):
+    """The config of `python <config_name>.py <overrides>` as Hydra composes it (hydra node
     included, the run dir set), without starting a process."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from omegaconf import open_dict
 
     import conf.schema  # noqa: F401 - registers the schema
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, f"hydra.run.dir={run_dir}"],
-                      return_hydra_config=True)  # fmt: skip
+        cfg = hydra_compose(config_name, overrides=[*overrides, f"hydra.run.dir={run_dir}"],
+                            return_hydra_config=True)  # fmt: skip
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(run_dir)
     return cfg
 
 
-def train_in_process(run_dir: Path, *overrides: str):
-    """Run train.py's `train(cfg)` here with world size 1, as Hydra's run_job would (config and
-    run dir set up, no logging configured): errors propagate as raised, nothing is reported.
-    W&B's service is shut down at the end, so its offline records are complete on disk."""
+def compose_train(run_dir: Path, *overrides: str):
+    return compose("train", run_dir, *overrides)
+
+
+def dataset_cfg(name: str, **keys):
+    """The `dataset` node as Hydra hands it to train.py for `dataset=<name> dataset.<key>=...`."""
+    overrides = [f"dataset={name}", *(f"dataset.{k}={v}" for k, v in keys.items())]
+    return compose("train", Path("unused"), *overrides).dataset
+
+
+def _in_process(config_name: str, run_dir: Path, task, overrides) -> object:
+    """Run `task(cfg)` here with world size 1, as Hydra's run_job would (config and run dir set
+    up, no logging configured): errors propagate as raised, nothing is reported. W&B's service
+    is shut down at the end, so its offline records are complete on disk."""
     import copy
 
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    import train
-
-    cfg = compose_train(run_dir, "trainer.progress_bar=false", *overrides)
+    cfg = compose(config_name, run_dir, *overrides)
     HydraConfig.instance().set_config(cfg)
     task_cfg = copy.deepcopy(cfg)
     with open_dict(task_cfg):
         del task_cfg["hydra"]
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     try:
-        return train.train(task_cfg)
+        return task(task_cfg)
     finally:
         if "wandb" in sys.modules:
             sys.modules["wandb"].teardown()
+
+
+def train_in_process(run_dir: Path, *overrides: str):
+    """train.py's `train(cfg)` in this process (see _in_process)."""
+    import train
+
+    return _in_process("train", run_dir, train.train, ["trainer.progress_bar=false", *overrides])
+
+
+def eval_in_process(out_dir: Path, *overrides: str):
+    """eval.py's `evaluate_checkpoint(cfg)` in this process, with world size 1: the returned
+    accuracy; eval.json etc. in `out_dir`."""
+    import eval as eval_py
+
+    return _in_process("eval", out_dir, eval_py.evaluate_checkpoint, overrides)
+

@@ -17,6 +17,7 @@ from torchvision.datasets import MNIST
 import conf.schema  # noqa: F401 - registers the schema for compose()
 from bench import bench
 from bench import reference as bench_reference
+from data import build_datasets
 from data.transforms import NORMALIZATION, crop_flip_recipe
 from tests.helpers import REPO, run_env
 
@@ -37,7 +38,7 @@ def test_reference_matches_train_config(workload, tmp_path):
     spec = bench.WORKLOADS[workload]
     assert cfg.trainer.batch_size == spec.global_batch
     assert cfg.trainer.max_epochs == 1 and cfg.trainer.log_every_n_steps == 2
-    assert cfg.wandb.mode == "disabled" and cfg.trainer.device == "cpu"
+    assert cfg.wandb.mode.value == "disabled" and cfg.trainer.device == "cpu"
     assert cfg.optim._target_ == "torch.optim.SGD"
     assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (
         bench_reference.LR, bench_reference.MOMENTUM, bench_reference.WEIGHT_DECAY)  # fmt: skip
@@ -59,8 +60,9 @@ def test_reference_matches_train_config(workload, tmp_path):
     ]
     assert str(theirs) == str(ours)
 
-    name = cfg.dataset.name
-    assert name == {"A": "fake", "B": "mnist"}[workload]
+    name = cfg.dataset._target_.rsplit(".", 1)[-1]
+    assert cfg.dataset._target_ == f"data.catalog.{name}" and name == {"A": "fake", "B": "mnist"}[
+        workload]  # fmt: skip
     norm = bench_reference.FAKE_NORM if workload == "A" else bench_reference.MNIST_NORM
     assert NORMALIZATION[name] == norm
     recipe = crop_flip_recipe(name, size, bool(cfg.dataset.augment))
@@ -70,6 +72,12 @@ def test_reference_matches_train_config(workload, tmp_path):
     else:
         assert recipe.padding == bench_reference.MNIST_PADDING and not recipe.flip
         assert cfg.dataset.root == str(tmp_path)
+
+
+def test_generated_mnist_trains_on_the_steps_asked_for(tmp_path):
+    bench.make_mnist(tmp_path, n_train=bench.train_file_size(4 * 256), n_test=5)
+    splits = build_datasets(composed("B", tmp_path).dataset)
+    assert len(splits.train) == 4 * 256  # one epoch: 4 steps of the global batch
 
 
 def test_generated_mnist_reads_back(tmp_path):

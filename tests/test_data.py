@@ -22,24 +22,21 @@ from torch.utils.data import Dataset, DistributedSampler
 from torchvision import datasets as tvd
 
 from components.errors import UserError
-from conf.schema import DatasetConfig
 from data import (
+    DataSource,
     DataSplits,
+    EpochSeededDataset,
     ExactShardSampler,
     ResumableDistributedSampler,
     build_datasets,
     build_loaders,
 )
-from data.datasets import DATASETS, _download_once_then_load
+from data.datasets import _download_once_then_load, unwrap
 from data.transforms import NORMALIZATION
 from tests import helpers as fx
+from tests.helpers import dataset_cfg
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def dataset_cfg(**overrides):
-    """The `dataset` group as Hydra hands it over: the structured schema plus overrides."""
-    return OmegaConf.structured(DatasetConfig(**overrides))
 
 
 def to_uint8(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -51,16 +48,22 @@ def to_uint8(x: torch.Tensor, name: str) -> torch.Tensor:
 # --- digits -------------------------------------------------------------------------------
 
 
+def ids(ds) -> list:
+    """Sample ids of a split (its scans' / files' / parent set's indices)."""
+    return (ds.dataset if isinstance(ds, EpochSeededDataset) else ds).sample_ids()
+
+
 def test_digits_shapes_classes_and_split_sizes():
-    splits = build_datasets(dataset_cfg(name="digits", augment=False))
+    splits = build_datasets(dataset_cfg("digits", augment=False))
     assert (splits.num_classes, splits.in_channels, splits.image_size) == (10, 1, 8)
-    assert len(splits.train) + len(splits.val) == 1797
-    assert len(splits.val) == 360  # ceil(0.2 * 1797)
+    # 10% test and 10% val of the 1797 scans (ceil), the rest to train on
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (1437, 180, 180)
     x, y = splits.train[0]
     assert x.shape == (1, 8, 8) and x.dtype == torch.float32 and isinstance(y, int)
     assert torch.equal(splits.train[(0, 0)][0], x)  # a bare index is epoch 0
-    xv, yv = splits.val[5]
-    assert xv.shape == (1, 8, 8) and xv.dtype == torch.float32 and 0 <= yv < 10
+    for ds in (splits.val, splits.test):
+        xv, yv = ds[5]
+        assert xv.shape == (1, 8, 8) and xv.dtype == torch.float32 and 0 <= yv < 10
 
 
 def test_digits_split_is_a_fixed_stratified_partition_of_the_real_scans():
@@ -68,48 +71,73 @@ def test_digits_split_is_a_fixed_stratified_partition_of_the_real_scans():
 
     bunch = load_digits()
     scans = np.rint(bunch.images * 255 / 16).astype(np.uint8)
-    first = build_datasets(dataset_cfg(name="digits", augment=True), seed=1)
-    second = build_datasets(dataset_cfg(name="digits", augment=True), seed=2)
-    val_a = torch.stack([first.val[i][0] for i in range(len(first.val))])
-    val_b = torch.stack([second.val[i][0] for i in range(len(second.val))])
-    assert torch.equal(val_a, val_b)
-    assert torch.equal(first.val.targets, second.val.targets)
-    # Pixels and labels round-trip: every val tensor is a real scan, with that scan's label.
-    labels_of = {}
-    for image, label in zip(scans, bunch.target, strict=True):
-        labels_of.setdefault(image.tobytes(), set()).add(int(label))
-    for i in range(0, len(first.val), 37):
-        x, y = first.val[i]
-        assert y in labels_of[to_uint8(x, "digits").numpy().tobytes()]
-    # Train and val partition the 1797 scans; each class is ~20% held out.
-    both = torch.cat([first.train.dataset.data, first.val.data]).numpy()
-    assert sorted(map(bytes, both)) == sorted(map(bytes, scans))
-    counts = np.bincount(first.val.targets.numpy(), minlength=10)
-    assert counts.min() >= 35 and counts.max() <= 37
+    first = build_datasets(dataset_cfg("digits", augment=True), seed=1)
+    second = build_datasets(dataset_cfg("digits", augment=True), seed=2, local_rank=1)
+    # The same scans in each split whatever the run's seed or the rank.
+    for split in ("train", "val", "test"):
+        assert ids(getattr(first, split)) == ids(getattr(second, split))
+    # Train, val and test partition the 1797 scans (by scan index) ...
+    train, val, test = (set(ids(getattr(first, s))) for s in ("train", "val", "test"))
+    assert not (train & val or train & test or val & test)
+    assert train | val | test == set(range(1797))
+    # ... and every sample is that scan, with its label.
+    for ds in (first.val, first.test):
+        for i in range(0, len(ds), 37):
+            x, y = ds[i]
+            scan = ids(ds)[i]
+            assert y == bunch.target[scan]
+            assert torch.equal(to_uint8(x, "digits")[0], torch.from_numpy(scans[scan]))
+    # Each class is ~10% held out in val and in test.
+    for ds in (first.val, first.test):
+        counts = np.bincount(ds.targets, minlength=10)
+        assert counts.min() >= 17 and counts.max() <= 19
 
 
-@pytest.mark.parametrize("fraction", [0.0, 1.0, 0.001])
-def test_digits_bad_val_fraction_is_user_error(fraction):
-    with pytest.raises(UserError, match="dataset.val_fraction"):
-        build_datasets(dataset_cfg(name="digits", val_fraction=fraction))
+@pytest.mark.parametrize(
+    "keys, message",
+    [({"val_fraction": 0.0}, "dataset.val_fraction=0.0"),
+     ({"val_fraction": 1.0}, "dataset.val_fraction=1.0"),
+     ({"test_fraction": 0.9999}, "dataset.test_fraction=0.9999"),
+     ({"val_fraction": 0.5, "test_fraction": 0.45}, "keep their sum")],
+)  # fmt: skip
+def test_digits_bad_fractions_are_user_errors(keys, message):
+    with pytest.raises(UserError, match=message):
+        build_datasets(dataset_cfg("digits", **keys))
 
 
 # --- file-backed datasets -----------------------------------------------------------------
 
 
+def check_carved(splits, data: dict, name: str, n_train: int, n_test: int, fraction=0.1):
+    """val carved from the training file (fraction, ceil), test the test file, each sample the
+    file's pixels and label at its id; train and val disjoint."""
+    n_val = -(-int(fraction * 100) * n_train // 100)
+    sizes = (len(splits.train), len(splits.val), len(splits.test))
+    assert sizes == (n_train - n_val, n_val, n_test)
+    assert not set(ids(splits.train)) & set(ids(splits.val))
+    assert sorted(ids(splits.train) + ids(splits.val)) == list(range(n_train))
+    assert ids(splits.test) == list(range(n_test))
+    for ds, (images, labels) in ((splits.train.dataset, data[True]), (splits.val, data[True]),
+                                 (splits.test, data[False])):  # fmt: skip
+        for i in (0, len(ds) // 2, len(ds) - 1):
+            x, y = ds[i]
+            j = ids(ds)[i]
+            assert y == labels[j]
+            stored = torch.from_numpy(images[j])
+            assert torch.equal(to_uint8(x, name), stored.permute(2, 0, 1) if stored.ndim == 3
+                               else stored[None])  # fmt: skip
+
+
 @pytest.mark.parametrize("name, folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
 def test_mnist_like_round_trip(tmp_path, name, folder):
     data = fx.make_mnist(tmp_path, folder, n_train=300, n_test=100)
-    splits = build_datasets(dataset_cfg(name=name, root=str(tmp_path), augment=False))
+    splits = build_datasets(dataset_cfg(name, root=str(tmp_path), augment=False))
     assert (splits.num_classes, splits.in_channels, splits.image_size) == (10, 1, 28)
-    assert (len(splits.train), len(splits.val)) == (300, 100)
-    for train, ds in ((True, splits.train), (False, splits.val)):
-        images, labels = data[train]
-        for i in (0, 41, len(labels) - 1):
-            x, y = ds[i]
-            assert x.shape == (1, 28, 28) and x.dtype == torch.float32
-            assert y == labels[i]
-            assert torch.equal(to_uint8(x, name)[0], torch.from_numpy(images[i]))
+    assert splits.train[0][0].shape == (1, 28, 28) and splits.train[0][0].dtype == torch.float32
+    check_carved(splits, data, name, n_train=300, n_test=100)
+    # stratified: each class ~10% held out
+    labels, held = data[True][1], np.bincount(splits.val.targets, minlength=10)
+    assert (np.abs(held - np.bincount(labels, minlength=10) * 0.1) <= 1).all()
 
 
 @pytest.fixture
@@ -127,51 +155,69 @@ def cifar_root(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name, classes", [("cifar10", 10), ("cifar100", 100)])
 def test_cifar_round_trip(cifar_root, name, classes):
     root, data = cifar_root
-    splits = build_datasets(dataset_cfg(name=name, root=str(root), augment=False))
+    splits = build_datasets(dataset_cfg(name, root=str(root), augment=False))
     assert (splits.num_classes, splits.in_channels, splits.image_size) == (classes, 3, 32)
     n_train = 100 if classes == 10 else 20  # 5 batches of 20, or one "train" file of 20
-    assert (len(splits.train), len(splits.val)) == (n_train, 20)
-    for train, ds in ((True, splits.train), (False, splits.val)):
-        images, labels = data[classes][train]
-        for i in (0, 13, len(labels) - 1):
-            x, y = ds[i]
-            assert x.shape == (3, 32, 32) and y == labels[i]
-            assert torch.equal(to_uint8(x, name), torch.from_numpy(images[i]).permute(2, 0, 1))
+    check_carved(splits, data[classes], name, n_train=n_train, n_test=20)
 
 
-def test_imagefolder_round_trip(tmp_path):
-    fx.make_imagefolder(tmp_path)
-    splits = build_datasets(dataset_cfg(name="imagefolder", root=str(tmp_path), image_size=16))
+def test_val_fraction_sets_the_carved_share(tmp_path):
+    fx.make_mnist(tmp_path, n_train=300, n_test=100)
+    splits = build_datasets(dataset_cfg("mnist", root=str(tmp_path), val_fraction=0.25))
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (225, 75, 100)
+    with pytest.raises(UserError, match="dataset.val_fraction=1.5 is out of range"):
+        build_datasets(dataset_cfg("mnist", root=str(tmp_path), val_fraction=1.5))
+
+
+@pytest.mark.parametrize("folders", [("train", "val"), ("train", "val", "test"), ("train",),
+                                     ("train", "test")])  # fmt: skip
+def test_imagefolder_round_trip(tmp_path, folders):
+    fx.make_imagefolder(tmp_path, {split: {"train": 4, "val": 2, "test": 3}[split]
+                                   for split in folders})  # fmt: skip
+    splits = build_datasets(dataset_cfg("imagefolder", root=str(tmp_path), image_size=16))
     assert (splits.num_classes, splits.in_channels, splits.image_size) == (3, 3, 16)
-    assert (len(splits.train), len(splits.val)) == (9, 6)
-    for ds, per_class in ((splits.train, 3), (splits.val, 2)):
+    # val/: 2 per class; else carved from train: ceil(10% of 12)
+    assert (len(splits.train), len(splits.val)) == ((12, 6) if "val" in folders else (10, 2))
+    assert (splits.test is None) == ("test" not in folders)
+    sets = [("train", splits.train), ("val", splits.val)] + [("test", splits.test)] * (
+        "test" in folders)
+    seen = []
+    for split, ds in sets:
+        files = ids(ds)
+        seen += files
         for i in range(len(ds)):
-            x, y = ds[(1, i)] if ds is splits.train else ds[i]
+            x, y = ds[(1, i)] if split == "train" else ds[i]
             assert x.shape == (3, 16, 16) and x.dtype == torch.float32
-            cls = sorted(fx.COLORS)[i // per_class]  # ImageFolder: sorted class folders
-            assert y == i // per_class
+            cls = sorted(fx.COLORS)[y]  # ImageFolder: sorted class folders
+            assert Path(files[i]).parent.name == cls
+            carved = split == "val" and "val" not in folders
+            assert Path(files[i]).parts[-3] == ("train" if carved else split)
             # Solid colours survive any crop/resize/flip, up to rounding.
             expected = torch.tensor(fx.COLORS[cls]).view(3, 1, 1).expand(3, 16, 16)
             assert (to_uint8(x, "imagefolder").int() - expected).abs().max() <= 1
+    assert len(seen) == len(set(seen))  # disjoint by file
 
 
-def test_imagefolder_with_different_class_folders_is_user_error(tmp_path):
-    fx.make_imagefolder(tmp_path)
-    shutil.rmtree(tmp_path / "val" / "emu")
-    with pytest.raises(UserError, match="emu"):
-        build_datasets(dataset_cfg(name="imagefolder", root=str(tmp_path)))
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_imagefolder_with_different_class_folders_is_user_error(tmp_path, split):
+    fx.make_imagefolder(tmp_path, {"train": 3, split: 2})
+    shutil.rmtree(tmp_path / split / "emu")
+    with pytest.raises(UserError, match=f"only in train: \\['emu'\\], only in {split}"):
+        build_datasets(dataset_cfg("imagefolder", root=str(tmp_path)))
 
 
 def test_fake(tmp_path):
-    cfg = dataset_cfg(name="fake", root=str(tmp_path), size=50, image_size=12, num_classes=7)
+    cfg = dataset_cfg("fake", size=50, image_size=12, num_classes=7)
     splits = build_datasets(cfg)
     assert (splits.num_classes, splits.in_channels, splits.image_size) == (7, 3, 12)
-    assert (len(splits.train), len(splits.val)) == (50, 10)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (50, 10, 10)
     x, _ = splits.train[0]
     assert x.shape == (3, 12, 12) and x.dtype == torch.float32
     assert {splits.train[i][1] for i in range(50)} <= set(range(7))
-    # The val images are not copies of the first train images.
-    assert not any(torch.equal(splits.val[i][0], splits.train[i][0]) for i in range(10))
+    # Three generated sets: no val or test image is a copy of another split's.
+    images = {s: [getattr(splits, s)[i][0] for i in range(10)] for s in ("train", "val", "test")}
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        assert not any(torch.equal(x, y) for x in images[a] for y in images[b])
 
 
 # --- user errors ----------------------------------------------------------------------------
@@ -183,7 +229,7 @@ def test_fake(tmp_path):
 def test_missing_data_offline_is_one_line_user_error(tmp_path, name):
     root = tmp_path / "nowhere"
     with pytest.raises(UserError) as info:
-        build_datasets(dataset_cfg(name=name, root=str(root), download=False))
+        build_datasets(dataset_cfg(name, root=str(root), download=False))
     message = str(info.value)
     assert str(root) in message and "dataset.download" in message and "\n" not in message
 
@@ -191,25 +237,52 @@ def test_missing_data_offline_is_one_line_user_error(tmp_path, name):
 def test_failed_download_is_user_error(tmp_path, monkeypatch):
     monkeypatch.setattr(tvd.MNIST, "mirrors", ["http://127.0.0.1:9/"])  # nothing listens there
     with pytest.raises(UserError, match="dataset.download=false") as info:
-        build_datasets(dataset_cfg(name="mnist", root=str(tmp_path), download=True))
+        build_datasets(dataset_cfg("mnist", root=str(tmp_path), download=True))
     assert str(tmp_path) in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("name", ["imagenet", "imagefolder"])
 def test_manual_datasets_refuse_download(tmp_path, name):
     with pytest.raises(UserError, match="manually"):
-        build_datasets(dataset_cfg(name=name, root=str(tmp_path), download=True))
+        build_datasets(dataset_cfg(name, root=str(tmp_path), download=True))
 
 
 def test_imagefolder_without_root_is_user_error():
-    with pytest.raises(UserError, match="dataset.root"):
-        build_datasets(dataset_cfg(name="imagefolder", root="???"))
+    with pytest.raises(UserError, match="dataset imagefolder needs dataset.root"):
+        build_datasets(dataset_cfg("imagefolder"))
 
 
-def test_unknown_name_lists_known_names():
-    with pytest.raises(UserError, match="unknown dataset.name='mnsit'") as info:
-        build_datasets(dataset_cfg(name="mnsit"))
-    assert all(name in str(info.value) for name in DATASETS)
+def not_a_source(size: int = 3):
+    return list(range(size))
+
+
+def test_a_bad_target_is_one_line_user_error():
+    cfg = dataset_cfg("digits")
+    cfg._target_ = "data.catalog.mnsit"
+    with pytest.raises(UserError, match="dataset._target_=data.catalog.mnsit cannot be imported"):
+        build_datasets(cfg)
+    wrong = OmegaConf.create({"_target_": f"{__name__}.not_a_source", "size": 2})
+    with pytest.raises(UserError, match="returned list, not a data.DataSource"):
+        build_datasets(wrong)
+
+
+def source_of(n: int, *, download: bool = False) -> DataSource:
+    """A target with its own argument, in an untyped config (no schema): tensors, no transforms."""
+    images = torch.arange(n * 4, dtype=torch.float32).view(n, 1, 2, 2)
+    labels = [i % 2 for i in range(n)]
+    data = list(zip(images, labels, strict=True))
+    return DataSource(train=data, val=data[:2], test=None, num_classes=2, in_channels=1,
+                      image_size=2)  # fmt: skip
+
+
+def test_any_function_is_a_dataset():
+    cfg = OmegaConf.create({"_target_": f"{__name__}.source_of", "n": 6, "num_workers": 0})
+    splits = build_datasets(cfg)
+    assert (len(splits.train), len(splits.val), splits.test, splits.num_classes) == (6, 2, None, 2)
+    assert splits.memory is None and splits.classes == ["0", "1"]
+    assert torch.equal(splits.train[(3, 5)][0], torch.arange(20, 24.0).view(1, 2, 2))
+    with pytest.raises(UserError, match="no 'test' split: use split= one of train, val"):
+        splits.eval_set("test")
 
 
 # --- samplers -------------------------------------------------------------------------------
@@ -436,6 +509,47 @@ def test_download_happens_once_per_node_under_torchrun(tmp_path):
     fetches = sorted(line for line in lines if "loaded" not in line)
     assert fetches == sorted(f"0 {url}{name}" for name in sums)  # rank 0 only, each file once
     assert sorted(line for line in lines if "loaded" in line) == [
-        "0 loaded 300 100",
-        "1 loaded 300 100",
+        "0 loaded 270 30 100",  # val: 10% of the 300 training samples
+        "1 loaded 270 30 100",
     ]
+
+
+# --- splits across ranks and epochs ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist"])
+def test_training_never_sees_val_or_test_and_splits_match_on_every_rank(tmp_path, name):
+    """Every sample a train batch holds, over epochs, ranks and world sizes, is a train sample
+    (by its index in the set it was carved from); val and test are disjoint from it and the
+    same whatever the rank, the local rank or the seed."""
+    keys = {} if name == "digits" else {"root": str(tmp_path)}
+    if name == "mnist":
+        fx.make_mnist(tmp_path, n_train=300, n_test=100)
+    splits = build_datasets(dataset_cfg(name, **keys), seed=0)
+    train_ids = ids(splits.train)
+
+    def source(ds) -> object:  # which file a split indexes: MNIST's train or test, or digits
+        view = ds.dataset if isinstance(ds, EpochSeededDataset) else ds  # a SplitView
+        base, _ = unwrap(view.dataset)
+        return getattr(base, "train", "scans")
+
+    held = {s: {(source(getattr(splits, s)), i) for i in ids(getattr(splits, s))}
+            for s in ("val", "test")}  # fmt: skip
+    for world_size in (1, 2):
+        seen = set()
+        for rank in range(world_size):
+            other = build_datasets(dataset_cfg(name, **keys), seed=rank + 5, local_rank=rank)
+            assert [ids(getattr(other, s)) for s in ("train", "val", "test")] == [
+                train_ids, ids(splits.val), ids(splits.test)]  # fmt: skip
+            loaders = build_loaders(other, batch_size=16, eval_batch_size=8, rank=rank,
+                                    world_size=world_size, seed=3, fast=True)  # fmt: skip
+            for epoch in range(3):
+                loaders.train_sampler.set_epoch(epoch)
+                seen |= {(source(other.train), train_ids[i])
+                         for batch in loaders.step_indices() for i in batch}  # fmt: skip
+        assert seen <= {(source(splits.train), i) for i in train_ids}
+        assert len(seen) > 0.9 * len(train_ids)
+        assert not seen & held["val"] and not seen & held["test"]
+    if name == "mnist":  # val is carved from the training file, test is the test file
+        assert {source(splits.train), source(splits.val), source(splits.test)} == {True, False}
+        assert held["test"] == {(False, i) for i in range(100)}

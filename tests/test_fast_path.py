@@ -10,18 +10,17 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from torchvision import datasets as tvd
 
-from conf.schema import DatasetConfig
-from data import FastTrainLoader, FastValLoader, build_datasets, build_loaders
+from data import FastEvalLoader, FastTrainLoader, build_datasets, build_loaders
 from data.fast import augment_batch, crop_flip, crop_flip_params, mix_seed_tensor
 from data.seeding import mix_seed
 from data.transforms import NORMALIZATION, CropFlip
 from tests import helpers as fx
+from tests.helpers import dataset_cfg
 
-NAMES = ["digits", "mnist", "cifar10"]  # 1437 / 300 / 100 train samples
+NAMES = ["digits", "mnist", "cifar10"]  # 1437 / 270 / 108 train samples (10% carved as val)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -31,15 +30,15 @@ def make_splits(tmp_path_factory):
     files (torchvision's md5 table patched to the generated files) or the real digits."""
     root = tmp_path_factory.mktemp("data")
     fx.make_mnist(root, "MNIST", n_train=300, n_test=100)
-    _, sums = fx.make_cifar(root, classes=10)
+    _, sums = fx.make_cifar(root, classes=10, n_per_batch=24)
     with pytest.MonkeyPatch.context() as patch:
         for attr, value in sums.items():
             patch.setattr(tvd.CIFAR10, attr, value)
 
         @functools.cache
         def make(name: str, augment: bool, seed: int = 3):
-            cfg = OmegaConf.structured(DatasetConfig(name=name, root=str(root), augment=augment))
-            return build_datasets(cfg, seed=seed)
+            keys = {"augment": augment} | ({} if name == "digits" else {"root": str(root)})
+            return build_datasets(dataset_cfg(name, **keys), seed=seed)
 
         yield make
 
@@ -71,7 +70,8 @@ def test_fast_path_when_asked_and_only_for_in_memory_sets(make_splits, tmp_path,
     assert splits.memory.train_images.shape == (len(splits.train), 1, 8, 8)
     fast = loaders(splits)
     assert fast.fast and isinstance(fast.train, FastTrainLoader)
-    assert isinstance(fast.val, FastValLoader)
+    assert isinstance(fast.val, FastEvalLoader)
+    assert isinstance(fast.eval_loader("test"), FastEvalLoader)
     assert fast.train.sampler is fast.train_sampler
     fast.train_sampler.set_epoch(0)
     x, y = next(iter(fast.train))
@@ -83,10 +83,7 @@ def test_fast_path_when_asked_and_only_for_in_memory_sets(make_splits, tmp_path,
     assert not standard.fast and isinstance(standard.train, DataLoader)
     assert isinstance(standard.val, DataLoader)
 
-    fake_cfg = OmegaConf.structured(
-        DatasetConfig(name="fake", root=str(tmp_path), size=20, image_size=8)
-    )
-    fake = build_datasets(fake_cfg)
+    fake = build_datasets(dataset_cfg("fake", size=20, image_size=8))
     assert fake.memory is None
     with caplog.at_level(logging.DEBUG, logger="data.loaders"):
         fake_loaders = loaders(fake)
@@ -94,9 +91,7 @@ def test_fast_path_when_asked_and_only_for_in_memory_sets(make_splits, tmp_path,
     assert "fast data path: not for this dataset" in caplog.text
 
     fx.make_imagefolder(tmp_path / "folder")
-    folder_cfg = OmegaConf.structured(
-        DatasetConfig(name="imagefolder", root=str(tmp_path / "folder"), image_size=8)
-    )
+    folder_cfg = dataset_cfg("imagefolder", root=str(tmp_path / "folder"), image_size=8)
     assert build_datasets(folder_cfg).memory is None
 
 
@@ -104,10 +99,11 @@ def test_memory_views_hold_the_dataset_pixels_and_labels(make_splits):
     for name in NAMES:
         splits = make_splits(name, False)
         mem = splits.memory
-        assert mem.name == name and mem.image_size == splits.image_size
+        assert mem.image_size == splits.image_size
         assert (mem.mean, mem.std) == NORMALIZATION[name]
         for images, labels, ds in ((mem.train_images, mem.train_labels, splits.train.dataset),
-                                   (mem.val_images, mem.val_labels, splits.val)):  # fmt: skip
+                                   (mem.val_images, mem.val_labels, splits.val),
+                                   (mem.test_images, mem.test_labels, splits.test)):  # fmt: skip
             assert images.shape == (len(ds), splits.in_channels, mem.image_size, mem.image_size)
             assert labels.dtype == torch.int64 and len(labels) == len(ds)
             for i in (0, len(ds) - 1):
@@ -165,6 +161,8 @@ def test_same_indices_per_rank_and_step_as_the_dataloader_path(make_splits, name
                     per_epoch.append(expected)
             assert per_epoch[0] != per_epoch[1]  # set_epoch reshuffles
             assert fast.val.indices.tolist() == [i for b in standard.val for i in b.tolist()]
+            test = fast.eval_loader("test")
+            assert test.indices.tolist() == list(range(rank, len(splits.test), world_size))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -178,8 +176,9 @@ def test_without_augmentation_fast_batches_equal_standard_batches(make_splits, n
             skip = 8 if world_size == 2 else len(splits.train) // 16 * 8
             for ld in (fast, standard):
                 position(ld, 1, skip)
-            for kind in ("train", "val"):
-                got, want = list(getattr(fast, kind)), list(getattr(standard, kind))
+            for kind in ("train", "val", "test"):
+                got, want = (list(ld.eval_loader(kind) if kind == "test" else getattr(ld, kind))
+                             for ld in (fast, standard))  # fmt: skip
                 assert len(got) == len(want) > 0
                 for (x, y), (xs, ys) in zip(got, want, strict=True):
                     assert x.dtype == xs.dtype and x.shape == xs.shape
@@ -303,7 +302,7 @@ def test_augmentation_depends_only_on_seed_epoch_and_index(make_splits):
     def changed(images: torch.Tensor) -> int:
         return int((images != expected).flatten(1).any(1).sum())
 
-    assert changed(reference(mem, epoch + 1)) >= 90  # of 100
+    assert changed(reference(mem, epoch + 1)) >= 90  # of 108
     assert changed(reference(make_splits("cifar10", True, seed=4).memory, epoch)) >= 90
 
 
@@ -322,7 +321,8 @@ def test_normalisation(make_splits):
     ld = loaders(splits, batch_size=len(splits.train))
     position(ld, 0, 0)
     (train, _), val = next(iter(ld.train)), torch.cat([b for b, _ in ld.val])
-    everything = torch.cat([train, val])
+    test = torch.cat([b for b, _ in ld.eval_loader("test")])
+    everything = torch.cat([train, val, test])
     assert len(everything) == 1797
     assert abs(everything.mean().item()) < 2e-3 and abs(everything.std().item() - 1) < 2e-3
 

@@ -1,0 +1,172 @@
+"""Rank 0's record of an evaluation (eval.py): eval.json, confusion_matrix.png and
+predictions.csv in the evaluation's own run dir, and a W&B run with job_type=eval in the
+training run's group. Other ranks get a record that writes nothing. Nothing is written for an
+evaluation that fails; W&B problems are warnings and never fail it.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from components.evaluation import EvalResult
+from components.metrics import init_wandb, resolve_wandb_mode
+from components.run_dir import (
+    CONFUSION_FILE,
+    EVAL_FILE,
+    PREDICTIONS_FILE,
+    EvalReport,
+    write_json_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_PLOTTED_CLASSES = 100  # W&B's confusion plot has classes**2 rows; above this, the table only
+ANNOTATED_CLASSES = 20  # confusion_matrix.png writes each count up to this many classes
+
+
+class EvalRecord:
+    def __init__(self, out_dir: Path, *, enabled: bool) -> None:
+        self.out_dir = out_dir
+        self.enabled = enabled
+        self.started = time.time()
+
+    def save(self, report: EvalReport, result: EvalResult | None, classes: list[str],
+             rows: list[dict] | None, dataset) -> None:  # fmt: skip
+        """eval.json (+ the confusion matrix plot for labelled splits, + predictions.csv when
+        there are prediction rows, each sample named by `dataset.sample_ids()`)."""
+        if not self.enabled:
+            return
+        report.classes = classes
+        if result is not None:
+            report.metrics = result.numbers()
+            report.per_class = [{"class": name, "acc": acc, "count": count} for name, acc, count
+                                in zip(classes, result.per_class_acc, result.per_class_count,
+                                       strict=True)]  # fmt: skip
+            report.confusion_matrix = result.confusion.tolist()
+            plot_confusion(result, classes, self.out_dir / CONFUSION_FILE, report.split)
+        if rows is not None:
+            write_predictions(self.out_dir / PREDICTIONS_FILE, rows, classes, dataset.sample_ids())
+            report.predictions = PREDICTIONS_FILE
+        report.wall_time_s = round(time.time() - self.started, 3)
+        write_json_atomic(self.out_dir / EVAL_FILE, report.to_json())
+        log.info("wrote %s%s", self.out_dir / EVAL_FILE,
+                 f" and {PREDICTIONS_FILE}" if rows is not None else "")  # fmt: skip
+
+    def log_wandb(self, trained: DictConfig, progress: dict[str, Any], report: EvalReport,
+                  result: EvalResult | None, label: str) -> None:  # fmt: skip
+        """A W&B run (job_type=eval) in the training run's group, named after it, its config the
+        trained config plus `eval` (the training run's id, checkpoint, split): the metrics as
+        `<label>/*`, per-class accuracy as a table, the confusion matrix as W&B's plot. Test
+        metrics also go into the training run's summary as test/* (offline: recorded in this
+        dir for `wandb sync`)."""
+        if not self.enabled:
+            return
+        w = trained.wandb
+        train_id, train_name = progress.get("wandb_run_id"), progress.get("wandb_name")
+        group = progress.get("wandb_group") or w.group
+        config = OmegaConf.to_container(trained, resolve=True, enum_to_str=True)
+        config["eval"] = {"train_run_id": train_id, "checkpoint": report.checkpoint,
+                          "split": report.split, "world_size": report.world_size}  # fmt: skip
+        run = init_wandb(w, run_dir=self.out_dir, config=config, group=group,
+                         name=f"{train_name or train_id or 'run'} eval:{label}",
+                         job_type="eval", job="evaluation")  # fmt: skip
+        if run is None:
+            return
+        import wandb
+
+        row: dict[str, Any] = {}
+        if result is not None:
+            row.update(result.scalars(label))
+            row[f"{label}/per_class"] = wandb.Table(
+                columns=["class", "acc", "count"],
+                data=[[d["class"], d["acc"], d["count"]] for d in report.per_class],
+            )
+            if len(report.classes) <= MAX_PLOTTED_CLASSES:
+                # W&B's confusion plot takes one (true, predicted) pair per sample.
+                cells = np.repeat(np.arange(result.confusion.numel()),
+                                  result.confusion.flatten().numpy())  # fmt: skip
+                n = len(report.classes)
+                row[f"{label}/confusion_matrix"] = wandb.plot.confusion_matrix(
+                    y_true=(cells // n).tolist(), preds=(cells % n).tolist(),
+                    class_names=report.classes, title=f"{label}: {train_name or train_id}",
+                )  # fmt: skip
+        if report.predictions:
+            row[f"{label}/predictions_file"] = report.predictions
+        run.log(row)
+        report.wandb_run_id = run.id
+        run.finish()
+        if label == "test" and result is not None and train_id:
+            self._into_training_run(w, train_id, group, train_name, result.scalars("test"))
+        write_json_atomic(self.out_dir / EVAL_FILE, report.to_json())
+
+    def _into_training_run(self, w, run_id: str, group, name, test: dict) -> None:
+        online = resolve_wandb_mode(w) == "online"
+        # Online, "must": only a run that exists (reachable) is resumed, never created.
+        run = init_wandb(w, run_dir=self.out_dir, config=None, group=group, name=name,
+                         run_id=run_id, resume="must" if online else "allow",
+                         job="evaluation")  # fmt: skip
+        if run is None:
+            log.warning("W&B: training run %s not reachable: test/* not written to it", run_id)
+            return
+        run.summary.update(test)
+        run.finish()
+        log.info("W&B: test/* written into the training run %s's summary%s", run_id,
+                 "" if online else " (offline: `wandb sync` this run dir's wandb/)")  # fmt: skip
+
+
+def plot_confusion(result: EvalResult, classes: list[str], path: Path, split: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    counts = result.confusion.numpy()
+    n = len(classes)
+    side = min(4 + 0.45 * n, 30)
+    fig, ax = plt.subplots(figsize=(side, side * 0.85))
+    try:
+        image = ax.imshow(counts, cmap="Blues")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+        if n <= ANNOTATED_CLASSES:
+            ticks = np.arange(n)
+            ax.set_xticks(ticks, classes, rotation=90)
+            ax.set_yticks(ticks, classes)
+            for (i, j), value in np.ndenumerate(counts):
+                if value:
+                    dark = value > counts.max() / 2
+                    ax.text(j, i, str(value), ha="center", va="center", fontsize="small",
+                            color="white" if dark else "black")  # fmt: skip
+        ax.set_xlabel("predicted class")
+        ax.set_ylabel("true class")
+        ax.set_title(f"{split}: acc {result.acc:.4f} ({result.count} samples)", fontsize="medium")
+        tmp = path.with_name(f".{path.name}.tmp")
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+
+
+def write_predictions(path: Path, rows: list[dict], classes: list[str], sample_ids: list) -> None:
+    """One row per sample in split order: sample (its index in the set it was carved from, or
+    its file), label and predicted class (names; label empty when unknown), then the top-k
+    classes with their probabilities."""
+    k = len(rows[0]["classes"]) if rows else 0
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["sample", "label", "predicted",
+                         *(c for j in range(1, k + 1) for c in (f"top{j}", f"p{j}"))])  # fmt: skip
+        for row in rows:
+            label = classes[row["label"]] if row["label"] >= 0 else ""
+            top = [v for c, p in zip(row["classes"], row["probs"], strict=True)
+                   for v in (classes[c], f"{p:.6g}")]  # fmt: skip
+            writer.writerow([sample_ids[row["position"]], label, classes[row["classes"][0]], *top])
+    os.replace(tmp, path)

@@ -1,0 +1,202 @@
+"""The shipped datasets, each a dataset target (conf/dataset/<name>.yaml names it).
+
+Every function returns a DataSource: train / val / test. Sets with an official test set keep it
+as test and carve val from their training data (carve_val); digits, which has no official split,
+is partitioned three ways; fake generates all three. Missing or undownloadable data is the
+user's to fix, so it surfaces as a one-line UserError naming the path and the setting to
+change, never as torchvision's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from torch.utils.data import Subset
+from torchvision import datasets as tvd
+
+from components.errors import UserError
+from data.datasets import DataSource, FastPath, carve_val, holdout_size, stratified_holdout
+from data.digits import Digits
+from data.transforms import NORMALIZATION, crop_flip_recipe, train_transform, val_transform
+
+DOWNLOAD_FIX = "set dataset.download=true or point dataset.root at a copy"
+IMAGENET_FIX = (
+    "put ILSVRC2012_devkit_t12.tar.gz and ILSVRC2012_img_train.tar/ILSVRC2012_img_val.tar "
+    "(or the train/, val/ folders and meta.bin torchvision made from them) there"
+)
+FOLDER_FIX = "point dataset.root at a folder holding train/<class>/* (and optional val/, test/)"
+
+
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    # torchvision's download errors span lines ("Error downloading X:\nTried <url>, got:\n...").
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@contextmanager
+def reading(name: str, root: str, download: bool, fix: str = DOWNLOAD_FIX) -> Iterator[None]:
+    """What torchvision raises for absent, partial or corrupt files (and failed downloads), as
+    a one-line UserError naming ``root`` and ``fix``."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (RuntimeError, OSError) as e:
+        if download:
+            raise UserError(
+                f"downloading dataset {name!r} into {root} failed ({_one_line(e)}): "
+                "check network access, or put the files there and set dataset.download=false"
+            ) from e
+        raise UserError(
+            f"dataset {name!r} not found or incomplete under {root} "
+            f"(dataset.download=false): {fix}"
+        ) from e
+
+
+def _root(root: str) -> str:
+    return os.path.abspath(os.path.expanduser(str(root)))
+
+
+def _manual(name: str, root: str, download: bool) -> None:
+    if download:
+        raise UserError(
+            f"dataset {name!r} cannot be downloaded and must be placed manually under {root}: "
+            "set dataset.download=false"
+        )
+
+
+def _check_size(image_size: int) -> int:
+    if int(image_size) < 1:
+        raise UserError(f"dataset.image_size={image_size} must be >= 1")
+    return int(image_size)
+
+
+def _transforms(name: str, image_size: int, augment: bool) -> dict:
+    return {"train_transform": train_transform(name, image_size, augment),
+            "eval_transform": val_transform(name, image_size)}  # fmt: skip
+
+
+def _in_memory(name: str, image_size: int, augment: bool) -> FastPath:
+    mean, std = NORMALIZATION[name]
+    return FastPath(mean, std, crop_flip_recipe(name, image_size, augment))
+
+
+# --- fixed-size sets held in memory ---------------------------------------------------------
+
+
+def _train_test_set(name: str, cls: type, in_channels: int, image_size: int) -> Callable:
+    """A target for a torchvision class with train=True/False files: val carved from train."""
+
+    def load(root: str, download: bool = False, augment: bool = True,
+             val_fraction: float = 0.1) -> DataSource:  # fmt: skip
+        root = _root(root)
+        with reading(name, root, download):
+            train = cls(root, train=True, download=download)
+            test = cls(root, train=False, download=download)
+        classes = list(train.classes)  # CIFAR reads them from its files
+        train, val = carve_val(train, val_fraction)
+        return DataSource(train, val, test, num_classes=len(classes), in_channels=in_channels,
+                          image_size=image_size, classes=classes,
+                          fast=_in_memory(name, image_size, augment),
+                          **_transforms(name, image_size, augment))  # fmt: skip
+
+    load.__name__ = load.__qualname__ = name
+    load.__doc__ = f"torchvision's {cls.__name__}: val carved from its training set, test its own."
+    return load
+
+
+mnist = _train_test_set("mnist", tvd.MNIST, in_channels=1, image_size=28)
+fashion_mnist = _train_test_set("fashion_mnist", tvd.FashionMNIST, in_channels=1, image_size=28)
+cifar10 = _train_test_set("cifar10", tvd.CIFAR10, in_channels=3, image_size=32)
+cifar100 = _train_test_set("cifar100", tvd.CIFAR100, in_channels=3, image_size=32)
+
+
+def digits(val_fraction: float = 0.1, test_fraction: float = 0.1,
+           augment: bool = False) -> DataSource:  # fmt: skip
+    """scikit-learn's 1797 8x8 scans, partitioned by class into test (``test_fraction`` of all
+    scans), val (``val_fraction`` of all) and train (the rest), the same in every run."""
+    scans = Digits()
+    n, labels = len(scans), scans.targets.numpy()
+    n_test = holdout_size(test_fraction, n, "dataset.test_fraction")
+    n_val = holdout_size(val_fraction, n, "dataset.val_fraction")
+    if float(val_fraction) + float(test_fraction) > 0.9:  # train keeps >= ~18 scans per class
+        raise UserError(f"dataset.val_fraction={val_fraction} + dataset.test_fraction="
+                        f"{test_fraction} leave too few training scans: keep their sum <= 0.9")
+    rest, test = stratified_holdout(labels, n, n_test)
+    kept, val = stratified_holdout(labels[rest], len(rest), n_val)
+    train, val = rest[kept], rest[val]
+    subset = lambda idx: Subset(scans, idx.tolist())  # noqa: E731 - three of the same
+    return DataSource(subset(train), subset(val), subset(test), num_classes=10, in_channels=1,
+                      image_size=8, classes=Digits.classes, fast=_in_memory("digits", 8, augment),
+                      **_transforms("digits", 8, augment))  # fmt: skip
+
+
+# --- sets read from image files -------------------------------------------------------------
+
+
+def imagenet(root: str, download: bool = False, augment: bool = True, image_size: int = 224,
+             val_fraction: float = 0.02) -> DataSource:  # fmt: skip
+    """torchvision's ImageNet layout under ``root``: val carved from the training set (by
+    class), the official validation set held out as test. Never downloaded."""
+    root, size = _root(root), _check_size(image_size)
+    _manual("imagenet", root, download)
+    with reading("imagenet", root, download, IMAGENET_FIX):
+        train = tvd.ImageNet(root, split="train")
+        test = tvd.ImageNet(root, split="val")
+    train_part, val = carve_val(train, val_fraction)
+    names = [c[0] if isinstance(c, tuple) else str(c) for c in train.classes]
+    return DataSource(train_part, val, test, num_classes=len(names), in_channels=3,
+                      image_size=size, classes=names,
+                      **_transforms("imagenet", size, augment))  # fmt: skip
+
+
+def imagefolder(root: str, download: bool = False, augment: bool = True, image_size: int = 224,
+                val_fraction: float = 0.1) -> DataSource:  # fmt: skip
+    """Any ``<root>/train/<class>/*`` tree; ``val/`` if present (else val carved from train,
+    by class) and ``test/`` if present (else no test split), with the same class folders."""
+    root, size = _root(root), _check_size(image_size)
+    _manual("imagefolder", root, download)
+    with reading("imagefolder", root, download, FOLDER_FIX):
+        train = tvd.ImageFolder(os.path.join(root, "train"))
+        found = {split: tvd.ImageFolder(os.path.join(root, split))
+                 for split in ("val", "test") if Path(root, split).is_dir()}  # fmt: skip
+    for split, folder in found.items():
+        # Labels are class-folder indices: differing folder sets would silently mislabel.
+        if folder.classes != train.classes:
+            only_train = sorted(set(train.classes) - set(folder.classes))
+            only_other = sorted(set(folder.classes) - set(train.classes))
+            raise UserError(
+                f"class folders of {root}/train and {root}/{split} differ (only in train: "
+                f"{only_train[:5]}, only in {split}: {only_other[:5]}): give both the same "
+                "class folders"
+            )
+    train_part, val = (train, found["val"]) if "val" in found else carve_val(train, val_fraction)
+    return DataSource(train_part, val, found.get("test"), num_classes=len(train.classes),
+                      in_channels=3, image_size=size, classes=train.classes,
+                      **_transforms("imagefolder", size, augment))  # fmt: skip
+
+
+def fake(size: int = 1000, image_size: int = 32, num_classes: int = 10,
+         augment: bool = False) -> DataSource:  # fmt: skip
+    """torchvision's FakeData: ``size`` random train images, ``size // 5`` each for val and
+    test, all distinct (FakeData seeds image i with i + random_offset)."""
+    side = _check_size(image_size)
+    if int(size) < 1 or int(num_classes) < 1:
+        raise UserError(
+            f"dataset.size={size} and dataset.num_classes={num_classes} must both be >= 1"
+        )
+    held = max(int(size) // 5, 1)
+
+    def images(n: int, offset: int) -> tvd.FakeData:
+        return tvd.FakeData(n, (3, side, side), int(num_classes), random_offset=offset)
+
+    return DataSource(images(size, 0), images(held, size), images(held, size + held),
+                      num_classes=int(num_classes), in_channels=3, image_size=side,
+                      **_transforms("fake", side, augment))  # fmt: skip
+
+
+__all__ = ["cifar10", "cifar100", "digits", "fake", "fashion_mnist", "imagefolder", "imagenet",
+           "mnist"]  # fmt: skip

@@ -1,0 +1,97 @@
+"""Evaluate a trained checkpoint, or predict on a folder of images, configured by Hydra.
+
+    python eval.py run=<training run dir>            its best.pt on the test split
+    python eval.py ckpt=<file> split=val             any checkpoint; split=train|val|test
+    python eval.py run=<dir> split=<folder>          predictions on unlabeled images
+    python eval.py run=<dir> dist.nproc_per_node=2   2 ranks (torchrun), every sample once
+    python eval.py -m run=<a>,<b> split=val,test     a sweep: every job a torchrun job
+
+A checkpoint carries the config it was trained with: the model and data are rebuilt from it,
+with this command line's overrides on top (e.g. dataset.root=... on another machine). The
+story, in every rank: find the checkpoint -> join the process group -> build the data ->
+rebuild the model and load the weights -> evaluate this rank's exact shard -> all-reduce ->
+rank 0 writes eval.json, confusion_matrix.png (and predictions.csv) into this evaluation's own
+run dir, and a W&B run (job_type=eval) in the training run's group. Validation in train.py
+computes its metrics with the same code (components/evaluation.py).
+"""
+
+import logging
+import math
+import os
+from pathlib import Path
+
+import hydra
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
+from components.distributed import init_distributed
+from components.eval_record import EvalRecord
+from components.evaluation import Predictions, evaluate
+from components.precision import memory_format, precision_context
+from components.run_dir import EvalReport
+from components.trained import find_checkpoint, load_trained, load_weights, trained_config
+from components.world import requested_world, started_as_rank, visible_gpus
+from data import ImageFiles, build_datasets, eval_loader, loader_options, sample_positions
+from data.datasets import SPLITS
+from models import build_model
+
+log = logging.getLogger("eval")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="eval")
+def main(cfg: DictConfig) -> float | None:
+    """Hydra's task function; returns the split's top-1 accuracy (None for a folder)."""
+    if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
+        from launch.torchrun import run_in_torchrun
+
+        return run_in_torchrun(cfg, evaluate_checkpoint)  # in each of the N ranks
+    return evaluate_checkpoint(cfg)
+
+
+def evaluate_checkpoint(cfg: DictConfig) -> float | None:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    path = find_checkpoint(cfg.run, cfg.ckpt)
+    ckpt = load_trained(path)
+    trained = trained_config(ckpt, cfg, list(HydraConfig.get().overrides.task))
+    tc, split = trained.trainer, str(cfg.split)
+    record = EvalRecord(out_dir, enabled=int(os.environ.get("RANK", "0")) == 0)
+    with init_distributed(cfg.dist, tc.device) as env:
+        splits = build_datasets(trained.dataset, local_rank=env.local_rank, barrier=dist.barrier,
+                                seed=trained.seed)  # fmt: skip
+        # A split of the dataset, or (any other value) a folder of unlabeled images.
+        folder = None if split in SPLITS else ImageFiles(split, splits.eval_transform,
+                                                         splits.in_channels, splits.image_size)
+        dataset = folder or splits.eval_set(split)
+        model = build_model(trained.model, splits)
+        load_weights(model, ckpt, path)
+        model = model.to(env.device, memory_format=memory_format(tc))
+        loader = eval_loader(splits, split, dataset=folder,
+                             batch_size=math.ceil(tc.eval_batch_size / env.world_size),
+                             **loader_options(trained.dataset, rank=env.rank,
+                                              world_size=env.world_size, seed=trained.seed,
+                                              device=env.device))  # fmt: skip
+        predictions = Predictions(splits.num_classes) if cfg.predictions or folder else None
+        with precision_context(tc.precision, env.device):
+            metrics = evaluate(model, loader, env.device, tc, splits.num_classes,
+                               labelled=folder is None, predictions=predictions)  # fmt: skip
+        metrics.all_reduce()  # every rank's sums and counts: each sample once
+        result = metrics.result() if folder is None else None
+        rows = predictions.gather(sample_positions(loader)) if predictions else None
+
+    if result is not None:
+        log.info("%s on %s: loss %.4f acc %.4f acc5 %.4f ece %.4f (%d samples)", path, split,
+                 result.loss, result.acc, result.acc5, result.ece, result.count)  # fmt: skip
+    report = EvalReport(split=split, checkpoint=str(path.resolve()), world_size=env.world_size,
+                        train_wandb_run_id=ckpt["progress"].get("wandb_run_id"))  # fmt: skip
+    record.save(report, result, splits.classes, rows, dataset)
+    record.log_wandb(trained, ckpt["progress"], report, result,
+                     label=split if folder is None else "predict")  # fmt: skip
+    return result.acc if result is not None else None
+
+
+if __name__ == "__main__":
+    from launch.rank import entry_point
+
+    entry_point(main)

@@ -1,0 +1,1 @@
+"""Examples of extending hydra-ddp without editing it (see README, "Your own dataset")."""
