@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -22,6 +23,15 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from components.errors import describe
+from components.naming import (
+    SWEPT_KEYS_ENV,
+    agent_sweep_keys,
+    in_wandb_agent,
+    label,
+    override_pairs,
+    sweep_group,
+    swept_values,
+)
 from components.preemption import Preempted
 from components.run_dir import (
     CHECKPOINT_DIR,
@@ -80,26 +90,41 @@ def run_facts(world_size: int, per_rank_batch: int, device: torch.device) -> dic
     }
 
 
-def wandb_group_and_name(group: str | None, name: str | None) -> tuple[str | None, str | None]:
-    """Defaults from Hydra: a sweep's jobs share one group (the experiment's name, else the sweep
-    dir's timestamp); a run is named by its overrides (`model=resnet18,optim.lr=0.1`)."""
+@dataclass
+class WandbIdentity:
+    """Where a run goes in W&B and what tells it apart from its sweep's other runs."""
+
+    group: str | None = None
+    name: str | None = None
+    swept: dict[str, Any] = field(default_factory=dict)  # {short key: value}: config["swept"]
+
+
+def wandb_identity(group: str | None, name: str | None) -> WandbIdentity:
+    """Defaults from Hydra: a sweep's jobs share one group (the experiment's name, else `sweep`,
+    plus the sweep dir's timestamp); a sweep job is named by its number and the values of the
+    keys its sweep varies (`3:lr=0.01235,hidden=128`, components/naming.py); a plain run by its
+    overrides. Under `wandb agent` the swept keys are the agent's parameters."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized():
-        return group, name
+        return WandbIdentity(group, name)
     hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
     experiment = hc.runtime.choices.get("experiment")
-    if group is None and hc.mode == RunMode.MULTIRUN:
-        stamp = "_".join(Path(hc.sweep.dir).parts[-2:])
-        group = f"{experiment or 'sweep'}-{stamp}"
-    elif group is None:
-        group = experiment
+    if group is None:
+        group = sweep_group(experiment, hc.sweep.dir) if sweep else experiment
+    overrides = [str(o) for o in hc.overrides.task]
+    keys = hc.job.env_set.get(SWEPT_KEYS_ENV)
+    keys = keys.split(",") if keys else agent_sweep_keys()
+    if keys is None and sweep:  # started by another launcher: every override tells it apart
+        keys = [key for key, _ in override_pairs(overrides)]
+    swept = swept_values(overrides, keys or [])
     if name is None:
-        name = hc.job.override_dirname or None
-        if name and hc.mode == RunMode.MULTIRUN:
-            name = f"{hc.job.num}:{name}"
-    return group, name
+        name = label(swept) if keys is not None else hc.job.override_dirname
+        if sweep:
+            name = f"{hc.job.num}:{name}" if name else str(hc.job.num)
+    return WandbIdentity(group, name or None, swept)
 
 
 def row_kind(row: dict[str, Any]) -> str:
@@ -244,19 +269,27 @@ class RunLogger:
 
             config = OmegaConf.to_container(cfg, resolve=True)
             config["run"] = facts
-            group, name = wandb_group_and_name(w.group, w.name)
+            who = wandb_identity(w.group, w.name)
+            if who.swept:  # the swept values as they are, for parallel-coordinates panels
+                config["swept"] = who.swept
+            agent = in_wandb_agent()
+            if agent and run_id and run_id != os.environ["WANDB_RUN_ID"]:
+                log.info("W&B: the agent's run %s records this run (the checkpoint's was %s)",
+                         os.environ["WANDB_RUN_ID"], run_id)  # fmt: skip
             self.wandb = wandb.init(
-                project=w.project,
-                entity=w.entity,
-                group=group,
-                name=name,
+                # Under `wandb agent` the run, its project and entity are the agent's (from the
+                # environment: WANDB_RUN_ID, WANDB_PROJECT, ...); W&B would ignore ours.
+                project=None if agent else w.project,
+                entity=None if agent else w.entity,
+                group=who.group,
+                name=who.name,
                 job_type=w.job_type,
                 tags=list(w.tags),
                 config=config,
                 dir=str(self.run_dir),
                 mode=mode,
-                id=run_id,
-                resume="allow" if run_id else None,
+                id=None if agent else run_id,
+                resume="allow" if run_id and not agent else None,
                 settings=wandb.Settings(init_timeout=w.init_timeout_s, console="off"),
             )
             # Val metrics are plotted per epoch; val/acc's run summary is its best value.
@@ -273,7 +306,11 @@ class RunLogger:
             return
         self._file.write(json.dumps(row) + "\n")
         if self.wandb is not None:
-            self.wandb.log(row, step=row["step"])
+            try:
+                self.wandb.log(row, step=row["step"])
+            except Exception as e:  # noqa: BLE001 - W&B failing never fails the run
+                log.warning("W&B log failed, training goes on without it: %s", describe(e)[:200])
+                self.wandb = None
 
     def _finish_wandb(self, status: str) -> None:
         """W&B shows failed runs as failed and preempted ones as preempted."""
