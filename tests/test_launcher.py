@@ -29,22 +29,27 @@ from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, Launche
 from omegaconf import OmegaConf
 
 from components.errors import UserError
-from components.run_dir import RESULT_FILE, RunResult, read_result, write_result
+from components.naming import SWEPT_KEYS_ENV
+from components.run_dir import LAUNCHER_DIR, RESULT_FILE, RunResult, read_result, write_result
 from components.world import parse_count
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
+from launch import slurm
 from launch.jobs import (
     Job,
     JobFailed,
     JobSpec,
     Stopped,
+    check_batch_size,
     compose_jobs,
     failed_job_return,
     failure_reason,
+    job_done,
     job_world,
+    launcher_errors,
     record_failure,
 )
 from launch.rank import FAILURES_JSON, RESULT_PKL, TaskExit, exits_as_errors
-from launch.torchrun import Agents, TorchrunLauncherConf, plan, schedule
+from launch.torchrun import Agents, TorchrunLauncherConf, plan, run_jobs, schedule
 from tests.helpers import (
     QUICK,
     Sweep,
@@ -358,6 +363,127 @@ def test_compose_jobs(train_config, tmp_path: Path) -> None:
         assert job.spec.task_function is len and job.spec.hydra_context is train_config.context
     assert job_world(jobs[0].spec.config, 0) == (2, 1, False)
     assert jobs[1].spec.config.optim.lr == 0.5
+
+
+def test_compose_jobs_hands_each_job_the_sweeps_keys(train_config, tmp_path: Path) -> None:
+    """The sweep's keys (its sweep overrides, not its constants) reach every job's config in
+    hydra.job.env_set, for its W&B name and config; a job whose config does not compose fails
+    alone, with a job dir to record it in."""
+    master = train_config.multirun("hydra/launcher=torchrun", "optim.lr=0.1,oops",
+                                   "trainer.max_epochs=1", f"hydra.sweep.dir={tmp_path}")
+    launcher = SimpleNamespace(config=master, hydra_context=train_config.context,
+                               task_function=len)  # fmt: skip
+    batch = [["optim.lr=0.1", "trainer.max_epochs=1"], ["optim.lr=oops", "trainer.max_epochs=1"]]
+    good, bad = compose_jobs(launcher, batch, 0)
+    assert good.error is None and good.swept == bad.swept == ["optim.lr"]
+    assert good.spec.config.hydra.job.env_set[SWEPT_KEYS_ENV] == "optim.lr"
+    assert bad.error is not None and "optim.lr" in bad.error and "\n" not in bad.error
+    assert bad.job_dir == tmp_path / "1"
+
+
+def result_json(job_dir: Path) -> dict:
+    """A result.json written by the launcher: RunResult's schema, nothing else."""
+    data = read_json(job_dir / RESULT_FILE)
+    assert RunResult.from_json(data).extra == {}, data
+    assert data["status"] == "failed" and data["error"] and "\n" not in data["error"], data
+    return data
+
+
+def test_every_way_a_job_fails_before_its_ranks_leaves_a_result_json(
+    train_config, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A config that does not compose, a world size that cannot run, a batch size its ranks
+    cannot split: each job fails alone before any process starts, with its one line (naming the
+    fix) and a result.json. Apps without a `trainer` node are not batch-checked."""
+    master = train_config.multirun("hydra/launcher=torchrun", f"hydra.sweep.dir={tmp_path}")
+    launcher = SimpleNamespace(config=master, hydra_context=train_config.context,
+                               task_function=len)  # fmt: skip
+    batch = [["trainer.max_epochs=x"], ["dist.nproc_per_node=zero"],
+             ["dist.nproc_per_node=2", "trainer.batch_size=63"],
+             ["dist.nproc_per_node=4", "trainer.batch_size=64",
+              "trainer.accumulate_grad_batches=3"]]  # fmt: skip
+    jobs = compose_jobs(launcher, batch, 0)
+    caplog.set_level("INFO", logger="launch.jobs")
+    results = run_jobs(jobs, TorchrunLauncherConf())
+    assert [r.status for r in results] == [JobStatus.FAILED] * 4
+    errors = [result_json(job.job_dir)["error"] for job in jobs]
+    assert "trainer.max_epochs" in errors[0]
+    assert errors[1].startswith("dist.nproc_per_node=zero is not valid")
+    assert errors[2] == ("trainer.batch_size=63 (the global batch) is not divisible by the world "
+                         "size 2: use a multiple of 2, e.g. trainer.batch_size=64")  # fmt: skip
+    assert "world size 4 x trainer.accumulate_grad_batches=3" in errors[3]
+    assert not any((job.job_dir / LAUNCHER_DIR).exists() for job in jobs)  # nothing started
+    lines = [r.getMessage() for r in caplog.records if r.name == "launch.jobs"]
+    assert len(lines) == 4 and lines[2] == f"#2 failed  nproc_per_node=2 batch_size=63: {errors[2]}"
+    # A user error stays findable behind the verdict (exit status 2)
+    assert isinstance(results[2]._return_value.__cause__, UserError)
+    # no `trainer` node: not checked
+    check_batch_size(OmegaConf.create({"dist": {"nproc_per_node": 2}}), 2)
+    check_batch_size(OmegaConf.create({"trainer": {"max_epochs": 2}}), 3)
+
+
+def test_failures_outside_train_py_leave_a_result_json(tmp_path: Path) -> None:
+    """The torchrun agent killed, ranks killed, a SLURM job that never ran (cancelled while
+    pending): each job's result.json in RunResult's schema, with the reason."""
+    agents = Agents(TorchrunLauncherConf())
+    crashed, killed = (fake_job(n, nproc=2, job_dir=tmp_path / str(n)) for n in (0, 1))
+    for job in (crashed, killed):
+        job.started = time.time()
+        agents.files(job).mkdir(parents=True)
+    agents.finish(crashed, Exited(-9))
+    assert result_json(crashed.job_dir)["error"] == "torchrun was killed by SIGKILL"
+    (agents.files(killed) / FAILURES_JSON).write_text(json.dumps(
+        [{"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None}]))  # fmt: skip
+    agents.finish(killed, Exited(1))
+    assert result_json(killed.job_dir)["error"].startswith("rank 1 (pid 11) was killed by SIGKILL")
+
+    never = fake_job(2, nproc=2, job_dir=tmp_path / "2")
+    never.started = time.time()
+    paths = SimpleNamespace(result_pickle=tmp_path / "none.pkl", stderr=tmp_path / "none.err")
+    slurm_job = SimpleNamespace(job_id="77", task=lambda _: SimpleNamespace(paths=paths))
+    ret = slurm.finish(slurm.Submitted(never, slurm=slurm_job, state="CANCELLED"))
+    assert ret.status == JobStatus.FAILED
+    data = result_json(never.job_dir)
+    assert data["error"].startswith("SLURM job 77 ended (CANCELLED) without rank 0's result")
+    assert (data["job_num"], data["overrides"]) == (2, ["n=2"])
+
+
+def test_job_done_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One line per finished sweep job: number, status, the monitored metric's best value (4
+    significant digits) and epoch, wall time, swept values; none for a plain run."""
+    caplog.set_level("INFO", logger="launch.jobs")
+    job = fake_job(3, job_dir=tmp_path / "3")
+    job.overrides, job.swept = ["optim.lr=0.012345678", "trainer.max_epochs=5"], ["optim.lr"]
+    job.started = time.time() - 41.24
+    write_result(job.job_dir, RunResult(status="completed", monitor="val/loss", mode="min",
+                                        best=0.123456, best_epoch=4))  # fmt: skip
+    ret = rank0_return(0.9)
+    assert job_done(job, ret) is ret
+    assert caplog.records[-1].getMessage() == (
+        "#3 completed  val/loss=0.1235 (min, epoch 4)  41.2s  lr=0.01235")
+    job.in_sweep = False
+    job_done(job, ret)
+    assert len(caplog.records) == 1
+
+
+def test_launcher_user_errors_are_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SLURM not there, or not taking jobs: one line naming the fix, exit status 2."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch
+    with pytest.raises(SystemExit) as stop, launcher_errors():
+        slurm.require_slurm()
+    assert stop.value.code == 2
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "`sbatch` is not on PATH" in line and "hydra/launcher=torchrun" in line
+    from submitit.core.utils import FailedJobError
+
+    with pytest.raises(UserError) as e, slurm.sbatch_errors():
+        print("sbatch: error: Batch job submission failed: Invalid account", file=sys.stderr)
+        raise FailedJobError("sbatch: error: Batch job submission failed: Invalid account")
+    assert str(e.value) == ("SLURM did not take the jobs (sbatch: error: Batch job submission "
+                            "failed: Invalid account): check that `sinfo` and `sbatch` work "
+                            "here, or use hydra/launcher=torchrun")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
