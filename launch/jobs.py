@@ -279,6 +279,15 @@ def job_done(job: Job, ret: Any) -> Any:
 # a sweep batch
 
 
+def configure_sweep_logging(config: DictConfig) -> None:
+    """Apply the sweep's `hydra.hydra_logging` again once the sweeper is set up (Launcher.setup):
+    libraries the sweeper imported meanwhile set their own log levels (optuna's study banner),
+    and the sweep's config says which of their lines reach the console."""
+    from hydra.core.utils import configure_log
+
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+
+
 @contextmanager
 def launcher_errors() -> Iterator[None]:
     """A user error found by the launcher itself (SLURM not reachable, a sweep started inside a

@@ -62,6 +62,7 @@ from launch.jobs import (
     Stopped,
     check_batch_size,
     check_gpus,
+    configure_sweep_logging,
     failed_job_return,
     failure_reason,
     job_done,
@@ -241,6 +242,10 @@ class DDPSlurmLauncherBase(SlurmLauncher):
     as one array), then rank 0's JobReturn per job. __call__ (in every task, with its Job):
     :func:`run_task`.
     """
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        configure_sweep_logging(config)
 
     def __call__(self, job: Job) -> Any:
         return run_task(job)

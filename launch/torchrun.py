@@ -44,6 +44,7 @@ from launch.jobs import (
     JobSpec,
     check_batch_size,
     check_gpus,
+    configure_sweep_logging,
     failed_job_return,
     failure_reason,
     job_done,
@@ -109,6 +110,7 @@ class TorchrunLauncherBase(Launcher):
         self.config = config
         self.task_function = task_function
         self.hydra_context = hydra_context
+        configure_sweep_logging(config)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
         with launcher_errors():
