@@ -115,8 +115,8 @@ def wandb_identity(group: str | None, name: str | None) -> WandbIdentity:
     if group is None:
         group = sweep_group(experiment, hc.sweep.dir) if sweep else experiment
     overrides = [str(o) for o in hc.overrides.task]
-    keys = hc.job.env_set.get(SWEPT_KEYS_ENV)
-    keys = keys.split(",") if keys else agent_sweep_keys()
+    keys = hc.job.env_set.get(SWEPT_KEYS_ENV)  # "" from a launcher: a sweep of one job
+    keys = [k for k in keys.split(",") if k] if keys is not None else agent_sweep_keys()
     if keys is None and sweep:  # started by another launcher: every override tells it apart
         keys = [key for key, _ in override_pairs(overrides)]
     swept = swept_values(overrides, keys or [])

@@ -303,10 +303,10 @@ def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_
                  name: str, run: Callable[[list[Job]], list[Any]]) -> list[Any]:  # fmt: skip
     """Hydra's Launcher.launch for both launchers: compose the batch's jobs and `run` them (the
     launcher's part: one JobReturn per job, in order, each reported by :func:`job_done`)."""
-    from hydra.core.utils import configure_log, filter_overrides, setup_globals
+    from hydra.core.utils import filter_overrides, setup_globals
 
     setup_globals()
-    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    configure_sweep_logging(launcher.config)
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     if initial_idx == 0:  # Optuna hands out trials a few at a time: one line per sweep
