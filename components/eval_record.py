@@ -108,7 +108,7 @@ class EvalRecord:
         write_json_atomic(self.out_dir / EVAL_FILE, report.to_json())
 
     def _into_training_run(self, w, run_id: str, group, name, test: dict) -> None:
-        online = resolve_wandb_mode(w) == "online"
+        online = resolve_wandb_mode(w.mode) == "online"
         # Online, "must": only a run that exists (reachable) is resumed, never created.
         run = init_wandb(w, run_dir=self.out_dir, config=None, group=group, name=name,
                          run_id=run_id, resume="must" if online else "allow",

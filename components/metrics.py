@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -22,6 +23,15 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from components.errors import UserError, describe
+from components.naming import (
+    SWEPT_KEYS_ENV,
+    agent_sweep_keys,
+    in_wandb_agent,
+    label,
+    override_pairs,
+    sweep_group,
+    swept_values,
+)
 from components.preemption import Preempted
 from components.run_dir import (
     CHECKPOINT_DIR,
@@ -44,18 +54,14 @@ def wandb_credentials_exist() -> bool:
         return False
 
 
-def resolve_wandb_mode(wandb_cfg) -> str:
-    """online / offline / disabled; `auto` is online when credentials exist, else offline."""
-    try:
-        mode = wandb_cfg.mode  # an enum (conf/schema.py): WANDB_MODE is checked on access
-    except Exception:  # noqa: BLE001 - OmegaConf's validation error
-        raise UserError(
-            f"WANDB_MODE={os.environ.get('WANDB_MODE')} is not valid: use auto, online, "
-            "offline or disabled, or unset it"
-        ) from None
-    mode = getattr(mode, "value", mode)
+def resolve_wandb_mode(mode: Any) -> str:
+    """online / offline / disabled from a `wandb.mode` value (a string, or conf/schema.py's
+    enum); `auto` is online when credentials exist, else offline."""
+    mode = str(getattr(mode, "value", mode))
     if mode == "auto":
         return "online" if wandb_credentials_exist() else "offline"
+    if mode not in ("online", "offline", "disabled"):
+        raise UserError(f"wandb.mode={mode} is not valid: use auto, online, offline or disabled")
     return mode
 
 
@@ -87,43 +93,60 @@ def run_facts(world_size: int, per_rank_batch: int, device: torch.device) -> dic
     }
 
 
-def wandb_group_and_name(group: str | None, name: str | None) -> tuple[str | None, str | None]:
-    """Defaults from Hydra: a sweep's jobs share one group (the experiment's name, else the sweep
-    dir's timestamp); a run is named by its overrides (`model=resnet18,optim.lr=0.1`)."""
+@dataclass
+class WandbIdentity:
+    """Where a run goes in W&B and what tells it apart from its sweep's other runs."""
+
+    group: str | None = None
+    name: str | None = None
+    swept: dict[str, Any] = field(default_factory=dict)  # {short key: value}: config["swept"]
+
+
+def wandb_identity(group: str | None, name: str | None) -> WandbIdentity:
+    """Defaults from Hydra: a sweep's jobs share one group (the experiment's name, else `sweep`,
+    plus the sweep dir's timestamp); a sweep job is named by its number and the values of the
+    keys its sweep varies (`3:lr=0.01235,hidden=128`, components/naming.py); a plain run by its
+    overrides. Under `wandb agent` the swept keys are the agent's parameters."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized():
-        return group, name
+        return WandbIdentity(group, name)
     hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
     experiment = hc.runtime.choices.get("experiment")
-    if group is None and hc.mode == RunMode.MULTIRUN:
-        stamp = "_".join(Path(hc.sweep.dir).parts[-2:])
-        group = f"{experiment or 'sweep'}-{stamp}"
-    elif group is None:
-        group = experiment
+    if group is None:
+        group = sweep_group(experiment, hc.sweep.dir) if sweep else experiment
+    overrides = [str(o) for o in hc.overrides.task]
+    keys = hc.job.env_set.get(SWEPT_KEYS_ENV)  # "" from a launcher: a sweep of one job
+    keys = [k for k in keys.split(",") if k] if keys is not None else agent_sweep_keys()
+    if keys is None and sweep:  # started by another launcher: every override tells it apart
+        keys = [key for key, _ in override_pairs(overrides)]
+    swept = swept_values(overrides, keys or [])
     if name is None:
-        name = hc.job.override_dirname or None
-        if name and hc.mode == RunMode.MULTIRUN:
-            name = f"{hc.job.num}:{name}"
-    return group, name
+        name = label(swept) if keys is not None else hc.job.override_dirname
+        if sweep:
+            name = f"{hc.job.num}:{name}" if name else str(hc.job.num)
+    return WandbIdentity(group, name or None, swept)
 
 
 def init_wandb(w: Any, *, run_dir: Path, config: dict[str, Any], group: str | None,
                name: str | None, job_type: str | None = None, run_id: str | None = None,
-               resume: str | None = None, job: str = "training"):  # fmt: skip
+               resume: str | None = None, job: str = "training", agent: bool = False):  # fmt: skip
     """A W&B run as the `wandb` config `w` asks (mode, project, entity, tags, init timeout),
     or None: disabled, or a W&B failure, which is a warning and never stops the job. With a
-    `run_id` the run continues (resume="allow" unless `resume` says otherwise)."""
-    mode = resolve_wandb_mode(w)
+    `run_id` the run continues (resume="allow" unless `resume` says otherwise). Under
+    `wandb agent` (`agent`), the run, its project and entity are the agent's (W&B reads them
+    from the environment: WANDB_RUN_ID, WANDB_PROJECT, ...; it would ignore ours)."""
+    mode = resolve_wandb_mode(w.mode)
     if mode == "disabled":
         return None
     try:
         import wandb
 
         run = wandb.init(
-            project=w.project,
-            entity=w.entity,
+            project=None if agent else w.project,
+            entity=None if agent else w.entity,
             group=group,
             name=name,
             job_type=job_type or w.job_type,
@@ -278,13 +301,21 @@ class RunLogger:
         return self.wandb.id if self.wandb is not None else None
 
     def _init_wandb(self, cfg: DictConfig, facts: dict[str, Any], run_id: str | None) -> None:
-        if resolve_wandb_mode(cfg.wandb) == "disabled":
+        if resolve_wandb_mode(cfg.wandb.mode) == "disabled":
             return
+        w = cfg.wandb
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config["run"] = facts
-        group, name = wandb_group_and_name(cfg.wandb.group, cfg.wandb.name)
-        self.wandb = init_wandb(cfg.wandb, run_dir=self.run_dir, config=config, group=group,
-                                name=name, run_id=run_id)  # fmt: skip
+        who = wandb_identity(w.group, w.name)
+        if who.swept:  # the swept values as they are, for parallel-coordinates panels
+            config["swept"] = who.swept
+        agent = in_wandb_agent()
+        if agent and run_id and run_id != os.environ["WANDB_RUN_ID"]:
+            log.info("W&B: the agent's run %s records this run (the checkpoint's was %s)",
+                     os.environ["WANDB_RUN_ID"], run_id)  # fmt: skip
+        self.wandb = init_wandb(w, run_dir=self.run_dir, config=config, group=who.group,
+                                name=who.name, run_id=None if agent else run_id,
+                                agent=agent)  # fmt: skip
         if self.wandb is not None:
             # Val metrics are plotted per epoch; val/acc's run summary is its best value.
             self.wandb.define_metric("epoch")
@@ -307,7 +338,11 @@ class RunLogger:
         row = {**row, "time": round(now, 3), "elapsed_s": round(now - self._started, 3)}
         self._file.write(json.dumps(row) + "\n")
         if self.wandb is not None:
-            self.wandb.log(row, step=row["step"])
+            try:
+                self.wandb.log(row, step=row["step"])
+            except Exception as e:  # noqa: BLE001 - W&B failing never fails the run
+                log.warning("W&B log failed, training goes on without it: %s", describe(e)[:200])
+                self.wandb = None
 
     def _finish_wandb(self, status: str) -> None:
         """W&B shows failed runs as failed and preempted ones as preempted."""

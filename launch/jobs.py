@@ -7,15 +7,24 @@ the launcher runs the jobs its way and hands back one JobReturn per job: rank 0'
 failed one (:func:`failed_job_return`) whose one-line reason (:func:`failure_reason`) comes from
 one channel, most specific first: rank 0's exception, then the record of the ranks that died,
 then what is left (exit codes, job states). A job that failed without a record of its own gets
-one in its run dir (:func:`record_failure`, components/run_dir.py).
+one in its run dir (:func:`record_failure`, components/run_dir.py), whatever stopped it: a config
+that does not compose, a world size or batch size that cannot work (found before any rank
+starts, :func:`check_batch_size`), a crash, killed ranks, a SLURM job that never ran.
+
+What a sweep prints (the launching process): one line when the sweep starts, one line per
+finished job (:func:`job_done`: number, status, monitored metric, wall time, swept values), and
+the summary table at the end (launch/summary.py); the ranks' own output goes to their log files.
+A bad input found by the launcher itself is one line and exit status 2 (:func:`launcher_errors`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,8 +33,16 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from components.errors import UserError, describe, one_line
+from components.naming import (
+    SWEPT_KEYS_ENV,
+    fmt_duration,
+    fmt_value,
+    label,
+    swept_keys,
+    swept_values,
+)
 from components.run_dir import RunResult, read_result, write_result
-from components.world import requested_world, uses_gpus
+from components.world import per_rank_batch, requested_world, uses_gpus
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +71,16 @@ class Job:
     label: str = ""  # prefixed to every line its ranks print: "#3 " in a sweep
     started: float = 0.0  # when this attempt was started (unix time; 0: never)
     error: str | None = None  # why it cannot start (a user error found while planning it)
+    swept: list[str] = field(default_factory=list)  # the sweep's keys (components/naming.py)
+    in_sweep: bool = True  # False: `python train.py dist.nproc_per_node=N` (no per-job line)
 
 
 class JobFailed(CompactHydraException):
     """A job ended without a result: an exception, a crash or a killed rank. The ranks have
     printed their own errors; this is the one-line verdict (Hydra prints it as is). Its cause
     is rank 0's exception when there is one, so a user error behind it stays findable."""
+
+    reason: str = ""  # the verdict without the job's name
 
 
 class Stopped(CompactHydraException):
@@ -93,23 +114,40 @@ def resolve_output_dirs(config: DictConfig, keys: Sequence[str]) -> None:
 
 def compose_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]],
                  initial_idx: int) -> list[Job]:  # fmt: skip
-    """Each sweep job's config, composed here (hydra.job.num and .id set, output dirs resolved)."""
+    """Each sweep job's config, composed here (hydra.job.num and .id set, output dirs resolved,
+    the sweep's keys in hydra.job.env_set). A job whose config does not compose fails alone
+    (job.error), with a config good enough to name its job dir."""
     from hydra.core.singleton import Singleton
 
+    swept = swept_keys(launcher.config, job_overrides)
     jobs = []
     for idx, overrides in enumerate(job_overrides):
-        num = initial_idx + idx
-        config = launcher.hydra_context.config_loader.load_sweep_config(
-            launcher.config, list(overrides)
-        )
-        with open_dict(config):
+        num, error = initial_idx + idx, None
+        try:
+            config = launcher.hydra_context.config_loader.load_sweep_config(
+                launcher.config, list(overrides)
+            )
+        except Exception as e:  # noqa: BLE001 - Hydra's composition errors have many types
+            config, error = copy.deepcopy(launcher.config), describe(e)
+            with read_write(config), open_dict(config):
+                config.hydra.overrides.task = list(overrides)
+        with read_write(config), open_dict(config):
             config.hydra.job.id = f"{config.hydra.job.name}_{num}"
             config.hydra.job.num = num
-        resolve_output_dirs(config, ("hydra.sweep.dir", "hydra.sweep.subdir"))
+            config.hydra.job.env_set[SWEPT_KEYS_ENV] = ",".join(swept)
+        try:
+            resolve_output_dirs(config, ("hydra.sweep.dir", "hydra.sweep.subdir"))
+        except Exception:  # noqa: BLE001 - a config that did not compose may not resolve either
+            if error is None:
+                raise
+            with read_write(config), open_dict(config):
+                config.hydra.sweep.subdir = str(num)
+            resolve_output_dirs(config, ("hydra.sweep.dir",))
         job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         spec = JobSpec(launcher.task_function, config, Singleton.get_state(),
                        hydra_context=launcher.hydra_context)  # fmt: skip
-        jobs.append(Job(num, list(overrides), job_dir, spec, label=f"#{num} "))
+        jobs.append(Job(num, list(overrides), job_dir, spec, label=f"#{num} ", error=error,
+                        swept=swept))  # fmt: skip
     return jobs
 
 
@@ -127,6 +165,17 @@ def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
     )
     nproc, nnodes = requested_world(request, n_gpus)
     return nproc, nnodes, uses_gpus(request.backend, n_gpus)
+
+
+def check_batch_size(config: DictConfig, world_size: int) -> None:
+    """A job's global `trainer.batch_size` must split evenly over its ranks (and accumulation
+    steps): checked here, before any rank starts (components/world.py's rule, as in the ranks).
+    Apps without a `trainer` node are not checked."""
+    trainer = OmegaConf.select(config, "trainer")
+    if not isinstance(trainer, DictConfig) or "batch_size" not in trainer:
+        return
+    accumulate = OmegaConf.select(trainer, "accumulate_grad_batches", default=1)
+    per_rank_batch(int(trainer.batch_size), world_size, int(accumulate))
 
 
 def check_gpus(nproc: int, gpu_job: bool, n_gpus: int, what: str) -> None:
@@ -168,14 +217,17 @@ def job_return(job: Job, status: Any, value: Any) -> Any:
     return ret
 
 
-def failed_job_return(job: Job, reason: str, ret: Any = None) -> Any:
-    """Report a failed job (one line), record it in its run dir, and return its failed
-    JobReturn: rank 0's own (`ret`) when it sent one, with the verdict as its value."""
+def failed_job_return(job: Job, reason: str, ret: Any = None,
+                      cause: BaseException | None = None) -> Any:  # fmt: skip
+    """Record a failed job in its run dir and return its failed JobReturn: rank 0's own (`ret`)
+    when it sent one, with the verdict as its value (its cause: rank 0's error, else `cause`,
+    e.g. the user error that kept the job from starting). :func:`job_done` reports it."""
     from hydra.core.utils import JobReturn, JobStatus
 
-    log.error("#%d %s failed: %s", job.num, " ".join(job.overrides), reason)
     record_failure(job, reason)
     verdict = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}): {reason}")
+    verdict.reason = reason
+    verdict.__cause__ = cause
     if isinstance(ret, JobReturn) and isinstance(ret._return_value, BaseException):
         verdict.__cause__ = ret._return_value
     if not isinstance(ret, JobReturn):
@@ -194,27 +246,71 @@ def record_failure(job: Job, reason: str) -> None:
                                         job_num=job.num, wall_time_s=wall_time))  # fmt: skip
 
 
+def job_done(job: Job, ret: Any) -> Any:
+    """Say in one line how a sweep job ended: `#3 completed  val/acc=0.9194 (max, epoch 5)
+    41.2s  lr=0.05 hidden=128`, or `#4 failed  3.1s  lr=0.5: <why>`; return `ret`. The metric is
+    the job's monitored one from its result.json (`monitor`, `mode`, `best`, `best_epoch`)."""
+    if not job.in_sweep:
+        return ret
+    completed = ret.status.name == "COMPLETED"
+    result = read_result(job.job_dir, since=job.started or None)
+    status = "completed" if completed else "failed"
+    if not completed and result is not None and result.status in ("preempted", "interrupted"):
+        status = result.status
+    parts = [f"#{job.num} {status}"]
+    if result is not None and result.best is not None:
+        at = f", epoch {result.best_epoch}" if result.best_epoch is not None else ""
+        parts.append(f"{result.monitor}={fmt_value(float(result.best))} ({result.mode}{at})")
+    if job.started:
+        parts.append(fmt_duration(time.time() - job.started))
+    values = label(swept_values(job.overrides, job.swept), " ")
+    if values:
+        parts.append(values)
+    line = "  ".join(parts)
+    if completed:
+        log.info("%s", line)
+    else:
+        error = ret._return_value
+        log.error("%s: %s", line, getattr(error, "reason", "") or describe(error))
+    return ret
+
+
 # ---------------------------------------------------------------------------------------------
 # a sweep batch
 
 
+def configure_sweep_logging(config: DictConfig) -> None:
+    """Apply the sweep's `hydra.hydra_logging` again once the sweeper is set up (Launcher.setup):
+    libraries the sweeper imported meanwhile set their own log levels (optuna's study banner),
+    and the sweep's config says which of their lines reach the console."""
+    from hydra.core.utils import configure_log
+
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+
+
+@contextmanager
+def launcher_errors() -> Iterator[None]:
+    """A user error found by the launcher itself (SLURM not reachable, a sweep started inside a
+    rank): one line and exit status 2, before Hydra would print it between lines of its own."""
+    try:
+        yield
+    except UserError as e:
+        log.error("%s", describe(e))
+        raise SystemExit(e.exit_code) from None
+
+
 def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_idx: int,
                  name: str, run: Callable[[list[Job]], list[Any]]) -> list[Any]:  # fmt: skip
-    """Hydra's Launcher.launch for both launchers: compose the batch's jobs, `run` them (the
-    launcher's part: one JobReturn per job, in order), and say which failed."""
-    from hydra.core.utils import configure_log, filter_overrides, setup_globals
+    """Hydra's Launcher.launch for both launchers: compose the batch's jobs and `run` them (the
+    launcher's part: one JobReturn per job, in order, each reported by :func:`job_done`)."""
+    from hydra.core.utils import filter_overrides, setup_globals
 
     setup_globals()
-    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    configure_sweep_logging(launcher.config)
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    log.info("%s: %d job(s), sweep dir %s", name, len(job_overrides), sweep_dir)
+    if initial_idx == 0:  # Optuna hands out trials a few at a time: one line per sweep
+        log.info("%s: sweep dir %s", name, sweep_dir)
     for idx, overrides in enumerate(job_overrides):
-        log.info("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
-    results = run(compose_jobs(launcher, job_overrides, initial_idx))
-    failed = [f"#{initial_idx + i}" for i, r in enumerate(results) if r.status.name == "FAILED"]
-    if failed:
-        log.error("%d of %d job(s) failed in this batch: %s", len(failed), len(results),
-                  ", ".join(failed))  # fmt: skip
-    return results
-
+        log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
+    return run(compose_jobs(launcher, job_overrides, initial_idx))

@@ -60,12 +60,16 @@ from components.world import parse_count
 from launch.jobs import (
     Job,
     Stopped,
+    check_batch_size,
     check_gpus,
+    configure_sweep_logging,
     failed_job_return,
     failure_reason,
+    job_done,
     job_return,
     job_world,
     launch_batch,
+    launcher_errors,
     settings_from,
 )
 from launch.rank import report_failure, run_rank
@@ -239,17 +243,23 @@ class DDPSlurmLauncherBase(SlurmLauncher):
     :func:`run_task`.
     """
 
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        configure_sweep_logging(config)
+
     def __call__(self, job: Job) -> Any:
         return run_task(job)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
-        if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
-            raise UserError(
-                "a sweep cannot start in every task of an srun step: run "
-                "`python train.py -m ...` once"
-            )
-        return launch_batch(self, job_overrides, initial_job_idx, "SLURM launcher",
-                            lambda jobs: run_on_slurm(self, jobs))  # fmt: skip
+        with launcher_errors():
+            if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
+                raise UserError(
+                    "a sweep cannot start in every task of an srun step: run "
+                    "`python train.py -m ...` once"
+                )
+            require_slurm()
+            return launch_batch(self, job_overrides, initial_job_idx, "SLURM launcher",
+                                lambda jobs: run_on_slurm(self, jobs))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,6 +382,15 @@ class Submitted:
         return f"#{self.job.num}{slurm}"
 
 
+def require_slurm() -> None:
+    """Before anything is composed or submitted: SLURM's sbatch must be here."""
+    if shutil.which("sbatch") is None:
+        raise UserError(
+            "hydra/launcher=slurm needs SLURM, but `sbatch` is not on PATH here: run the sweep "
+            "on a SLURM login node, or use hydra/launcher=torchrun"
+        )
+
+
 def run_on_slurm(launcher: Any, jobs: list[Job]) -> list[Any]:
     """Submit the jobs, wait for them, return their JobReturns in order."""
     gpus_by_partition: dict[str | None, int] = {}
@@ -382,12 +401,15 @@ def run_on_slurm(launcher: Any, jobs: list[Job]) -> list[Any]:
     except BaseException:  # Ctrl-C, or a failed submission: take the submitted jobs down
         cancel(planned)
         raise
-    return [finish(s) for s in planned]
+    return [job_done(s.job, finish(s)) for s in planned]
 
 
 def plan(job: Job, gpus_by_partition: dict[str | None, int]) -> Submitted:
     """The job's submission, from its own config (its launcher values may interpolate it);
-    job.error when it cannot be submitted."""
+    job.error when it cannot be submitted (its config did not compose, a world size SLURM
+    cannot give it, a batch size its ranks cannot split)."""
+    if job.error:
+        return Submitted(job)
     try:
         settings = DDPSlurmQueueConf.from_config(job.spec.config.hydra.launcher)
         gpus = launcher_count(settings, "gpus_per_node", minimum=0)
@@ -396,6 +418,7 @@ def plan(job: Job, gpus_by_partition: dict[str | None, int]) -> Submitted:
                 gpus_by_partition[settings.partition] = cluster_gpus_per_node(settings.partition)
             gpus = gpus_by_partition[settings.partition]
         params = job_resources(job.spec.config, settings, gpus)
+        check_batch_size(job.spec.config, params["tasks_per_node"] * params["nodes"])
     except UserError as e:
         job.error = str(e)
         return Submitted(job)
@@ -420,14 +443,43 @@ def submit(launcher: Any, planned: list[Submitted]) -> None:
                                          slurm_max_num_timeout=first.max_num_timeout)  # fmt: skip
         executor.update_parameters(**first.params)
         started = time.time()
-        with submission_env():
+        with submission_env(), sbatch_errors():
             slurm_jobs = executor.map_array(launcher, [s.job for s in group])
         for s, slurm_job in zip(group, slurm_jobs, strict=True):
             s.slurm, s.job.started = slurm_job, started
             where = f"{s.job.nnodes} node(s) x {s.job.nproc} task(s)"
-            log.info("#%d %s: SLURM job %s, %s%s", s.job.num,
-                     " ".join(s.job.overrides) or "(no overrides)", slurm_job.job_id, where,
-                     f", {s.job.nproc} GPU(s) per node" if s.job.uses_gpus else "")  # fmt: skip
+            log.debug("#%d %s: SLURM job %s, %s%s", s.job.num,
+                      " ".join(s.job.overrides) or "(no overrides)", slurm_job.job_id, where,
+                      f", {s.job.nproc} GPU(s) per node" if s.job.uses_gpus else "")  # fmt: skip
+        if len(group) == 1:  # one line per submission: its SLURM id, for squeue and scancel
+            log.info("#%d: SLURM job %s", group[0].job.num, slurm_jobs[0].job_id)
+        else:
+            nums = [s.job.num for s in group]
+            contiguous = nums == list(range(nums[0], nums[-1] + 1))
+            which = f"#{nums[0]}-#{nums[-1]}" if contiguous else ",".join(f"#{n}" for n in nums)
+            log.info("%s: SLURM job array %s", which, str(slurm_jobs[0].job_id).split("_")[0])
+
+
+@contextmanager
+def sbatch_errors() -> Iterator[None]:
+    """sbatch refusing a submission (no controller, a bad partition or account) is the user's
+    to fix: one line with sbatch's own words, instead of submitit's traceback and its copy of
+    sbatch's stderr."""
+    import io
+    from contextlib import redirect_stderr
+
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    with redirect_stderr(io.StringIO()) as printed:
+        try:
+            yield
+        except (FailedJobError, FailedSubmissionError, OSError) as e:
+            lines = [x.strip() for x in f"{printed.getvalue()}\n{e}".splitlines() if x.strip()]
+            said = lines[-1] if lines else type(e).__name__  # sbatch's last word: fatal: ...
+            raise UserError(
+                f"SLURM did not take the jobs ({said}): check that `sinfo` and `sbatch` work "
+                "here, or use hydra/launcher=torchrun"
+            ) from None
 
 
 @contextmanager
@@ -509,9 +561,9 @@ def note_state(s: Submitted, state: str) -> None:
         log.info("%s requeued: it resumes from its last checkpoint in %s", s.label, s.job.job_dir)
     elif state == "RUNNING" and not s.ran:
         s.ran = True
-        log.info("%s running%s", s.label, f" (restart {s.restarts})" if s.restarts else "")
+        log.debug("%s running%s", s.label, f" (restart {s.restarts})" if s.restarts else "")
     elif state not in ACTIVE_STATES and state != "UNKNOWN":
-        log.info("%s %s", s.label, state)
+        log.debug("%s %s", s.label, state)  # its line comes when it is collected
 
 
 def result_path(s: Submitted) -> Path:
@@ -539,7 +591,7 @@ def read_outcome(s: Submitted) -> tuple[str, Any] | None:
 def finish(s: Submitted) -> Any:
     """The JobReturn of one job: rank 0's own, or a failed one saying what went wrong."""
     if s.job.error:
-        return failed_job_return(s.job, s.job.error)
+        return failed_job_return(s.job, s.job.error, cause=UserError(s.job.error))
     outcome = read_outcome(s)
     ret = outcome[1] if outcome and outcome[0] == "success" else None
     if not isinstance(ret, JobReturn):

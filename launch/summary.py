@@ -1,8 +1,23 @@
-"""Sweep summary: one table (CSV, Markdown, text) and one val/acc plot for a Hydra multirun.
+"""Sweep summary: one table (CSV, Markdown, text), one plot and one W&B run for a Hydra multirun.
 
 Reads every job dir of a sweep dir (``<sweep_dir>/<subdir>/`` holding ``.hydra/``,
-``result.json`` or ``metrics.jsonl`` of train.py, or ``eval.json`` of eval.py) and writes
-``summary.csv``, ``summary.md`` and ``summary.png`` next to ``multirun.yaml``. Used three ways:
+``result.json`` or ``metrics.jsonl``) and writes ``summary.csv``, ``summary.md`` and
+``summary.png`` next to ``multirun.yaml``:
+
+* the table has one column per swept key (the keys the sweep varies: its sweep overrides and
+  its sweeper's params, from multirun.yaml, and any other key whose value differs between jobs;
+  short names, floats to 4 significant digits; components/naming.py), then each job's status,
+  its monitored metric's best value and epoch (result.json's ``monitor``/``mode``/``best``),
+  the last epoch's val metrics, test metrics when there are any, wall time and samples/s; jobs
+  ranked best first by their monitor and mode;
+* the plot has val/acc and val/loss per epoch and train/loss over epochs, one style (colour,
+  marker, line) per job so that curves on top of each other stay distinguishable, points of one
+  epoch spread a little apart, integer epoch ticks, and a legend of swept values only;
+* at the end of a multirun the callback also logs one W&B run with ``job_type=sweep_summary`` in
+  the sweep's group (:func:`log_to_wandb`): the table as a W&B Table (a link to each job's run)
+  and the plot. Offline, it lands with ``wandb sync <sweep dir>/wandb/offline-run-*``.
+
+Used three ways:
 
 * as a Hydra callback, written at the end of every multirun (also when a job failed)::
 
@@ -11,23 +26,25 @@ Reads every job dir of a sweep dir (``<sweep_dir>/<subdir>/`` holding ``.hydra/`
           sweep_summary:
             _target_: launch.summary.SweepSummaryCallback
 
-* from the command line for any sweep dir: ``python -m launch.summary <sweep_dir>``;
+* from the command line for any sweep dir: ``python -m launch.summary <sweep_dir> [--wandb]``;
 * from Python: :func:`write_summary`, :func:`collect_jobs`, :func:`format_table`.
 
-Cheap to import (Hydra loads callbacks at startup): no torch, matplotlib only when plotting.
+Cheap to import (Hydra loads callbacks at startup): no torch, matplotlib and wandb only when used.
+A summary problem (W&B included) is a warning, never a failed sweep.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import csv
 import io
-import json
 import logging
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,53 +53,39 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
-from components.run_dir import METRICS_FILE, OVERRIDES_FILE, RESULT_FILE, read_metrics
+from components.naming import (
+    declared_sweep_keys,
+    fmt_duration,
+    fmt_value,
+    label,
+    override_values,
+    short_keys,
+    sweep_group,
+    varying_keys,
+)
+from components.run_dir import (
+    EVAL_FILE,
+    METRICS_FILE,
+    OVERRIDES_FILE,
+    RESULT_FILE,
+    RunResult,
+    read_metrics,
+)
 
 log = logging.getLogger(__name__)
 
 CSV_NAME = "summary.csv"
 MD_NAME = "summary.md"
 PNG_NAME = "summary.png"
-EVAL_NAME = "eval.json"  # an eval.py job's record
+MULTIRUN_YAML = "multirun.yaml"
 NO_RESULT_ERROR = f"no {RESULT_FILE}"
+JOB_TYPE = "sweep_summary"  # the W&B summary run's job_type
 
-# Fields of JobSummary a sweep can be ranked by. test_*: best.pt on the test split (reported,
-# never what a sweep optimises); eval_*: what an eval.py job measured on its split.
-METRICS = ("best_val_acc", "final_val_acc", "final_val_loss", "test_acc", "test_loss",
-           "eval_acc", "eval_loss", "wall_time_s", "samples_per_s")  # fmt: skip
+# What a sweep can be ranked by: `best` is each job's monitored metric (result.json).
+METRICS = ("best", "best_val_acc", "final_val_acc", "final_val_loss", "wall_time_s",
+           "samples_per_s")  # fmt: skip
 MODES = ("max", "min")
-CSV_COLUMNS = (
-    "job",
-    "overrides",
-    "status",
-    "best_val_acc",
-    "final_val_acc",
-    "final_val_loss",
-    "test_acc",
-    "test_loss",
-    "split",
-    "eval_acc",
-    "eval_loss",
-    "wall_time_s",
-    "samples_per_s",
-    "error",
-)
-_TABLE_COLUMNS = (  # (header, field) of the text / Markdown tables; overrides and error last
-    ("job", "job"),
-    ("status", "status"),
-    ("best_val_acc", "best_val_acc"),
-    ("final_val_acc", "final_val_acc"),
-    ("final_val_loss", "final_val_loss"),
-    ("test_acc", "test_acc"),
-    ("test_loss", "test_loss"),
-    ("split", "split"),
-    ("eval_acc", "eval_acc"),
-    ("eval_loss", "eval_loss"),
-    ("wall_time_s", "wall_time_s"),
-    ("samples/s", "samples_per_s"),
-    ("overrides", "overrides"),
-)
-_DECIMALS = {"wall_time_s": 1, "samples_per_s": 1}  # everything else: 4
+PANELS = ("val/acc", "val/loss", "train/loss")  # summary.png, left to right
 
 
 @dataclass
@@ -92,31 +95,50 @@ class JobSummary:
     job: str
     overrides: str = ""
     status: str = "failed"
+    error: str | None = None
+    monitor: str = "val/acc"
+    mode: str = "max"
+    best: float | None = None
+    best_epoch: int | None = None
+    final: dict[str, float] = field(default_factory=dict)  # the last epoch's val/* metrics
+    test: dict[str, float] = field(default_factory=dict)
     best_val_acc: float | None = None
     final_val_acc: float | None = None
     final_val_loss: float | None = None
-    test_acc: float | None = None
-    test_loss: float | None = None
-    split: str | None = None  # eval.py jobs: the split evaluated
-    eval_acc: float | None = None
-    eval_loss: float | None = None
     wall_time_s: float | None = None
     samples_per_s: float | None = None
-    error: str | None = None
-    epochs: list[tuple[int | float, float]] = field(default_factory=list)  # (epoch, val/acc)
+    wandb_run_id: str | None = None
+    # An eval.py job (eval.json, no result.json): its split and what it measured there.
+    split: str | None = None
+    eval: dict[str, float] = field(default_factory=dict)  # acc, acc5, loss, ece
+    swept: dict[str, Any] = field(default_factory=dict)  # {swept key: value}, set by collect_jobs
+    # per epoch: {"epoch": e, "val/acc": ..., "val/loss": ...}; train: (epochs done, train/loss)
+    val_curve: list[dict[str, float]] = field(default_factory=list)
+    train_curve: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def epochs(self) -> list[tuple[int | float, float]]:
+        """(epoch, val/acc) per validated epoch."""
+        return [(v["epoch"], v["val/acc"]) for v in self.val_curve if "val/acc" in v]
 
 
 @dataclass
 class SweepSummary:
-    """What :func:`write_summary` wrote: the three files and the rows, best first."""
+    """What :func:`write_summary` wrote: the three files, the rows best first, and the keys."""
 
     sweep_dir: Path
     csv_path: Path
     md_path: Path
     png_path: Path
     rows: list[JobSummary]
-    metric: str = "best_val_acc"
+    metric: str = "best"
     mode: str = "max"
+    swept_keys: list[str] = field(default_factory=list)
+    monitor: str = "val/acc"
+
+    @property
+    def ranked_by(self) -> str:
+        return f"best {self.monitor}" if self.metric == "best" else self.metric
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,7 +163,7 @@ def _natural_key(name: str) -> tuple:
 
 def is_job_dir(path: Path) -> bool:
     return path.is_dir() and any(
-        (path / name).exists() for name in (".hydra", RESULT_FILE, METRICS_FILE, EVAL_NAME)
+        (path / name).exists() for name in (".hydra", RESULT_FILE, METRICS_FILE, EVAL_FILE)
     )
 
 
@@ -165,114 +187,200 @@ def _read_overrides(job_dir: Path) -> list[str] | None:
 
 
 def _from_metrics(rows: Iterable[dict]) -> dict[str, Any]:
-    """best/final val numbers, per-epoch val/acc and mean throughput derived from metrics rows."""
-    by_epoch: dict[int | float, float] = {}
-    best = final_acc = final_loss = None
+    """Per-epoch val metrics, the train/loss curve over epochs and mean throughput from
+    metrics.jsonl rows (a resumed job may log an epoch twice: its last row wins)."""
+    by_epoch: dict[float, dict[str, float]] = {}
+    train: list[tuple[float, float, float]] = []  # (step, epoch in progress, loss)
     speeds: list[float] = []
     for row in rows:
-        acc, loss = _number(row.get("val/acc")), _number(row.get("val/loss"))
-        if acc is not None or loss is not None:  # a val row (possibly also a train row)
-            final_acc, final_loss = acc, loss
-            if acc is not None:
-                if not math.isnan(acc) and (best is None or acc > best):
-                    best = acc
-                epoch = _number(row.get("epoch"))
-                # A resumed job may log an epoch twice: its last val/acc wins.
-                if epoch is None:
-                    epoch = float(len(by_epoch))
-                by_epoch[int(epoch) if epoch.is_integer() else epoch] = acc
+        vals = {k: v for k, v in row.items() if k.startswith("val/") and _number(v) is not None}
+        if vals:
+            epoch = _number(row.get("epoch"))
+            epoch = float(len(by_epoch) + 1) if epoch is None else epoch
+            by_epoch[epoch] = {"epoch": epoch, "step": _number(row.get("step")), **vals}
+        loss, step = _number(row.get("train/loss")), _number(row.get("step"))
+        if loss is not None and step is not None:
+            train.append((step, _number(row.get("epoch")) or 1.0, loss))
         speed = _number(row.get("samples_per_s"))
         if speed is not None:
             speeds.append(speed)
+    val_curve = [by_epoch[e] for e in sorted(by_epoch)]
     return {
-        "best_val_acc": best,
-        "final_val_acc": final_acc,
-        "final_val_loss": final_loss,
+        "val_curve": [{k: v for k, v in r.items() if k != "step"} for r in val_curve],
+        "train_curve": _train_over_epochs(train, val_curve),
         "samples_per_s": sum(speeds) / len(speeds) if speeds else None,
-        "epochs": sorted(by_epoch.items()),
     }
 
 
+def _train_over_epochs(train: list[tuple[float, float, float]],
+                       val_curve: list[dict]) -> list[tuple[float, float]]:  # fmt: skip
+    """train/loss against epochs done (step / steps per epoch, from a validated epoch's step),
+    so jobs with other batch or world sizes share the x axis; without a validated epoch, spread
+    each epoch's rows evenly over it."""
+    per_epoch = next((v["step"] / v["epoch"] for v in val_curve if v.get("step") and v["epoch"]),
+                     None)  # fmt: skip
+    if per_epoch:
+        return [(step / per_epoch, loss) for step, _, loss in train]
+    counts = Counter(epoch for _, epoch, _ in train)
+    seen: Counter = Counter()
+    out = []
+    for _, epoch, loss in train:
+        seen[epoch] += 1
+        out.append((epoch - 1 + seen[epoch] / counts[epoch], loss))
+    return out
+
+
+def _best_of(curve: list[dict[str, float]], monitor: str, mode: str) -> tuple[Any, Any]:
+    points = [(v[monitor], v["epoch"]) for v in curve
+              if monitor in v and not math.isnan(v[monitor])]  # fmt: skip
+    if not points:
+        return None, None
+    value, epoch = (max if mode == "max" else min)(points, key=lambda p: p[0])
+    return value, int(epoch) if float(epoch).is_integer() else epoch
+
+
+def read_eval_job(job_dir: Path, evaluation: dict[str, Any]) -> JobSummary:
+    """An eval.py job: ranked by its split's top-1 accuracy."""
+    split = str(evaluation.get("split"))
+    measured = {k: float(v) for k, v in (evaluation.get("metrics") or {}).items()
+                if _number(v) is not None and not _count_key(k)}  # fmt: skip
+    overrides = _read_overrides(job_dir) or []
+    return JobSummary(
+        job=job_dir.name, overrides=" ".join(overrides),
+        status=_one_line(evaluation.get("status") or "failed"), error=None,
+        monitor=f"{split}/acc", best=measured.get("acc"), split=split, eval=measured,
+        wall_time_s=_number(evaluation.get("wall_time_s")),
+        wandb_run_id=evaluation.get("wandb_run_id"),
+    )  # fmt: skip
+
+
 def read_job(job_dir: str | os.PathLike) -> JobSummary:
-    """Summarise one job dir: result.json first, gaps filled from metrics.jsonl."""
+    """Summarise one job dir: result.json first (components/run_dir.py's RunResult), gaps filled
+    from metrics.jsonl (a job killed before its result.json still has its curves); an eval.py
+    job from its eval.json."""
+    import json
+
     job_dir = Path(job_dir)
+    if not (job_dir / RESULT_FILE).is_file() and (job_dir / EVAL_FILE).is_file():
+        try:
+            evaluation = json.loads((job_dir / EVAL_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            evaluation = None
+        if isinstance(evaluation, dict):
+            return read_eval_job(job_dir, evaluation)
     derived = _from_metrics(read_metrics(job_dir / METRICS_FILE))
-    result: dict[str, Any] = {}
+    result = RunResult(status="failed", error=NO_RESULT_ERROR)
     result_path = job_dir / RESULT_FILE
-    status, error = "failed", NO_RESULT_ERROR
-    evaluation = _read_eval(job_dir)
-    if evaluation is not None and not result_path.is_file():
-        status, error = _one_line(evaluation.get("status") or "failed"), None
     if result_path.is_file():
         try:
             loaded = json.loads(result_path.read_text(encoding="utf-8"))
             if not isinstance(loaded, dict):
                 raise ValueError("not a JSON object")
-        except (OSError, ValueError) as e:
-            error = _one_line(f"unreadable result.json: {e}")
-        else:
-            result = loaded
-            status = _one_line(result.get("status") or "failed")
-            error = None if result.get("error") is None else _one_line(result["error"])
-
+            result = RunResult.from_json(loaded)
+        except (OSError, ValueError, TypeError) as e:
+            result = RunResult(status="failed", error=_one_line(f"unreadable result.json: {e}"))
     overrides = _read_overrides(job_dir)
-    if overrides is None and isinstance(result.get("overrides"), list):
-        overrides = [str(o) for o in result["overrides"]]
+    if overrides is None and isinstance(result.overrides, list):
+        overrides = [str(o) for o in result.overrides]
+    curve = derived["val_curve"]
+    last = curve[-1] if curve else {}
+    best, best_epoch = _number(result.best), result.best_epoch
+    if best is None:
+        best, best_epoch = _best_of(curve, result.monitor, result.mode)
+    final = {k: v for k, v in (result.final or last).items() if k != "epoch"}
+    acc_best, _ = _best_of(curve, "val/acc", "max")
 
-    def pick(key: str) -> float | None:
-        value = _number(result.get(key))
-        return derived.get(key) if value is None else value
-
-    test = result.get("test") if isinstance(result.get("test"), dict) else {}
-    measured = (evaluation or {}).get("metrics") or {}
+    def pick(value: Any, fallback: Any) -> float | None:
+        return _number(value) if _number(value) is not None else fallback
 
     return JobSummary(
         job=job_dir.name,
         overrides=" ".join(overrides or []),
-        status=status,
-        best_val_acc=pick("best_val_acc"),
-        final_val_acc=pick("final_val_acc"),
-        final_val_loss=pick("final_val_loss"),
-        test_acc=_number(test.get("test/acc")),
-        test_loss=_number(test.get("test/loss")),
-        split=None if evaluation is None else str(evaluation.get("split")),
-        eval_acc=_number(measured.get("acc")),
-        eval_loss=_number(measured.get("loss")),
-        wall_time_s=pick("wall_time_s") or _number((evaluation or {}).get("wall_time_s")),
-        samples_per_s=pick("samples_per_s"),
-        error=error,
-        epochs=derived["epochs"],
+        status=_one_line(result.status or "failed"),
+        error=None if result.error is None else _one_line(result.error),
+        monitor=result.monitor,
+        mode=result.mode,
+        best=best,
+        best_epoch=best_epoch,
+        final=final,
+        test={k: v for k, v in (result.test or {}).items() if _number(v) is not None},
+        best_val_acc=pick(result.best_val_acc, acc_best),
+        final_val_acc=pick(result.final_val_acc, last.get("val/acc")),
+        final_val_loss=pick(result.final_val_loss, last.get("val/loss")),
+        wall_time_s=_number(result.wall_time_s),
+        samples_per_s=pick(result.samples_per_s, derived["samples_per_s"]),
+        wandb_run_id=result.wandb_run_id,
+        val_curve=curve,
+        train_curve=derived["train_curve"],
     )
 
 
-def _read_eval(job_dir: Path) -> dict[str, Any] | None:
+def read_multirun_config(sweep_dir: str | os.PathLike) -> Any:
+    """The sweep's multirun.yaml (its config as the sweeper had it), or None."""
+    from omegaconf import OmegaConf
+
+    path = Path(sweep_dir) / MULTIRUN_YAML
     try:
-        data = json.loads((job_dir / EVAL_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return OmegaConf.load(path) if path.is_file() else None
+    except Exception as e:  # noqa: BLE001 - a summary problem is never fatal
+        log.warning("sweep summary: cannot read %s (%s)", path, _one_line(e))
         return None
-    return data if isinstance(data, dict) else None
+
+
+def sweep_keys(sweep_dir: str | os.PathLike, jobs: Sequence[JobSummary]) -> list[str]:
+    """The keys the sweep varies: declared in its multirun.yaml, then any other key whose value
+    differs between its jobs."""
+    config = read_multirun_config(sweep_dir)
+    declared = declared_sweep_keys(config) if config is not None else []
+    varying = varying_keys([j.overrides.split() for j in jobs])
+    return list(dict.fromkeys([*declared, *varying]))
+
+
+def read_sweep(sweep_dir: str | os.PathLike) -> tuple[list[JobSummary], list[str]]:
+    """(one JobSummary per job dir of ``sweep_dir``, in job order (``0``, ``1``, …, ``10``),
+    each with its values of the sweep's keys; those keys)."""
+    jobs = [read_job(d) for d in find_job_dirs(sweep_dir)]
+    keys = sweep_keys(sweep_dir, jobs)
+    for job in jobs:
+        values = override_values(job.overrides.split())
+        job.swept = {k: values[k] for k in keys if k in values}
+    return jobs, keys
 
 
 def collect_jobs(sweep_dir: str | os.PathLike) -> list[JobSummary]:
-    """One JobSummary per job dir of ``sweep_dir``, in job order (``0``, ``1``, …, ``10``)."""
-    return [read_job(d) for d in find_job_dirs(sweep_dir)]
+    """:func:`read_sweep`'s jobs."""
+    return read_sweep(sweep_dir)[0]
 
 
-def _check_metric(metric: str, mode: str) -> None:
+def _check_metric(metric: str, mode: str | None) -> None:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)}")
-    if mode not in MODES:
+    if mode not in (*MODES, None):
         raise ValueError(f"unknown mode {mode!r}: choose 'max' or 'min'")
 
 
-def sort_jobs(
-    rows: Iterable[JobSummary], metric: str = "best_val_acc", mode: str = "max"
-) -> list[JobSummary]:
-    """Best first by ``metric``; jobs without it (None or NaN) last, each group in job order."""
+def sweep_monitor(rows: Sequence[JobSummary]) -> tuple[str, str]:
+    """(monitor, mode) of the sweep: those of most of its jobs that have a best value."""
+    pairs = Counter((r.monitor, r.mode) for r in rows if r.best is not None)
+    if not pairs:
+        pairs = Counter((r.monitor, r.mode) for r in rows)
+    return pairs.most_common(1)[0][0] if pairs else ("val/acc", "max")
+
+
+def sort_jobs(rows: Iterable[JobSummary], metric: str = "best",
+              mode: str | None = None) -> list[JobSummary]:  # fmt: skip
+    """Best first by ``metric`` (``best``: each job's monitored metric, by the sweep's monitor
+    and mode unless ``mode`` is given); jobs without it (None, NaN, another monitor) last, each
+    group in job order."""
     _check_metric(metric, mode)
+    rows = list(rows)
+    monitor, monitor_mode = sweep_monitor(rows)
+    mode = mode or (monitor_mode if metric == "best" else "max")
 
     def key(row: JobSummary) -> tuple[int, float]:
         value = getattr(row, metric)
+        if metric == "best" and row.monitor != monitor:
+            value = None
         if value is None or math.isnan(value):
             return (1, 0.0)
         return (0, -value if mode == "max" else value)
@@ -281,57 +389,89 @@ def sort_jobs(
 
 
 # --------------------------------------------------------------------------------------------
-# Rendering
+# The table
 
 
-def _fmt(name: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{_DECIMALS.get(name, 4)}f}"
-    return str(value)
+def _count_key(key: str) -> bool:
+    return key.endswith("count") or key == "epoch"
 
 
-def _columns(rows: Sequence[JobSummary]) -> list[tuple[str, str]]:
-    """The table's columns: the metric columns that some job has a value in (a training sweep
-    shows no eval_* columns, an eval sweep no val ones), job, status and overrides always."""
-    return [(header, name) for header, name in _TABLE_COLUMNS
-            if name in ("job", "status", "overrides")
-            or any(getattr(r, name) is not None for r in rows)]  # fmt: skip
+@dataclass
+class Column:
+    header: str  # text and Markdown tables, the W&B Table
+    csv: str  # summary.csv
+    get: Any  # JobSummary -> value
+    numeric: bool = True
+    text: Any = fmt_value  # value -> table text
+    wandb: str = ""  # its W&B Table header when not `header`
 
 
-def _cells(row: JobSummary, columns: Sequence[tuple[str, str]]) -> list[str]:
-    return [_fmt(name, getattr(row, name)) for _, name in columns]
+def columns(rows: Sequence[JobSummary], keys: Sequence[str]) -> list[Column]:
+    """The table's columns: job, one per swept key, status, the monitored metric's best value
+    and epoch, the last epoch's val metrics, test metrics, wall time, samples/s."""
+    short = short_keys(keys)
+    monitor, _ = sweep_monitor(rows)
+    finals = [k for r in rows for k in r.final if not _count_key(k)]
+    finals = list(dict.fromkeys(sorted(finals, key=lambda k: k != monitor)))  # monitor first
+    tests = list(dict.fromkeys(k for r in rows for k in r.test if not _count_key(k)))
+    cols = [Column("job", "job", lambda r: r.job, numeric=False)]
+    for key in keys:
+        cols.append(Column(short[key], key, lambda r, k=key: r.swept.get(k)))
+    cols += [
+        Column("status", "status", lambda r: r.status, numeric=False),
+        Column(f"best {monitor}", "best", lambda r: r.best),
+        Column("epoch", "best_epoch", lambda r: r.best_epoch),
+    ]
+    cols += [Column(f"last {k}", f"last {k}", lambda r, k=k: r.final.get(k)) for k in finals]
+    cols += [Column(k, k, lambda r, k=k: r.test.get(k)) for k in tests]
+    if any(r.split for r in rows):  # eval.py jobs: the split and what was measured on it
+        if "split" not in keys:
+            cols.append(Column("split", "split", lambda r: r.split, numeric=False))
+        measured = list(dict.fromkeys(k for r in rows for k in r.eval))
+        cols += [Column(k, f"eval_{k}", lambda r, k=k: r.eval.get(k)) for k in measured]
+    cols += [
+        Column("wall", "wall_time_s", lambda r: r.wall_time_s, text=fmt_duration,
+               wandb="wall_time_s"),
+        Column("samples/s", "samples_per_s", lambda r: r.samples_per_s),
+    ]
+    return cols
+
+
+def _cell(col: Column, row: JobSummary) -> str:
+    value = col.get(row)
+    return "-" if value is None else col.text(value)
 
 
 def _failures(rows: Sequence[JobSummary]) -> list[JobSummary]:
     return [r for r in rows if r.status != "completed"]
 
 
-def format_table(rows: Sequence[JobSummary]) -> str:
-    """A fixed-width text table of ``rows`` (in the given order), then the failed jobs if any."""
-    columns = _columns(rows)
-    headers = [h for h, _ in columns]
-    body = [_cells(r, columns) for r in rows]
-    widths = [max(len(c) for c in col) for col in zip(headers, *body, strict=True)]
-    numeric = {i for i, (_, name) in enumerate(columns) if name in METRICS}
+def _job_label(row: JobSummary, keys: Sequence[str], sep: str = " ") -> str:
+    short = short_keys(keys)
+    return label({short[k]: v for k, v in row.swept.items()}, sep)
+
+
+def format_table(rows: Sequence[JobSummary], keys: Sequence[str] | None = None) -> str:
+    """A fixed-width text table of ``rows`` (in the given order), then the failed jobs if any.
+    ``keys``: the swept keys (default: those the rows have values for)."""
+    keys = list(keys) if keys is not None else list(dict.fromkeys(k for r in rows for k in r.swept))
+    cols = columns(rows, keys)
+    body = [[_cell(c, r) for c in cols] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip([c.header for c in cols], *body, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
-        parts = [
-            c.rjust(w) if i in numeric else c.ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
+        parts = [cell.rjust(w) if c.numeric else cell.ljust(w)
+                 for c, cell, w in zip(cols, cells, widths, strict=True)]  # fmt: skip
         return "  ".join(parts).rstrip()
 
-    out = [line(headers), line(["-" * w for w in widths])] + [line(c) for c in body]
+    out = [line([c.header for c in cols]), line(["-" * w for w in widths])]
+    out += [line(cells) for cells in body]
     failed = _failures(rows)
     if failed:
         out += ["", "Failed jobs:"]
         for r in failed:
-            out.append(
-                f"  job {r.job} [{r.status}] {r.overrides or '(no overrides)'}: "
-                f"{r.error or 'no error recorded'}"
-            )
+            what = _job_label(r, keys) or r.overrides or "(no overrides)"
+            out.append(f"  job {r.job} [{r.status}] {what}: {r.error or 'no error recorded'}")
     return "\n".join(out)
 
 
@@ -339,29 +479,23 @@ def _md_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
-def format_markdown(
-    rows: Sequence[JobSummary], metric: str = "best_val_acc", mode: str = "max", title: str = ""
-) -> str:
-    columns = _columns(rows)
-    headers = ["rank", *(h for h, _ in columns), "error"]
+def format_markdown(summary: SweepSummary, title: str = "") -> str:
+    rows, cols = summary.rows, columns(summary.rows, summary.swept_keys)
+    headers = ["rank", *(c.header for c in cols), "error"]
     lines = [f"# Sweep summary{': ' + title if title else ''}", ""]
+    mode = summary.mode
     lines.append(
         f"{len(rows)} jobs, {sum(r.status == 'completed' for r in rows)} completed; "
-        f"sorted by `{metric}` ({mode})."
+        f"ranked by `{summary.ranked_by}` ({mode})."
     )
     lines += ["", "| " + " | ".join(headers) + " |"]
-    names = ["rank", *(n for _, n in columns), "error"]
-    align = ["---:" if n == "rank" or n in METRICS else "---" for n in names]
+    align = ["---:", *("---:" if c.numeric else "---" for c in cols), "---"]
     lines.append("| " + " | ".join(align) + " |")
     for rank, row in enumerate(rows, 1):
-        cells = [str(rank), *_cells(row, columns), row.error or ""]
+        cells = [str(rank), *(_cell(c, row) for c in cols), row.error or ""]
         lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
-    lines += ["", f"![val/acc per epoch]({PNG_NAME})", ""]
+    lines += ["", f"![{', '.join(PANELS)} per epoch]({PNG_NAME})", ""]
     return "\n".join(lines)
-
-
-def _csv_value(value: Any) -> Any:
-    return "" if value is None else value
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -370,45 +504,33 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _label(row: JobSummary, limit: int = 60) -> str:
-    text = row.overrides or f"job {row.job}"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _csv_text(summary: SweepSummary) -> str:
+    cols = columns(summary.rows, summary.swept_keys)
+    extra = [("monitor", lambda r: r.monitor), ("mode", lambda r: r.mode),
+             ("wandb_run_id", lambda r: r.wandb_run_id), ("overrides", lambda r: r.overrides),
+             ("error", lambda r: r.error)]  # fmt: skip
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([*(c.csv for c in cols), *(name for name, _ in extra)])
+    for row in summary.rows:
+        values = [*(c.get(row) for c in cols), *(get(row) for _, get in extra)]
+        writer.writerow(["" if v is None else v for v in values])
+    return buf.getvalue()
 
 
-def plot_val_acc(rows: Sequence[JobSummary], path: Path, title: str = "") -> None:
-    """One line of val/acc per epoch per job, legend = overrides; a note if there is no data."""
-    import matplotlib
+# --------------------------------------------------------------------------------------------
+# The plot
 
-    matplotlib.use("Agg", force=True)  # no display, and never the caller's interactive backend
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def plot_summary(summary: SweepSummary, path: Path, title: str = "") -> None:
+    """Write :func:`summary_figure` to `path` (PNG)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig = summary_figure(summary, title)
     try:
-        plotted = 0
-        for row in rows:
-            if not row.epochs:
-                continue
-            xs, ys = zip(*row.epochs, strict=True)
-            style = "-" if row.status == "completed" else "--"
-            ax.plot(xs, ys, style, marker="o", markersize=3, label=_label(row))
-            plotted += 1
-        if plotted:
-            ax.legend(
-                fontsize="small" if plotted <= 12 else "x-small",
-                loc="best",
-                ncol=1 if plotted <= 20 else 2,
-            )
-        else:
-            ax.text(
-                0.5, 0.5, "no val/acc recorded", ha="center", va="center", transform=ax.transAxes
-            )
-        from matplotlib.ticker import MaxNLocator
-
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("val/acc (top-1)")
-        ax.set_title(f"val/acc per epoch{': ' + title if title else ''}", fontsize="medium")
-        ax.grid(True, alpha=0.3)
         tmp = path.with_name(f".{path.name}.tmp")
         fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
         os.replace(tmp, path)
@@ -416,9 +538,82 @@ def plot_val_acc(rows: Sequence[JobSummary], path: Path, title: str = "") -> Non
         plt.close(fig)
 
 
-def write_summary(
-    sweep_dir: str | os.PathLike, metric: str = "best_val_acc", mode: str = "max"
-) -> SweepSummary:
+def summary_figure(summary: SweepSummary, title: str = "") -> Any:
+    """val/acc and val/loss per epoch, train/loss over epochs; one colour, marker and line style
+    per job (hollow markers, points of one epoch spread apart, so that equal curves stay
+    visible), integer epoch ticks, one legend of the swept values, jobs in rank order."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)  # no display, and never the caller's interactive backend
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = summary.rows
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4.2), sharex=True)
+    try:
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        n = len(rows)
+        spread = min(0.08, 0.4 / max(n - 1, 1))  # how far apart one epoch's points of n jobs
+        last_epoch = max((v["epoch"] for r in rows for v in r.val_curve), default=1.0)
+        last_epoch = max([last_epoch, *(x for r in rows for x, _ in r.train_curve)])
+        handles, labels = [], []
+        for i, row in enumerate(rows):
+            # Later jobs draw on top in broken lines: a solid curve under them still shows.
+            style = dict(color=colors[i % len(colors)], marker=MARKERS[i % len(MARKERS)],
+                         linestyle=LINESTYLES[i % len(LINESTYLES)], markerfacecolor="none",
+                         markersize=7, linewidth=1.5)  # fmt: skip
+            if row.status != "completed":
+                style["linestyle"] = (0, (1, 1))  # dotted: did not complete
+            handle = None
+            dodge = (i - (n - 1) / 2) * spread
+            for ax, key in zip(axes, PANELS, strict=True):
+                if key == "train/loss":
+                    points = row.train_curve
+                    every = max(1, len(points) // 8)
+                else:
+                    points = [(v["epoch"] + dodge, v[key]) for v in row.val_curve if key in v]
+                    every = 1
+                if points:
+                    xs, ys = zip(*points, strict=True)
+                    (handle,) = ax.plot(xs, ys, markevery=every, **style)
+            if handle is not None:
+                handles.append(handle)
+                what = _job_label(row, summary.swept_keys) or row.overrides or "(no overrides)"
+                status = "" if row.status == "completed" else f" [{row.status}]"
+                labels.append(f"#{row.job} {what}{status}")
+        for ax, key in zip(axes, PANELS, strict=True):
+            ax.set_title(key, fontsize="medium")
+            ax.set_xlabel("epoch")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+            ax.set_xlim(0, last_epoch + 0.5)
+            ax.margins(y=0.12)  # points at the extremes stay off the frame
+            ax.grid(True, alpha=0.3)
+            if not ax.lines:
+                ax.text(0.5, 0.5, f"no {key} recorded", ha="center", va="center",
+                        transform=ax.transAxes)  # fmt: skip
+        heading = f"{title}: " if title else ""
+        fig.suptitle(f"{heading}{len(rows)} jobs, ranked by {summary.ranked_by} "
+                     f"({summary.mode})", fontsize="medium")  # fmt: skip
+        if handles:
+            ncol = min(len(handles), 4)
+            fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize="small",
+                       frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+            rows_of_legend = math.ceil(len(handles) / ncol)
+            fig.tight_layout(rect=(0, min(0.5, 0.06 + 0.055 * rows_of_legend), 1, 1))
+        else:
+            fig.tight_layout()
+    except BaseException:
+        plt.close(fig)
+        raise
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Writing it all
+
+
+def write_summary(sweep_dir: str | os.PathLike, metric: str = "best",
+                  mode: str | None = None) -> SweepSummary:  # fmt: skip
     """Write summary.csv, summary.md and summary.png into ``sweep_dir``; rows best first.
 
     Raises ValueError for an unknown metric/mode and FileNotFoundError when ``sweep_dir`` has
@@ -426,26 +621,100 @@ def write_summary(
     """
     _check_metric(metric, mode)
     root = Path(sweep_dir)
-    jobs = collect_jobs(root)
+    jobs, keys = read_sweep(root)
     if not jobs:
         raise FileNotFoundError(
             f"no job dirs in {root} (nothing with .hydra/, {RESULT_FILE} or {METRICS_FILE})"
         )
     rows = sort_jobs(jobs, metric, mode)
-    title = root.name
-
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for row in rows:
-        writer.writerow([_csv_value(getattr(row, c)) for c in CSV_COLUMNS])
-    summary = SweepSummary(
-        root, root / CSV_NAME, root / MD_NAME, root / PNG_NAME, rows, metric, mode
-    )
-    _write_atomic(summary.csv_path, buf.getvalue())
-    _write_atomic(summary.md_path, format_markdown(rows, metric, mode, title))
-    plot_val_acc(rows, summary.png_path, title)
+    monitor, monitor_mode = sweep_monitor(rows)
+    summary = SweepSummary(root, root / CSV_NAME, root / MD_NAME, root / PNG_NAME, rows, metric,
+                           mode or (monitor_mode if metric == "best" else "max"), keys,
+                           monitor)  # fmt: skip
+    _write_atomic(summary.csv_path, _csv_text(summary))
+    _write_atomic(summary.md_path, format_markdown(summary, root.name))
+    plot_summary(summary, summary.png_path, root.name)
     return summary
+
+
+def headline(summary: SweepSummary) -> str:
+    rows = summary.rows
+    done = sum(r.status == "completed" for r in rows)
+    files = f"{summary.sweep_dir}/{{{CSV_NAME},{MD_NAME},{PNG_NAME}}}"
+    return (f"Sweep summary: {len(rows)} jobs, {done} completed, ranked by {summary.ranked_by} "
+            f"({summary.mode}); {files}")  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# W&B: the sweep-summary run
+
+
+def wandb_settings(config: Any) -> tuple[dict[str, Any], str | None] | None:
+    """(the sweep's `wandb` node, its experiment) from its config; None for an app without one."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.select(config, "wandb", default=None) if config is not None else None
+    if node is None:
+        return None
+    settings = OmegaConf.to_container(node, resolve=True)
+    experiment = OmegaConf.select(config, "hydra.runtime.choices.experiment", default=None)
+    return (settings, experiment) if isinstance(settings, dict) else None
+
+
+def log_to_wandb(summary: SweepSummary, settings: dict[str, Any],
+                 experiment: str | None = None) -> str | None:  # fmt: skip
+    """One W&B run with job_type=sweep_summary in the sweep's group (the group its jobs' runs
+    are in, components/naming.py's sweep_group): the table as a W&B Table, with a link to each
+    job's run (its id offline), and summary.png. Returns the run's id; None when W&B is
+    disabled. A W&B failure is a warning."""
+    from components.metrics import resolve_wandb_mode
+
+    try:
+        mode = resolve_wandb_mode(str(settings.get("mode", "auto")))
+    except ValueError as e:
+        log.warning("sweep summary: no W&B run (%s)", e)
+        return None
+    if mode == "disabled":
+        return None
+    try:
+        import wandb
+    except ImportError:
+        return None
+    group = settings.get("group") or sweep_group(experiment, summary.sweep_dir)
+    run = None
+    try:
+        run = wandb.init(
+            project=settings.get("project"), entity=settings.get("entity"), group=group,
+            name="summary", job_type=JOB_TYPE, tags=list(settings.get("tags") or []),
+            config={"sweep_dir": str(summary.sweep_dir), "swept_keys": summary.swept_keys,
+                    "monitor": summary.monitor, "mode": summary.mode, "ranked_by":
+                    summary.ranked_by, "jobs": len(summary.rows)},
+            dir=str(summary.sweep_dir), mode=mode,
+            settings=wandb.Settings(init_timeout=float(settings.get("init_timeout_s", 60)),
+                                    console="off", silent=True),
+        )  # fmt: skip
+        runs_url = None if mode == "offline" else (run.url or "").rsplit("/runs/", 1)[0]
+        cols = columns(summary.rows, summary.swept_keys)
+        data = []
+        for row in summary.rows:
+            link = row.wandb_run_id and (f"{runs_url}/runs/{row.wandb_run_id}" if runs_url
+                                         else row.wandb_run_id)  # fmt: skip
+            data.append([*(c.get(row) for c in cols), link or None, row.error])
+        headers = [*(c.wandb or c.header for c in cols), "run", "error"]
+        table = wandb.Table(columns=headers, data=data, allow_mixed_types=True)
+        run.log({"sweep/table": table, "sweep/plot": wandb.Image(str(summary.png_path))})
+        best = summary.rows[0] if summary.rows and summary.rows[0].best is not None else None
+        if best is not None:
+            run.summary.update({f"best/{summary.monitor}": best.best, "best/job": best.job})
+        run_id = run.id
+        run.finish()
+        return run_id
+    except Exception as e:  # noqa: BLE001 - W&B failing never fails a sweep
+        log.warning("sweep summary: W&B run failed (%s)", _one_line(e)[:200])
+        if run is not None:
+            with contextlib.suppress(Exception):
+                run.finish(exit_code=1)
+        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -453,17 +722,21 @@ def write_summary(
 
 
 class SweepSummaryCallback(Callback):
-    """Writes the sweep summary at the end of a multirun, and prints its table.
+    """Writes the sweep summary at the end of a multirun, prints its table and logs the W&B
+    sweep-summary run (when the app's config has a `wandb` node and W&B is not disabled).
 
     Hydra's BasicSweeper raises on the first failed job, so ``on_multirun_end`` never runs
     then; an ``atexit`` fallback registered in ``on_multirun_start`` writes the summary
     instead. Nothing here raises: a summary problem is logged as a warning, never fails a sweep.
     """
 
-    def __init__(self, metric: str = "best_val_acc", mode: str = "max") -> None:
+    def __init__(self, metric: str = "best", mode: str | None = None,
+                 wandb: bool = True) -> None:  # fmt: skip
         self.metric = metric
         self.mode = mode
+        self.wandb = wandb
         self._sweep_dir: Path | None = None
+        self._config: Any = None
         self._fallback: Any = None
 
     @staticmethod
@@ -473,6 +746,7 @@ class SweepSummaryCallback(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         try:
+            self._config = config
             self._sweep_dir = self._resolve_sweep_dir(config)
             self._unregister()
             sweep_dir = self._sweep_dir
@@ -489,6 +763,7 @@ class SweepSummaryCallback(Callback):
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         try:
             self._unregister()
+            self._config = self._config if self._config is not None else config
             sweep_dir = self._sweep_dir or self._resolve_sweep_dir(config)
         except Exception as e:  # a summary problem must not fail the sweep
             log.warning("sweep summary: no sweep dir (%s: %s)", type(e).__name__, e)
@@ -512,17 +787,18 @@ class SweepSummaryCallback(Callback):
             )
             return None
         try:
-            print(f"\nSweep summary ({sweep_dir}, by {self.metric} {self.mode}):")
-            print(format_table(summary.rows), flush=True)
-            log.info(
-                "sweep summary written%s: %s, %s, %s",
-                when,
-                summary.csv_path,
-                summary.md_path.name,
-                summary.png_path.name,
-            )
+            print(f"\n{headline(summary)}{when}:")
+            print(format_table(summary.rows, summary.swept_keys), flush=True)
         except Exception as e:  # e.g. a closed stdout at interpreter exit
             log.warning("sweep summary written to %s but not printed (%s)", sweep_dir, e)
+        if self.wandb:
+            try:
+                found = wandb_settings(self._config)
+            except Exception as e:  # noqa: BLE001 - e.g. an interpolation that does not resolve
+                log.warning("sweep summary: no W&B run (%s)", _one_line(e))
+                found = None
+            if found is not None:
+                log_to_wandb(summary, *found)
         return summary
 
 
@@ -538,15 +814,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("sweep_dir", type=Path, help="the multirun dir (holds the job dirs)")
     parser.add_argument(
         "--metric",
-        default="best_val_acc",
+        default="best",
         choices=METRICS,
-        help="column to rank jobs by (default: best_val_acc)",
+        help="column to rank jobs by (default: best, each job's monitored metric)",
     )
     parser.add_argument(
         "--mode",
-        default="max",
+        default=None,
         choices=MODES,
-        help="max: higher is better; min: lower is better (default: max)",
+        help="max: higher is better; min: lower is better (default: the jobs' monitor mode)",
+    )
+    parser.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log a W&B sweep-summary run, as the sweep's wandb settings say",
     )
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
@@ -557,8 +838,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 1
-    print(format_table(summary.rows))
-    print(f"\nwrote {summary.csv_path}, {summary.md_path.name}, {summary.png_path.name}")
+    print(headline(summary))
+    print(format_table(summary.rows, summary.swept_keys))
+    if args.wandb:
+        found = wandb_settings(read_multirun_config(args.sweep_dir))
+        if found is None:
+            print(f"error: no wandb settings in {args.sweep_dir / MULTIRUN_YAML}", file=sys.stderr)
+            return 1
+        run_id = log_to_wandb(summary, *found)
+        print(f"W&B sweep-summary run: {run_id}" if run_id else "no W&B run (see above)")
     return 0
 
 

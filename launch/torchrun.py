@@ -42,12 +42,16 @@ from components.world import visible_gpus
 from launch.jobs import (
     Job,
     JobSpec,
+    check_batch_size,
     check_gpus,
+    configure_sweep_logging,
     failed_job_return,
     failure_reason,
+    job_done,
     job_return,
     job_world,
     launch_batch,
+    launcher_errors,
     resolve_output_dirs,
     settings_from,
 )
@@ -56,6 +60,7 @@ from launch.rank import FAILURES_JSON, JOB_JSON, JOB_PKL, RESULT_PKL
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
+AGENT_LOG = "agent.log"  # in <job dir>/.torchrun/: the torchrun agent's own output in a sweep
 
 
 @dataclass
@@ -77,9 +82,12 @@ class TorchrunLauncherConf:
     node_rank: int | None = None
     # GPU ids jobs may use (null: every visible GPU); each job gets a disjoint set of them.
     gpus: list[int] | None = None
-    # Per-rank stdout/stderr files, relative to the job dir (torchrun --log-dir / --tee).
+    # Per-rank stdout/stderr files, relative to the job dir (torchrun --log-dir, --redirects=3).
     log_dir: str = "rank_logs"
-    tee: str = "3"
+    # Ranks whose output also goes to the console (torchrun --tee: 0 none, 3 stdout+stderr,
+    # 0:3 local rank 0's). null: none in a sweep (one line per finished job, then the summary),
+    # every rank's for `python train.py dist.nproc_per_node=N`.
+    tee: str | None = None
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> TorchrunLauncherConf:
@@ -102,14 +110,16 @@ class TorchrunLauncherBase(Launcher):
         self.config = config
         self.task_function = task_function
         self.hydra_context = hydra_context
+        configure_sweep_logging(config)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
-        if os.environ.get("RANK") is not None:
-            raise UserError(
-                "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
-            )
-        return launch_batch(self, job_overrides, initial_job_idx, "torchrun launcher",
-                            lambda jobs: run_jobs(jobs, self.settings))  # fmt: skip
+        with launcher_errors():
+            if os.environ.get("RANK") is not None:
+                raise UserError(
+                    "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
+                )
+            return launch_batch(self, job_overrides, initial_job_idx, "torchrun launcher",
+                                lambda jobs: run_jobs(jobs, self.settings))  # fmt: skip
 
 
 def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
@@ -126,9 +136,15 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     resolve_output_dirs(config, ("hydra.run.dir", "hydra.runtime.output_dir"))
     spec = JobSpec(task_function, config, Singleton.get_state(), job_dir_key="hydra.run.dir",
                    job_subdir_key=None)  # fmt: skip
-    job = Job(0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec)
-    (ret,) = run_jobs([job], TorchrunLauncherConf.from_config(hydra_cfg.launcher))
-    return ret.return_value
+    job = Job(0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec,
+              in_sweep=False)  # fmt: skip
+    settings = TorchrunLauncherConf.from_config(hydra_cfg.launcher)
+    if settings.tee is None:
+        settings.tee = "3"  # one run: its ranks' output is what the user watches
+    (ret,) = run_jobs([job], settings)
+    if ret.status.name == "FAILED":  # (JobReturn.return_value would log it first: no)
+        raise ret._return_value
+    return ret._return_value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,19 +155,26 @@ def run_jobs(jobs: list[Job], settings: TorchrunLauncherConf) -> list[Any]:
     """Run every job, as many at once as resources allow; return their JobReturns in order."""
     gpus = list(settings.gpus) if settings.gpus is not None else list(range(visible_gpus()))
     for job in jobs:
-        plan(job, settings, gpus)
-    results = {job.num: failed_job_return(job, job.error) for job in jobs if job.error}
+        if not job.error:  # else its config did not compose
+            plan(job, settings, gpus)
+    results = {
+        job.num: job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
+        for job in jobs
+        if job.error
+    }
     ready = [job for job in jobs if not job.error]
     results.update(schedule(ready, gpus, settings.max_parallel, Agents(settings)))
     return [results[job.num] for job in jobs]
 
 
 def plan(job: Job, settings: TorchrunLauncherConf, gpus: list[int]) -> None:
-    """Set the job's world size from its own config, or job.error when it cannot run here."""
+    """Set the job's world size from its own config, or job.error when it cannot run here (its
+    world size, or a batch size its ranks cannot split)."""
     job.error = None
     try:
         job.nproc, job.nnodes, job.uses_gpus = job_world(job.spec.config, len(gpus))
         check_gpus(job.nproc, job.uses_gpus, len(gpus), f"the launcher has {len(gpus)} ({gpus})")
+        check_batch_size(job.spec.config, job.nproc * job.nnodes)
         if job.nnodes > 1 and not settings.rdzv_endpoint:
             raise UserError(
                 f"dist.nnodes={job.nnodes} needs a rendezvous point every node can reach: set "
@@ -226,12 +249,16 @@ class Agents:
     def files(self, job: Job) -> Path:
         return job.job_dir / LAUNCHER_DIR / self.node(job)
 
+    def tee(self) -> str:
+        return self.settings.tee if self.settings.tee is not None else "0"
+
     def command(self, job: Job) -> list[str]:
         s, files = self.settings, self.files(job)
         cmd = [sys.executable, "-m", "launch.torchrun", str(files / FAILURES_JSON),
                f"--nproc-per-node={job.nproc}", f"--nnodes={job.nnodes}",
                f"--max-restarts={s.max_restarts}", f"--monitor-interval={s.monitor_interval}",
-               f"--log-dir={job.job_dir / s.log_dir / self.node(job)}", f"--tee={s.tee}",
+               f"--log-dir={job.job_dir / s.log_dir / self.node(job)}", "--redirects=3",
+               f"--tee={self.tee()}",
                f"--log-line-prefix-template=[{job.label}rank${{rank}}]: "]  # fmt: skip
         if job.nnodes == 1 and s.rdzv_endpoint is None:
             cmd.append("--standalone")  # c10d store on port 0: the OS picks a free port per job
@@ -251,8 +278,9 @@ class Agents:
             (files / stale).unlink(missing_ok=True)
         with open(files / JOB_PKL, "wb") as f:
             cloudpickle.dump(job.spec, f)
-        log.info("#%d %s: %d rank(s)%s", job.num, " ".join(job.overrides) or "(no overrides)",
-                 job.nproc * job.nnodes, f" on GPUs {gpus}" if gpus else "")  # fmt: skip
+        log.log(logging.DEBUG if job.in_sweep else logging.INFO, "#%d %s: %d rank(s)%s",
+                job.num, " ".join(job.overrides) or "(no overrides)", job.nproc * job.nnodes,
+                f" on GPUs {gpus}" if gpus else "")  # fmt: skip
         env = dict(os.environ)
         # Ranks import the task function's modules by reference: give them our import path.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
@@ -261,10 +289,22 @@ class Agents:
         # One OpenMP thread per rank unless the user chose: N ranks on N cores is the sane default.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, job.nproc))))
         job.started = time.time()
-        # Its own session: the agent and its ranks can be signalled as one group.
-        return subprocess.Popen(self.command(job), env=env, start_new_session=True)
+        # Nothing of a job reaches a quiet sweep's console (the launcher says how it ended):
+        # the agent's own lines go to agent.log beside the ranks' files.
+        out = None if self.tee() != "0" else open(files / AGENT_LOG, "ab")  # noqa: SIM115
+        try:
+            # Its own session: the agent and its ranks can be signalled as one group.
+            return subprocess.Popen(self.command(job), env=env, start_new_session=True,
+                                    stdout=out, stderr=out)  # fmt: skip
+        finally:
+            if out is not None:
+                out.close()  # the agent holds its own copy
 
     def finish(self, job: Job, process: subprocess.Popen) -> Any:
+        """The JobReturn of a finished job (:meth:`outcome`), reported in one line."""
+        return job_done(job, self.outcome(job, process))
+
+    def outcome(self, job: Job, process: subprocess.Popen) -> Any:
         """The JobReturn of a finished job: rank 0's own, or a failed one saying why."""
         from hydra.core.utils import JobStatus
 

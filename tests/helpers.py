@@ -213,21 +213,41 @@ def _payloads(data: bytes):
 
 @dataclass
 class OfflineRun:
-    path: Path
+    path: Path  # <run dir>/wandb/offline-run-*/run-<id>.wandb
     run_id: str = ""
     group: str = ""
     job_type: str = ""
     name: str = ""
     config: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
-    summary: dict = field(default_factory=dict)  # the run's summary updates, merged
+    summary: dict = field(default_factory=dict)  # the run summary, updates applied in order
+    files: list[str] = field(default_factory=list)  # saved files, relative to files_dir
+    artifacts: list[dict] = field(default_factory=list)  # {type, name, paths}
     exit_code: int | None = None
     resumed: bool = False
 
+    @property
+    def files_dir(self) -> Path:
+        return self.path.parent / "files"
+
     def table(self, key: str) -> dict:
-        """A logged wandb.Table ({"columns": [...], "data": [[...]]}) from the run's files."""
-        ref = next(row[key] for row in self.history if key in row)
-        return json.loads((self.path.parent / "files" / ref["path"]).read_text())
+        """A logged wandb.Table ({"columns": [...], "data": [[...]]}) read from its file, as
+        the summary's (else the first history row's) `table-file` entry for `key` names it."""
+        entry = self.summary.get(key) or next(row[key] for row in self.history if key in row)
+        assert entry["_type"] == "table-file", entry
+        return json.loads((self.files_dir / entry["path"]).read_text())
+
+
+def _items(items) -> dict:
+    """Record items as a dict: a nested key (["sweep/table", "path"]) becomes nested dicts."""
+    out: dict = {}
+    for item in items:
+        keys = [item.key] if item.key else list(item.nested_key)
+        node = out
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = json.loads(item.value_json)
+    return out
 
 
 def read_run(path: Path) -> OfflineRun:
@@ -246,32 +266,21 @@ def read_run(path: Path) -> OfflineRun:
             run.resumed = bool(r.resumed)
             for item in r.config.update:
                 run.config[item.key] = json.loads(item.value_json)
+        elif kind == "config":
+            run.config.update(_items(record.config.update))
         elif kind == "history":
             run.history.append(_items(record.history.item))
         elif kind == "summary":
             run.summary.update(_items(record.summary.update))
+        elif kind == "files":
+            run.files += [f.path for f in record.files.files]
+        elif kind == "artifact":
+            a = record.artifact
+            run.artifacts.append({"type": a.type, "name": a.name,
+                                  "paths": [c.path for c in a.manifest.contents]})  # fmt: skip
         elif kind == "exit":
             run.exit_code = record.exit.exit_code
     return run
-
-
-def _items(items) -> dict:
-    """Record items as {key: value}; W&B flattens nested values (tables) into key paths, which
-    are nested back into dicts here."""
-    out: dict = {}
-    for item in items:
-        keys = [item.key] if item.key else list(item.nested_key)
-        value = json.loads(item.value_json)
-        # A table "test/per_class" arrives as nested keys ("test/per_class", "path"), ...
-        head, *rest = keys
-        if rest:
-            node = out.setdefault(head, {})
-            for k in rest[:-1]:
-                node = node.setdefault(k, {})
-            node[rest[-1]] = value
-        else:
-            out[head] = value
-    return out
 
 
 def offline_runs(root: Path) -> list[OfflineRun]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import sys
 import time
@@ -29,22 +30,27 @@ from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, Launche
 from omegaconf import OmegaConf
 
 from components.errors import UserError
-from components.run_dir import RESULT_FILE, RunResult, read_result, write_result
+from components.naming import SWEPT_KEYS_ENV
+from components.run_dir import LAUNCHER_DIR, RESULT_FILE, RunResult, read_result, write_result
 from components.world import parse_count
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
+from launch import slurm
 from launch.jobs import (
     Job,
     JobFailed,
     JobSpec,
     Stopped,
+    check_batch_size,
     compose_jobs,
     failed_job_return,
     failure_reason,
+    job_done,
     job_world,
+    launcher_errors,
     record_failure,
 )
 from launch.rank import FAILURES_JSON, RESULT_PKL, TaskExit, exits_as_errors
-from launch.torchrun import Agents, TorchrunLauncherConf, plan, schedule
+from launch.torchrun import Agents, TorchrunLauncherConf, plan, run_jobs, schedule
 from tests.helpers import (
     QUICK,
     Sweep,
@@ -360,6 +366,127 @@ def test_compose_jobs(train_config, tmp_path: Path) -> None:
     assert jobs[1].spec.config.optim.lr == 0.5
 
 
+def test_compose_jobs_hands_each_job_the_sweeps_keys(train_config, tmp_path: Path) -> None:
+    """The sweep's keys (its sweep overrides, not its constants) reach every job's config in
+    hydra.job.env_set, for its W&B name and config; a job whose config does not compose fails
+    alone, with a job dir to record it in."""
+    master = train_config.multirun("hydra/launcher=torchrun", "optim.lr=0.1,oops",
+                                   "trainer.max_epochs=1", f"hydra.sweep.dir={tmp_path}")
+    launcher = SimpleNamespace(config=master, hydra_context=train_config.context,
+                               task_function=len)  # fmt: skip
+    batch = [["optim.lr=0.1", "trainer.max_epochs=1"], ["optim.lr=oops", "trainer.max_epochs=1"]]
+    good, bad = compose_jobs(launcher, batch, 0)
+    assert good.error is None and good.swept == bad.swept == ["optim.lr"]
+    assert good.spec.config.hydra.job.env_set[SWEPT_KEYS_ENV] == "optim.lr"
+    assert bad.error is not None and "optim.lr" in bad.error and "\n" not in bad.error
+    assert bad.job_dir == tmp_path / "1"
+
+
+def result_json(job_dir: Path) -> dict:
+    """A result.json written by the launcher: RunResult's schema, nothing else."""
+    data = read_json(job_dir / RESULT_FILE)
+    assert RunResult.from_json(data).extra == {}, data
+    assert data["status"] == "failed" and data["error"] and "\n" not in data["error"], data
+    return data
+
+
+def test_every_way_a_job_fails_before_its_ranks_leaves_a_result_json(
+    train_config, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A config that does not compose, a world size that cannot run, a batch size its ranks
+    cannot split: each job fails alone before any process starts, with its one line (naming the
+    fix) and a result.json. Apps without a `trainer` node are not batch-checked."""
+    master = train_config.multirun("hydra/launcher=torchrun", f"hydra.sweep.dir={tmp_path}")
+    launcher = SimpleNamespace(config=master, hydra_context=train_config.context,
+                               task_function=len)  # fmt: skip
+    batch = [["trainer.max_epochs=x"], ["dist.nproc_per_node=zero"],
+             ["dist.nproc_per_node=2", "trainer.batch_size=63"],
+             ["dist.nproc_per_node=4", "trainer.batch_size=64",
+              "trainer.accumulate_grad_batches=3"]]  # fmt: skip
+    jobs = compose_jobs(launcher, batch, 0)
+    caplog.set_level("INFO", logger="launch.jobs")
+    results = run_jobs(jobs, TorchrunLauncherConf())
+    assert [r.status for r in results] == [JobStatus.FAILED] * 4
+    errors = [result_json(job.job_dir)["error"] for job in jobs]
+    assert "trainer.max_epochs" in errors[0]
+    assert errors[1].startswith("dist.nproc_per_node=zero is not valid")
+    assert errors[2] == ("trainer.batch_size=63 (the global batch) is not divisible by the world "
+                         "size 2: use a multiple of 2, e.g. trainer.batch_size=64")  # fmt: skip
+    assert "world size 4 x trainer.accumulate_grad_batches=3" in errors[3]
+    assert not any((job.job_dir / LAUNCHER_DIR).exists() for job in jobs)  # nothing started
+    lines = [r.getMessage() for r in caplog.records if r.name == "launch.jobs"]
+    assert len(lines) == 4 and lines[2] == f"#2 failed  nproc_per_node=2 batch_size=63: {errors[2]}"
+    # A user error stays findable behind the verdict (exit status 2)
+    assert isinstance(results[2]._return_value.__cause__, UserError)
+    # no `trainer` node: not checked
+    check_batch_size(OmegaConf.create({"dist": {"nproc_per_node": 2}}), 2)
+    check_batch_size(OmegaConf.create({"trainer": {"max_epochs": 2}}), 3)
+
+
+def test_failures_outside_train_py_leave_a_result_json(tmp_path: Path) -> None:
+    """The torchrun agent killed, ranks killed, a SLURM job that never ran (cancelled while
+    pending): each job's result.json in RunResult's schema, with the reason."""
+    agents = Agents(TorchrunLauncherConf())
+    crashed, killed = (fake_job(n, nproc=2, job_dir=tmp_path / str(n)) for n in (0, 1))
+    for job in (crashed, killed):
+        job.started = time.time()
+        agents.files(job).mkdir(parents=True)
+    agents.finish(crashed, Exited(-9))
+    assert result_json(crashed.job_dir)["error"] == "torchrun was killed by SIGKILL"
+    (agents.files(killed) / FAILURES_JSON).write_text(json.dumps(
+        [{"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None}]))  # fmt: skip
+    agents.finish(killed, Exited(1))
+    assert result_json(killed.job_dir)["error"].startswith("rank 1 (pid 11) was killed by SIGKILL")
+
+    never = fake_job(2, nproc=2, job_dir=tmp_path / "2")
+    never.started = time.time()
+    paths = SimpleNamespace(result_pickle=tmp_path / "none.pkl", stderr=tmp_path / "none.err")
+    slurm_job = SimpleNamespace(job_id="77", task=lambda _: SimpleNamespace(paths=paths))
+    ret = slurm.finish(slurm.Submitted(never, slurm=slurm_job, state="CANCELLED"))
+    assert ret.status == JobStatus.FAILED
+    data = result_json(never.job_dir)
+    assert data["error"].startswith("SLURM job 77 ended (CANCELLED) without rank 0's result")
+    assert (data["job_num"], data["overrides"]) == (2, ["n=2"])
+
+
+def test_job_done_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One line per finished sweep job: number, status, the monitored metric's best value (4
+    significant digits) and epoch, wall time, swept values; none for a plain run."""
+    caplog.set_level("INFO", logger="launch.jobs")
+    job = fake_job(3, job_dir=tmp_path / "3")
+    job.overrides, job.swept = ["optim.lr=0.012345678", "trainer.max_epochs=5"], ["optim.lr"]
+    job.started = time.time() - 41.24
+    write_result(job.job_dir, RunResult(status="completed", monitor="val/loss", mode="min",
+                                        best=0.123456, best_epoch=4))  # fmt: skip
+    ret = rank0_return(0.9)
+    assert job_done(job, ret) is ret
+    assert caplog.records[-1].getMessage() == (
+        "#3 completed  val/loss=0.1235 (min, epoch 4)  41.2s  lr=0.01235")
+    job.in_sweep = False
+    job_done(job, ret)
+    assert len(caplog.records) == 1
+
+
+def test_launcher_user_errors_are_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SLURM not there, or not taking jobs: one line naming the fix, exit status 2."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch
+    with pytest.raises(SystemExit) as stop, launcher_errors():
+        slurm.require_slurm()
+    assert stop.value.code == 2
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "`sbatch` is not on PATH" in line and "hydra/launcher=torchrun" in line
+    from submitit.core.utils import FailedJobError
+
+    with pytest.raises(UserError) as e, slurm.sbatch_errors():
+        print("sbatch: error: Batch job submission failed: Invalid account", file=sys.stderr)
+        raise FailedJobError("sbatch: error: Batch job submission failed: Invalid account")
+    assert str(e.value) == ("SLURM did not take the jobs (sbatch: error: Batch job submission "
+                            "failed: Invalid account): check that `sinfo` and `sbatch` work "
+                            "here, or use hydra/launcher=torchrun")  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # Hydra's launcher test suites (hydra.test_utils apps: no `dist` key, so 1 rank per job)
 
@@ -424,9 +551,10 @@ def sweep_2x2(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
 
 @pytest.mark.slow
 def test_sweep_job_dirs(sweep_2x2: Sweep) -> None:
-    """4 job dirs, each a complete Hydra job written by rank 0."""
+    """4 job dirs, each a complete Hydra job written by rank 0 (and the sweep-summary W&B run's
+    wandb/)."""
     jobs = sorted(p.name for p in sweep_2x2.dir.iterdir() if p.is_dir())
-    assert jobs == ["0", "1", "2", "3"], jobs
+    assert jobs == ["0", "1", "2", "3", "wandb"], jobs
     for num in range(4):
         job = sweep_2x2.job(num)
         for name in (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"):
@@ -446,20 +574,22 @@ def test_sweep_job_dirs(sweep_2x2: Sweep) -> None:
 
 @pytest.mark.slow
 def test_sweep_wandb_runs(sweep_2x2: Sweep) -> None:
-    """One offline W&B run per job, from rank 0 only, all in one group, named by overrides."""
+    """One offline W&B run per job, from rank 0 only, and the sweep-summary run, all in one
+    group; each job's run named by its number and swept values only (short keys, no constant
+    override), with the swept values in its config (`swept`) for W&B's panels."""
     runs = offline_runs(sweep_2x2.dir)
-    assert len(runs) == 4, [r.path for r in runs]
+    assert len(runs) == 5, [r.path for r in runs]
     by_job = {r.path.relative_to(sweep_2x2.dir).parts[0]: r for r in runs}
-    assert sorted(by_job) == ["0", "1", "2", "3"], "not exactly one W&B run per job dir"
+    assert sorted(by_job) == ["0", "1", "2", "3", "wandb"], "not one W&B run per job dir"
     groups = {r.group for r in runs}
     assert len(groups) == 1 and groups != {""}, groups
     for num in range(4):
         wb, overrides = by_job[str(num)], sweep_2x2.overrides(num)
         nproc = int(override_value(overrides, "dist.nproc_per_node"))
+        lr = override_value(overrides, "optim.lr")
         assert wb.job_type == "train"
-        assert wb.name.startswith(f"{num}:"), wb.name
-        for key in ("dist.nproc_per_node", "optim.lr"):
-            assert f"{key}={override_value(overrides, key)}" in wb.name, wb.name
+        assert wb.name == f"{num}:nproc_per_node={nproc},lr={lr}", wb.name
+        assert wb.config["swept"] == {"nproc_per_node": nproc, "lr": float(lr)}
         assert wb.config["run"]["world_size"] == nproc
         assert wb.exit_code == 0
         train_rows = [h for h in wb.history if "train/loss" in h]
@@ -506,8 +636,36 @@ def test_parallel_jobs_overlap_with_own_ports(sweep_2x2: Sweep) -> None:
     for r in records[2:]:
         running = [o for o in records if o is not r and o["started"] < r["started"] < o["finished"]]
         assert len(running) <= 1, records
-    # Console lines of concurrent jobs are told apart by their job number.
-    assert "[#0 rank0]: " in sweep_2x2.out and "[#1 rank0]: " in sweep_2x2.out
+    # Each rank's output is in its own log, told apart by job and rank on each line.
+    for num in (0, 1):
+        stdout = (rank_dirs(sweep_2x2.job(num))[0] / "stdout.log").read_text()
+        assert "val/acc" in stdout, stdout
+
+
+@pytest.mark.slow
+def test_sweep_console(sweep_2x2: Sweep) -> None:
+    """The launcher prints one line when the sweep starts, one per finished job (number, status,
+    monitored metric, wall time, swept values) and the summary table; no rank output, no W&B
+    banners."""
+    lines = sweep_2x2.out.rstrip("\n").splitlines()
+    start, jobs, (blank, headline, header, rule, *table) = lines[0], lines[1:5], lines[5:]
+    assert start.endswith(f"torchrun launcher: sweep dir {sweep_2x2.dir}"), start
+    finished = {}
+    for line in jobs:
+        match = re.fullmatch(r"\[.*\]\[HYDRA\] #(\d) completed  val/acc=([\d.]+) \(max, epoch 1\)"
+                             r"  \S+  nproc_per_node=(\d) lr=([\d.]+)", line)  # fmt: skip
+        assert match, line
+        num, acc, nproc, lr = match.groups()
+        finished[int(num)] = (float(acc), nproc, lr)
+    assert sorted(finished) == [0, 1, 2, 3]
+    for num, (acc, nproc, lr) in finished.items():
+        assert acc == pytest.approx(read_json(sweep_2x2.job(num) / "result.json")["best"], abs=1e-4)
+        assert sweep_2x2.overrides(num)[-2:] == [f"dist.nproc_per_node={nproc}", f"optim.lr={lr}"]
+    assert blank == "" and headline.startswith("Sweep summary: 4 jobs, 4 completed, ranked by "
+                                               "best val/acc (max)")  # fmt: skip
+    assert header.split()[:4] == ["job", "nproc_per_node", "lr", "status"]
+    assert set(rule) <= {"-", " "}
+    assert len(table) == 4 and "wandb" not in sweep_2x2.out.lower()
 
 
 @pytest.mark.slow
@@ -516,7 +674,8 @@ def test_job_files(sweep_2x2: Sweep) -> None:
     fine), rank 0's result and record; none holds the launching process's environment."""
     for num in range(4):
         files = sweep_2x2.job(num) / ".torchrun"
-        assert sorted(p.name for p in files.iterdir()) == ["job.json", "job.pkl", "result.pkl"]
+        assert sorted(p.name for p in files.iterdir()) == [
+            "agent.log", "job.json", "job.pkl", "result.pkl"]  # fmt: skip
         for path in files.iterdir():
             assert SECRET.encode() not in path.read_bytes(), path
 
@@ -575,35 +734,35 @@ def test_optuna_sweep(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_failed_job_does_not_stop_the_others(tmp_path: Path) -> None:
-    """trainer.batch_size=63 on 2 ranks fails; the other job completes; the sweep exits
-    non-zero, and the job dir, the summary and the console all name the failure."""
+    """trainer.batch_size=4096 (more than the training set) fails in both ranks of one job; the
+    other job completes; the sweep exits non-zero (2: a user error), and the job dir, the
+    summary and the console all name the failure."""
     result = sweep(
         tmp_path / "failing",
-        "trainer.batch_size=63,64",
+        "trainer.batch_size=4096,64",
         "dist.nproc_per_node=2",
         "hydra.launcher.max_parallel=2",
         NO_WANDB,
     )
-    assert result.proc.returncode != 0
+    assert result.proc.returncode == 2, result.out[-5000:]
     out = result.out
     failed, ok = result.job(0), result.job(1)
     assert read_json(ok / "result.json")["status"] == "completed"
     error = read_json(failed / "result.json")
     assert error["status"] == "failed"
-    assert "trainer.batch_size=63" in error["error"] and "not divisible" in error["error"]
+    assert "trainer.batch_size=4096" in error["error"] and "exceeds" in error["error"]
     # The agent's record names the rank that failed first and its error.
     first = read_json(failed / ".torchrun" / "failures.json")[0]
-    assert "not divisible" in first["error"], first
+    assert "exceeds the training set" in first["error"], first
 
     rows = {r["job"]: r for r in summary_rows(result.dir)}
-    assert rows["0"]["status"] == "failed" and "not divisible" in rows["0"]["error"]
+    assert rows["0"]["status"] == "failed" and "exceeds" in rows["0"]["error"]
     assert rows["1"]["status"] == "completed"
 
     # The console: the launcher's verdict on #0, the summary's failed list, Hydra's last line;
     # no Python tracebacks (a UserError is one line) and no torchrun ChildFailedError dump.
-    verdict = [line for line in out.splitlines() if "[HYDRA] #0 " in line and " failed: " in line]
-    assert len(verdict) == 1 and "failed: trainer.batch_size=63" in verdict[0], out[-5000:]
-    assert "1 of 2 job(s) failed in this batch: #0" in out
+    verdict = [line for line in out.splitlines() if "[HYDRA] #0 failed" in line]
+    assert len(verdict) == 1 and "batch_size=4096: trainer.batch_size=4096 exceeds" in verdict[0]
     assert "Failed jobs:" in out and "job 0 [failed]" in out
     assert "job #0 (" in out  # Hydra's last word: the JobFailed of #0, one line
     assert "Traceback" not in out and "ChildFailedError" not in out, out[-5000:]
@@ -624,7 +783,7 @@ def test_killed_rank_fails_its_job_only(tmp_path: Path) -> None:
     error = read_json(killed / "result.json")
     assert error["status"] == "failed"
     assert "rank 1" in error["error"] and "SIGKILL" in error["error"], error
-    assert "failed: rank 1 (pid" in out and "was killed by SIGKILL" in out
+    assert "#0 failed" in out and "kill=true: rank 1 (pid" in out and "killed by SIGKILL" in out
     assert not (killed / ".torchrun" / "result.pkl").exists()  # rank 0 was stopped too
     # The next job ran to completion after it, with both its ranks.
     assert (ok / ".torchrun" / "result.pkl").is_file()
@@ -649,3 +808,68 @@ def test_run_without_multirun_uses_the_launcher(tmp_path: Path) -> None:
     (wb,) = offline_runs(run_dir)
     assert wb.config["run"]["world_size"] == 2 and wb.exit_code == 0
     assert any("val/acc" in h for h in wb.history)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad inputs the launcher catches before any rank starts (in-rank ones: tests/test_train.py's
+# BAD_INPUTS): one line naming the fix, exit status 2, no rank started
+
+FAILING_SBATCH = """#!/bin/sh
+echo "sbatch: error: Batch job submission failed: Unable to contact slurm controller" >&2
+exit 1
+"""
+
+# (what, command-line overrides (-m: a sweep), where: "no-sbatch" | "failing-sbatch" | "",
+#  fragments of its one line)
+BAD_LAUNCHER_INPUTS = [
+    ("indivisible batch, one run", ["dist.nproc_per_node=2", "trainer.batch_size=63"], "",
+     ["trainer.batch_size=63 (the global batch) is not divisible by the world size 2",
+      "e.g. trainer.batch_size=64"]),
+    ("indivisible batch, a sweep", ["-m", "dist.nproc_per_node=2", "trainer.batch_size=63,65"],
+     "", ["is not divisible by the world size 2", "use a multiple of 2"]),
+    ("SLURM not installed", ["-m", "hydra/launcher=slurm", "optim.lr=0.1,0.2"], "no-sbatch",
+     ["hydra/launcher=slurm needs SLURM", "`sbatch` is not on PATH", "hydra/launcher=torchrun"]),
+    ("SLURM not reachable", ["-m", "hydra/launcher=slurm", "optim.lr=0.1,0.2"],
+     "failing-sbatch", ["SLURM did not take the jobs", "Unable to contact slurm controller",
+                        "hydra/launcher=torchrun"]),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what, overrides, where, fragments", BAD_LAUNCHER_INPUTS,
+                         ids=[case[0] for case in BAD_LAUNCHER_INPUTS])  # fmt: skip
+def test_bad_launcher_input_is_one_line_and_exit_2(tmp_path: Path, what: str,
+                                                   overrides: list[str], where: str,
+                                                   fragments: list[str]) -> None:  # fmt: skip
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = {}
+    if where == "no-sbatch":
+        env["PATH"] = str(bin_dir)  # nothing: no sbatch, no sinfo
+    elif where == "failing-sbatch":
+        (bin_dir / "sbatch").write_text(FAILING_SBATCH)
+        (bin_dir / "sbatch").chmod(0o755)
+        env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    out_dir = tmp_path / "out"
+    dirs = [f"hydra.sweep.dir={out_dir}", f"hydra.run.dir={out_dir}"]
+    started = time.time()
+    proc = run(train_cmd(*overrides, *QUICK, NO_WANDB, *dirs), timeout=180, **env)
+    text = output(proc)
+    assert proc.returncode == 2, text[-5000:]
+    assert "Traceback" not in text and "ChildFailedError" not in text, text
+    lines = [line for line in text.splitlines() if all(f in line for f in fragments)]
+    assert lines, text
+    assert not list(out_dir.rglob("rank_logs")) and not list(out_dir.rglob("job.pkl"))  # no rank
+    if "-m" not in overrides:  # a run: that one line is all it prints, and its result.json
+        assert text.strip().splitlines() == lines, text
+        assert read_json(out_dir / "result.json")["error"] in lines[0]
+        assert time.time() - started < 60
+    elif where:  # SLURM: the sweep stops at its first line; no job was composed into a dir
+        rest = [line for line in text.strip().splitlines() if "launcher: sweep dir" not in line]
+        assert rest == lines and len(lines) == 1, text
+        assert not (out_dir / "0").exists()
+    else:  # a sweep: each job's line names the fix, each job has its result.json
+        for num, batch in enumerate((63, 65)):
+            job_line = [line for line in lines if f"#{num} failed  batch_size={batch}: " in line]
+            assert len(job_line) == 1, text
+            assert read_json(out_dir / str(num) / "result.json")["status"] == "failed"

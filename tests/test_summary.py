@@ -1,4 +1,5 @@
-"""launch/summary.py: sweep summary files, CLI and Hydra callback, on real files in tmp_path."""
+"""launch/summary.py: sweep summary files, plot, W&B summary run, CLI and Hydra callback, on real
+files in tmp_path; components/naming.py: swept keys, short names, values to 4 digits."""
 
 from __future__ import annotations
 
@@ -11,41 +12,47 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from components.naming import (
+    declared_sweep_keys,
+    fmt_duration,
+    fmt_value,
+    label,
+    short_keys,
+    sweep_group,
+    swept_keys,
+    swept_values,
+)
 from launch.summary import (
-    CSV_COLUMNS,
+    JOB_TYPE,
+    PANELS,
     SweepSummaryCallback,
     collect_jobs,
     format_table,
+    log_to_wandb,
+    read_sweep,
+    summary_figure,
     write_summary,
 )
+from tests.helpers import offline_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CONSTANT = "trainer.max_epochs=3"  # in every job's overrides: no column, not in the legend
 
 
-def _write_job(
-    job_dir: Path,
-    overrides: list[str],
-    accs: list[float],
-    result: dict | None,
-    truncate: bool = False,
-) -> None:
-    """A job dir as train.py + Hydra leave it: .hydra/overrides.yaml, metrics.jsonl, result.json."""
+def _write_job(job_dir: Path, overrides: list[str], accs: list[float], result: dict | None,
+               truncate: bool = False) -> None:  # fmt: skip
+    """A job dir as train.py + Hydra leave it: .hydra/overrides.yaml, metrics.jsonl (2 train rows
+    per epoch, then its val row), result.json."""
     (job_dir / ".hydra").mkdir(parents=True)
     (job_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     lines = []
-    for epoch, acc in enumerate(accs):
-        for step in range(2):
-            lines.append(
-                {
-                    "step": epoch * 2 + step,
-                    "epoch": epoch,
-                    "train/loss": 1.0 - acc,
-                    "lr": 0.1,
-                    "samples_per_s": 100.0 * (step + 1),
-                }
-            )
-        lines.append({"step": epoch * 2 + 1, "epoch": epoch, "val/loss": 2.0 - acc, "val/acc": acc})
+    for epoch, acc in enumerate(accs, 1):
+        for step in (1, 2):
+            lines.append({"step": (epoch - 1) * 2 + step, "epoch": epoch, "train/loss": 1.0 - acc,
+                          "lr": 0.1, "samples_per_s": 100.0 * step})  # fmt: skip
+        lines.append({"step": epoch * 2, "epoch": epoch, "val/loss": 2.0 - acc, "val/acc": acc,
+                      "val/count": 50})  # fmt: skip
     text = "".join(json.dumps(row) + "\n" for row in lines)
     if truncate:
         text += '{"step": 99, "epoch": 9, "val/acc": 0.99, "val/lo'  # killed mid-write
@@ -54,46 +61,37 @@ def _write_job(
         (job_dir / "result.json").write_text(json.dumps(result))
 
 
-def _completed(best: float, final: float, **extra) -> dict:
-    return {
-        "status": "completed",
-        "error": None,
-        "best_val_acc": best,
-        "final_val_acc": final,
-        "final_val_loss": 2.0 - final,
-        "wall_time_s": 12.5,
-        "samples_per_s": 150.0,
-        **extra,
-    }
+def _completed(accs: list[float], **extra) -> dict:
+    """result.json as train.py writes it (components/run_dir.py's RunResult)."""
+    best = max(accs)
+    return {"status": "completed", "error": None, "monitor": "val/acc", "mode": "max",
+            "best": best, "best_epoch": accs.index(best) + 1, "best_val_acc": best,
+            "final": {"epoch": len(accs), "val/loss": 2.0 - accs[-1], "val/acc": accs[-1],
+                      "val/count": 50},
+            "test": {}, "epochs": len(accs), "wall_time_s": 12.5, "samples_per_s": 150.0,
+            "wandb_run_id": f"run{len(accs)}{int(best * 100)}", **extra}  # fmt: skip
 
 
 @pytest.fixture
 def sweep(tmp_path: Path) -> Path:
-    """3 completed jobs, 1 failed (result.json with an error), 1 killed (no result.json)."""
+    """`optim.lr=0.01,0.1,0.3,3.0,0.2 trainer.max_epochs=3`: 3 completed jobs, 1 failed
+    (result.json with an error), 1 killed (no result.json)."""
     d = tmp_path / "sweep"
     d.mkdir()
-    (d / "multirun.yaml").write_text("hydra: {}\n")
-    _write_job(d / "0", ["optim.lr=0.01"], [0.5, 0.8, 0.7], _completed(0.8, 0.7))
-    _write_job(d / "1", ["optim.lr=0.1"], [0.6, 0.92, 0.9], _completed(0.92, 0.9))
-    # result.json without the throughput and final loss: derived from metrics.jsonl
-    res2 = _completed(0.85, 0.85)
-    del res2["samples_per_s"], res2["final_val_loss"]
-    _write_job(d / "2", ["optim.lr=0.3"], [0.7, 0.85], res2)
-    _write_job(
-        d / "3",
-        ["optim.lr=3.0"],
-        [],
-        {
-            "status": "failed",
-            "error": "FloatingPointError: loss is nan at step 7",
-            "best_val_acc": None,
-            "final_val_acc": None,
-            "final_val_loss": None,
-            "wall_time_s": 3.0,
-            "samples_per_s": None,
-        },
+    (d / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    task: [optim.lr=0.01,0.1,0.3,3.0,0.2, trainer.max_epochs=3]\n"
     )
-    _write_job(d / "4", ["optim.lr=0.2"], [0.83, 0.81], None, truncate=True)
+
+    def job(num: int, lr: str, accs: list[float], result: dict | None, **kw) -> None:
+        _write_job(d / str(num), [f"optim.lr={lr}", CONSTANT], accs, result, **kw)
+
+    job(0, "0.01", [0.5, 0.8, 0.7], _completed([0.5, 0.8, 0.7]))
+    job(1, "0.1", [0.6, 0.92, 0.9], _completed([0.6, 0.92, 0.9]))
+    # an older result.json: no monitor/best/final; filled from metrics.jsonl
+    job(2, "0.3", [0.7, 0.85], {"status": "completed", "best_val_acc": 0.85, "wall_time_s": 9.0})
+    job(3, "3.0", [], {"status": "failed", "error": "FloatingPointError: loss is nan at step 7",
+                       "wall_time_s": 3.0})  # fmt: skip
+    job(4, "0.2", [0.83, 0.81], None, truncate=True)
     (d / "not_a_job").mkdir()  # no .hydra/, result.json or metrics.jsonl: ignored
     return d
 
@@ -110,97 +108,170 @@ def _assert_png(path: Path) -> None:
     assert len(data) > 1024
 
 
+# --------------------------------------------------------------------------------------------
+# components/naming.py
+
+
+def test_swept_keys_from_the_sweep_config_and_the_jobs() -> None:
+    """Sweep overrides of the command line and the sweeper's params are swept; constants are
+    not; a key only the jobs vary (another sweeper) is added after them."""
+    config = OmegaConf.create({"hydra": {
+        "overrides": {"task": ["optim.lr=0.05,0.1", "trainer.max_epochs=1",
+                               "model=small_cnn,resnet18", "seed=range(3)"]},
+        "sweeper": {"params": {"optim.momentum": "interval(0.5, 0.95)",
+                               "trainer.batch_size": "choice(32, 64)", "fixed": 3}},
+    }})  # fmt: skip
+    declared = ["optim.lr", "model", "seed", "optim.momentum", "trainer.batch_size"]
+    assert declared_sweep_keys(config) == declared
+    jobs = [["optim.lr=0.05", "x=1", "same=2"], ["optim.lr=0.1", "x=2", "same=2"]]
+    assert swept_keys(config, jobs) == [*declared, "x"]
+    assert swept_keys(None, jobs) == ["optim.lr", "x"]
+
+
+def test_names_use_short_keys_and_four_significant_digits() -> None:
+    """An Optuna trial's name: swept keys only, the shortest unambiguous key suffix, floats to
+    4 significant digits (long before: every override, every digit)."""
+    keys = ["optim.lr", "optim.momentum", "trainer.batch_size", "model.hidden", "model.dropout"]
+    overrides = ["optim.lr=0.012345678901234", "optim.momentum=0.8765432109876",
+                 "trainer.batch_size=64", "model.hidden=128", "model.dropout=0.30000000000000004",
+                 "dataset=digits", "trainer.max_epochs=5", "wandb.mode=offline"]  # fmt: skip
+    values = swept_values(overrides, keys)
+    assert values == {"lr": 0.012345678901234, "momentum": 0.8765432109876, "batch_size": 64,
+                      "hidden": 128, "dropout": 0.30000000000000004}  # fmt: skip
+    name = label(values)
+    assert name == "lr=0.01235,momentum=0.8765,batch_size=64,hidden=128,dropout=0.3"
+    assert len(name) < len(",".join(overrides)) / 2
+    assert short_keys(["optim.lr", "sched.lr", "model"]) == {
+        "optim.lr": "optim.lr", "sched.lr": "sched.lr", "model": "model"}  # fmt: skip
+    assert [fmt_value(v) for v in (1e-05, 123456.0, True, "resnet18", 3)] == [
+        "1e-05", "1.235e+05", "true", "resnet18", "3"]  # fmt: skip
+    assert [fmt_duration(s) for s in (4.25, 125, 7530)] == ["4.2s", "2m05s", "2h05m"]
+    assert sweep_group(None, "multirun/2026-11-29/21-30-00-1") == "sweep-2026-11-29_21-30-00-1"
+
+
+# --------------------------------------------------------------------------------------------
+# reading a sweep
+
+
 def test_collect_jobs_reads_results_and_derives_from_metrics(sweep: Path) -> None:
     jobs = {j.job: j for j in collect_jobs(sweep)}
     assert sorted(jobs) == ["0", "1", "2", "3", "4"]
-    assert jobs["1"].overrides == "optim.lr=0.1"
+    assert jobs["1"].swept == {"optim.lr": 0.1}  # the constant override is not swept
     assert jobs["1"].status == "completed" and jobs["1"].error is None
-    assert jobs["1"].epochs == [(0, 0.6), (1, 0.92), (2, 0.9)]
-    # result.json gaps filled from metrics.jsonl
-    assert jobs["2"].final_val_loss == pytest.approx(2.0 - 0.85)
+    assert (jobs["1"].monitor, jobs["1"].mode, jobs["1"].best, jobs["1"].best_epoch) == (
+        "val/acc", "max", 0.92, 2)  # fmt: skip
+    assert jobs["1"].final == {"val/loss": pytest.approx(1.1), "val/acc": 0.9, "val/count": 50}
+    assert jobs["1"].epochs == [(1, 0.6), (2, 0.92), (3, 0.9)]
+    # train/loss over epochs: step / steps per epoch (2)
+    assert [x for x, _ in jobs["1"].train_curve] == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    # an older result.json: best, its epoch and the last epoch's metrics from metrics.jsonl
+    assert (jobs["2"].best, jobs["2"].best_epoch) == (0.85, 2)
+    assert jobs["2"].final["val/loss"] == pytest.approx(2.0 - 0.85)
     assert jobs["2"].samples_per_s == pytest.approx(150.0)  # mean of 100, 200 train rows
-    assert jobs["2"].wall_time_s == 12.5
     # failed: status and error from result.json
     assert jobs["3"].status == "failed"
     assert jobs["3"].error == "FloatingPointError: loss is nan at step 7"
-    assert jobs["3"].best_val_acc is None and jobs["3"].epochs == []
+    assert jobs["3"].best is None and jobs["3"].epochs == []
     # killed: no result.json; truncated last line skipped (its 0.99 must not count)
     killed = jobs["4"]
     assert killed.status == "failed" and killed.error == "no result.json"
-    assert killed.best_val_acc == pytest.approx(0.83)
-    assert killed.final_val_acc == pytest.approx(0.81)
-    assert killed.final_val_loss == pytest.approx(2.0 - 0.81)
-    assert killed.samples_per_s == pytest.approx(150.0)
+    assert (killed.best, killed.best_epoch) == (0.83, 1)
+    assert killed.final["val/acc"] == pytest.approx(0.81)
     assert killed.wall_time_s is None
-    assert killed.epochs == [(0, 0.83), (1, 0.81)]
+    assert killed.epochs == [(1, 0.83), (2, 0.81)]
 
 
 def test_write_summary_files(sweep: Path) -> None:
+    """One column per swept key (the constant override has none), ranked by the monitored
+    metric's best value; floats to 4 significant digits in the Markdown table."""
     summary = write_summary(sweep)
     assert [r.job for r in summary.rows] == ["1", "2", "4", "0", "3"]  # best first, None last
+    assert summary.swept_keys == ["optim.lr"] and summary.ranked_by == "best val/acc"
 
     header, rows = _read_csv(sweep / "summary.csv")
-    assert summary.csv_path == sweep / "summary.csv"
-    assert header == list(CSV_COLUMNS)
+    assert header == ["job", "optim.lr", "status", "best", "best_epoch", "last val/acc",
+                      "last val/loss", "wall_time_s", "samples_per_s", "monitor", "mode",
+                      "wandb_run_id", "overrides", "error"]  # fmt: skip
     assert [r["job"] for r in rows] == ["1", "2", "4", "0", "3"]
-    assert [float(r["best_val_acc"]) for r in rows[:4]] == [0.92, 0.85, 0.83, 0.8]
-    assert rows[4]["best_val_acc"] == ""
-    assert rows[0]["overrides"] == "optim.lr=0.1" and rows[0]["status"] == "completed"
-    assert rows[0]["error"] == ""
+    assert [r["optim.lr"] for r in rows] == ["0.1", "0.3", "0.2", "0.01", "3.0"]
+    assert [float(r["best"]) for r in rows[:4]] == [0.92, 0.85, 0.83, 0.8]
+    assert rows[4]["best"] == "" and rows[0]["best_epoch"] == "2"
+    assert rows[0]["monitor"] == "val/acc" and rows[0]["mode"] == "max"
+    assert rows[0]["overrides"] == f"optim.lr=0.1 {CONSTANT}" and rows[0]["error"] == ""
     assert rows[2]["status"] == "failed" and rows[2]["error"] == "no result.json"
-    assert rows[4]["status"] == "failed"
     assert rows[4]["error"] == "FloatingPointError: loss is nan at step 7"
-    assert float(rows[1]["samples_per_s"]) == pytest.approx(150.0)
 
     md = (sweep / "summary.md").read_text()
     table = [line for line in md.splitlines() if line.startswith("|")]
     assert len(table) == 2 + 5  # header, alignment row, one row per job
-    assert "best_val_acc" in table[0] and "status" in table[0] and "error" in table[0]
+    cells = [c.strip() for c in table[0].split("|")[1:-1]]
+    assert cells[:5] == ["rank", "job", "lr", "status", "best val/acc"] and "max_epochs" not in md
     assert set(table[1].replace("|", "").replace(" ", "")) <= {"-", ":"}
-    jobs_in_md = [line.split("|")[2].strip() for line in table[2:]]
-    assert jobs_in_md == ["1", "2", "4", "0", "3"]
-    assert "0.9200" in table[2] and "optim.lr=0.1" in table[2]
+    assert [line.split("|")[2].strip() for line in table[2:]] == ["1", "2", "4", "0", "3"]
+    assert "| 0.92 |" in table[2] and "| 1.1 |" in table[2]  # 4 significant digits
     assert "FloatingPointError: loss is nan at step 7" in table[6]
-
     _assert_png(sweep / "summary.png")
 
 
 def test_format_table_lists_failures(sweep: Path) -> None:
-    text = format_table(write_summary(sweep).rows)
-    lines = text.splitlines()
-    assert lines[0].split()[:3] == ["job", "status", "best_val_acc"]
-    assert [line.split()[0] for line in lines[2:7]] == ["1", "2", "4", "0", "3"]
+    summary = write_summary(sweep)
+    lines = format_table(summary.rows, summary.swept_keys).splitlines()
+    assert lines[0].split()[:6] == ["job", "lr", "status", "best", "val/acc", "epoch"]
+    assert [line.split()[:2] for line in lines[2:7]] == [
+        ["1", "0.1"], ["2", "0.3"], ["4", "0.2"], ["0", "0.01"], ["3", "3"]]  # fmt: skip
     failed = lines[lines.index("Failed jobs:") + 1 :]
-    assert len(failed) == 2
-    assert "job 4" in failed[0] and "optim.lr=0.2" in failed[0] and "no result.json" in failed[0]
-    assert "job 3" in failed[1] and "optim.lr=3.0" in failed[1]
-    assert "loss is nan at step 7" in failed[1]
+    assert failed == [
+        "  job 4 [failed] lr=0.2: no result.json",
+        "  job 3 [failed] lr=3: FloatingPointError: loss is nan at step 7",
+    ]
+    assert "Failed jobs" not in format_table([r for r in summary.rows if r.status == "completed"])
 
 
-def test_format_table_without_failures(sweep: Path) -> None:
-    rows = [r for r in collect_jobs(sweep) if r.status == "completed"]
-    assert "Failed jobs" not in format_table(rows)
-
-
-def test_sort_by_other_metric_and_mode(sweep: Path) -> None:
-    rows = write_summary(sweep, metric="final_val_loss", mode="min").rows
-    # final val loss = 2 - final acc: 1 (0.9), 2 (0.85), 4 (0.81), 0 (0.7); 3 has none
-    assert [r.job for r in rows] == ["1", "2", "4", "0", "3"]
-    rows = write_summary(sweep, metric="final_val_acc", mode="min").rows
-    assert [r.job for r in rows] == ["0", "4", "2", "1", "3"]
+def test_ranked_by_each_jobs_monitor_and_mode(tmp_path: Path) -> None:
+    """Jobs that monitor val/loss (min) are ranked lowest first; test/* metrics get columns."""
+    for num, losses in enumerate([[0.9, 0.5], [0.8, 0.7], [0.3, 0.4]]):
+        accs = [2.0 - x for x in losses]
+        result = _completed(accs, monitor="val/loss", mode="min", best=min(losses),
+                            best_epoch=losses.index(min(losses)) + 1, test={"test/acc": 0.5 + num})
+        _write_job(tmp_path / str(num), [f"seed={num}"], accs, result)
+    summary = write_summary(tmp_path)
+    assert [r.job for r in summary.rows] == ["2", "0", "1"] and summary.mode == "min"
+    assert summary.ranked_by == "best val/loss"
+    header = format_table(summary.rows, summary.swept_keys).splitlines()[0]
+    assert "best val/loss" in header and "test/acc" in header and "seed" in header
+    rows = write_summary(tmp_path, metric="wall_time_s", mode="min").rows  # another column
+    assert [r.job for r in rows] == ["0", "1", "2"]  # ties keep job order
     with pytest.raises(ValueError, match="unknown metric"):
-        write_summary(sweep, metric="val_acc")
+        write_summary(tmp_path, metric="val_acc")
+
+
+def test_sweep_keys_of_an_optuna_sweep(tmp_path: Path) -> None:
+    """Optuna's search space (hydra.sweeper.params) names the columns, even a param that all
+    jobs so far happened to get the same value of."""
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    task: [hparams_search=digits_optuna]\n  sweeper:\n    params:\n"
+        "      optim.lr: tag(log, interval(0.005, 0.5))\n      model.hidden: choice(64, 128)\n"
+    )
+    for num, (lr, hidden) in enumerate([("0.0123456", 64), ("0.3", 64)]):
+        _write_job(tmp_path / str(num), [f"optim.lr={lr}", f"model.hidden={hidden}"], [0.5],
+                   _completed([0.5 + num / 10]))  # fmt: skip
+    jobs, keys = read_sweep(tmp_path)
+    assert keys == ["optim.lr", "model.hidden"]
+    text = format_table(jobs, keys)
+    assert text.splitlines()[0].split()[:3] == ["job", "lr", "hidden"]
+    assert "0.01235" in text and "0.0123456" not in text
 
 
 def test_job_dirs_with_any_name_and_natural_order(tmp_path: Path) -> None:
     for name in ["10", "2", "lr_big"]:
-        _write_job(tmp_path / name, [f"name={name}"], [0.5], _completed(0.5, 0.5))
+        _write_job(tmp_path / name, [f"name={name}"], [0.5], _completed([0.5]))
     (tmp_path / "only_metrics").mkdir()
-    (tmp_path / "only_metrics" / "metrics.jsonl").write_text('{"epoch": 0, "val/acc": 0.1}\n')
+    (tmp_path / "only_metrics" / "metrics.jsonl").write_text('{"epoch": 1, "val/acc": 0.1}\n')
     (tmp_path / ".submitit").mkdir()
+    (tmp_path / "wandb").mkdir()  # the sweep-summary run's dir
     jobs = collect_jobs(tmp_path)
     assert [j.job for j in jobs] == ["2", "10", "lr_big", "only_metrics"]
-    assert jobs[3].overrides == "" and jobs[3].best_val_acc == pytest.approx(0.1)
+    assert jobs[3].overrides == "" and jobs[3].best == pytest.approx(0.1)
     # ties keep job order
     assert [r.job for r in write_summary(tmp_path).rows] == ["2", "10", "lr_big", "only_metrics"]
 
@@ -209,6 +280,90 @@ def test_write_summary_without_jobs_raises(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no job dirs"):
         write_summary(tmp_path)
     assert not (tmp_path / "summary.csv").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# the plot
+
+
+def test_plot_readable_for_one_epoch_jobs_with_equal_curves(tmp_path: Path) -> None:
+    """1-epoch jobs, two of them with the very same curves: three panels (val/acc, val/loss,
+    train/loss), a marker on every curve, integer epoch ticks, equal curves told apart (style
+    and position), and a legend of swept values only."""
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    task: [optim.lr=0.05,0.1, dist.nproc_per_node=1,2, "
+        "trainer.max_epochs=1]\n"
+    )
+    for num, (lr, nproc) in enumerate([("0.05", 1), ("0.05", 2), ("0.1", 1)]):
+        acc = 0.8 if lr == "0.05" else 0.7  # world-size invariant: #0 and #1 are equal
+        overrides = [f"optim.lr={lr}", f"dist.nproc_per_node={nproc}", "trainer.max_epochs=1"]
+        _write_job(tmp_path / str(num), overrides, [acc], _completed([acc]))
+    import matplotlib.pyplot as plt
+
+    summary = write_summary(tmp_path)
+    fig = summary_figure(summary)
+    try:
+        axes = fig.axes
+        assert [ax.get_title() for ax in axes] == list(PANELS)
+        for ax in axes:
+            assert len(ax.lines) == 3
+            assert all(line.get_marker() not in (None, "", "None") for line in ax.lines)
+            ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+            assert ticks and all(float(t).is_integer() for t in ticks), ticks
+        styles = [(line.get_color(), line.get_marker(), line.get_linestyle())
+                  for line in axes[0].lines]  # fmt: skip
+        assert len(set(styles)) == 3
+        xs = [line.get_xdata()[0] for line in axes[0].lines]  # one epoch's points, spread apart
+        assert len(set(xs)) == 3 and all(abs(x - 1) < 0.25 for x in xs)
+        labels = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert labels == ["#0 lr=0.05 nproc_per_node=1", "#1 lr=0.05 nproc_per_node=2",
+                          "#2 lr=0.1 nproc_per_node=1"]  # fmt: skip
+    finally:
+        plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# W&B: the sweep-summary run
+
+
+def test_wandb_sweep_summary_run(sweep: Path) -> None:
+    """One offline run with job_type=sweep_summary in the sweep's group: the summary table as a
+    W&B Table (swept keys, metrics, status, each job's run) and the plot as an image."""
+    import wandb
+
+    summary = write_summary(sweep)
+    try:
+        run_id = log_to_wandb(summary, {"mode": "offline", "project": "p", "tags": ["t"]})
+    finally:
+        wandb.teardown()
+    (run,) = offline_runs(sweep)
+    assert run.run_id == run_id and run.job_type == JOB_TYPE and run.exit_code == 0
+    assert run.group == sweep_group(None, sweep) and run.name == "summary"
+    assert run.config["swept_keys"] == ["optim.lr"] and run.config["monitor"] == "val/acc"
+    table = run.table("sweep/table")
+    assert table["columns"][:5] == ["job", "lr", "status", "best val/acc", "epoch"]
+    assert table["columns"][-2:] == ["run", "error"] and "wall_time_s" in table["columns"]
+    by_job = {row[0]: dict(zip(table["columns"], row, strict=True)) for row in table["data"]}
+    assert list(by_job) == ["1", "2", "4", "0", "3"]
+    assert by_job["1"]["lr"] == 0.1 and by_job["1"]["best val/acc"] == 0.92
+    assert by_job["1"]["run"] == "run392"  # offline: the run id (online: its URL)
+    assert by_job["3"]["status"] == "failed" and "loss is nan" in by_job["3"]["error"]
+    image = run.summary["sweep/plot"]
+    assert image["_type"] == "image-file" and (run.files_dir / image["path"]).is_file()
+    assert run.summary["best/val/acc"] == 0.92 and run.summary["best/job"] == "1"
+
+
+def test_wandb_failure_is_a_warning(sweep: Path, monkeypatch, caplog) -> None:
+    import wandb
+
+    def broken(**_):
+        raise RuntimeError("W&B is down")
+
+    monkeypatch.setattr(wandb, "init", broken)
+    summary = write_summary(sweep)
+    assert log_to_wandb(summary, {"mode": "offline"}) is None
+    assert "W&B run failed (W&B is down)" in caplog.text
+    assert log_to_wandb(summary, {"mode": "disabled"}) is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,6 +388,7 @@ def test_cli_writes_files_and_prints_table(sweep: Path) -> None:
         assert (sweep / name).stat().st_size > 0
     _assert_png(sweep / "summary.png")
     assert [r["job"] for r in _read_csv(sweep / "summary.csv")[1]] == ["1", "2", "4", "0", "3"]
+    assert proc.stdout.startswith("Sweep summary: 5 jobs, 3 completed, ranked by best val/acc")
     assert "Failed jobs:" in proc.stdout and "no result.json" in proc.stdout
 
 
@@ -309,19 +465,17 @@ def _run_app(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProce
 
 @pytest.mark.slow
 def test_callback_writes_summary_at_multirun_end(tmp_path: Path) -> None:
+    """Another app (no `trainer`, no `wandb` node): its table, ranked, one column for x."""
     proc, sweep_dir = _run_app(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (sweep_dir / "multirun.yaml").exists()
-    header, rows = _read_csv(sweep_dir / "summary.csv")
-    assert header == list(CSV_COLUMNS)
-    assert [(r["job"], r["overrides"], r["status"]) for r in rows] == [
-        ("2", "x=3", "completed"),
-        ("1", "x=2", "completed"),
-        ("0", "x=1", "completed"),
-    ]
+    _, rows = _read_csv(sweep_dir / "summary.csv")
+    assert [(r["job"], r["x"], r["status"]) for r in rows] == [
+        ("2", "3", "completed"), ("1", "2", "completed"), ("0", "1", "completed")]  # fmt: skip
     assert (sweep_dir / "summary.md").exists()
     _assert_png(sweep_dir / "summary.png")
-    assert "Failed jobs" not in proc.stdout and "x=3" in proc.stdout
+    assert "Failed jobs" not in proc.stdout and "Sweep summary: 3 jobs, 3 completed" in proc.stdout
+    assert not (sweep_dir / "wandb").exists()  # the app has no wandb settings
 
 
 @pytest.mark.slow
@@ -356,7 +510,7 @@ def test_callback_never_raises_and_skips_empty_sweeps(tmp_path: Path) -> None:
 
     bad = SweepSummaryCallback(metric="no_such_metric")
     (tmp_path / "sweep").mkdir()
-    _write_job(tmp_path / "sweep" / "0", ["x=1"], [0.5], _completed(0.5, 0.5))
+    _write_job(tmp_path / "sweep" / "0", ["x=1"], [0.5], _completed([0.5]))
     bad.on_multirun_end(cfg)  # unknown metric: a warning, not an exception
     assert not (tmp_path / "sweep" / "summary.csv").exists()
     SweepSummaryCallback().on_multirun_start(OmegaConf.create({}))  # no hydra.sweep.dir

@@ -408,3 +408,57 @@ def test_ctrl_c_is_interrupted_with_one_line(tmp_path):
     assert "Traceback" not in out and out.count("interrupted (Ctrl-C)") == 1, out
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "interrupted"
+
+
+# ------------------------------------------------------------------------------ wandb agent
+
+# What `wandb agent` sets for each run it starts (wandb/wandb_agent.py): the run id, the sweep
+# id, and a file with the run's parameters (the keys its sweep varies).
+AGENT_RUN_ID = "agentrun01"
+
+
+def agent_env(tmp_path: Path, **params: object) -> dict:
+    path = tmp_path / "sweep-params.yaml"
+    path.write_text("wandb_version: 1\n" + "".join(
+        f"{key}:\n  value: {value}\n" for key, value in params.items()))  # fmt: skip
+    return {"WANDB_SWEEP_ID": "sweep01", "WANDB_RUN_ID": AGENT_RUN_ID,
+            "WANDB_SWEEP_PARAM_PATH": str(path), "WANDB_PROJECT": "agent-project"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_wandb_agent_run_is_rank_0s_and_other_ranks_stay_silent(tmp_path):
+    """`wandb agent` runs `python train.py <args>` with its run id in the environment; with
+    dist.nproc_per_node=2 train.py starts its ranks itself: rank 0 logs into the agent's run
+    (named by the swept values), rank 1 touches no W&B at all."""
+    run_dir = tmp_path / "r"
+    env = agent_env(tmp_path, **{"optim.lr": 0.05})
+    proc = run(train_cmd(*QUICK, "optim.lr=0.05", "dist.nproc_per_node=2",
+                         f"hydra.run.dir={run_dir}"), **env)  # fmt: skip
+    assert proc.returncode == 0, output(proc)[-5000:]
+    (wb,) = offline_runs(run_dir)
+    assert wb.run_id == AGENT_RUN_ID and wb.exit_code == 0
+    assert wb.name == "lr=0.05" and wb.config["swept"] == {"lr": 0.05}
+    assert wb.config["optim.lr"] == 0.05  # the agent's parameters, as W&B loads them
+    assert any("val/acc" in h for h in wb.history)
+    assert json.loads((run_dir / "result.json").read_text())["wandb_run_id"] == AGENT_RUN_ID
+    assert len(list(run_dir.rglob("offline-run-*"))) == 1
+    rank1 = list(run_dir.glob("rank_logs/*/attempt_*/1/*.log"))
+    assert rank1 and not any("wandb" in p.read_text().lower() for p in rank1), rank1
+
+
+def test_wandb_agent_run_wins_over_a_checkpoints_run(tmp_path, monkeypatch):
+    """A run resumed under the agent logs into the agent's run (W&B would ignore the
+    checkpoint's id anyway), with the earlier epochs replayed from metrics.jsonl."""
+    run_dir = tmp_path / "r"
+    train_in_process(run_dir, *QUICK)
+    (first,) = offline_runs(run_dir)
+    for key, value in agent_env(tmp_path, seed=0).items():
+        monkeypatch.setenv(key, value)
+    train_in_process(run_dir, *QUICK, "trainer.max_epochs=2", "resume=auto")
+    runs = {r.run_id: r for r in offline_runs(run_dir)}
+    assert set(runs) == {first.run_id, AGENT_RUN_ID}
+    agent = runs[AGENT_RUN_ID]
+    assert [h["epoch"] for h in agent.history if "val/acc" in h] == [1, 2]
+    assert json.loads((run_dir / "result.json").read_text())["wandb_run_id"] == AGENT_RUN_ID
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert last["progress"]["wandb_run_id"] == AGENT_RUN_ID
