@@ -417,11 +417,10 @@ def columns(rows: Sequence[JobSummary], keys: Sequence[str]) -> list[Column]:
     cols = [Column("job", "job", lambda r: r.job, numeric=False)]
     for key in keys:
         cols.append(Column(short[key], key, lambda r, k=key: r.swept.get(k)))
-    cols += [
-        Column("status", "status", lambda r: r.status, numeric=False),
-        Column(f"best {monitor}", "best", lambda r: r.best),
-        Column("epoch", "best_epoch", lambda r: r.best_epoch),
-    ]
+    cols.append(Column("status", "status", lambda r: r.status, numeric=False))
+    if not all(r.split for r in rows):  # eval.py jobs have no epochs: their acc column ranks
+        cols += [Column(f"best {monitor}", "best", lambda r: r.best),
+                 Column("epoch", "best_epoch", lambda r: r.best_epoch)]  # fmt: skip
     cols += [Column(f"last {k}", f"last {k}", lambda r, k=k: r.final.get(k)) for k in finals]
     cols += [Column(k, k, lambda r, k=k: r.test.get(k)) for k in tests]
     if any(r.split for r in rows):  # eval.py jobs: the split and what was measured on it
@@ -656,7 +655,7 @@ def wandb_settings(config: Any) -> tuple[dict[str, Any], str | None] | None:
     node = OmegaConf.select(config, "wandb", default=None) if config is not None else None
     if node is None:
         return None
-    settings = OmegaConf.to_container(node, resolve=True)
+    settings = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     experiment = OmegaConf.select(config, "hydra.runtime.choices.experiment", default=None)
     return (settings, experiment) if isinstance(settings, dict) else None
 
@@ -667,11 +666,12 @@ def log_to_wandb(summary: SweepSummary, settings: dict[str, Any],
     are in, components/naming.py's sweep_group): the table as a W&B Table, with a link to each
     job's run (its id offline), and summary.png. Returns the run's id; None when W&B is
     disabled. A W&B failure is a warning."""
+    from components.errors import UserError
     from components.metrics import resolve_wandb_mode
 
     try:
-        mode = resolve_wandb_mode(str(settings.get("mode", "auto")))
-    except ValueError as e:
+        mode = resolve_wandb_mode(settings.get("mode", "auto"))
+    except UserError as e:
         log.warning("sweep summary: no W&B run (%s)", e)
         return None
     if mode == "disabled":

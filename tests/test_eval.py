@@ -246,12 +246,13 @@ def test_a_training_sweep_summary_has_test_columns(train_sweep):
     table = summary_rows(train_sweep)
     assert len(table) == 2
     # ranked by val (what sweepers optimise), test reported beside it
-    assert [float(r["best_val_acc"]) for r in table] == sorted(
-        (float(r["best_val_acc"]) for r in table), reverse=True)  # fmt: skip
+    assert [r["monitor"] for r in table] == ["val/acc"] * 2
+    assert [float(r["best"]) for r in table] == sorted(
+        (float(r["best"]) for r in table), reverse=True)  # fmt: skip
     for row in table:
         test = read_json(train_sweep / row["job"] / "result.json")["test"]
-        assert float(row["test_acc"]) == test["test/acc"] and test["test/count"] == 180
-        assert float(row["test_loss"]) == test["test/loss"]
+        assert float(row["test/acc"]) == test["test/acc"] and test["test/count"] == 180
+        assert float(row["test/loss"]) == test["test/loss"]
 
 
 @pytest.mark.slow
