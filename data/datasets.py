@@ -20,7 +20,7 @@ from components.errors import UserError
 from data.digits import Digits
 from data.fast import InMemoryData, as_uint8_nchw
 from data.seeding import EpochSeededDataset
-from data.transforms import NORMALIZATION, crop_flip_recipe, train_transform, val_transform
+from data.transforms import NORMALIZATION, Recipe, train_transform, val_transform
 
 T = TypeVar("T")
 
@@ -218,6 +218,7 @@ def build_datasets(
     local_rank: int = 0,
     barrier: Callable[[], None] = lambda: None,
     seed: int = 0,
+    augment: Recipe | None = None,
 ) -> DataSplits:
     """The train/val datasets named by ``cfg`` (the ``dataset`` config group).
 
@@ -248,7 +249,7 @@ def build_datasets(
         name=name,
         root=root,
         image_size=image_size,
-        train_tf=train_transform(name, image_size, bool(cfg.augment)),
+        train_tf=train_transform(name, image_size, augment),
         val_tf=val_transform(name, image_size),
         cfg=cfg,
     )
@@ -258,7 +259,7 @@ def build_datasets(
     num_classes = int(cfg.num_classes) if name == "fake" else len(train.classes)  # type: ignore[attr-defined]
     memory = None
     if spec.in_memory:
-        memory = _in_memory(name, train, val, image_size, bool(cfg.augment), seed)
+        memory = _in_memory(name, train, val, image_size, augment or Recipe(), seed)
     return DataSplits(
         train=EpochSeededDataset(train, seed),
         val=val,
@@ -270,7 +271,7 @@ def build_datasets(
 
 
 def _in_memory(
-    name: str, train: Any, val: Any, image_size: int, augment: bool, seed: int
+    name: str, train: Any, val: Any, image_size: int, augment: Recipe, seed: int
 ) -> InMemoryData:
     """Views of the datasets' own uint8 ``data`` and labels (nothing copied)."""
     mean, std = NORMALIZATION[name]
@@ -283,6 +284,7 @@ def _in_memory(
         image_size=image_size,
         mean=mean,
         std=std,
-        augment=crop_flip_recipe(name, image_size, augment),
+        augment=augment.fast(image_size),
         seed=seed,
+        unsupported=augment.describe(),
     )

@@ -81,10 +81,11 @@ def build_loaders(
 ) -> Loaders:
     """Loaders for this rank; ``batch_size`` and ``eval_batch_size`` are per rank.
 
-    With ``fast`` and a set held in memory (``splits.memory``: digits, mnist, fashion_mnist,
-    cifar10, cifar100) the loaders are the fast path's: batches built on ``device`` from uint8
-    tensors moved there once, same sample indices per rank and step as the DataLoaders (and
-    the same batches without augmentation; augmented crops/flips are drawn differently).
+    With ``fast``, a set held in memory (``splits.memory``: digits, mnist, fashion_mnist,
+    cifar10, cifar100) and an augmentation recipe it can express (crop, flip, erasing; one log
+    line says when it cannot) the loaders are the fast path's: batches built on ``device``
+    from uint8 tensors moved there once, same sample indices per rank and step as the
+    DataLoaders (and the same batches without augmentation; augmentation is drawn differently).
     ``num_workers`` and ``pin_memory`` then do not apply. Otherwise, DataLoaders on the CPU.
 
     Train batches hold ``(epoch, index)``-seeded samples (see ResumableDistributedSampler).
@@ -106,7 +107,11 @@ def build_loaders(
     )
     val_sampler = ExactShardSampler(len(splits.val), rank, world_size)  # type: ignore[arg-type]
 
-    if fast and splits.memory is not None:
+    if fast and splits.memory is not None and splits.memory.augment is None:
+        log.info("fast data path off: the augmentation (%s) has no batched tensor version; "
+                 "using DataLoaders (dataset.fast=false skips this check)",
+                 splits.memory.unsupported)  # fmt: skip
+    elif fast and splits.memory is not None:
         return Loaders(
             train=FastTrainLoader(splits.memory, train_sampler, batch_size, device),
             val=FastValLoader(splits.memory, val_sampler, eval_batch_size, device),

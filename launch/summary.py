@@ -45,13 +45,18 @@ RESULT_NAME = "result.json"
 METRICS_NAME = "metrics.jsonl"
 NO_RESULT_ERROR = "no result.json"
 
-# Fields of JobSummary a sweep can be ranked by.
-METRICS = ("best_val_acc", "final_val_acc", "final_val_loss", "wall_time_s", "samples_per_s")
-MODES = ("max", "min")
+# Fields of JobSummary a sweep can be ranked by. `best`: each job's monitored metric
+# (trainer.monitor, result.json's monitor/mode/best), ranked by that job's own mode ("auto").
+METRICS = ("best", "best_val_acc", "final_val_acc", "final_val_loss", "wall_time_s",
+           "samples_per_s")  # fmt: skip
+MODES = ("auto", "max", "min")
 CSV_COLUMNS = (
     "job",
     "overrides",
     "status",
+    "monitor",
+    "mode",
+    "best",
     "best_val_acc",
     "final_val_acc",
     "final_val_loss",
@@ -63,6 +68,8 @@ _TABLE_COLUMNS = (  # (header, field) of the text / Markdown tables; overrides a
     ("job", "job"),
     ("status", "status"),
     ("best_val_acc", "best_val_acc"),
+    ("monitor", "monitor"),
+    ("best", "best"),
     ("final_val_acc", "final_val_acc"),
     ("final_val_loss", "final_val_loss"),
     ("wall_time_s", "wall_time_s"),
@@ -79,6 +86,9 @@ class JobSummary:
     job: str
     overrides: str = ""
     status: str = "failed"
+    monitor: str = "val/acc"  # the job's trainer.monitor (result.json), and its mode
+    mode: str = "max"
+    best: float | None = None  # the monitored metric's best value
     best_val_acc: float | None = None
     final_val_acc: float | None = None
     final_val_loss: float | None = None
@@ -97,8 +107,8 @@ class SweepSummary:
     md_path: Path
     png_path: Path
     rows: list[JobSummary]
-    metric: str = "best_val_acc"
-    mode: str = "max"
+    metric: str = "best"
+    mode: str = "auto"
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,10 +232,18 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         value = _number(result.get(key))
         return derived.get(key) if value is None else value
 
+    monitored = isinstance(result.get("monitor"), str) and result.get("mode") in ("max", "min")
+    monitor = result["monitor"] if monitored else "val/acc"
+    best = _number(result.get("best")) if monitored else None
+    if best is None and monitor == "val/acc":
+        best = pick("best_val_acc")
     return JobSummary(
         job=job_dir.name,
         overrides=" ".join(overrides or []),
         status=status,
+        monitor=monitor,
+        mode=result["mode"] if monitored else "max",
+        best=best,
         best_val_acc=pick("best_val_acc"),
         final_val_acc=pick("final_val_acc"),
         final_val_loss=pick("final_val_loss"),
@@ -245,20 +263,22 @@ def _check_metric(metric: str, mode: str) -> None:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)}")
     if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}: choose 'max' or 'min'")
+        raise ValueError(f"unknown mode {mode!r}: choose 'auto', 'max' or 'min'")
 
 
 def sort_jobs(
-    rows: Iterable[JobSummary], metric: str = "best_val_acc", mode: str = "max"
+    rows: Iterable[JobSummary], metric: str = "best", mode: str = "auto"
 ) -> list[JobSummary]:
-    """Best first by ``metric``; jobs without it (None or NaN) last, each group in job order."""
+    """Best first by ``metric`` (mode auto: each job's monitor mode for `best`, else max); jobs
+    without it (None or NaN) last, each group in job order."""
     _check_metric(metric, mode)
 
     def key(row: JobSummary) -> tuple[int, float]:
         value = getattr(row, metric)
         if value is None or math.isnan(value):
             return (1, 0.0)
-        return (0, -value if mode == "max" else value)
+        order = mode if mode != "auto" else (row.mode if metric == "best" else "max")
+        return (0, -value if order == "max" else value)
 
     return sorted(rows, key=key)
 
@@ -314,7 +334,7 @@ def _md_escape(text: str) -> str:
 
 
 def format_markdown(
-    rows: Sequence[JobSummary], metric: str = "best_val_acc", mode: str = "max", title: str = ""
+    rows: Sequence[JobSummary], metric: str = "best", mode: str = "auto", title: str = ""
 ) -> str:
     headers = ["rank", *(h for h, _ in _TABLE_COLUMNS), "error"]
     lines = [f"# Sweep summary{': ' + title if title else ''}", ""]
@@ -390,7 +410,7 @@ def plot_val_acc(rows: Sequence[JobSummary], path: Path, title: str = "") -> Non
 
 
 def write_summary(
-    sweep_dir: str | os.PathLike, metric: str = "best_val_acc", mode: str = "max"
+    sweep_dir: str | os.PathLike, metric: str = "best", mode: str = "auto"
 ) -> SweepSummary:
     """Write summary.csv, summary.md and summary.png into ``sweep_dir``; rows best first.
 
@@ -433,7 +453,7 @@ class SweepSummaryCallback(Callback):
     instead. Nothing here raises: a summary problem is logged as a warning, never fails a sweep.
     """
 
-    def __init__(self, metric: str = "best_val_acc", mode: str = "max") -> None:
+    def __init__(self, metric: str = "best", mode: str = "auto") -> None:
         self.metric = metric
         self.mode = mode
         self._sweep_dir: Path | None = None
@@ -511,15 +531,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("sweep_dir", type=Path, help="the multirun dir (holds the job dirs)")
     parser.add_argument(
         "--metric",
-        default="best_val_acc",
+        default="best",
         choices=METRICS,
-        help="column to rank jobs by (default: best_val_acc)",
+        help="column to rank jobs by (default: best, each job's trainer.monitor)",
     )
     parser.add_argument(
         "--mode",
-        default="max",
+        default="auto",
         choices=MODES,
-        help="max: higher is better; min: lower is better (default: max)",
+        help="max: higher is better; min: lower is better; auto (default): each job's "
+        "monitor mode for best, else max",
     )
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():

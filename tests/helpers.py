@@ -396,6 +396,18 @@ def compose_train(run_dir: Path, *overrides: str):
     return cfg
 
 
+def recipe(*overrides: str):
+    """The augmentation recipe (data.transforms.Recipe) train.py builds for these overrides,
+    e.g. recipe("dataset=cifar10") is CIFAR's default, recipe("augment=trivial_augment")."""
+    from hydra import compose, initialize_config_dir
+
+    import conf.schema  # noqa: F401 - registers the schema
+    from data.transforms import build_recipe
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return build_recipe(compose("train", overrides=list(overrides)).augment)
+
+
 def train_in_process(run_dir: Path, *overrides: str):
     """Run train.py's `train(cfg)` here with world size 1, as Hydra's run_job would (config and
     run dir set up, no logging configured): errors propagate as raised, nothing is reported.
