@@ -61,7 +61,8 @@ def build_optimizer(optim_cfg, model: torch.nn.Module, global_batch: int) -> tor
     groups = param_groups(model, cfg.get("weight_decay", 0.0),
                           recipe.get("decay_norm_and_bias", True))  # fmt: skip
     try:
-        return instantiate({**cfg, "lr": lr})(groups)
+        # _convert_: plain lists (betas), never ListConfig: checkpoints load weights_only.
+        return instantiate({**cfg, "lr": lr, "_convert_": "all"})(groups)
     except (ValueError, TypeError) as e:
         scaled = f" ({scaling}-scaled from optim.lr={cfg['lr']})" if lr != cfg["lr"] else ""
         raise UserError(f"optimizer {optim_cfg._target_}: {one_line(e)}{scaled}: "

@@ -160,18 +160,6 @@ class NAdamConfig(OptimConfig):
 
 
 @dataclass
-class RAdamConfig(OptimConfig):
-    """Rectified Adam (variance warm-up built in); decoupled_weight_decay=true is RAdamW."""
-
-    _target_: str = "torch.optim.RAdam"
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    decoupled_weight_decay: bool = True
-
-
-@dataclass
 class AdafactorConfig(OptimConfig):
     """Adafactor: factored second moments (memory ~ rows + columns per matrix)."""
 
@@ -295,7 +283,6 @@ def register_configs() -> None:
         ("optim", "sgd", SGDConfig),
         ("optim", "adamw", AdamWConfig),
         ("optim", "nadam", NAdamConfig),
-        ("optim", "radam", RAdamConfig),
         ("optim", "adafactor", AdafactorConfig),
         ("trainer", "trainer", TrainerConfig),
         ("wandb", "wandb", WandbConfig),
