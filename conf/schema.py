@@ -147,14 +147,11 @@ class AdamWConfig(OptimConfig):
 
 
 @dataclass
-class NAdamConfig(OptimConfig):
+class NAdamConfig(AdamWConfig):
     """NAdam; decoupled_weight_decay=true is NAdamW."""
 
     _target_: str = "torch.optim.NAdam"
     lr: float = 2e-3
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
     momentum_decay: float = 4e-3
     decoupled_weight_decay: bool = True
 

@@ -379,7 +379,7 @@ def _download_once_worker(root: str, mirror: str, sums_json: str, log: str) -> N
 
     dist.init_process_group("gloo")
     try:
-        cfg = SimpleNamespace(name="mnist", root=root, download=True, augment=False, image_size=28)
+        cfg = SimpleNamespace(name="mnist", root=root, download=True, image_size=28)
         splits = build_datasets(cfg, local_rank=int(os.environ["LOCAL_RANK"]), barrier=dist.barrier)
         with open(log, "a") as f:
             f.write(f"{rank} loaded {len(splits.train)} {len(splits.val)}\n")

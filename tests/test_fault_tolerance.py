@@ -80,17 +80,20 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert final == expected
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Uninterrupted runs on 1 and 2 ranks."""
-    root = tmp_path_factory.mktemp("reference")
+def uninterrupted(root: Path, *extra: str) -> dict[int, Path]:
+    """The job's uninterrupted runs on 1 and 2 ranks, by world size."""
     refs = {}
     for nproc in (1, 2):
         run_dir = root / f"ranks{nproc}"
-        proc = run(train_cmd(*job(run_dir), nproc=None if nproc == 1 else nproc))
+        proc = run(train_cmd(*job(run_dir, *extra), nproc=None if nproc == 1 else nproc))
         assert proc.returncode == 0, output(proc)
         refs[nproc] = run_dir
     return refs
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return uninterrupted(tmp_path_factory.mktemp("reference"))
 
 
 def kill_step(rng, where: str) -> int:
@@ -103,16 +106,19 @@ def kill_step(rng, where: str) -> int:
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("where", ["mid_epoch", "epoch_boundary"])
 def test_killed_then_resumed_equals_uninterrupted(tmp_path, reference, rng, nproc, where):
-    step = kill_step(rng, where)
-    run_dir = tmp_path / "run"
+    kill_and_resume(tmp_path / "run", kill_step(rng, where), nproc)
+    assert_same_run(tmp_path / "run", reference[nproc])
+
+
+def kill_and_resume(run_dir: Path, step: int, nproc: int, *extra: str) -> None:
+    """The job killed at `step` (on the last rank), then resumed to the end."""
     launch = None if nproc == 1 else nproc
-    killed = run(train_cmd(*job(run_dir), nproc=launch),
+    killed = run(train_cmd(*job(run_dir, *extra), nproc=launch),
                  HYDRA_DDP_FAULT=f"kill@{step}:{nproc - 1}")  # fmt: skip
     assert killed.returncode != 0, f"step {step}: the kill did not happen\n{output(killed)}"
-    resumed = run(train_cmd(*job(run_dir, "resume=auto"), nproc=launch))
+    resumed = run(train_cmd(*job(run_dir, *extra, "resume=auto"), nproc=launch))
     assert resumed.returncode == 0, output(resumed)
     assert "resumed from" in (run_dir / "train.log").read_text()
-    assert_same_run(run_dir, reference[nproc])
 
 
 # A training recipe with its own state and randomness: EMA weights, batch-level MixUp/CutMix
@@ -124,30 +130,15 @@ RECIPE = ["trainer.ema.decay=0.9", "trainer.mixup.mixup_alpha=0.2",
 
 @pytest.fixture(scope="module")
 def recipe_reference(tmp_path_factory):
-    root = tmp_path_factory.mktemp("recipe_reference")
-    refs = {}
-    for nproc in (1, 2):
-        run_dir = root / f"ranks{nproc}"
-        proc = run(train_cmd(*job(run_dir, *RECIPE), nproc=None if nproc == 1 else nproc))
-        assert proc.returncode == 0, output(proc)
-        refs[nproc] = run_dir
-    return refs
+    return uninterrupted(tmp_path_factory.mktemp("recipe_reference"), *RECIPE)
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_killed_then_resumed_with_ema_and_mixup_equals_uninterrupted(tmp_path, recipe_reference,
                                                                      rng, nproc):  # fmt: skip
-    step = kill_step(rng, "mid_epoch")
-    run_dir = tmp_path / "run"
-    launch = None if nproc == 1 else nproc
-    killed = run(train_cmd(*job(run_dir, *RECIPE), nproc=launch),
-                 HYDRA_DDP_FAULT=f"kill@{step}:{nproc - 1}")  # fmt: skip
-    assert killed.returncode != 0, f"step {step}: the kill did not happen\n{output(killed)}"
-    resumed = run(train_cmd(*job(run_dir, *RECIPE, "resume=auto"), nproc=launch))
-    assert resumed.returncode == 0, output(resumed)
-    assert "resumed from" in (run_dir / "train.log").read_text()
-    assert_same_run(run_dir, recipe_reference[nproc])
-    assert "val_ema/acc" in rows(run_dir)[-1]
+    kill_and_resume(tmp_path / "run", kill_step(rng, "mid_epoch"), nproc, *RECIPE)
+    assert_same_run(tmp_path / "run", recipe_reference[nproc])
+    assert "val_ema/acc" in rows(tmp_path / "run")[-1]
 
 
 def test_elastic_restart_after_a_killed_rank(tmp_path, reference, rng):
