@@ -4,6 +4,7 @@ defaults for every shipped dataset config."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -150,6 +151,28 @@ def test_a_recipe_the_fast_path_lacks_runs_on_dataloaders_and_says_so(digits, ca
     slow.train_sampler.set_epoch(0)
     x, y = next(iter(slow.train))
     assert x.shape == (8, 1, 8, 8) and x.dtype == torch.float32 and y.shape == (8,)
+
+
+@pytest.mark.parametrize("choice", CHOICES)
+def test_every_choice_augments_a_sample_alike_on_one_and_two_ranks(digits, choice):
+    """Step k's global batch holds the same augmented samples on 1 rank and on 2 (each path
+    seeds every draw by (seed, epoch, index)): the data is world-size invariant."""
+    splits = digits(f"augment={choice}", "augment.random_erasing=0.5")
+    for fast in (True, False) if choice in FAST else (False,):
+        def steps(world_size: int, rank: int, fast=fast) -> list[dict[int, torch.Tensor]]:
+            ld = build_loaders(splits, batch_size=16 // world_size, eval_batch_size=8,
+                               rank=rank, world_size=world_size, seed=0, fast=fast)  # fmt: skip
+            assert ld.fast == fast
+            ld.train_sampler.set_epoch(2)
+            indices = ld.step_indices()[:3]
+            batches = [x for x, _ in itertools.islice(ld.train, 3)]
+            return [dict(zip(i, x, strict=True)) for i, x in zip(indices, batches, strict=True)]
+
+        one, ranks = steps(1, 0), [steps(2, r) for r in (0, 1)]
+        for k, batch in enumerate(one):
+            both = {**ranks[0][k], **ranks[1][k]}
+            assert batch.keys() == both.keys()
+            assert all(torch.equal(batch[i], both[i]) for i in batch), (choice, fast, k)
 
 
 def test_fast_erasing_draws_like_v2_random_erasing():
