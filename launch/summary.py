@@ -505,7 +505,9 @@ class SweepSummaryCallback(Callback):
             )
             return None
         try:
-            print(f"\nSweep summary ({sweep_dir}, by {self.metric} {self.mode}):")
+            by = ("each job's monitored metric" if (self.metric, self.mode) == ("best", "auto")
+                  else f"{self.metric} {self.mode}")  # fmt: skip
+            print(f"\nSweep summary ({sweep_dir}, by {by}):")
             print(format_table(summary.rows), flush=True)
             log.info(
                 "sweep summary written%s: %s, %s, %s",
