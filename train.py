@@ -36,29 +36,34 @@ from components.distributed import (
     broadcast_weights,
     gather_floats,
     init_distributed,
+    rank0_decides,
     tighten_timeout,
     wrap_ddp,
 )
+from components.ema import build_ema
 from components.errors import UserError
 from components.evaluation import evaluate
 from components.metrics import LossWindow, RunLogger, run_facts
+from components.monitor import Monitor
 from components.optim import build_optimizer, lr_schedule
 from components.precision import grad_scaler, memory_format, precision_context
 from components.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
 from components.run_dir import process_age_s
-from components.speed import StepTimer, peak_flops, peak_memory_mb, train_flops_per_sample
+from components.speed import StepTimer, model_facts, peak_flops, peak_memory_mb
 from components.world import per_rank_batch, requested_world, started_as_rank, visible_gpus
 from data import DataSplits, Loaders, build_datasets, build_loaders, loader_options
+from data.mixing import BatchMix
+from data.transforms import build_recipe
 from models import build_model
 
 log = logging.getLogger("train")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
-def main(cfg: DictConfig) -> float:
-    """Hydra's task function; returns the best val/acc (what sweepers optimise; never test's).
-    A user error
-    propagates to whoever runs the task, which reports it once; preemption exits with 75."""
+def main(cfg: DictConfig) -> float | None:
+    """Hydra's task function; returns the monitored metric's best value (trainer.monitor: what
+    sweepers optimise; never a test metric). A user error propagates to whoever runs the task,
+    which reports it once; preemption exits with 75."""
     try:
         if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
             from launch.torchrun import run_in_torchrun
@@ -79,8 +84,7 @@ class Progress:
     epoch: int = 0  # the epoch in progress (or the next one to run)
     step: int = 0  # optimizer steps so far
     step_in_epoch: int = 0  # batches of `epoch` already trained: the sampler's position
-    best_val_acc: float = 0.0
-    best_epoch: int | None = None
+    best_val_acc: float = 0.0  # whatever the monitor is (result.json's best_val_acc)
     skipped_steps: int = 0  # non-finite updates skipped (trainer.nonfinite=skip)
     wandb_run_id: str | None = None
     wandb_group: str | None = None  # eval.py puts its W&B run in this group
@@ -94,7 +98,7 @@ class Progress:
             setattr(self, key, value)
 
 
-def train(cfg: DictConfig) -> float:
+def train(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     # `run`: rank 0's metrics.jsonl, W&B run and result.json, however the run ends. `env`: this
@@ -108,9 +112,10 @@ def train(cfg: DictConfig) -> float:
         micro_batch = per_rank_batch(tc.batch_size, env.world_size, tc.accumulate_grad_batches)
 
         # Data: a DistributedSampler gives each rank its own shard of every epoch; validation
-        # counts every sample exactly once across ranks. Test is only touched after training.
+        # counts every sample exactly once across ranks; test is only touched after training.
+        # Augmentation: the `augment` recipe (conf/augment/).
         splits = build_datasets(cfg.dataset, local_rank=env.local_rank, barrier=dist.barrier,
-                                seed=cfg.seed)  # fmt: skip
+                                seed=cfg.seed, augment=build_recipe(cfg.augment))  # fmt: skip
         loaders = build_loaders(
             splits,
             batch_size=micro_batch,
@@ -125,15 +130,22 @@ def train(cfg: DictConfig) -> float:
                 f"({len(splits.train)} samples): lower trainer.batch_size"
             )
 
-        # Model, optimizer, schedule; everything a resume needs is one TrainingState.
+        # Model, optimizer, schedule, EMA, monitor; everything a resume needs is one
+        # TrainingState.
         model = build_model(cfg.model, splits).to(env.device, memory_format=memory_format(tc))
-        optimizer = build_optimizer(cfg.optim, model)
+        size = model_facts(model, torch.zeros(1, splits.in_channels, splits.image_size,
+                                              splits.image_size, device=env.device))  # fmt: skip
+        optimizer = build_optimizer(cfg.optim, model, global_batch=tc.batch_size)
         scheduler = lr_schedule(optimizer, tc, steps_per_epoch)
         scaler = grad_scaler(tc.precision, env.device)
+        ema = build_ema(model, tc.ema)
+        monitor = Monitor(tc.monitor.metric, tc.monitor.mode, tc.early_stopping.patience,
+                          tc.early_stopping.min_delta)  # fmt: skip
         progress, window = Progress(), LossWindow(env.device)
         state = TrainingState(
             shared={"model": model, "optimizer": optimizer, "scheduler": scheduler,
-                    "scaler": scaler, "progress": progress},  # fmt: skip
+                    "scaler": scaler, "progress": progress, "monitor": monitor,
+                    **({"ema": ema} if ema is not None else {})},  # fmt: skip
             per_rank={"loss_window": window},
         )
         checkpoints = Checkpointer(run_dir, rank=env.rank, world_size=env.world_size,
@@ -147,15 +159,26 @@ def train(cfg: DictConfig) -> float:
         ddp_model = wrap_ddp(torch.compile(model) if tc.compile else model, cfg.dist, env)
 
         facts = run_facts(env.world_size, micro_batch * tc.accumulate_grad_batches, env.device)
-        progress.wandb_run_id = run.open(cfg, facts, resuming=resumed is not None,
+        progress.wandb_run_id = run.open(cfg, {**facts, **size}, resuming=resumed is not None,
                                          wandb_run_id=progress.wandb_run_id)  # fmt: skip
         progress.wandb_group, progress.wandb_name = run.wandb_group_name
+        run.result.monitor, run.result.mode = monitor.metric, monitor.mode
+        run.result.params, run.result.flops_per_sample = size["params"], size["flops_per_sample"]
         stop = StopRequest(tc.preemption_check_every_n_steps, cpu_group(env.backend))
-        step = TrainStep(ddp_model, optimizer, scheduler, scaler, env, tc)
+        mix = BatchMix(tc.mixup, splits.num_classes, cfg.seed)
+        step = TrainStep(ddp_model, model, optimizer, scheduler, scaler, env, tc, mix, ema)
         speed = Speed(env, tc, samples_per_step=micro_batch * tc.accumulate_grad_batches
-                      * env.world_size)  # fmt: skip
+                      * env.world_size, flops_per_sample=3 * size["flops_per_sample"])  # fmt: skip
         try:
             for epoch in range(progress.epoch, tc.max_epochs):
+                # Early stopping: rank 0 decides, every rank follows (also after a resume).
+                if rank0_decides(monitor.should_stop, env.device):
+                    log.info("early stopping before epoch %d: %s has not improved by more than "
+                             "%g for %d epochs (best %.4f at epoch %s)", epoch + 1, monitor.metric,
+                             monitor.min_delta, monitor.stale, monitor.best,
+                             monitor.best_epoch)  # fmt: skip
+                    run.result.stopped_early = True
+                    break
                 progress.epoch = epoch
                 # Every rank reshuffles the same way each epoch (and skips what a resumed
                 # checkpoint already trained).
@@ -167,16 +190,16 @@ def train(cfg: DictConfig) -> float:
                 bar = progress_bar(env, tc, steps_per_epoch, progress)
                 while progress.step_in_epoch < steps_per_epoch:
                     with speed.step(env):
-                        loss = step(batches, progress, speed)
-                    if loss is None:
+                        result = step(batches, progress, speed)
+                    if result is None:
                         progress.skipped_steps += 1
                     else:
-                        window.add(loss)
+                        window.add(*result)
                     progress.step += 1
                     progress.step_in_epoch += 1
                     bar.update(1)
                     if progress.step % tc.log_every_n_steps == 0:
-                        run.log(train_row(progress, window, scheduler, env, tc, speed))
+                        run.log(train_row(progress, window, step, env, tc, speed))
                     if stop.agreed(progress.step):
                         checkpoints.save(state, step=progress.step, is_best=False)
                         raise Preempted(f"preempted at step {progress.step}: checkpoint saved; "
@@ -189,78 +212,103 @@ def train(cfg: DictConfig) -> float:
 
                 with precision_context(tc.precision, env.device):
                     metrics = evaluate(model, loaders.val, env.device, tc, splits.num_classes)
+                    ema_metrics = (evaluate(ema.module, loaders.val, env.device, tc,
+                                            splits.num_classes)
+                                   if ema is not None and tc.ema.evaluate else None)  # fmt: skip
                 metrics.all_reduce()  # every rank's sums and counts: each val sample once
                 val = metrics.result().scalars("val")
+                if ema_metrics is not None:
+                    ema_metrics.all_reduce()
+                    val |= {k: v for k, v in ema_metrics.result().scalars("val_ema").items()
+                            if not k.endswith("/count")}  # fmt: skip
                 progress.epoch, progress.step_in_epoch = epoch + 1, 0
                 run.log({"step": progress.step, "epoch": epoch + 1, **val})
                 log.info("epoch %d/%d step %d val/loss %.4f val/acc %.4f", epoch + 1,
                          tc.max_epochs, progress.step, val["val/loss"], val["val/acc"])  # fmt: skip
-                is_best = val["val/acc"] > progress.best_val_acc
-                if is_best:
-                    progress.best_val_acc, progress.best_epoch = val["val/acc"], epoch + 1
+                progress.best_val_acc = max(progress.best_val_acc, val["val/acc"])
+                # best.pt: the best epoch by the monitored metric (identical on every rank).
+                is_best = monitor.update(epoch + 1, val)
                 # Rank 0 writes the checkpoint; every rank adds its own state and waits.
                 checkpoints.save(state, step=progress.step, is_best=is_best)
-                run.record_epoch(epoch + 1, val, best=progress.best_val_acc,
-                                 best_epoch=progress.best_epoch)  # fmt: skip
+                run.record_epoch(epoch + 1, val, best=monitor.best, best_epoch=monitor.best_epoch,
+                                 best_val_acc=progress.best_val_acc)  # fmt: skip
             run.result.time_to_first_step_s = speed.first_step_s
             run.result.peak_memory_mb_per_rank = gather_floats(peak_memory_mb(env.device))
-            if tc.test_after_fit and progress.best_epoch is not None:
+            if tc.test_after_fit and monitor.best_epoch is not None:
                 run.result.test = test_best(model, checkpoints, splits, loaders, env, tc)
                 if run.result.test:
                     run.log({"step": progress.step, "epoch": progress.epoch,
-                             "best_epoch": progress.best_epoch, **run.result.test})  # fmt: skip
-            return progress.best_val_acc
+                             "best_epoch": monitor.best_epoch, **run.result.test})  # fmt: skip
+            return monitor.best
         finally:
             stop.restore_default_handlers()
             run.result.samples_per_s = speed.mean_rate()
 
 
 class TrainStep:
-    """One optimizer step: `accumulate_grad_batches` micro-batches, of which DDP all-reduces
-    the gradients during the last one's backward only (no_sync before); then clip, update and
-    advance the schedule."""
+    """One optimizer step: `accumulate_grad_batches` micro-batches (each mixed by `mix` where
+    trainer.mixup asks), of which DDP all-reduces the gradients during the last one's backward
+    only (no_sync before); then clip, update, advance the schedule and fold the weights into
+    the EMA. `grad_norm`: the step's gradient norm (computed on log steps and when clipping)."""
 
-    def __init__(self, ddp_model, optimizer, scheduler, scaler, env: DistEnv, tc: DictConfig):
-        self.model, self.optimizer, self.scheduler, self.scaler = (
-            ddp_model, optimizer, scheduler, scaler)  # fmt: skip
-        self.env, self.tc = env, tc
+    def __init__(self, ddp_model, model, optimizer, scheduler, scaler, env: DistEnv,
+                 tc: DictConfig, mix: BatchMix, ema=None):  # fmt: skip
+        self.model, self.plain_model = ddp_model, model
+        self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
+        self.env, self.tc, self.mix, self.ema = env, tc, mix, ema
         self.autocast = precision_context(tc.precision, env.device)
+        self.grad_norm: torch.Tensor | None = None
 
-    def __call__(self, batches, progress: Progress, speed: "Speed") -> torch.Tensor | None:
-        """The step's mean loss (on the device), or None when trainer.nonfinite=skip skipped it."""
+    def __call__(self, batches, progress: Progress, speed: "Speed"):
+        """The step's (mean loss, correct predictions, samples) on the device (correct None
+        with soft, mixed labels), or None when trainer.nonfinite=skip skipped it."""
         env, tc, device = self.env, self.tc, self.env.device
         accumulate = tc.accumulate_grad_batches
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=device)
+        correct = None if self.mix.enabled else torch.zeros((), device=device)
+        samples = 0
         for micro in range(accumulate):
             with speed.timer.waiting_for_data():
                 x, y = next(batches)
             x = x.to(device, non_blocking=True, memory_format=memory_format(tc))
             y = y.to(device, non_blocking=True)
+            # MixUp/CutMix seeded by (seed, epoch, batch index): the same on resume.
+            x, y = self.mix(x, y, progress.epoch, progress.step_in_epoch * accumulate + micro)
             last = micro == accumulate - 1
             with nullcontext() if last or not env.is_distributed else self.model.no_sync():
                 with self.autocast:
-                    loss = F.cross_entropy(self.model(x), y)
+                    logits = self.model(x)
+                    loss = F.cross_entropy(logits, y, label_smoothing=tc.label_smoothing)
                 loss = faults.inject(progress.step + 1, env.rank, loss)
                 # On CPU this check is free; on GPU it waits for the log step (no host sync).
                 if tc.nonfinite == "error" and device.type == "cpu" and not torch.isfinite(loss):
                     raise non_finite(loss.item(), progress.step + 1, progress.epoch, env.rank)
                 self.scaler.scale(loss / accumulate).backward()
             step_loss += loss.detach() / accumulate
-        if speed.flops_per_sample is None and device.type == "cuda":
-            plain = getattr(self.model, "module", self.model)
-            speed.flops_per_sample = train_flops_per_sample(plain, x)
-        updated = self.optimizer_step()
+            if correct is not None:
+                correct += (logits.detach().argmax(1) == y).sum()
+                samples += len(y)
+        updated = self.optimizer_step(log_step=(progress.step + 1) % tc.log_every_n_steps == 0)
         self.scheduler.step()
-        return step_loss if updated else None
+        if not updated:
+            return None
+        if self.ema is not None:
+            self.ema.maybe_update(self.plain_model, progress.step + 1)
+        return step_loss, correct, samples
 
-    def optimizer_step(self) -> bool:
+    def optimizer_step(self, log_step: bool) -> bool:
         """Unscale (fp16), clip, step. False when `trainer.nonfinite=skip` skipped the update:
         the gradients are all-reduced, so every rank sees the same norm and skips the same step."""
         tc, scaler, optimizer = self.tc, self.scaler, self.optimizer
-        if tc.grad_clip or tc.nonfinite == "skip":
+        self.grad_norm = None
+        if tc.grad_clip or tc.nonfinite == "skip" or log_step:
             scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip or math.inf)
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            if tc.grad_clip:
+                torch.nn.utils.clip_grads_with_norm_(params, tc.grad_clip, norm)
+            self.grad_norm = norm
             if tc.nonfinite == "skip" and not torch.isfinite(norm):
                 scaler.update()
                 return False
@@ -271,14 +319,15 @@ class TrainStep:
 
 class Speed:
     """The loop's throughput: a step timer, the rate of each logged window, the first step's
-    time since process start, and FLOPs per sample for MFU (on GPU)."""
+    time since process start, and train FLOPs per sample for MFU (on GPU)."""
 
-    def __init__(self, env: DistEnv, tc: DictConfig, samples_per_step: int):
+    def __init__(self, env: DistEnv, tc: DictConfig, samples_per_step: int,
+                 flops_per_sample: float | None = None):  # fmt: skip
         self.timer = StepTimer()
         self.samples_per_step = samples_per_step
         self.rates: list[float] = []
         self.first_step_s: float | None = None
-        self.flops_per_sample: float | None = None
+        self.flops_per_sample = flops_per_sample  # of a train step (forward + backward)
         self.peak_flops = peak_flops(env.device, tc.precision)
 
     @contextmanager
@@ -301,17 +350,21 @@ class Speed:
         return sum(self.rates) / len(self.rates) if self.rates else None
 
 
-def train_row(progress: Progress, window: LossWindow, scheduler, env: DistEnv, tc,
+def train_row(progress: Progress, window: LossWindow, step: TrainStep, env: DistEnv, tc,
               speed: Speed) -> dict:  # fmt: skip
     """metrics.jsonl's row for the window since the last one (one all-reduce: the mean loss
-    over ranks)."""
-    mean_loss = window.mean_over_ranks()
+    and accuracy over ranks; no train/acc when mixup/cutmix make the labels soft)."""
+    mean_loss, accuracy = window.mean_over_ranks()
     if tc.nonfinite == "error" and not math.isfinite(mean_loss):
         raise non_finite(mean_loss, progress.step, progress.epoch, env.rank)
     rate, step_ms, wait_pct = speed.window()
     row = {"step": progress.step, "epoch": progress.epoch + 1, "train/loss": mean_loss,
-           "lr": scheduler.get_last_lr()[0], "samples_per_s": rate, "step_time_ms": step_ms,
+           "lr": step.scheduler.get_last_lr()[0], "samples_per_s": rate, "step_time_ms": step_ms,
            "data_wait_pct": wait_pct, "peak_mem_mb": peak_memory_mb(env.device)}  # fmt: skip
+    if accuracy is not None:
+        row["train/acc"] = accuracy
+    if step.grad_norm is not None:
+        row["grad_norm"] = step.grad_norm.item()  # of the window's last step, before clipping
     if speed.flops_per_sample and speed.peak_flops:
         row["mfu"] = speed.flops_per_sample * rate / (speed.peak_flops * env.world_size)
     if progress.skipped_steps:

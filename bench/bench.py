@@ -180,6 +180,10 @@ def train_overrides(s: Setup, run_dir: Path) -> list[str]:
     return [
         *data,
         "optim=sgd",
+        # the reference's plain SGD: the lr as given, one parameter group, no warm-up
+        "optim.lr_scaling=none",
+        "optim.decay_norm_and_bias=true",
+        "trainer.warmup_epochs=0",
         f"trainer.batch_size={spec.global_batch}",
         "trainer.max_epochs=1",
         "trainer.test_after_fit=false",  # training throughput only

@@ -37,7 +37,7 @@ from bench.bench import RESULT_TAG, WORKLOADS, process_age
 # (tests/test_bench.py checks that they agree).
 FAKE_NORM = ((0.5, 0.5, 0.5), (0.29, 0.29, 0.29))
 MNIST_NORM = ((0.1307,), (0.3081,))
-MNIST_PADDING = 2  # data.transforms.crop_flip_recipe("mnist", 28, augment=True)
+MNIST_PADDING = 3  # conf/dataset/mnist.yaml's augment=shift: 28 // 8
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4  # conf/optim/sgd.yaml
 
 
@@ -47,7 +47,7 @@ def build_dataset(workload: str, size: int, data_root: str | None):
         tf = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                          v2.Normalize(mean, std)])  # fmt: skip
         return torchvision.datasets.FakeData(size, (3, 32, 32), 10, transform=tf)
-    mean, std = MNIST_NORM  # conf/dataset/mnist.yaml: augment=true (random 28px crop, padding 2)
+    mean, std = MNIST_NORM  # conf/dataset/mnist.yaml: augment=shift (random 28px crop, padding 3)
     tf = v2.Compose([v2.RandomCrop(28, padding=MNIST_PADDING), v2.ToImage(),
                      v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])  # fmt: skip
     return torchvision.datasets.MNIST(data_root, train=True, transform=tf)

@@ -172,3 +172,11 @@ def wrap_ddp(model, dist_cfg, env: DistEnv):
         static_graph=dist_cfg.static_graph,
         bucket_cap_mb=dist_cfg.bucket_cap_mb,
     )
+
+
+def rank0_decides(flag: bool, device: torch.device) -> bool:
+    """Rank 0's `flag`, on every rank (a broadcast): a decision all ranks must take together,
+    e.g. to stop early, even should their own views ever differ."""
+    tensor = torch.tensor([int(flag)], device=device)
+    dist.broadcast(tensor, src=0)
+    return bool(tensor.item())

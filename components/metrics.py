@@ -192,31 +192,45 @@ def ending(error: BaseException | None) -> tuple[str, str | None]:
 
 
 class LossWindow:
-    """This rank's train loss since the last logged row, summed on the device (no host sync
-    per step). Saved per rank in checkpoints, so a resume continues the window exactly."""
+    """This rank's train loss (and, for hard labels, its correct predictions) since the last
+    logged row, summed on the device (no host sync per step). Saved per rank in checkpoints,
+    so a resume continues the window exactly."""
 
     def __init__(self, device: torch.device):
         self.sum = torch.zeros((), device=device)
         self.count = 0
+        self.correct = torch.zeros((), device=device)
+        self.samples = 0  # samples counted in `correct`
 
-    def add(self, loss: torch.Tensor) -> None:
+    def add(self, loss: torch.Tensor, correct: torch.Tensor | None = None, samples: int = 0):
         self.sum += loss
         self.count += 1
+        if correct is not None:
+            self.correct += correct
+            self.samples += samples
 
-    def mean_over_ranks(self) -> float:
-        """The window's mean loss over every rank (one all-reduce), then start a new window."""
-        totals = torch.stack([self.sum, torch.tensor(float(self.count), device=self.sum.device)])
+    def mean_over_ranks(self) -> tuple[float, float | None]:
+        """The window's mean loss and accuracy (None: no hard-label samples, e.g. with mixup)
+        over every rank (one all-reduce), then start a new window."""
+        totals = torch.stack([self.sum, torch.tensor(float(self.count), device=self.sum.device),
+                              self.correct, torch.tensor(float(self.samples),
+                                                         device=self.sum.device)])  # fmt: skip
         dist.all_reduce(totals)  # SUM (gloo has no AVG)
         self.sum.zero_()
-        self.count = 0
-        return (totals[0] / totals[1].clamp(min=1)).item()
+        self.correct.zero_()
+        self.count = self.samples = 0
+        loss_sum, count, correct, samples = totals.tolist()
+        return loss_sum / max(count, 1), (correct / samples if samples else None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sum": float(self.sum), "count": self.count}
+        return {"sum": float(self.sum), "count": self.count, "correct": float(self.correct),
+                "samples": self.samples}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sum.fill_(state["sum"])
         self.count = int(state["count"])
+        self.correct.fill_(state.get("correct", 0.0))
+        self.samples = int(state.get("samples", 0))
 
 
 class RunLogger:
@@ -252,14 +266,14 @@ class RunLogger:
             self._finish_wandb(self.result.status)
         return False  # the error goes on to whoever reports it
 
-    def record_epoch(
-        self, epoch: int, val: dict[str, Any], *, best: float, best_epoch: int | None
-    ) -> None:
-        """result.json's view of the epoch just validated (written at the end of the run)."""
+    def record_epoch(self, epoch: int, val: dict[str, Any], *, best: float | None,
+                     best_epoch: int | None, best_val_acc: float | None) -> None:  # fmt: skip
+        """result.json's view of the epoch just validated (written at the end of the run):
+        `best` is the monitored metric's best value (result.monitor, result.mode)."""
         r = self.result
         r.epochs, r.final = epoch, {"epoch": epoch, **val}
         r.final_val_acc, r.final_val_loss = val.get("val/acc"), val.get("val/loss")
-        r.best = r.best_val_acc = best
+        r.best, r.best_val_acc = best, best_val_acc
         r.best_epoch = best_epoch
         r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if best_epoch is not None else None
 
@@ -317,10 +331,14 @@ class RunLogger:
                                 name=who.name, run_id=None if agent else run_id,
                                 agent=agent)  # fmt: skip
         if self.wandb is not None:
-            # Val metrics are plotted per epoch; val/acc's run summary is its best value.
+            # Val metrics are plotted per epoch; the summary of val/acc and of the monitored
+            # metric is its best value.
             self.wandb.define_metric("epoch")
-            self.wandb.define_metric("val/*", step_metric="epoch")
+            for prefix in ("val/*", "val_ema/*"):
+                self.wandb.define_metric(prefix, step_metric="epoch")
             self.wandb.define_metric("val/acc", step_metric="epoch", summary="max")
+            monitor = cfg.trainer.monitor
+            self.wandb.define_metric(monitor.metric, step_metric="epoch", summary=monitor.mode)
 
     @property
     def wandb_group_name(self) -> tuple[str | None, str | None]:

@@ -1,32 +1,82 @@
-"""Optimizer and learning-rate schedule, from the `optim` and `trainer` configs."""
+"""Optimizer and learning-rate schedule, from the `optim` and `trainer` configs.
+
+The optimizer is any torch.optim class (conf/optim/*.yaml, a partial over parameter groups);
+three recipe keys are read here and never reach it: `lr_scaling` + `base_batch_size` (the lr
+is given at the base batch and scaled to the global batch, timm's --lr-base/--lr-base-size/
+--lr-base-scale) and `decay_norm_and_bias` (false: no weight decay on parameters with
+ndim <= 1, i.e. norm weights and biases, as timm's default).
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from components.errors import UserError, one_line
 
+log = logging.getLogger(__name__)
+
 SCHEDULES = ("cosine", "constant")
+SCALINGS = ("none", "linear", "sqrt")
+RECIPE_KEYS = ("lr_scaling", "base_batch_size", "decay_norm_and_bias")
 
 
-def build_optimizer(optim_cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """`optim` is a partial over the parameters (conf/optim/*.yaml); torch's own argument checks
-    (a negative lr, betas out of range) become one-line errors naming the key."""
+def scaled_lr(lr: float, scaling: str, global_batch: int, base_batch: int) -> float:
+    """`lr` given at `base_batch`, for `global_batch`: x ratio (linear), x sqrt(ratio), or as is."""
+    if scaling not in SCALINGS:
+        raise UserError(f"optim.lr_scaling={scaling} is not valid: use none, linear or sqrt")
+    if base_batch < 1:
+        raise UserError(f"optim.base_batch_size={base_batch} must be >= 1")
+    ratio = global_batch / base_batch
+    return lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[scaling]
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, decay_norm_and_bias: bool):
+    """The trainable parameters, as one group, or two: with weight decay, and without it for
+    every parameter with ndim <= 1 (norm weights, biases) unless `decay_norm_and_bias`."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if decay_norm_and_bias or not weight_decay:
+        return params
+    decay = [p for p in params if p.ndim > 1]
+    no_decay = [p for p in params if p.ndim <= 1]
+    return [group for group in ({"params": decay}, {"params": no_decay, "weight_decay": 0.0})
+            if group["params"]]  # fmt: skip
+
+
+def build_optimizer(optim_cfg, model: torch.nn.Module, global_batch: int) -> torch.optim.Optimizer:
+    """`optim` is a partial over the parameter groups (conf/optim/*.yaml); torch's own argument
+    checks (a negative lr, betas out of range) become one-line errors naming the key."""
+    cfg = OmegaConf.to_container(optim_cfg, resolve=True)
+    recipe = {key: cfg.pop(key) for key in RECIPE_KEYS if key in cfg}
+    scaling = recipe.get("lr_scaling", "none")
+    base = int(recipe.get("base_batch_size", global_batch))
+    lr = scaled_lr(float(cfg["lr"]), scaling, global_batch, base)
+    if scaling != "none":
+        log.info("lr %.4g: optim.lr=%g at optim.base_batch_size=%d, %s-scaled to the global "
+                 "batch %d", lr, cfg["lr"], base, scaling, global_batch)  # fmt: skip
+    groups = param_groups(model, cfg.get("weight_decay", 0.0),
+                          recipe.get("decay_norm_and_bias", True))  # fmt: skip
     try:
-        return instantiate(optim_cfg)(model.parameters())
+        # _convert_: plain lists (betas), never ListConfig: checkpoints load weights_only.
+        return instantiate({**cfg, "lr": lr, "_convert_": "all"})(groups)
     except (ValueError, TypeError) as e:
-        raise UserError(f"optimizer {optim_cfg._target_}: {one_line(e)}: fix optim.*") from None
+        scaled = f" ({scaling}-scaled from optim.lr={cfg['lr']})" if lr != cfg["lr"] else ""
+        raise UserError(f"optimizer {optim_cfg._target_}: {one_line(e)}{scaled}: "
+                        "fix optim.*") from None  # fmt: skip
 
 
 def lr_schedule(optimizer, trainer_cfg, steps_per_epoch: int):
     """Linear warm-up, then cosine decay to 0 (or constant), stepped once per optimizer step."""
     total = max(1, steps_per_epoch * trainer_cfg.max_epochs)
-    warmup = int(trainer_cfg.warmup_epochs * steps_per_epoch)
+    warmup = min(int(trainer_cfg.warmup_epochs * steps_per_epoch), total)
     if trainer_cfg.lr_schedule not in SCHEDULES:
         raise UserError(f"trainer.lr_schedule={trainer_cfg.lr_schedule}: use cosine or constant")
+    if trainer_cfg.warmup_epochs < 0:
+        raise UserError(f"trainer.warmup_epochs={trainer_cfg.warmup_epochs} must be >= 0")
 
     def factor(step: int) -> float:
         if step < warmup:

@@ -59,6 +59,9 @@ class RunResult:
     final: dict[str, float] = field(default_factory=dict)  # the last epoch's val/* metrics
     test: dict[str, float] = field(default_factory=dict)  # test/* of the best checkpoint
     epochs: int | None = None  # epochs completed
+    stopped_early: bool | None = None  # true: trainer.early_stopping ended the run
+    params: int | None = None  # the model's parameters (trainable ones)
+    flops_per_sample: float | None = None  # forward FLOPs of one sample (torch flop counter)
     wandb_run_id: str | None = None
     # val/acc's best and the last epoch's val/acc and val/loss, whatever the monitor is
     best_val_acc: float | None = None

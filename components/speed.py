@@ -40,8 +40,8 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return None
 
 
-def train_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> float:
-    """Forward FLOPs of one sample (torch.utils.flop_counter), times 3 for forward + backward.
+def forward_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> float:
+    """Forward FLOPs of one sample (torch.utils.flop_counter; a train step is about 3x that).
 
     Counted in eval mode without gradients, so BN statistics and RNG are left untouched.
     """
@@ -54,7 +54,13 @@ def train_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> float:
             model(x[:1])
     finally:
         model.train(was_training)
-    return 3.0 * counter.get_total_flops()
+    return float(counter.get_total_flops())
+
+
+def model_facts(model: torch.nn.Module, sample: torch.Tensor) -> dict[str, float | int]:
+    """Trainable parameters and forward FLOPs per sample (`sample`: one input batch)."""
+    return {"params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "flops_per_sample": forward_flops_per_sample(model, sample)}  # fmt: skip
 
 
 def peak_memory_mb(device: torch.device) -> float:

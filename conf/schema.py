@@ -54,7 +54,6 @@ class TorchvisionDatasetConfig(DatasetConfig):
 
     root: str = "${oc.env:HYDRA_DDP_DATA,data_cache}"
     download: bool = False
-    augment: bool = True
     val_fraction: float = 0.1  # of the training set, stratified by class, fixed seed
 
 
@@ -64,7 +63,6 @@ class ImageFolderDatasetConfig(DatasetConfig):
 
     root: str = MISSING
     download: bool = False  # never possible; kept so that asking for it names the fix
-    augment: bool = True
     image_size: int = 224
     val_fraction: float = 0.1  # carved from train where the set has no val split of its own
 
@@ -73,7 +71,6 @@ class ImageFolderDatasetConfig(DatasetConfig):
 class DigitsDatasetConfig(DatasetConfig):
     """scikit-learn's digits (data/catalog.py), partitioned into train/val/test."""
 
-    augment: bool = False
     val_fraction: float = 0.1  # of all 1797 scans, stratified by class, fixed seed
     test_fraction: float = 0.1
 
@@ -85,7 +82,44 @@ class FakeDatasetConfig(DatasetConfig):
     size: int = 1000
     image_size: int = 32
     num_classes: int = 10
-    augment: bool = False
+
+
+@dataclass
+class AugmentConfig:
+    """A train augmentation recipe (data/transforms.py Recipe), built by instantiate. Order:
+    crop -> flip -> policy -> transforms -> normalise -> random erasing. Each dataset config
+    picks a default choice (conf/dataset/*.yaml); `augment=<choice>` overrides it."""
+
+    _target_: str = "data.transforms.Recipe"
+    _convert_: str = "all"
+    crop: str = "none"  # none | pad (padded random crop) | resized (RandomResizedCrop)
+    padding: int | None = None  # pad: pixels on every side; null: image side // 8 (>= 1)
+    scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # resized: area fraction
+    ratio: list[float] = field(default_factory=lambda: [0.75, 4 / 3])  # resized: aspect
+    flip: bool = False  # horizontal flip with probability 1/2
+    policy: Any = None  # an automatic policy: a v2 transform config (schema/augment/policy)
+    transforms: list[Any] = field(default_factory=list)  # your own v2 transforms (_target_)
+    random_erasing: float = 0.0  # probability of v2.RandomErasing (timm's --reprob)
+
+
+@dataclass
+class TrivialAugmentConfig:
+    _target_: str = "torchvision.transforms.v2.TrivialAugmentWide"
+    num_magnitude_bins: int = 31
+
+
+@dataclass
+class RandAugmentConfig:
+    _target_: str = "torchvision.transforms.v2.RandAugment"
+    num_ops: int = 2
+    magnitude: int = 9  # of num_magnitude_bins (timm's rand-m9)
+    num_magnitude_bins: int = 31
+
+
+@dataclass
+class AutoAugmentConfig:
+    _target_: str = "data.transforms.auto_augment"
+    policy: str = "imagenet"  # imagenet | cifar10 | svhn
 
 
 @dataclass
@@ -110,12 +144,21 @@ class DistConfig:
 
 @dataclass
 class OptimConfig:
-    """Optimizer (instantiated as a partial over the parameters) and LR schedule."""
+    """A torch.optim optimizer (instantiated as a partial over parameter groups) plus the
+    recipe keys components/optim.py reads itself (lr_scaling, base_batch_size,
+    decay_norm_and_bias); every other key is the optimizer's own argument."""
 
     _target_: str = MISSING
     _partial_: bool = True
-    lr: float = 0.1
+    lr: float = 0.1  # at base_batch_size; scaled to the global batch by lr_scaling
     weight_decay: float = 0.0
+    # The lr used is lr x (trainer.batch_size / base_batch_size) (linear), its square root
+    # (sqrt), or lr as given (none).
+    lr_scaling: str = "linear"
+    base_batch_size: int = 256
+    # false: no weight decay on norm weights and biases (every parameter with ndim <= 1), as
+    # timm does; true: weight decay on every parameter.
+    decay_norm_and_bias: bool = False
 
 
 @dataclass
@@ -131,6 +174,65 @@ class AdamWConfig(OptimConfig):
     lr: float = 1e-3
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+
+
+@dataclass
+class NAdamConfig(AdamWConfig):
+    """NAdam; decoupled_weight_decay=true is NAdamW."""
+
+    _target_: str = "torch.optim.NAdam"
+    lr: float = 2e-3
+    momentum_decay: float = 4e-3
+    decoupled_weight_decay: bool = True
+
+
+@dataclass
+class AdafactorConfig(OptimConfig):
+    """Adafactor: factored second moments (memory ~ rows + columns per matrix)."""
+
+    _target_: str = "torch.optim.Adafactor"
+    lr: float = 1e-2
+    weight_decay: float = 0.0
+    beta2_decay: float = -0.8
+    d: float = 1.0  # update clipping threshold
+
+
+@dataclass
+class MixupConfig:
+    """Batch-level MixUp / CutMix (torchvision.transforms.v2), soft targets; both alphas 0: off."""
+
+    mixup_alpha: float = 0.0  # Beta(alpha, alpha) mixing weight; 0: no MixUp
+    cutmix_alpha: float = 0.0  # 0: no CutMix
+    prob: float = 1.0  # probability that a batch is mixed at all
+    switch_prob: float = 0.5  # with both alphas > 0: probability of CutMix instead of MixUp
+
+
+@dataclass
+class EmaConfig:
+    """Exponential moving average of the weights (torch.optim.swa_utils.AveragedModel)."""
+
+    decay: float | None = None  # e.g. 0.999; null: off
+    every_n_steps: int = 1  # update the average every N optimizer steps
+    evaluate: bool = True  # also validate the EMA weights each epoch (val_ema/* metrics)
+
+
+@dataclass
+class MonitorConfig:
+    """The metric that picks best.pt, the value returned to sweepers and the sweep summary's
+    ranking: any validation metric (val/acc, val/loss, val_ema/acc, ...)."""
+
+    metric: str = "val/acc"
+    mode: str = "max"  # max: higher is better | min: lower is better
+
+
+@dataclass
+class EarlyStoppingConfig:
+    """Stop when the monitored metric has not improved by more than min_delta for `patience`
+    validations in a row; rank 0's decision is broadcast, so every rank stops together."""
+
+    patience: int | None = None  # null: off
+    min_delta: float = 0.0
 
 
 @dataclass
@@ -148,7 +250,12 @@ class TrainerConfig:
     channels_last: bool = False
     compile: bool = False  # torch.compile the model (before the DDP wrap)
     lr_schedule: str = "cosine"  # cosine | constant, stepped per optimizer step
-    warmup_epochs: float = 0.0
+    warmup_epochs: float = 1.0  # linear warm-up from ~0 to the lr, then the schedule
+    label_smoothing: float = 0.0  # of the train loss (F.cross_entropy's label_smoothing)
+    mixup: MixupConfig = field(default_factory=MixupConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     progress_bar: bool = True  # rank 0 only, and only when stdout is a TTY
     # Checkpoint every N optimizer steps (null: at each epoch end only, which always happens).
     checkpoint_every_n_steps: int | None = None
@@ -189,6 +296,9 @@ class WandbConfig:
 class TrainConfig:
     model: Any = MISSING
     dataset: Any = MISSING  # typed by each choice's own schema (a user's may have none)
+    # Chosen by each dataset config's defaults list (`- /augment@_global_.augment: <choice>`);
+    # `augment=<choice>` overrides it. A dataset config without one: no augmentation.
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     optim: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -236,9 +346,15 @@ def register_configs() -> None:
         ("dataset", "image_folder", ImageFolderDatasetConfig),
         ("dataset", "digits", DigitsDatasetConfig),
         ("dataset", "fake", FakeDatasetConfig),
+        ("augment", "augment", AugmentConfig),
+        ("augment/policy", "trivial_augment", TrivialAugmentConfig),
+        ("augment/policy", "rand_augment", RandAugmentConfig),
+        ("augment/policy", "auto_augment", AutoAugmentConfig),
         ("dist", "dist", DistConfig),
         ("optim", "sgd", SGDConfig),
         ("optim", "adamw", AdamWConfig),
+        ("optim", "nadam", NAdamConfig),
+        ("optim", "adafactor", AdafactorConfig),
         ("trainer", "trainer", TrainerConfig),
         ("wandb", "wandb", WandbConfig),
     ):

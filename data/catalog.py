@@ -20,7 +20,7 @@ from torchvision import datasets as tvd
 from components.errors import UserError
 from data.datasets import DataSource, FastPath, carve_val, holdout_size, stratified_holdout
 from data.digits import Digits
-from data.transforms import NORMALIZATION, crop_flip_recipe, train_transform, val_transform
+from data.transforms import NORMALIZATION, Recipe, train_transform, val_transform
 
 DOWNLOAD_FIX = "set dataset.download=true or point dataset.root at a copy"
 IMAGENET_FIX = (
@@ -74,14 +74,14 @@ def _check_size(image_size: int) -> int:
     return int(image_size)
 
 
-def _transforms(name: str, image_size: int, augment: bool) -> dict:
+def _transforms(name: str, image_size: int, augment: Recipe | None) -> dict:
     return {"train_transform": train_transform(name, image_size, augment),
             "eval_transform": val_transform(name, image_size)}  # fmt: skip
 
 
-def _in_memory(name: str, image_size: int, augment: bool) -> FastPath:
+def _in_memory(name: str, augment: Recipe | None) -> FastPath:
     mean, std = NORMALIZATION[name]
-    return FastPath(mean, std, crop_flip_recipe(name, image_size, augment))
+    return FastPath(mean, std, augment or Recipe())
 
 
 # --- fixed-size sets held in memory ---------------------------------------------------------
@@ -90,7 +90,7 @@ def _in_memory(name: str, image_size: int, augment: bool) -> FastPath:
 def _train_test_set(name: str, cls: type, in_channels: int, image_size: int) -> Callable:
     """A target for a torchvision class with train=True/False files: val carved from train."""
 
-    def load(root: str, download: bool = False, augment: bool = True,
+    def load(root: str, download: bool = False, augment: Recipe | None = None,
              val_fraction: float = 0.1) -> DataSource:  # fmt: skip
         root = _root(root)
         with reading(name, root, download):
@@ -100,7 +100,7 @@ def _train_test_set(name: str, cls: type, in_channels: int, image_size: int) -> 
         train, val = carve_val(train, val_fraction)
         return DataSource(train, val, test, num_classes=len(classes), in_channels=in_channels,
                           image_size=image_size, classes=classes,
-                          fast=_in_memory(name, image_size, augment),
+                          fast=_in_memory(name, augment),
                           **_transforms(name, image_size, augment))  # fmt: skip
 
     load.__name__ = load.__qualname__ = name
@@ -115,7 +115,7 @@ cifar100 = _train_test_set("cifar100", tvd.CIFAR100, in_channels=3, image_size=3
 
 
 def digits(val_fraction: float = 0.1, test_fraction: float = 0.1,
-           augment: bool = False) -> DataSource:  # fmt: skip
+           augment: Recipe | None = None) -> DataSource:  # fmt: skip
     """scikit-learn's 1797 8x8 scans, partitioned by class into test (``test_fraction`` of all
     scans), val (``val_fraction`` of all) and train (the rest), the same in every run."""
     scans = Digits()
@@ -130,14 +130,15 @@ def digits(val_fraction: float = 0.1, test_fraction: float = 0.1,
     train, val = rest[kept], rest[val]
     subset = lambda idx: Subset(scans, idx.tolist())  # noqa: E731 - three of the same
     return DataSource(subset(train), subset(val), subset(test), num_classes=10, in_channels=1,
-                      image_size=8, classes=Digits.classes, fast=_in_memory("digits", 8, augment),
+                      image_size=8, classes=Digits.classes, fast=_in_memory("digits", augment),
                       **_transforms("digits", 8, augment))  # fmt: skip
 
 
 # --- sets read from image files -------------------------------------------------------------
 
 
-def imagenet(root: str, download: bool = False, augment: bool = True, image_size: int = 224,
+def imagenet(root: str, download: bool = False, augment: Recipe | None = None,
+             image_size: int = 224,
              val_fraction: float = 0.02) -> DataSource:  # fmt: skip
     """torchvision's ImageNet layout under ``root``: val carved from the training set (by
     class), the official validation set held out as test. Never downloaded."""
@@ -153,7 +154,8 @@ def imagenet(root: str, download: bool = False, augment: bool = True, image_size
                       **_transforms("imagenet", size, augment))  # fmt: skip
 
 
-def imagefolder(root: str, download: bool = False, augment: bool = True, image_size: int = 224,
+def imagefolder(root: str, download: bool = False, augment: Recipe | None = None,
+                image_size: int = 224,
                 val_fraction: float = 0.1) -> DataSource:  # fmt: skip
     """Any ``<root>/train/<class>/*`` tree; ``val/`` if present (else val carved from train,
     by class) and ``test/`` if present (else no test split), with the same class folders."""
@@ -180,7 +182,7 @@ def imagefolder(root: str, download: bool = False, augment: bool = True, image_s
 
 
 def fake(size: int = 1000, image_size: int = 32, num_classes: int = 10,
-         augment: bool = False) -> DataSource:  # fmt: skip
+         augment: Recipe | None = None) -> DataSource:  # fmt: skip
     """torchvision's FakeData: ``size`` random train images, ``size // 5`` each for val and
     test, all distinct (FakeData seeds image i with i + random_offset)."""
     side = _check_size(image_size)

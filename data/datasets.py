@@ -18,6 +18,7 @@ The shipped datasets are targets in data/catalog.py; a new one is one function a
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from torch.utils.data import Dataset, Subset
 from components.errors import UserError, instantiate, one_line
 from data.fast import InMemoryData, as_uint8_nchw
 from data.seeding import EpochSeededDataset
-from data.transforms import CropFlip
+from data.transforms import Recipe
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -53,7 +54,9 @@ class FastPath:
 
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    augment: CropFlip = CropFlip()
+    # The recipe the target's train_transform applies (conf/augment/): the fast path applies
+    # what of it has a batched tensor version, and says when that is not all of it.
+    recipe: Recipe = field(default_factory=Recipe)
 
 
 @dataclass
@@ -246,10 +249,22 @@ def target_arguments(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k not in LOADER_KEYS}
 
 
-def call_target(args: dict[str, Any]) -> DataSource:
+def _takes_augment(target: str) -> bool:
+    """Whether the dataset target has an ``augment`` argument (it then gets the run's recipe)."""
+    from hydra.utils import get_method
+
+    try:
+        return "augment" in inspect.signature(get_method(target)).parameters
+    except Exception:  # noqa: BLE001 - not importable: call_target reports it
+        return False
+
+
+def call_target(args: dict[str, Any], **objects: Any) -> DataSource:
+    """The target called with the config's arguments and ``objects`` (e.g. the augmentation
+    recipe), which are passed as they are: Hydra would turn a dataclass into a config."""
     target = args["_target_"]
     try:
-        source = instantiate(args)
+        source = instantiate({**args, "_partial_": True})(**objects)
     except Exception as e:
         if "Error locating target" in str(e):
             raise UserError(f"dataset._target_={target} cannot be imported ({one_line(e)[:120]}): "
@@ -267,18 +282,22 @@ def build_datasets(
     local_rank: int = 0,
     barrier: Callable[[], None] = lambda: None,
     seed: int = 0,
+    augment: Recipe | None = None,
 ) -> DataSplits:
     """The splits of the dataset that ``cfg`` (the ``dataset`` config node) names.
 
     Train items are augmented deterministically from (seed, epoch, index); see
-    EpochSeededDataset. Pass the node-local rank and a barrier over all ranks (e.g.
-    ``torch.distributed.barrier``) so a download happens once per node.
+    EpochSeededDataset. ``augment`` is the run's train augmentation (conf/augment/, built by
+    data.transforms.build_recipe): a target with an ``augment`` argument receives it. Pass the
+    node-local rank and a barrier over all ranks (e.g. ``torch.distributed.barrier``) so a
+    download happens once per node.
     """
     args = target_arguments(cfg)
     download = bool(args.get("download", False))
+    objects = {"augment": augment or Recipe()} if _takes_augment(args["_target_"]) else {}
 
     def build(dl: bool) -> DataSource:
-        return call_target({**args, "download": dl} if "download" in args else args)
+        return call_target({**args, "download": dl} if "download" in args else args, **objects)
 
     source = _download_once_then_load(build, download=download, local_rank=local_rank,
                                       barrier=barrier)  # fmt: skip
@@ -324,7 +343,8 @@ def _in_memory(source: DataSource, seed: int) -> InMemoryData:
         image_size=int(source.image_size),
         mean=tuple(fast.mean),
         std=tuple(fast.std),
-        augment=fast.augment,
+        augment=fast.recipe.fast(int(source.image_size)),
+        unsupported=fast.recipe.describe(),
         seed=seed,
         test_images=test_x,
         test_labels=test_y,

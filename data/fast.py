@@ -5,7 +5,9 @@ For sets that fit in memory (digits, the MNIST family, CIFAR-10/100) each split 
 ``(epoch, index)`` items from the very same ResumableDistributedSampler as the standard
 DataLoader path (same shard, same order, ``set_epoch``/``skip`` respected) and turns each
 ``batch_size`` of them into a batch with a few batched ops on the device: gather, random
-crop/flip, normalise. No worker processes, no PIL, no per-sample Python.
+crop/flip, normalise, random erasing. No worker processes, no PIL, no per-sample Python.
+Recipes it cannot express (a random-resized crop, a policy such as TrivialAugmentWide, other
+v2 transforms: ``Recipe.fast`` is None) run on the DataLoader path (data/loaders.py says so).
 
 Augmentation randomness is a counter-based hash of (seed, epoch, index) in int64 tensor
 arithmetic (``mix_seed_tensor``, equal to data.seeding.mix_seed element by element), so like
@@ -16,6 +18,7 @@ augmented pixels differ between the paths; without augmentation the batches are 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,7 +28,7 @@ import torch.nn.functional as F
 
 from data.samplers import ExactShardSampler, ResumableDistributedSampler
 from data.seeding import splitmix64
-from data.transforms import CropFlip
+from data.transforms import ERASE_RATIO, ERASE_SCALE, FastAugment
 
 _MASK64 = (1 << 64) - 1
 
@@ -43,10 +46,13 @@ class InMemoryData:
     image_size: int
     mean: tuple[float, ...]  # per channel, of the 0..1-scaled images
     std: tuple[float, ...]
-    augment: CropFlip  # the train augmentation (CropFlip() when dataset.augment=false)
+    # The train augmentation as batched ops; None: the recipe has none (the DataLoader path
+    # runs it instead, see data/loaders.py), `unsupported` naming what it lacks.
+    augment: FastAugment | None
     seed: int  # augmentation seed: the one EpochSeededDataset uses on the standard path
     test_images: torch.Tensor | None = None  # None: the set has no test split
     test_labels: torch.Tensor | None = None
+    unsupported: str = ""
 
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(images, labels) of the split ``train``, ``val`` or ``test``."""
@@ -106,11 +112,18 @@ def mix_seed_tensor(*values: torch.Tensor | int) -> torch.Tensor:
 
 
 # Streams of per-sample draws (any distinct constants).
-_ROW, _COL, _FLIP = 1, 2, 3
+_ROW, _COL, _FLIP, _ERASE, _TOP, _LEFT = 1, 2, 3, 4, 5, 6
+_AREA, _ASPECT = 100, 200  # + attempt
+_ERASE_ATTEMPTS = 10  # v2.RandomErasing's: the first of 10 draws that fits, else no erasing
+
+
+def _uniform(key: torch.Tensor, stream: torch.Tensor | int) -> torch.Tensor:
+    """float64 uniform in [0, 1) from the top 53 bits of a hash of (key, stream)."""
+    return _shr(mix_seed_tensor(key, stream), 10).to(torch.float64) * 2.0**-53
 
 
 def crop_flip_params(
-    seed: int, epochs: torch.Tensor, indices: torch.Tensor, recipe: CropFlip
+    seed: int, epochs: torch.Tensor, indices: torch.Tensor, recipe: FastAugment
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sample (row offset, column offset, flip) in the padded image, a function of
     (seed, epoch, index) only: offsets uniform in 0..2*padding, flip with probability 1/2
@@ -123,6 +136,40 @@ def crop_flip_params(
     if not recipe.flip:
         flip = torch.zeros_like(flip)
     return dy, dx, flip
+
+
+def erase_params(
+    seed: int, epochs: torch.Tensor, indices: torch.Tensor, p: float, height: int, width: int
+) -> torch.Tensor:
+    """Per-sample erasing boxes ``[..., 4]`` (top, left, height, width; height 0: none), a
+    function of (seed, epoch, index) only, drawn as v2.RandomErasing draws them: with
+    probability ``p``, the first of 10 (area, aspect) draws that fits, at a uniform position."""
+    key = mix_seed_tensor(seed, epochs, indices)
+    attempts = key.unsqueeze(-1), torch.arange(_ERASE_ATTEMPTS, device=key.device)  # [..., A]
+    fraction = _uniform(attempts[0], _AREA + attempts[1])
+    area = height * width * (ERASE_SCALE[0] + (ERASE_SCALE[1] - ERASE_SCALE[0]) * fraction)
+    low, high = math.log(ERASE_RATIO[0]), math.log(ERASE_RATIO[1])
+    ratio = torch.exp(low + (high - low) * _uniform(attempts[0], _ASPECT + attempts[1]))
+    h = torch.sqrt(area * ratio).round().long()
+    w = torch.sqrt(area / ratio).round().long()
+    fits = (h < height) & (w < width)
+    first = fits.long().argmax(-1, keepdim=True)  # the first attempt that fits (0 if none)
+    h, w = h.gather(-1, first).squeeze(-1), w.gather(-1, first).squeeze(-1)
+    top = (_uniform(key, _TOP) * (height - h + 1)).long()
+    left = (_uniform(key, _LEFT) * (width - w + 1)).long()
+    erase = fits.any(-1) & (_uniform(key, _ERASE) < p)
+    return torch.stack([top, left, h * erase, w * erase], -1)
+
+
+def erase(x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """Zero each image of ``x`` ``[B, C, H, W]`` inside its box ``[B, 4]`` (in place)."""
+    _, _, h, w = x.shape
+    top, left, height, width = boxes.unbind(-1)
+    rows = torch.arange(h, device=x.device)
+    cols = torch.arange(w, device=x.device)
+    in_rows = (rows >= top[:, None]) & (rows < (top + height)[:, None])  # [B, H]
+    in_cols = (cols >= left[:, None]) & (cols < (left + width)[:, None])  # [B, W]
+    return x.masked_fill_((in_rows[:, :, None] & in_cols[:, None, :]).unsqueeze(1), 0.0)
 
 
 def crop_flip(
@@ -160,9 +207,10 @@ def augment_batch(
     indices: torch.Tensor,
     *,
     seed: int,
-    recipe: CropFlip,
+    recipe: FastAugment,
 ) -> torch.Tensor:
-    """The train augmentation of uint8 ``images`` (the samples ``indices`` of ``epochs``)."""
+    """The train crop/flip of uint8 ``images`` (the samples ``indices`` of ``epochs``);
+    erasing comes after normalisation (``erase``)."""
     if recipe.padding == 0 and not recipe.flip:
         return images
     dy, dx, flip = crop_flip_params(seed, epochs, indices, recipe)
@@ -197,7 +245,7 @@ class FastTrainLoader:
         self.sampler = sampler
         self.batch_size = batch_size
         self.seed = data.seed
-        self.recipe = data.augment
+        self.recipe = data.augment or FastAugment()
         self.normalize = _Normalize(data.mean, data.std, self.device)
         self.last_indices: torch.Tensor | None = None
 
@@ -221,14 +269,19 @@ class FastTrainLoader:
         epochs, indices = plan[:, :, 0], plan[:, :, 1]
         recipe = self.recipe
         augment = recipe.padding > 0 or recipe.flip
-        if augment:  # the whole epoch's draws at once: a few dozen ops per epoch, not per batch
+        # The whole epoch's draws at once: a few dozen ops per epoch, not per batch.
+        if augment:
             dy, dx, flip = crop_flip_params(self.seed, epochs, indices, recipe)
+        if recipe.erasing > 0:
+            boxes = erase_params(self.seed, epochs, indices, recipe.erasing,
+                                 *self.images.shape[-2:])  # fmt: skip
         for k in range(len(plan)):
             self.last_indices = batch = indices[k]
             images = self.images[batch]
             if augment:
                 images = crop_flip(images, dy[k], dx[k], flip[k], recipe.padding)
-            yield self.normalize(images), self.labels[batch]
+            x = self.normalize(images)
+            yield erase(x, boxes[k]) if recipe.erasing > 0 else x, self.labels[batch]
 
 
 class FastEvalLoader:

@@ -95,10 +95,11 @@ def build_loaders(
 ) -> Loaders:
     """Loaders for this rank; ``batch_size`` and ``eval_batch_size`` are per rank.
 
-    With ``fast`` and a set held in memory (``splits.memory``: digits, mnist, fashion_mnist,
-    cifar10, cifar100) the loaders are the fast path's: batches built on ``device`` from uint8
-    tensors moved there once, same sample indices per rank and step as the DataLoaders (and
-    the same batches without augmentation; augmented crops/flips are drawn differently).
+    With ``fast``, a set held in memory (``splits.memory``: digits, mnist, fashion_mnist,
+    cifar10, cifar100) and an augmentation recipe it can express (crop, flip, erasing; one log
+    line says when it cannot) the loaders are the fast path's: batches built on ``device``
+    from uint8 tensors moved there once, same sample indices per rank and step as the
+    DataLoaders (and the same batches without augmentation; augmentation is drawn differently).
     ``num_workers`` and ``pin_memory`` then do not apply. Otherwise, DataLoaders on the CPU.
 
     Train batches hold ``(epoch, index)``-seeded samples (see ResumableDistributedSampler).
@@ -121,10 +122,15 @@ def build_loaders(
     options = dict(rank=rank, world_size=world_size, seed=seed, num_workers=num_workers,
                    pin_memory=pin_memory, fast=fast, device=device)  # fmt: skip
     evaluate = functools.partial(eval_loader, splits, batch_size=eval_batch_size, **options)
-    if fast and splits.memory is not None:
-        train = FastTrainLoader(splits.memory, train_sampler, batch_size, device)
+    memory = splits.memory
+    if fast and memory is not None and memory.augment is None:
+        log.info("fast data path off: the augmentation (%s) has no batched tensor version; "
+                 "using DataLoaders (dataset.fast=false skips this check)",
+                 memory.unsupported)  # fmt: skip
+    if fast and memory is not None and memory.augment is not None:
+        train = FastTrainLoader(memory, train_sampler, batch_size, device)
     else:
-        if fast:
+        if fast and memory is None:
             log.debug("fast data path: not for this dataset (not held in memory); using "
                       "DataLoaders")  # fmt: skip
         train = _loader(splits.train, train_sampler, batch_size, drop_last=True,

@@ -1,11 +1,23 @@
-"""Normalisation constants and train/val transforms (torchvision.transforms.v2) per dataset."""
+"""Normalisation constants, train augmentation recipes and train/val transforms
+(torchvision.transforms.v2) per dataset.
+
+A recipe (`Recipe`) is what `conf/augment/<choice>.yaml` instantiates: a crop (none, padded
+random crop, random-resized crop), a horizontal flip, an optional policy (TrivialAugmentWide,
+RandAugment, AutoAugment: any v2 transform), the user's own v2 transforms, and random erasing.
+`train_transform` turns it into one v2 pipeline per dataset; `Recipe.fast` says whether the
+in-memory fast path (data/fast.py) can do the same with batched tensor ops.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from torchvision.transforms import v2
+from torchvision.transforms import AutoAugmentPolicy, v2
+
+from components.errors import UserError
 
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -24,6 +36,106 @@ NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 # Sets whose images are resized to cfg.image_size (the others keep their native size).
 _RESIZED = ("imagenet", "imagefolder")
 
+CROPS = ("none", "pad", "resized")
+# v2.RandomErasing's defaults (the fast path draws from the same ranges).
+ERASE_SCALE, ERASE_RATIO = (0.02, 0.33), (0.3, 3.3)
+
+
+@dataclass(frozen=True)
+class FastAugment:
+    """A recipe as the fast path's batched tensor ops: a random crop of the image's own size
+    from it zero-padded by ``padding`` on every side, a horizontal flip with probability 1/2
+    (if ``flip``), then, on the normalised tensor, random erasing with probability ``erasing``
+    (v2.RandomErasing's area and aspect ranges, value 0). All zero/False: no augmentation."""
+
+    padding: int = 0
+    flip: bool = False
+    erasing: float = 0.0
+
+    @property
+    def random(self) -> bool:
+        return self.padding > 0 or self.flip or self.erasing > 0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A train augmentation recipe (conf/augment/*.yaml; schema conf.schema.AugmentConfig).
+
+    Order: crop -> flip -> policy -> transforms (on the uint8/PIL image) -> to float and
+    normalise -> random erasing. ``crop``: ``none`` (the val geometry), ``pad`` (the val
+    geometry, then a random crop from the image zero-padded by ``padding`` pixels; None: an
+    eighth of the side, at least 1), ``resized`` (v2.RandomResizedCrop with ``scale`` and
+    ``ratio``, replacing the val geometry)."""
+
+    crop: str = "none"
+    padding: int | None = None
+    scale: Sequence[float] = (0.08, 1.0)
+    ratio: Sequence[float] = (3 / 4, 4 / 3)
+    flip: bool = False
+    policy: Any = None  # a v2 transform (instantiated), e.g. v2.TrivialAugmentWide()
+    transforms: Sequence[Any] = field(default_factory=tuple)  # more v2 transforms
+    random_erasing: float = 0.0  # probability of v2.RandomErasing
+
+    def __post_init__(self) -> None:
+        if self.crop not in CROPS:
+            raise UserError(f"augment.crop={self.crop} is not valid: use none, pad or resized")
+        if self.padding is not None and self.padding < 0:
+            raise UserError(f"augment.padding={self.padding} must be >= 0 (or null)")
+        if not 0.0 <= self.random_erasing <= 1.0:
+            raise UserError(f"augment.random_erasing={self.random_erasing} must be in [0, 1]")
+        for key, pair in (("scale", self.scale), ("ratio", self.ratio)):
+            if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
+                raise UserError(f"augment.{key}={list(pair)} must be [low, high], 0 < low <= high")
+        for t in (self.policy, *self.transforms):
+            if t is not None and not callable(t):
+                raise UserError(
+                    f"augment: {t!r} is not a transform: give each entry a _target_ "
+                    "(e.g. torchvision.transforms.v2.RandomRotation)"
+                )
+
+    def padding_for(self, image_size: int) -> int:
+        return max(image_size // 8, 1) if self.padding is None else int(self.padding)
+
+    def fast(self, image_size: int) -> FastAugment | None:
+        """The same recipe as the fast path's batched ops, or None where it has none (a
+        random-resized crop, a policy or other transforms)."""
+        if self.crop == "resized" or self.policy is not None or self.transforms:
+            return None
+        padding = self.padding_for(image_size) if self.crop == "pad" else 0
+        return FastAugment(padding, self.flip, self.random_erasing)
+
+    def describe(self) -> str:
+        """The parts the fast path lacks, for its log line."""
+        parts = ["a random-resized crop"] if self.crop == "resized" else []
+        parts += [type(t).__name__ for t in (self.policy, *self.transforms) if t is not None]
+        return ", ".join(parts)
+
+
+def auto_augment(policy: str = "imagenet", **kwargs: Any) -> v2.AutoAugment:
+    """v2.AutoAugment by policy name (imagenet, cifar10 or svhn): YAML cannot name an enum."""
+    names = [p.value for p in AutoAugmentPolicy]
+    if policy not in names:
+        raise UserError(f"augment.policy.policy={policy} is not valid: use one of {names}")
+    return v2.AutoAugment(AutoAugmentPolicy(policy), **kwargs)
+
+
+def build_recipe(augment_cfg: Any) -> Recipe:
+    """Instantiate the `augment` config (None or missing: no augmentation); an argument a
+    transform rejects becomes a one-line error naming the key."""
+    from hydra.errors import InstantiationException
+
+    from components.errors import find_user_error, instantiate, one_line
+
+    if augment_cfg is None:
+        return Recipe()
+    try:
+        return instantiate(augment_cfg)
+    except InstantiationException as e:
+        if find_user_error(e) is not None:
+            raise
+        cause = e.__cause__ or e
+        raise UserError(f"augment: {one_line(cause)}: fix augment.*") from None
+
 
 def _to_normalized_tensor(name: str) -> list[v2.Transform]:
     mean, std = NORMALIZATION[name]
@@ -35,46 +147,33 @@ def _resize_center_crop(image_size: int) -> list[v2.Transform]:
     return [v2.Resize(int(image_size * 256 / 224)), v2.CenterCrop(image_size)]
 
 
+def _val_geometry(name: str, image_size: int) -> list[v2.Transform]:
+    return _resize_center_crop(image_size) if name in _RESIZED else []
+
+
 def val_transform(name: str, image_size: int) -> v2.Compose:
     """Deterministic: resize/crop where sizes vary, then tensor + normalise."""
-    geometry = _resize_center_crop(image_size) if name in _RESIZED else []
-    return v2.Compose(geometry + _to_normalized_tensor(name))
+    return v2.Compose(_val_geometry(name, image_size) + _to_normalized_tensor(name))
 
 
-@dataclass(frozen=True)
-class CropFlip:
-    """Random crop of the image's own size from it zero-padded by ``padding`` on every side,
-    then (if ``flip``) a horizontal flip with probability 1/2. ``padding=0, flip=False``: none.
-    """
-
-    padding: int = 0
-    flip: bool = False
-
-
-def crop_flip_recipe(name: str, image_size: int, augment: bool) -> CropFlip:
-    """The train augmentation of the fixed-size sets (all but imagenet/imagefolder), shared by
-    train_transform and the in-memory fast path (data/fast.py) so the two cannot drift apart."""
-    if not augment:
-        return CropFlip()
-    if name in ("digits", "mnist", "fashion_mnist"):
-        # Small shifts only: flipping changes a digit's meaning.
-        return CropFlip(padding=max(image_size // 14, 1), flip=False)
-    # cifar10, cifar100, fake: the standard CIFAR recipe (padding 4 at 32px)
-    return CropFlip(padding=image_size // 8, flip=True)
-
-
-def train_transform(name: str, image_size: int, augment: bool) -> v2.Compose:
-    """The val pipeline when ``augment`` is false; otherwise random crops (and flips).
+def train_transform(name: str, image_size: int, recipe: Recipe | None = None) -> v2.Compose:
+    """The recipe as one v2 pipeline; without a recipe (or `augment=none`), the val pipeline.
 
     All randomness comes from torch's global RNG, which EpochSeededDataset seeds per sample.
     """
-    if not augment:
-        return val_transform(name, image_size)
-    if name in _RESIZED:
-        geometry = [v2.RandomResizedCrop(image_size), v2.RandomHorizontalFlip()]
+    recipe = recipe or Recipe()
+    if recipe.crop == "resized":
+        ops = [v2.RandomResizedCrop(image_size, scale=tuple(recipe.scale),
+                                    ratio=tuple(recipe.ratio))]  # fmt: skip
     else:
-        recipe = crop_flip_recipe(name, image_size, augment)
-        geometry = [v2.RandomCrop(image_size, padding=recipe.padding)]
-        if recipe.flip:
-            geometry.append(v2.RandomHorizontalFlip())
-    return v2.Compose(geometry + _to_normalized_tensor(name))
+        ops = _val_geometry(name, image_size)
+        if recipe.crop == "pad":
+            ops.append(v2.RandomCrop(image_size, padding=recipe.padding_for(image_size)))
+    if recipe.flip:
+        ops.append(v2.RandomHorizontalFlip())
+    ops += [t for t in (recipe.policy, *recipe.transforms) if t is not None]
+    ops += _to_normalized_tensor(name)
+    if recipe.random_erasing > 0:
+        ops.append(v2.RandomErasing(recipe.random_erasing, scale=ERASE_SCALE, ratio=ERASE_RATIO))
+    return v2.Compose(ops)
+

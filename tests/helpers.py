@@ -394,6 +394,38 @@ def make_imagefolder(root: Path, per_class: dict[str, int] | None = None, size=(
                 Image.new("RGB", size, color).save(root / split / cls / f"{i}.png")
 
 
+def make_pattern_images(root: Path, classes: list[str], per_split: dict[str, int] | None = None,
+                        size: int = 32, noise: float = 40.0) -> None:
+    """<root>/<split>/<class>/<i>.png (ImageFolder layout): each class a smooth random colour
+    pattern, each image that pattern shifted by up to 4 px plus Gaussian noise, so a model can
+    learn the classes (unlike make_cifar's uniform noise)."""
+    per_split = per_split or {"train": 40, "val": 10}
+    rng = np.random.default_rng(0)
+    for cls in classes:
+        coarse = Image.fromarray(rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8))
+        pattern = np.asarray(coarse.resize((size, size), Image.BILINEAR), dtype=np.float32)
+        for split, n in per_split.items():
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                shifted = np.roll(pattern, tuple(rng.integers(-4, 5, size=2)), axis=(0, 1))
+                pixels = shifted + rng.normal(0, noise, size=shifted.shape)
+                Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
+                    root / split / cls / f"{i}.png")  # fmt: skip
+
+
+def make_imagenet(root: Path, classes: int = 10, per_split: dict[str, int] | None = None,
+                  size: int = 32) -> None:
+    """torchvision.datasets.ImageNet's prepared layout: meta.bin (wnid -> class names, val
+    wnids) and train/<wnid>/, val/<wnid>/ image folders (make_pattern_images), no tars."""
+    import torch
+
+    wnids = [f"n{i:08d}" for i in range(classes)]
+    make_pattern_images(root, wnids, per_split, size)
+    n_val = (per_split or {"val": 10})["val"]
+    torch.save(({w: (f"class {i}",) for i, w in enumerate(wnids)},
+                [w for w in wnids for _ in range(n_val)]), root / "meta.bin")  # fmt: skip
+
+
 def _download_once_worker(root: str, mirror: str, sums_json: str, log: str) -> None:
     """One torchrun rank: build MNIST with download=true through build_datasets."""
     import torch.distributed as dist
@@ -416,7 +448,7 @@ def _download_once_worker(root: str, mirror: str, sums_json: str, log: str) -> N
 
     dist.init_process_group("gloo")
     try:
-        cfg = {"_target_": "data.catalog.mnist", "root": root, "download": True, "augment": False}
+        cfg = {"_target_": "data.catalog.mnist", "root": root, "download": True}
         splits = build_datasets(cfg, local_rank=int(os.environ["LOCAL_RANK"]), barrier=dist.barrier)
         with open(log, "a") as f:
             f.write(f"{rank} loaded {len(splits.train)} {len(splits.val)} {len(splits.test)}\n")
@@ -464,6 +496,14 @@ def compose(config_name: str, run_dir: Path, *overrides: str):
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(run_dir)
     return cfg
+
+
+def recipe(*overrides: str):
+    """The augmentation recipe (data.transforms.Recipe) train.py builds for these overrides,
+    e.g. recipe("dataset=cifar10") is CIFAR's default, recipe("augment=trivial_augment")."""
+    from data.transforms import build_recipe
+
+    return build_recipe(compose("train", Path("unused"), *overrides).augment)
 
 
 def compose_train(run_dir: Path, *overrides: str):

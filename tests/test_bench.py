@@ -18,7 +18,7 @@ import conf.schema  # noqa: F401 - registers the schema for compose()
 from bench import bench
 from bench import reference as bench_reference
 from data import build_datasets
-from data.transforms import NORMALIZATION, crop_flip_recipe
+from data.transforms import NORMALIZATION, build_recipe
 from tests.helpers import REPO, run_env
 
 
@@ -42,7 +42,8 @@ def test_reference_matches_train_config(workload, tmp_path):
     assert cfg.optim._target_ == "torch.optim.SGD"
     assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (
         bench_reference.LR, bench_reference.MOMENTUM, bench_reference.WEIGHT_DECAY)  # fmt: skip
-    assert not cfg.optim.nesterov
+    assert not cfg.optim.nesterov and cfg.optim.lr_scaling == "none"
+    assert cfg.optim.decay_norm_and_bias  # one parameter group, as the reference's
     for key, plain in (
         ("precision", "32"),
         ("accumulate_grad_batches", 1),
@@ -65,7 +66,8 @@ def test_reference_matches_train_config(workload, tmp_path):
         workload]  # fmt: skip
     norm = bench_reference.FAKE_NORM if workload == "A" else bench_reference.MNIST_NORM
     assert NORMALIZATION[name] == norm
-    recipe = crop_flip_recipe(name, size, bool(cfg.dataset.augment))
+    recipe = build_recipe(cfg.augment).fast(size)
+    assert cfg.trainer.mixup.mixup_alpha == cfg.trainer.mixup.cutmix_alpha == 0
     if workload == "A":
         assert recipe.padding == 0 and not recipe.flip  # no augmentation on either side
         assert cfg.dataset.size == 4 * spec.global_batch and cfg.dataset.image_size == size

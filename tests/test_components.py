@@ -254,13 +254,15 @@ def test_run_logger_records_the_end_of_a_failed_run_and_reraises(tmp_path):
 @pytest.mark.usefixtures("one_rank_group")
 def test_loss_window_mean_and_exact_state():
     window = LossWindow(torch.device("cpu"))
-    for value in (1.0, 2.0, 4.5):
-        window.add(torch.tensor(value))
+    for value, correct in ((1.0, 3), (2.0, 1), (4.5, 4)):  # of 4 samples each
+        window.add(torch.tensor(value), torch.tensor(float(correct)), 4)
     saved = window.state_dict()
     other = LossWindow(torch.device("cpu"))
     other.load_state_dict(saved)
-    assert other.mean_over_ranks() == pytest.approx(2.5)
+    assert other.mean_over_ranks() == (pytest.approx(2.5), pytest.approx(8 / 12))
     assert other.count == 0 and float(other.sum) == 0.0  # a new window starts
+    other.add(torch.tensor(3.0))  # soft (mixed) labels: no accuracy
+    assert other.mean_over_ranks() == (pytest.approx(3.0), None)
 
 
 def test_run_result_keeps_unknown_keys():

@@ -54,7 +54,7 @@ def ids(ds) -> list:
 
 
 def test_digits_shapes_classes_and_split_sizes():
-    splits = build_datasets(dataset_cfg("digits", augment=False))
+    splits = build_datasets(dataset_cfg("digits"))
     assert (splits.num_classes, splits.in_channels, splits.image_size) == (10, 1, 8)
     # 10% test and 10% val of the 1797 scans (ceil), the rest to train on
     assert (len(splits.train), len(splits.val), len(splits.test)) == (1437, 180, 180)
@@ -71,8 +71,8 @@ def test_digits_split_is_a_fixed_stratified_partition_of_the_real_scans():
 
     bunch = load_digits()
     scans = np.rint(bunch.images * 255 / 16).astype(np.uint8)
-    first = build_datasets(dataset_cfg("digits", augment=True), seed=1)
-    second = build_datasets(dataset_cfg("digits", augment=True), seed=2, local_rank=1)
+    first = build_datasets(dataset_cfg("digits"), seed=1)
+    second = build_datasets(dataset_cfg("digits"), seed=2, local_rank=1)
     # The same scans in each split whatever the run's seed or the rank.
     for split in ("train", "val", "test"):
         assert ids(getattr(first, split)) == ids(getattr(second, split))
@@ -131,7 +131,7 @@ def check_carved(splits, data: dict, name: str, n_train: int, n_test: int, fract
 @pytest.mark.parametrize("name, folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
 def test_mnist_like_round_trip(tmp_path, name, folder):
     data = fx.make_mnist(tmp_path, folder, n_train=300, n_test=100)
-    splits = build_datasets(dataset_cfg(name, root=str(tmp_path), augment=False))
+    splits = build_datasets(dataset_cfg(name, root=str(tmp_path)))
     assert (splits.num_classes, splits.in_channels, splits.image_size) == (10, 1, 28)
     assert splits.train[0][0].shape == (1, 28, 28) and splits.train[0][0].dtype == torch.float32
     check_carved(splits, data, name, n_train=300, n_test=100)
@@ -155,7 +155,7 @@ def cifar_root(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name, classes", [("cifar10", 10), ("cifar100", 100)])
 def test_cifar_round_trip(cifar_root, name, classes):
     root, data = cifar_root
-    splits = build_datasets(dataset_cfg(name, root=str(root), augment=False))
+    splits = build_datasets(dataset_cfg(name, root=str(root)))
     assert (splits.num_classes, splits.in_channels, splits.image_size) == (classes, 3, 32)
     n_train = 100 if classes == 10 else 20  # 5 batches of 20, or one "train" file of 20
     check_carved(splits, data[classes], name, n_train=n_train, n_test=20)
@@ -409,7 +409,9 @@ def test_workers_are_seeded_from_seed_and_rank():
 
 def test_augmentation_depends_only_on_seed_epoch_and_index(cifar_root):
     root, _ = cifar_root
-    splits = build_datasets(dataset_cfg(name="cifar10", root=str(root), augment=True), seed=3)
+    crop_flip = fx.recipe("dataset=cifar10")
+    splits = build_datasets(dataset_cfg(name="cifar10", root=str(root)), seed=3,
+                            augment=crop_flip)  # fmt: skip
     epoch = 2
     expected = [splits.train[(epoch, i)][0] for i in range(len(splits.train))]
 
@@ -432,7 +434,8 @@ def test_augmentation_depends_only_on_seed_epoch_and_index(cifar_root):
         not torch.equal(splits.train[(epoch + 1, i)][0], expected[i]) for i in range(20)
     )
     assert other_epoch >= 15
-    reseeded = build_datasets(dataset_cfg(name="cifar10", root=str(root), augment=True), seed=4)
+    reseeded = build_datasets(dataset_cfg(name="cifar10", root=str(root)), seed=4,
+                              augment=crop_flip)  # fmt: skip
     assert sum(not torch.equal(reseeded.train[(epoch, i)][0], expected[i]) for i in range(20)) >= 15
     # ... and leaves the caller's RNG stream alone.
     torch.manual_seed(0)

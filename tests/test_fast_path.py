@@ -16,7 +16,7 @@ from torchvision import datasets as tvd
 from data import FastEvalLoader, FastTrainLoader, build_datasets, build_loaders
 from data.fast import augment_batch, crop_flip, crop_flip_params, mix_seed_tensor
 from data.seeding import mix_seed
-from data.transforms import NORMALIZATION, CropFlip
+from data.transforms import NORMALIZATION, FastAugment
 from tests import helpers as fx
 from tests.helpers import dataset_cfg
 
@@ -27,7 +27,9 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.fixture(scope="module")
 def make_splits(tmp_path_factory):
     """make_splits(name, augment, seed=3) -> DataSplits (cached) from generated MNIST/CIFAR-10
-    files (torchvision's md5 table patched to the generated files) or the real digits."""
+    files (torchvision's md5 table patched to the generated files) or the real digits;
+    augment: True for the dataset config's default recipe, False for none, or a choice of
+    conf/augment/."""
     root = tmp_path_factory.mktemp("data")
     fx.make_mnist(root, "MNIST", n_train=300, n_test=100)
     _, sums = fx.make_cifar(root, classes=10, n_per_batch=24)
@@ -36,9 +38,11 @@ def make_splits(tmp_path_factory):
             patch.setattr(tvd.CIFAR10, attr, value)
 
         @functools.cache
-        def make(name: str, augment: bool, seed: int = 3):
-            keys = {"augment": augment} | ({} if name == "digits" else {"root": str(root)})
-            return build_datasets(dataset_cfg(name, **keys), seed=seed)
+        def make(name: str, augment: bool | str, seed: int = 3):
+            keys = {} if name == "digits" else {"root": str(root)}
+            choice = [] if augment is True else [f"augment={augment or 'none'}"]
+            return build_datasets(dataset_cfg(name, **keys), seed=seed,
+                                  augment=fx.recipe(f"dataset={name}", *choice))  # fmt: skip
 
         yield make
 
@@ -113,11 +117,12 @@ def test_memory_views_hold_the_dataset_pixels_and_labels(make_splits):
 
 @pytest.mark.parametrize(
     "name, recipe",
-    [("digits", CropFlip(1, False)), ("mnist", CropFlip(2, False)), ("cifar10", CropFlip(4, True))],
-)
+    [("digits", FastAugment(1, False)), ("mnist", FastAugment(3, False)),
+     ("cifar10", FastAugment(4, True))],
+)  # fmt: skip
 def test_augmentation_recipe_is_the_standard_paths(make_splits, name, recipe):
     assert make_splits(name, True).memory.augment == recipe
-    assert make_splits(name, False).memory.augment == CropFlip()
+    assert make_splits(name, False).memory.augment == FastAugment()
     # The standard path's transform uses the same padding (and flip) ...
     ops = make_splits(name, True).train.dataset.transform.transforms
     crop = next(t for t in ops if type(t).__name__ == "RandomCrop")
@@ -234,13 +239,13 @@ def test_crop_flip_is_a_crop_of_the_zero_padded_image():
 def test_crop_flip_draws_cover_the_padded_range_evenly():
     n = 20000
     indices = torch.arange(n)
-    dy, dx, flip = crop_flip_params(3, torch.full((n,), 2), indices, CropFlip(4, True))
+    dy, dx, flip = crop_flip_params(3, torch.full((n,), 2), indices, FastAugment(4, True))
     for offsets in (dy, dx):
         counts = torch.bincount(offsets, minlength=9)
         assert len(counts) == 9 and counts.min() > 0.8 * n / 9 and counts.max() < 1.2 * n / 9
     assert 0.47 < flip.float().mean() < 0.53
     assert (dy != dx).float().mean() > 0.8  # independent draws, not one number twice
-    _, _, no_flip = crop_flip_params(3, torch.full((n,), 2), indices, CropFlip(2, False))
+    _, _, no_flip = crop_flip_params(3, torch.full((n,), 2), indices, FastAugment(2, False))
     assert not no_flip.any()
 
 

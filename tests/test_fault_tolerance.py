@@ -42,20 +42,21 @@ def job(run_dir: Path, *extra: str) -> list[str]:
     return [*JOB, f"hydra.run.dir={run_dir}", *extra]
 
 
-def weights(run_dir: Path) -> dict:
-    return load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
-
-
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
-    """Bit-identical final weights, and the same metric rows: none missing, none twice."""
-    ref_w, got_w = weights(reference), weights(run_dir)
-    assert ref_w.keys() == got_w.keys()
-    for key in ref_w:
-        assert torch.equal(ref_w[key], got_w[key]), f"{key} differs from the uninterrupted run"
+    """Bit-identical final weights (and EMA weights), and the same metric rows: none missing,
+    none twice."""
+    ref_ckpt = load_checkpoint(reference / "checkpoints" / "last.pt")
+    got_ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    for part in ("model", "ema"):
+        assert (part in ref_ckpt) == (part in got_ckpt)
+        ref_w, got_w = ref_ckpt.get(part, {}), got_ckpt.get(part, {})
+        assert ref_w.keys() == got_w.keys()
+        for key in ref_w:
+            assert torch.equal(ref_w[key], got_w[key]), f"{part} {key} differs from the reference"
 
     measured = {"samples_per_s", "step_time_ms", "data_wait_pct", "peak_mem_mb", "mfu", "time",
                 "elapsed_s"}  # fmt: skip
@@ -80,17 +81,20 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert final == expected
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Uninterrupted runs on 1 and 2 ranks."""
-    root = tmp_path_factory.mktemp("reference")
+def uninterrupted(root: Path, *extra: str) -> dict[int, Path]:
+    """The job's uninterrupted runs on 1 and 2 ranks, by world size."""
     refs = {}
     for nproc in (1, 2):
         run_dir = root / f"ranks{nproc}"
-        proc = run(train_cmd(*job(run_dir), nproc=None if nproc == 1 else nproc))
+        proc = run(train_cmd(*job(run_dir, *extra), nproc=None if nproc == 1 else nproc))
         assert proc.returncode == 0, output(proc)
         refs[nproc] = run_dir
     return refs
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return uninterrupted(tmp_path_factory.mktemp("reference"))
 
 
 def kill_step(rng, where: str) -> int:
@@ -103,16 +107,39 @@ def kill_step(rng, where: str) -> int:
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("where", ["mid_epoch", "epoch_boundary"])
 def test_killed_then_resumed_equals_uninterrupted(tmp_path, reference, rng, nproc, where):
-    step = kill_step(rng, where)
-    run_dir = tmp_path / "run"
+    kill_and_resume(tmp_path / "run", kill_step(rng, where), nproc)
+    assert_same_run(tmp_path / "run", reference[nproc])
+
+
+def kill_and_resume(run_dir: Path, step: int, nproc: int, *extra: str) -> None:
+    """The job killed at `step` (on the last rank), then resumed to the end."""
     launch = None if nproc == 1 else nproc
-    killed = run(train_cmd(*job(run_dir), nproc=launch),
+    killed = run(train_cmd(*job(run_dir, *extra), nproc=launch),
                  HYDRA_DDP_FAULT=f"kill@{step}:{nproc - 1}")  # fmt: skip
     assert killed.returncode != 0, f"step {step}: the kill did not happen\n{output(killed)}"
-    resumed = run(train_cmd(*job(run_dir, "resume=auto"), nproc=launch))
+    resumed = run(train_cmd(*job(run_dir, *extra, "resume=auto"), nproc=launch))
     assert resumed.returncode == 0, output(resumed)
     assert "resumed from" in (run_dir / "train.log").read_text()
-    assert_same_run(run_dir, reference[nproc])
+
+
+# A training recipe with its own state and randomness: EMA weights, batch-level MixUp/CutMix
+# seeded per batch, label smoothing, random erasing on the fast path.
+RECIPE = ["trainer.ema.decay=0.9", "trainer.mixup.mixup_alpha=0.2",
+          "trainer.mixup.cutmix_alpha=1.0", "trainer.label_smoothing=0.1",
+          "augment.random_erasing=0.25"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def recipe_reference(tmp_path_factory):
+    return uninterrupted(tmp_path_factory.mktemp("recipe_reference"), *RECIPE)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_killed_then_resumed_with_ema_and_mixup_equals_uninterrupted(tmp_path, recipe_reference,
+                                                                     rng, nproc):  # fmt: skip
+    kill_and_resume(tmp_path / "run", kill_step(rng, "mid_epoch"), nproc, *RECIPE)
+    assert_same_run(tmp_path / "run", recipe_reference[nproc])
+    assert "val_ema/acc" in rows(tmp_path / "run")[-1]
 
 
 def test_elastic_restart_after_a_killed_rank(tmp_path, reference, rng):

@@ -213,6 +213,22 @@ def test_write_summary_files(sweep: Path) -> None:
     _assert_png(sweep / "summary.png")
 
 
+def test_jobs_are_ranked_by_their_monitored_metric_and_mode(tmp_path: Path) -> None:
+    """result.json's monitor/mode/best (trainer.monitor) rank the sweep: val/loss, lowest first."""
+    d = tmp_path / "sweep"
+    for job, loss, acc in (("0", 0.40, 0.90), ("1", 0.20, 0.80), ("2", 0.30, 0.95)):
+        _write_job(d / job, [f"seed={job}"], [acc],
+                   _completed([acc], monitor="val/loss", mode="min", best=loss))  # fmt: skip
+    summary = write_summary(d)
+    assert [r.job for r in summary.rows] == ["1", "2", "0"]
+    assert [(r.monitor, r.mode, r.best) for r in summary.rows][0] == ("val/loss", "min", 0.2)
+    _, rows = _read_csv(d / "summary.csv")
+    assert [(r["monitor"], r["mode"], float(r["best"])) for r in rows] == [
+        ("val/loss", "min", 0.2), ("val/loss", "min", 0.3), ("val/loss", "min", 0.4)]  # fmt: skip
+    # an explicit column and mode still rank by that column
+    assert [r.job for r in write_summary(d, "best_val_acc", "max").rows] == ["2", "0", "1"]
+
+
 def test_format_table_lists_failures(sweep: Path) -> None:
     summary = write_summary(sweep)
     lines = format_table(summary.rows, summary.swept_keys).splitlines()

@@ -29,7 +29,7 @@ from tests.helpers import (
 )
 
 CONF = REPO / "conf"
-GROUPS = ["model", "dataset", "dist", "optim", "trainer", "wandb"]
+GROUPS = ["model", "dataset", "augment", "dist", "optim", "trainer", "wandb"]
 
 
 def only_error_lines(text: str) -> list[str]:
@@ -77,7 +77,7 @@ def test_experiments_and_search_spaces_compose(choice):
         ("trainer.max_epoch=3", "Could not override 'trainer.max_epoch'"),
         ("trainer.max_epochs=abc", "could not be converted to Integer"),
         ("model.nme=x", "Could not override 'model.nme'"),
-        ("dataset.augment=maybe", "is not a valid bool"),
+        ("augment.flip=maybe", "is not a valid bool"),
     ],
 )
 def test_typo_or_wrong_type_fails_at_composition(override, message):
@@ -234,7 +234,19 @@ BAD_INPUTS = [
     (["dist.backend=mpi"], ["dist.backend=mpi is not valid", "auto, nccl or gloo"]),
     (["trainer.device=tpu"], ["trainer.device=tpu is not valid"]),
     (["optim.lr=1e12"], ["non-finite loss", "at step", "optim.lr"]),
-    (["optim.lr=-0.1"], ["Invalid learning rate: -0.1", "optim"]),
+    (["optim.lr=-0.1"], ["Invalid learning rate: -0.025", "from optim.lr=-0.1", "optim"]),
+    (["optim.lr_scaling=cubic"], ["optim.lr_scaling=cubic is not valid", "linear"]),
+    (["optim=adamw", "optim.betas=[0.9,2.0]"], ["Invalid beta parameter", "optim"]),
+    (["augment=crop_flip", "augment.crop=zoom"], ["augment.crop=zoom is not valid"]),
+    (["augment=none", "augment.random_erasing=1.5"], ["augment.random_erasing=1.5"]),
+    (["augment=rand_augment", "augment.policy.num_ops=-1"], ["augment: ", "fix augment.*"]),
+    (["augment=auto_augment", "augment.policy.policy=mnist"],
+     ["augment.policy.policy=mnist is not valid", "cifar10"]),
+    (["trainer.mixup.mixup_alpha=-1"], ["trainer.mixup.mixup_alpha=-1.0 is out of range"]),
+    (["trainer.ema.decay=1.5"], ["trainer.ema.decay=1.5 must be in (0, 1)"]),
+    (["trainer.monitor.mode=maximum"], ["trainer.monitor.mode=maximum is not valid"]),
+    (["trainer.monitor.metric=val/acx"], ["trainer.monitor.metric=val/acx", "val/acc"]),
+    (["trainer.early_stopping.patience=0"], ["trainer.early_stopping.patience=0"]),
     (["trainer.precision=fp8"], ["trainer.precision=fp8 is not valid", "bf16"]),
     (["trainer.lr_schedule=step"], ["trainer.lr_schedule=step", "cosine or constant"]),
     (["trainer.batch_size=4096"], ["exceeds the training set", "lower trainer.batch_size"]),
