@@ -7,14 +7,20 @@ the launcher runs the jobs its way and hands back one JobReturn per job: rank 0'
 failed one (:func:`failed_job_return`) whose one-line reason (:func:`failure_reason`) comes from
 one channel, most specific first: rank 0's exception, then the record of the ranks that died,
 then what is left (exit codes, job states). A job that failed without a record of its own gets
-one in its run dir (:func:`record_failure`, components/run_dir.py).
+one in its run dir (:func:`record_failure`, components/run_dir.py). A sweep job's attempts, and
+what a resumed sweep does with it, are launch/resume.py's. SIGINT/SIGTERM (and for local jobs
+SIGHUP) of the launcher stop its running jobs the way preemption does, and the sweep ends with
+one line (:class:`SweepStopped`, :func:`stop_signals`).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -54,12 +60,51 @@ class Job:
     label: str = ""  # prefixed to every line its ranks print: "#3 " in a sweep
     started: float = 0.0  # when this attempt was started (unix time; 0: never)
     error: str | None = None  # why it cannot start (a user error found while planning it)
+    # launch/resume.py: a sweep job's attempts are recorded in <job dir>/launch.json.
+    in_sweep: bool = False
+    attempt: int = 0  # attempts so far, earlier launches of the sweep included
+    retries_left: int = 0  # hydra.launcher.retries, counted down in this launch
+    continues: bool = False  # its next attempt continues from the job dir's checkpoints
+    attach: Any = None  # SLURM: an earlier attempt (resume.Attempt) still queued or running
 
 
 class JobFailed(CompactHydraException):
     """A job ended without a result: an exception, a crash or a killed rank. The ranks have
     printed their own errors; this is the one-line verdict (Hydra prints it as is). Its cause
     is rank 0's exception when there is one, so a user error behind it stays findable."""
+
+
+class SweepStopped(CompactHydraException):
+    """The launcher was asked to stop (SIGINT, SIGTERM): its running jobs were stopped the way
+    preemption stops them and recorded; a resumed sweep continues them."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal the launcher received (:func:`stop_signals`), raised like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextmanager
+def stop_signals(signums: Sequence[int]) -> Iterator[None]:
+    """While launching: each of `signums` raises Interrupted in the main thread, as Ctrl-C
+    raises KeyboardInterrupt, so the launcher stops its jobs on its way out instead of dying
+    with them running (SIGTERM's default) or leaving them to the parent-death signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, interrupt) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class Stopped(CompactHydraException):
@@ -109,7 +154,7 @@ def compose_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]],
         job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         spec = JobSpec(launcher.task_function, config, Singleton.get_state(),
                        hydra_context=launcher.hydra_context)  # fmt: skip
-        jobs.append(Job(num, list(overrides), job_dir, spec, label=f"#{num} "))
+        jobs.append(Job(num, list(overrides), job_dir, spec, label=f"#{num} ", in_sweep=True))
     return jobs
 
 
@@ -199,22 +244,40 @@ def record_failure(job: Job, reason: str) -> None:
 
 
 def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_idx: int,
-                 name: str, run: Callable[[list[Job]], list[Any]]) -> list[Any]:  # fmt: skip
+                 name: str, run: Callable[[list[Job]], list[Any]], *, resume: bool = False,
+                 stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+                 lock: bool = True) -> list[Any]:  # fmt: skip
     """Hydra's Launcher.launch for both launchers: compose the batch's jobs, `run` them (the
-    launcher's part: one JobReturn per job, in order), and say which failed."""
+    launcher's part: one JobReturn per job, in order), and say which failed. With `lock`, one
+    launcher per sweep dir (launch/resume.py). A stop signal (`stop_on`) ends the sweep with
+    SweepStopped once `run` has stopped and recorded its jobs."""
     from hydra.core.utils import configure_log, filter_overrides, setup_globals
+
+    from launch.resume import check_sweeper, hold_sweep_lock
 
     setup_globals()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    check_sweeper(launcher.config, resume)
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    log.info("%s: %d job(s), sweep dir %s", name, len(job_overrides), sweep_dir)
+    if lock:
+        hold_sweep_lock(sweep_dir)
+    log.info("%s: %d job(s), sweep dir %s%s", name, len(job_overrides), sweep_dir,
+             " (resuming)" if resume else "")  # fmt: skip
     for idx, overrides in enumerate(job_overrides):
         log.info("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
-    results = run(compose_jobs(launcher, job_overrides, initial_idx))
+    try:
+        with stop_signals(stop_on):
+            results = run(compose_jobs(launcher, job_overrides, initial_idx))
+    except KeyboardInterrupt as e:
+        why = e.signal_name if isinstance(e, Interrupted) else "SIGINT"
+        raise SweepStopped(
+            f"the sweep was stopped ({why}): its running jobs stopped and are recorded in their "
+            f"job dirs; rerun the same command with hydra.sweep.dir={sweep_dir} "
+            "hydra.launcher.resume=true to continue it"
+        ) from None
     failed = [f"#{initial_idx + i}" for i, r in enumerate(results) if r.status.name == "FAILED"]
     if failed:
         log.error("%d of %d job(s) failed in this batch: %s", len(failed), len(results),
                   ", ".join(failed))  # fmt: skip
     return results
-

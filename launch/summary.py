@@ -1,8 +1,8 @@
 """Sweep summary: one table (CSV, Markdown, text) and one val/acc plot for a Hydra multirun.
 
 Reads every job dir of a sweep dir (``<sweep_dir>/<subdir>/`` holding ``.hydra/``,
-``result.json`` or ``metrics.jsonl``) and writes ``summary.csv``, ``summary.md`` and
-``summary.png`` next to ``multirun.yaml``. Used three ways:
+``result.json`` or ``metrics.jsonl``; ``launch.json`` for the attempts) and writes
+``summary.csv``, ``summary.md`` and ``summary.png`` next to ``multirun.yaml``. Used three ways:
 
 * as a Hydra callback, written at the end of every multirun (also when a job failed)::
 
@@ -37,6 +37,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from components.run_dir import METRICS_FILE, OVERRIDES_FILE, RESULT_FILE, read_metrics
+from launch.resume import read_launch_record
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ CSV_COLUMNS = (
     "job",
     "overrides",
     "status",
+    "attempts",
     "best_val_acc",
     "final_val_acc",
     "final_val_loss",
@@ -62,6 +64,7 @@ CSV_COLUMNS = (
 _TABLE_COLUMNS = (  # (header, field) of the text / Markdown tables; overrides and error last
     ("job", "job"),
     ("status", "status"),
+    ("attempts", "attempts"),
     ("best_val_acc", "best_val_acc"),
     ("final_val_acc", "final_val_acc"),
     ("final_val_loss", "final_val_loss"),
@@ -79,6 +82,7 @@ class JobSummary:
     job: str
     overrides: str = ""
     status: str = "failed"
+    attempts: int | None = None  # launch.json's: a launcher's retries and resumed sweeps
     best_val_acc: float | None = None
     final_val_acc: float | None = None
     final_val_loss: float | None = None
@@ -202,10 +206,12 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         value = _number(result.get(key))
         return derived.get(key) if value is None else value
 
+    record = read_launch_record(job_dir)
     return JobSummary(
         job=job_dir.name,
         overrides=" ".join(overrides or []),
         status=status,
+        attempts=len(record.attempts) if record is not None else None,
         best_val_acc=pick("best_val_acc"),
         final_val_acc=pick("final_val_acc"),
         final_val_loss=pick("final_val_loss"),
