@@ -14,11 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from components.checkpoint import load_checkpoint, step_files, verify
 from components.preemption import REQUEUE_EXIT_CODE
-from tests.helpers import REPO, offline_runs, output, run, run_env, train_cmd
+from tests.helpers import (
+    REPO,
+    assert_same_training,
+    offline_runs,
+    output,
+    run,
+    run_env,
+    train_cmd,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -42,27 +49,13 @@ def job(run_dir: Path, *extra: str) -> list[str]:
     return [*JOB, f"hydra.run.dir={run_dir}", *extra]
 
 
-def weights(run_dir: Path) -> dict:
-    return load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
-
-
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     """Bit-identical final weights, and the same metric rows: none missing, none twice."""
-    ref_w, got_w = weights(reference), weights(run_dir)
-    assert ref_w.keys() == got_w.keys()
-    for key in ref_w:
-        assert torch.equal(ref_w[key], got_w[key]), f"{key} differs from the uninterrupted run"
-
-    measured = {"samples_per_s", "step_time_ms", "data_wait_pct", "peak_mem_mb", "mfu"}
-
-    def key(row):  # what must match exactly (speed is a measurement, not a result)
-        return {k: v for k, v in row.items() if k not in measured}
-
-    assert [key(r) for r in rows(run_dir)] == [key(r) for r in rows(reference)]
+    assert_same_training(run_dir, reference)
     # W&B: one run id across attempts. The last attempt's run holds the whole history, each
     # step once (rows the killed attempt never flushed are replayed from metrics.jsonl); an
     # earlier attempt's file holds a prefix of it, which `wandb sync` de-duplicates by step.
