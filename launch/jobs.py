@@ -87,11 +87,19 @@ class Interrupted(KeyboardInterrupt):
         self.signal_name = signal.Signals(signum).name
 
 
+def stop_reason(error: BaseException) -> str:
+    """What stopped the launcher: the signal's name, or the error's type."""
+    if isinstance(error, Interrupted):
+        return error.signal_name
+    return "SIGINT" if isinstance(error, KeyboardInterrupt) else type(error).__name__
+
+
 @contextmanager
 def stop_signals(signums: Sequence[int]) -> Iterator[None]:
     """While launching: each of `signums` raises Interrupted in the main thread, as Ctrl-C
     raises KeyboardInterrupt, so the launcher stops its jobs on its way out instead of dying
-    with them running (SIGTERM's default) or leaving them to the parent-death signal."""
+    with them running (SIGTERM's default) or leaving them to the parent-death signal. A signal
+    this process ignores stays ignored (`nohup` ignores SIGHUP: the sweep outlives the shell)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -99,7 +107,8 @@ def stop_signals(signums: Sequence[int]) -> Iterator[None]:
     def interrupt(signum: int, _frame: Any) -> None:
         raise Interrupted(signum)
 
-    previous = {s: signal.signal(s, interrupt) for s in signums}
+    previous = {s: signal.signal(s, interrupt) for s in signums
+                if signal.getsignal(s) is not signal.SIG_IGN}  # fmt: skip
     try:
         yield
     finally:
@@ -270,11 +279,10 @@ def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_
         with stop_signals(stop_on):
             results = run(compose_jobs(launcher, job_overrides, initial_idx))
     except KeyboardInterrupt as e:
-        why = e.signal_name if isinstance(e, Interrupted) else "SIGINT"
         raise SweepStopped(
-            f"the sweep was stopped ({why}): its running jobs stopped and are recorded in their "
-            f"job dirs; rerun the same command with hydra.sweep.dir={sweep_dir} "
-            "hydra.launcher.resume=true to continue it"
+            f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
+            f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
+            f"{sweep_dir} hydra.launcher.resume=true to continue it"
         ) from None
     failed = [f"#{initial_idx + i}" for i, r in enumerate(results) if r.status.name == "FAILED"]
     if failed:

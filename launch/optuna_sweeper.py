@@ -13,7 +13,8 @@ asks `n_trials` new trials and numbers their jobs from 0 again, over the old job
   job dirs they had (job number = trial number), where the launcher continues them from their
   checkpoints, or hands back their result if they had finished; one that cannot get its dir
   back (not among the study's last trials) is marked failed;
-* a seeded sampler is reseeded: it would otherwise propose its first points again.
+* a seeded sampler is reseeded: it would otherwise propose its first points again;
+* a sweep dir with jobs but no stored study (it ran with its study in memory) is an error.
 
 Without resume it is hydra-optuna-sweeper's sweeper, unchanged. The Sweeper class Hydra
 instantiates is hydra_plugins/hydra_ddp_optuna_sweeper's subclass of :class:`DDPOptunaSweeperBase`.
@@ -32,6 +33,9 @@ from hydra.core.config_store import ConfigStore
 from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import DictConfig, OmegaConf
+
+from components.errors import UserError
+from components.run_dir import LAUNCH_FILE
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +86,14 @@ class DDPOptunaSweeperBase(OptunaSweeper):
     sweep's stored study (see the module docstring)."""
 
     resume = False
+    sweep_dir: Path | None = None
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self.resume = bool(OmegaConf.select(config, "hydra.launcher.resume", default=False))
         impl = self.sweeper
         if self.resume:
-            sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+            self.sweep_dir = sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
             sweep_dir.mkdir(parents=True, exist_ok=True)  # SQLite makes the file, not its dir
             if impl.storage is None:
                 impl.storage = f"sqlite:///{sweep_dir / STUDY_DB}"
@@ -96,15 +101,23 @@ class DDPOptunaSweeperBase(OptunaSweeper):
                 impl.study_name = sweep_dir.name
 
     def sweep(self, arguments: list[str]) -> None:
-        if self.resume:
-            continue_study(self.sweeper)
+        if self.resume and not continue_study(self.sweeper) and self.ran_before():
+            raise UserError(
+                f"{self.sweep_dir} holds jobs of an Optuna sweep but no study "
+                f"{self.sweeper.study_name} in {self.sweeper.storage}: a study kept in memory "
+                "(hydra.sweeper.storage=null without hydra.launcher.resume=true) ended with its "
+                "sweep: start a new sweep dir, with hydra.launcher.resume=true from the start"
+            )
         return super().sweep(arguments)
 
+    def ran_before(self) -> bool:
+        return any(self.sweep_dir.glob(f"*/{LAUNCH_FILE}"))
 
-def continue_study(impl: Any) -> None:
+
+def continue_study(impl: Any) -> bool:
     """Prepare hydra-optuna-sweeper's sweeper (`impl`) to continue its stored study, if there
-    is one: trials to ask again set waiting (Optuna asks waiting trials first), the count left
-    to ask and the first job number set, the sampler reseeded."""
+    is one (else False): trials to ask again set waiting (Optuna asks waiting trials first),
+    the count left to ask and the first job number set, the sampler reseeded."""
     import optuna
     from optuna.trial import TrialState
 
@@ -112,7 +125,7 @@ def continue_study(impl: Any) -> None:
     try:
         study_id = storage.get_study_id_from_name(impl.study_name)
     except KeyError:
-        return  # a new study: this run creates it
+        return False  # a new study: this run creates it
     trials = storage.get_all_trials(study_id, deepcopy=False)
     plan = plan_trials([(t.number, t.state.name) for t in trials], impl.n_trials)
     state = {t.number: t.state for t in trials}
@@ -130,3 +143,4 @@ def continue_study(impl: Any) -> None:
              impl.study_name, impl.storage, plan.finished, len(plan.rerun),
              f", {len(plan.fail)} interrupted marked failed" if plan.fail else "",
              plan.to_ask)  # fmt: skip
+    return True

@@ -48,7 +48,6 @@ from components.errors import UserError, one_line
 from components.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from components.world import visible_gpus
 from launch.jobs import (
-    Interrupted,
     Job,
     JobSpec,
     check_gpus,
@@ -59,6 +58,7 @@ from launch.jobs import (
     launch_batch,
     resolve_output_dirs,
     settings_from,
+    stop_reason,
 )
 from launch.rank import (
     FAILURES_JSON,
@@ -234,8 +234,7 @@ def schedule(jobs: Sequence[Job], gpus: Sequence[int], max_parallel: int | None,
                 else:
                     results[job.num] = result
     except BaseException as e:
-        why = e.signal_name if isinstance(e, Interrupted) else type(e).__name__
-        agents.stop([(job, process) for job, _, process in running], why)
+        agents.stop([(job, process) for job, _, process in running], stop_reason(e))
         raise
     return results
 

@@ -206,12 +206,20 @@ def test_one_launcher_per_sweep_dir(tmp_path: Path) -> None:
 
 
 def test_stop_signals_interrupt_the_launcher_like_ctrl_c() -> None:
+    """SIGTERM raises Interrupted (a KeyboardInterrupt) while launching; the handlers are
+    restored afterwards; an ignored signal (SIGHUP under nohup) stays ignored."""
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted) as e, stop_signals([signal.SIGTERM]):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
     assert e.value.signal_name == "SIGTERM" and isinstance(e.value, KeyboardInterrupt)
     assert signal.getsignal(signal.SIGTERM) is before
+    hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_signals([signal.SIGHUP]):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, hup)
 
 
 def test_resuming_needs_the_resumable_optuna_sweeper() -> None:
@@ -238,6 +246,51 @@ def test_optuna_trial_plan() -> None:
     assert (plan.rerun, plan.finished, plan.to_ask, plan.first_job) == ([], 3, 0, 3)
     empty = plan_trials([], 5)
     assert (empty.rerun, empty.finished, empty.to_ask, empty.first_job) == ([], 0, 5, 0)
+
+
+def optuna_sweeper(tmp_path: Path, n_trials: int):
+    """The resumable Optuna sweeper as Hydra would set it up with resume on (no launcher)."""
+    import optuna
+
+    from launch.optuna_sweeper import DDPOptunaSweeperBase
+
+    sweeper = DDPOptunaSweeperBase(
+        sampler=optuna.samplers.RandomSampler(seed=0), direction="maximize", storage=None,
+        study_name="s", n_trials=n_trials, n_jobs=1, max_failure_rate=0.0, search_space=None,
+        custom_search_space=None, params=None,
+    )  # fmt: skip
+    sweeper.resume, sweeper.sweep_dir = True, tmp_path
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    sweeper.sweeper.storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    return sweeper
+
+
+def test_optuna_continues_a_stored_study(tmp_path: Path) -> None:
+    """A study left with trial #0 complete and #1 running: #1 is asked again first, as job #1
+    (its params kept), and n_trials=4 leaves 3 to ask; a sweep dir with jobs but no stored
+    study is an error, before anything runs."""
+    import optuna
+
+    from launch.optuna_sweeper import continue_study
+
+    sweeper = optuna_sweeper(tmp_path, n_trials=4)
+    impl = sweeper.sweeper
+    study = optuna.create_study(study_name="s", storage=impl.storage, direction="maximize")
+    first = study.ask()
+    first.suggest_float("x", 0, 1)
+    study.tell(first, 0.5)
+    interrupted = study.ask()
+    x = interrupted.suggest_float("x", 0, 1)
+    assert continue_study(impl)
+    assert (impl.n_trials, impl.job_idx) == (3, 1)
+    again = optuna.load_study(study_name="s", storage=impl.storage).ask()
+    assert again.number == 1 and again.params == {"x": x}
+
+    empty = optuna_sweeper(tmp_path / "empty", n_trials=4)
+    assert not continue_study(empty.sweeper)  # no study yet: this sweep creates it
+    write_launch_record(tmp_path / "empty" / "0", LaunchRecord(0, ["x=0.1"]))
+    with pytest.raises(UserError, match="holds jobs of an Optuna sweep but no study s in"):
+        empty.sweep([])
 
 
 # ---------------------------------------------------------------------------------------------
