@@ -53,23 +53,23 @@ CSV_COLUMNS = (
     "job",
     "overrides",
     "status",
-    "attempts",
     "best_val_acc",
     "final_val_acc",
     "final_val_loss",
     "wall_time_s",
     "samples_per_s",
+    "attempts",
     "error",
 )
 _TABLE_COLUMNS = (  # (header, field) of the text / Markdown tables; overrides and error last
     ("job", "job"),
     ("status", "status"),
-    ("attempts", "attempts"),
     ("best_val_acc", "best_val_acc"),
     ("final_val_acc", "final_val_acc"),
     ("final_val_loss", "final_val_loss"),
     ("wall_time_s", "wall_time_s"),
     ("samples/s", "samples_per_s"),
+    ("attempts", "attempts"),
     ("overrides", "overrides"),
 )
 _DECIMALS = {"wall_time_s": 1, "samples_per_s": 1}  # everything else: 4

@@ -177,6 +177,21 @@ def test_format_table_lists_failures(sweep: Path) -> None:
     assert "loss is nan at step 7" in failed[1]
 
 
+def test_attempts_come_from_launch_json(sweep: Path) -> None:
+    """How often a launcher started each job (launch/resume.py's launch.json: retries,
+    resumed sweeps) is a column; a job dir without the record has none."""
+    from launch.resume import Attempt, LaunchRecord, write_launch_record
+
+    tries = [Attempt(1, 1.0, 2.0, "failed"), Attempt(2, 3.0, 4.0, "failed", continued=True)]
+    write_launch_record(sweep / "3", LaunchRecord(3, ["optim.lr=3.0"], tries))
+    rows = {r.job: r for r in write_summary(sweep).rows}
+    assert rows["3"].attempts == 2 and rows["0"].attempts is None
+    _, table = _read_csv(sweep / "summary.csv")
+    assert {r["job"]: r["attempts"] for r in table} == {"0": "", "1": "", "2": "", "3": "2",
+                                                        "4": ""}  # fmt: skip
+    assert "attempts" in format_table(list(rows.values())).splitlines()[0]
+
+
 def test_format_table_without_failures(sweep: Path) -> None:
     rows = [r for r in collect_jobs(sweep) if r.status == "completed"]
     assert "Failed jobs" not in format_table(rows)
