@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from tests.helpers import (
     REPO,
     assert_same_training,
     output,
+    processes_with_env,
     rows,
     run,
     run_env,
@@ -246,6 +248,44 @@ def test_optuna_trial_plan() -> None:
     assert (plan.rerun, plan.finished, plan.to_ask, plan.first_job) == ([], 3, 0, 3)
     empty = plan_trials([], 5)
     assert (empty.rerun, empty.finished, empty.to_ask, empty.first_job) == ([], 0, 5, 0)
+
+
+# A parent that starts a child which dies with it (the child touches argv[1] once set up),
+# prints the child's pid, then waits.
+PARENT = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import sys, time; from launch.rank import "
+                          "die_with_parent; die_with_parent(); open(sys.argv[1], 'w').close(); "
+                          "time.sleep(120)", sys.argv[1]],
+                         env={**os.environ, "HYDRA_DDP_PARENT_PID": str(os.getpid())})
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
+    """die_with_parent (launch/rank.py): a SIGKILLed parent takes the child with it; a child
+    whose parent is already gone (it names another pid) ends itself at once."""
+    tag, ready = f"pdeathsig-{os.getpid()}", tmp_path / "ready"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(ready)], cwd=REPO, text=True,
+                              env=run_env(**{TAG: tag}), stdout=subprocess.PIPE)  # fmt: skip
+    child = int(parent.stdout.readline())
+    deadline = time.time() + 60
+    while not ready.exists():  # the child's prctl is done
+        assert time.time() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    assert os.path.exists(f"/proc/{child}") and len(processes_with_env(TAG, tag)) == 2
+    parent.kill()
+    parent.wait()
+    assert not wait_for_no_processes(TAG, tag, timeout=10)
+
+    orphan = subprocess.run(
+        [sys.executable, "-c", "from launch.rank import die_with_parent; die_with_parent(); "
+         "print('still alive')"], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env=run_env(HYDRA_DDP_PARENT_PID="1"),
+    )  # fmt: skip
+    assert orphan.returncode == -signal.SIGKILL and "still alive" not in orphan.stdout
 
 
 def optuna_sweeper(tmp_path: Path, n_trials: int):
