@@ -1,7 +1,9 @@
 """Fault injection for the fault-tolerance tests: HYDRA_DDP_FAULT="<kind>@<step>[:<rank>]".
 
 kinds: `raise` (an exception), `kill` (SIGKILL this rank), `nan` (this rank's loss becomes NaN).
-Read once at start; with the variable unset (always, outside tests) every call is a no-op.
+Read once at start; with the variable unset (always, outside tests) every call is a no-op. The
+fault is the first attempt's: restarted ranks (torchrun) and later attempts of a sweep job (a
+launcher retry or a resumed sweep) run clean.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import os
 import signal
 
 import torch
+
+from components.run_dir import ATTEMPT_ENV
 
 
 class InjectedFault(RuntimeError):
@@ -33,6 +37,8 @@ def inject(step: int, rank: int, loss: torch.Tensor) -> torch.Tensor:
         return loss
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return loss  # a restarted worker runs clean: the fault was the first attempt's
+    if int(os.environ.get(ATTEMPT_ENV) or 1) > 1:
+        return loss  # so does a job the launcher started again
     kind = FAULT[0]
     if kind == "raise":
         raise InjectedFault(f"injected fault at step {step} on rank {rank}")

@@ -11,6 +11,8 @@ summary and the benchmark (readers).
       result.json             the run's record (RunResult), rewritten atomically
       checkpoints/            components/checkpoint.py
       wandb/                  the W&B run
+      launch.json             a sweep job's launcher record: its overrides and every attempt
+                              (launch/resume.py; written by the launcher only)
       .torchrun/              the torchrun launcher's hand-off files (launch/torchrun.py)
 
     <eval run dir>/          what eval.py writes (its own dir, never the training run's)
@@ -38,6 +40,10 @@ EVAL_FILE = "eval.json"
 CONFUSION_FILE = "confusion_matrix.png"
 PREDICTIONS_FILE = "predictions.csv"
 LAUNCHER_DIR = ".torchrun"
+LAUNCH_FILE = "launch.json"
+# The attempt number a launcher gives a sweep job's processes (1, 2, ...: retries and resumed
+# sweeps start a job again; a torchrun restart or SLURM requeue is the same attempt).
+ATTEMPT_ENV = "HYDRA_DDP_ATTEMPT"
 
 STATUSES = ("running", "completed", "failed", "preempted", "interrupted")
 # The exit status of a rank that stopped at an agreed step after a stop signal and saved a

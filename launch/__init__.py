@@ -8,8 +8,12 @@
   torchrun jobs, a FIFO scheduler over GPUs, the agent that records which ranks failed;
 * slurm.py: `hydra/launcher=slurm`: jobs as SLURM jobs, one task per rank; SLURM -> torch
   variables; sbatch_example.sh does the same by hand;
+* resume.py: what a job dir's records say (launch.json: overrides and every attempt), and what
+  a resumed sweep (`hydra.launcher.resume=true`) or a retry does with the job;
+* optuna_sweeper.py: `hydra/sweeper=ddp_optuna`, hydra-optuna-sweeper's sweeper continuing its
+  stored study on resume;
 * summary.py: the sweep summary (a Hydra callback and `python -m launch.summary`).
 
-The Launcher classes Hydra instantiates are thin subclasses in hydra_plugins/ (Hydra's rule);
-imports flow one way: hydra_plugins -> launch -> components.
+The Launcher (and Sweeper) classes Hydra instantiates are thin subclasses in hydra_plugins/
+(Hydra's rule); imports flow one way: hydra_plugins -> launch -> components.
 """

@@ -15,12 +15,18 @@ What a sweep prints (the launching process): one line when the sweep starts, one
 finished job (:func:`job_done`: number, status, monitored metric, wall time, swept values), and
 the summary table at the end (launch/summary.py); the ranks' own output goes to their log files.
 A bad input found by the launcher itself is one line and exit status 2 (:func:`launcher_errors`).
+
+A sweep job's attempts, and what a resumed sweep does with it, are launch/resume.py's.
+SIGINT/SIGTERM (and for local jobs SIGHUP) of the launcher stop its running jobs the way
+preemption does, and the sweep ends with one line (:class:`SweepStopped`, :func:`stop_signals`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -72,7 +78,13 @@ class Job:
     started: float = 0.0  # when this attempt was started (unix time; 0: never)
     error: str | None = None  # why it cannot start (a user error found while planning it)
     swept: list[str] = field(default_factory=list)  # the sweep's keys (components/naming.py)
-    in_sweep: bool = True  # False: `python train.py dist.nproc_per_node=N` (no per-job line)
+    # False: `python train.py dist.nproc_per_node=N` (no per-job line, no attempts record).
+    in_sweep: bool = True
+    # launch/resume.py: a sweep job's attempts are recorded in <job dir>/launch.json.
+    attempt: int = 0  # attempts so far, earlier launches of the sweep included
+    retries_left: int = 0  # hydra.launcher.retries, counted down in this launch
+    continues: bool = False  # its next attempt continues from the job dir's checkpoints
+    attach: Any = None  # SLURM: an earlier attempt (resume.Attempt) still queued or running
 
 
 class JobFailed(CompactHydraException):
@@ -81,6 +93,48 @@ class JobFailed(CompactHydraException):
     is rank 0's exception when there is one, so a user error behind it stays findable."""
 
     reason: str = ""  # the verdict without the job's name
+
+
+class SweepStopped(CompactHydraException):
+    """The launcher was asked to stop (SIGINT, SIGTERM): its running jobs were stopped the way
+    preemption stops them and recorded; a resumed sweep continues them."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal the launcher received (:func:`stop_signals`), raised like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal_name = signal.Signals(signum).name
+
+
+def stop_reason(error: BaseException) -> str:
+    """What stopped the launcher: the signal's name, or the error's type."""
+    if isinstance(error, Interrupted):
+        return error.signal_name
+    return "SIGINT" if isinstance(error, KeyboardInterrupt) else type(error).__name__
+
+
+@contextmanager
+def stop_signals(signums: Sequence[int]) -> Iterator[None]:
+    """While launching: each of `signums` raises Interrupted in the main thread, as Ctrl-C
+    raises KeyboardInterrupt, so the launcher stops its jobs on its way out instead of dying
+    with them running (SIGTERM's default) or leaving them to the parent-death signal. A signal
+    this process ignores stays ignored (`nohup` ignores SIGHUP: the sweep outlives the shell)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, interrupt) for s in signums
+                if signal.getsignal(s) is not signal.SIG_IGN}  # fmt: skip
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class Stopped(CompactHydraException):
@@ -300,17 +354,34 @@ def launcher_errors() -> Iterator[None]:
 
 
 def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_idx: int,
-                 name: str, run: Callable[[list[Job]], list[Any]]) -> list[Any]:  # fmt: skip
+                 name: str, run: Callable[[list[Job]], list[Any]], *, resume: bool = False,
+                 stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+                 lock: bool = True) -> list[Any]:  # fmt: skip
     """Hydra's Launcher.launch for both launchers: compose the batch's jobs and `run` them (the
-    launcher's part: one JobReturn per job, in order, each reported by :func:`job_done`)."""
+    launcher's part: one JobReturn per job, in order, each reported by :func:`job_done`). With
+    `lock`, one launcher per sweep dir (launch/resume.py). A stop signal (`stop_on`) ends the
+    sweep with SweepStopped once `run` has stopped and recorded its jobs."""
     from hydra.core.utils import filter_overrides, setup_globals
+
+    from launch.resume import check_sweeper, hold_sweep_lock
 
     setup_globals()
     configure_sweep_logging(launcher.config)
+    check_sweeper(launcher.config, resume)
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    if lock:
+        hold_sweep_lock(sweep_dir)
     if initial_idx == 0:  # Optuna hands out trials a few at a time: one line per sweep
-        log.info("%s: sweep dir %s", name, sweep_dir)
+        log.info("%s: sweep dir %s%s", name, sweep_dir, " (resuming)" if resume else "")
     for idx, overrides in enumerate(job_overrides):
         log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
-    return run(compose_jobs(launcher, job_overrides, initial_idx))
+    try:
+        with stop_signals(stop_on):
+            return run(compose_jobs(launcher, job_overrides, initial_idx))
+    except KeyboardInterrupt as e:
+        raise SweepStopped(
+            f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
+            f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
+            f"{sweep_dir} hydra.launcher.resume=true to continue it"
+        ) from None

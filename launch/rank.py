@@ -9,7 +9,9 @@ a script whose ranks something else starts (plain `torchrun train.py`, `srun pyt
   so they write nothing. A failure is reported here, once: one line (a traceback only for an
   error that is not the user's), the error left in torchrun's error file for the launcher, and
   the exit status UserError.exit_code (2) or 1. Torchrun's rank 0 also writes its JobReturn
-  (result.pkl) and a record of the run (job.json: pid, rendezvous address, times).
+  (result.pkl) and a record of the run (job.json: pid, rendezvous address, times). A rank of
+  the torchrun launcher dies with its agent (:func:`die_with_parent`), as the agent does with
+  the launcher: nothing of a sweep outlives a SIGKILLed launcher.
 * **The entry point** (:func:`entry_point`, `entry_point(main)` under a script's
   `if __name__ == "__main__":`): every rank of a plain torchrun run agrees on one start instant,
   so `${now:}` names one run dir, and ranks other than 0 write nothing (:func:`prepare_argv`).
@@ -23,6 +25,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -44,6 +47,11 @@ JOB_PKL = "job.pkl"  # the JobSpec, written by the launcher
 RESULT_PKL = "result.pkl"  # rank 0's JobReturn
 JOB_JSON = "job.json"  # rank 0's record: pid, rendezvous address, start and end times
 FAILURES_JSON = "failures.json"  # the agent's record of the ranks that failed, first first
+
+# Set by the torchrun launcher for its agents, and by each agent for its ranks: the pid of the
+# parent the process must die with (:func:`die_with_parent`).
+PARENT_PID_ENV = "HYDRA_DDP_PARENT_PID"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 # What ranks other than 0 change in their config: no `.hydra/` output, errors-only logging.
 OTHER_RANKS_LOGGING = (
@@ -150,6 +158,25 @@ def agreed_start_time() -> float:
 
 # ---------------------------------------------------------------------------------------------
 # the rank bootstrap
+
+
+def die_with_parent(environ=os.environ) -> bool:
+    """Have the kernel SIGKILL this process when its parent ends, however the parent ends
+    (SIGKILL included): Linux's parent-death signal, prctl(PR_SET_PDEATHSIG). Only in a process
+    whose starter named itself in PARENT_PID_ENV (the torchrun launcher's agents and their
+    ranks; a SLURM task belongs to SLURM, not to the launcher). A parent that ended before the
+    prctl call sends nothing: then this process ends itself. Returns whether it is set."""
+    parent = environ.get(PARENT_PID_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != int(parent):  # reparented: the parent is gone already
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
 
 
 def run_rank(spec: Any, rank: int) -> Any:
@@ -320,6 +347,7 @@ def main(payload: Path) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()
     try:
         code = main(Path(sys.argv[1]))
     except Exception as e:  # noqa: BLE001 - e.g. the job cannot be unpickled: an import fails

@@ -13,7 +13,12 @@
   (`dist.nnodes` x `dist.nproc_per_node`, components/world.py's rules) and turns it into that
   job's SLURM resources (nodes, tasks per node, GPUs). Jobs that ask for the same resources go
   out as one submitit job array; the launcher then waits for rank 0's JobReturn of each (the
-  sweeper's value), or says why a job ended without one.
+  sweeper's value), or says why a job ended without one. Each job dir's launch.json records
+  the SLURM job of every attempt: a failed job is submitted again (`retries`), and a resumed
+  sweep (`resume`, launch/resume.py) waits for the SLURM jobs a dead launcher left queued or
+  running instead of submitting them twice. SIGINT/SIGTERM of the launcher cancel the sweep's
+  jobs (their ranks checkpoint on SLURM's SIGTERM) and record them; SIGHUP (a dropped SSH
+  session) leaves them running, for a resumed sweep to collect.
 * **In each task** (:func:`run_task`): launch/rank.py's rank bootstrap, as in a torchrun rank:
   rank 0 runs the job as the Hydra job (`.hydra/`, log, callbacks) and returns its JobReturn
   (submitit's result); the other ranks write nothing and return None.
@@ -42,7 +47,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,9 +60,10 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from components.errors import UserError
-from components.run_dir import read_result
+from components.run_dir import ATTEMPT_ENV, read_result
 from components.world import parse_count
 from launch.jobs import (
+    Interrupted,
     Job,
     Stopped,
     check_batch_size,
@@ -73,10 +79,22 @@ from launch.jobs import (
     settings_from,
 )
 from launch.rank import report_failure, run_rank
+from launch.resume import (
+    Attempt,
+    close_attempt,
+    prepare,
+    record_stopped,
+    should_retry,
+    start_attempt,
+    update_attempt,
+)
 
 log = logging.getLogger(__name__)
 
 PORT_RANGE = (20000, 60000)
+# How long cancelled jobs get to checkpoint and end (SLURM's KillWait, then SIGKILL) before
+# the launcher records them and exits.
+STOP_GRACE_S = 120.0
 # SLURM job states after which a job will not run again (squeue/sacct spellings).
 ACTIVE_STATES = {
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
@@ -221,6 +239,12 @@ class DDPSlurmQueueConf(SlurmQueueConf):
     srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
     # How often the launcher asks SLURM (squeue, else sacct) about its jobs.
     poll_interval_s: float = 5.0
+    # Rerun with the same command and hydra.sweep.dir: completed jobs are not run again, jobs
+    # still queued or running are waited for, the others continue from their checkpoints.
+    resume: bool = False
+    # Submit a failed job again (from its checkpoints) up to this many times; user errors are
+    # not retried.
+    retries: int = 0
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> DDPSlurmQueueConf:
@@ -259,7 +283,8 @@ class DDPSlurmLauncherBase(SlurmLauncher):
                 )
             require_slurm()
             return launch_batch(self, job_overrides, initial_job_idx, "SLURM launcher",
-                                lambda jobs: run_on_slurm(self, jobs))  # fmt: skip
+                                lambda jobs: run_on_slurm(self, jobs),
+                                resume=bool(self.params.get("resume")))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +401,10 @@ class Submitted:
     ran: bool = False  # seen running since it was (re)queued
     restarts: int = 0
 
+    def reset(self) -> None:
+        """Before it is submitted again (a retry)."""
+        self.slurm, self.state, self.ended_since, self.ran, self.restarts = None, "", None, False, 0
+
     @property
     def label(self) -> str:
         slurm = f" (SLURM job {self.slurm.job_id})" if self.slurm is not None else ""
@@ -392,16 +421,42 @@ def require_slurm() -> None:
 
 
 def run_on_slurm(launcher: Any, jobs: list[Job]) -> list[Any]:
-    """Submit the jobs, wait for them, return their JobReturns in order."""
+    """Submit the jobs (a resumed sweep: only the unfinished ones, and it waits for those still
+    queued or running), wait for them, submit failed ones again (`retries`); return their
+    JobReturns in order."""
+    params = launcher.params
+    results = prepare(jobs, resume=bool(params.get("resume")), retries=int(params.get("retries")
+                      or 0), earlier_return=earlier_return, slurm_active=active_jobs)  # fmt: skip
     gpus_by_partition: dict[str | None, int] = {}
-    planned = [plan(job, gpus_by_partition) for job in jobs]
+    planned = [plan(job, gpus_by_partition) for job in jobs if job.num not in results]
+
+    def ended(s: Submitted) -> bool:
+        """Collect a job that ended; True when it was submitted again."""
+        ret = finish(s)
+        close_attempt(s.job, ret)
+        if not should_retry(s.job, ret):
+            results[s.job.num] = job_done(s.job, ret)
+            return False
+        s.reset()
+        submit(launcher, [s])
+        return True
+
     try:
-        submit(launcher, planned)
-        wait_for_results(planned)
-    except BaseException:  # Ctrl-C, or a failed submission: take the submitted jobs down
+        for s in planned:
+            if s.job.attach is not None and not s.job.error:
+                attach(s, s.job.attach)
+        submit(launcher, [s for s in planned if not s.job.error and s.slurm is None])
+        wait_for_results(planned, ended)
+    except Interrupted as e:  # SIGINT/SIGTERM: cancel (the ranks checkpoint), record, end
+        stop([s for s in planned if s.job.num not in results], e.signal_name)
+        raise
+    except BaseException:  # a failed submission, a bug: take the submitted jobs down
         cancel(planned)
         raise
-    return [job_done(s.job, finish(s)) for s in planned]
+    for s in planned:
+        if s.job.num not in results:  # never submitted: its error
+            results[s.job.num] = job_done(s.job, finish(s))
+    return [results[job.num] for job in jobs]
 
 
 def plan(job: Job, gpus_by_partition: dict[str | None, int]) -> Submitted:
@@ -429,7 +484,8 @@ def plan(job: Job, gpus_by_partition: dict[str | None, int]) -> Submitted:
 
 
 def submit(launcher: Any, planned: list[Submitted]) -> None:
-    """One submitit array per run of jobs asking for the same resources, in job order."""
+    """One submitit array per run of jobs asking for the same resources, in job order; each
+    job's attempt (and SLURM job id) recorded in its launch.json."""
     import submitit
 
     def key(s: Submitted) -> str:
@@ -442,11 +498,13 @@ def submit(launcher: Any, planned: list[Submitted]) -> None:
         executor = submitit.AutoExecutor(folder=first.folder, cluster="slurm",
                                          slurm_max_num_timeout=first.max_num_timeout)  # fmt: skip
         executor.update_parameters(**first.params)
-        started = time.time()
+        for s in group:
+            start_attempt(s.job)  # resume=auto when it continues; before the job is pickled
         with submission_env(), sbatch_errors():
             slurm_jobs = executor.map_array(launcher, [s.job for s in group])
         for s, slurm_job in zip(group, slurm_jobs, strict=True):
-            s.slurm, s.job.started = slurm_job, started
+            s.slurm = slurm_job
+            update_attempt(s.job, slurm_job_id=slurm_job.job_id, slurm_folder=str(s.folder))
             where = f"{s.job.nnodes} node(s) x {s.job.nproc} task(s)"
             log.debug("#%d %s: SLURM job %s, %s%s", s.job.num,
                       " ".join(s.job.overrides) or "(no overrides)", slurm_job.job_id, where,
@@ -480,6 +538,33 @@ def sbatch_errors() -> Iterator[None]:
                 f"SLURM did not take the jobs ({said}): check that `sinfo` and `sbatch` work "
                 "here, or use hydra/launcher=torchrun"
             ) from None
+
+
+def attach(s: Submitted, attempt: Attempt) -> None:
+    """Wait for the SLURM job of an earlier launch's attempt (still queued or running) instead
+    of submitting the job again."""
+    import submitit
+
+    s.slurm = submitit.SlurmJob(folder=attempt.slurm_folder, job_id=attempt.slurm_job_id)
+    s.job.started = attempt.started
+    log.info("%s: re-attached to the SLURM job of attempt %d", s.label, attempt.attempt)
+
+
+def earlier_return(job: Job, attempt: Attempt | None) -> JobReturn | None:
+    """Rank 0's JobReturn of an attempt, from its SLURM job's submitit result pickle."""
+    from submitit.core.utils import JobPaths
+
+    if attempt is None or not attempt.slurm_job_id or not attempt.slurm_folder:
+        return None
+    path = JobPaths(attempt.slurm_folder, job_id=attempt.slurm_job_id, task_id=0).result_pickle
+    outcome = load_outcome(path)
+    ret = outcome[1] if outcome and outcome[0] == "success" else None
+    return ret if isinstance(ret, JobReturn) else None
+
+
+def active_jobs(job_ids: Sequence[str]) -> set[str]:
+    """Those of `job_ids` SLURM still has queued or running."""
+    return {j for j, state in slurm_states(job_ids).items() if state in ACTIVE_STATES}
 
 
 @contextmanager
@@ -529,8 +614,10 @@ def slurm_states(job_ids: Sequence[str]) -> dict[str, str]:
     return states
 
 
-def wait_for_results(planned: list[Submitted]) -> None:
-    """Poll until every submitted job has rank 0's result or has ended without one."""
+def wait_for_results(planned: list[Submitted],
+                     ended: Callable[[Submitted], bool] = lambda s: False) -> None:  # fmt: skip
+    """Poll until every submitted job has rank 0's result or has ended without one; `ended(s)`
+    is called as each does (True: it was submitted again, keep waiting for it)."""
     waiting = [s for s in planned if s.slurm is not None]
     poll = min((s.poll_s for s in waiting), default=5.0)
     grace = max(15.0, 2 * poll)
@@ -541,14 +628,16 @@ def wait_for_results(planned: list[Submitted]) -> None:
             state = states.get(s.slurm.job_id, "UNKNOWN")
             if state != s.state:
                 note_state(s, state)
-            if result_path(s).exists():
-                waiting.remove(s)
-            elif state in ACTIVE_STATES:
+            has_result = result_path(s).exists()
+            if not has_result and state in ACTIVE_STATES:
                 s.ended_since = None
-            elif s.ended_since is None:
+            elif not has_result and s.ended_since is None:
                 s.ended_since = now
-            elif now - s.ended_since > grace:  # ended (or forgotten) with no result from rank 0
+            elif has_result or now - s.ended_since > grace:
+                # rank 0's result, or ended (or forgotten) with none
                 waiting.remove(s)
+                if ended(s):
+                    waiting.append(s)
         if waiting:
             time.sleep(poll)
 
@@ -572,7 +661,10 @@ def result_path(s: Submitted) -> Path:
 
 
 def read_outcome(s: Submitted) -> tuple[str, Any] | None:
-    path = result_path(s)
+    return load_outcome(result_path(s))
+
+
+def load_outcome(path: Path) -> tuple[str, Any] | None:
     for _ in range(3):
         if not path.exists():
             return None
@@ -644,6 +736,26 @@ def _span(part: str) -> list[int]:
     return list(range(int(low), int(high or low) + 1))
 
 
+def stop(planned: list[Submitted], why: str, grace_s: float = STOP_GRACE_S) -> None:
+    """The launcher was asked to stop: cancel the sweep's SLURM jobs (SLURM sends their tasks
+    SIGTERM: the ranks agree on a step, checkpoint, exit 75; a cancelled job is not requeued),
+    wait until SLURM says they ended (at most `grace_s`; a second Ctrl-C stops waiting), then
+    record each (result.json, launch.json)."""
+    live = [s for s in planned if s.slurm is not None]
+    cancel(live)
+    deadline = time.time() + grace_s
+    try:
+        while live and time.time() < deadline:
+            states = slurm_states([s.slurm.job_id for s in live])
+            if not any(states.get(s.slurm.job_id) in ACTIVE_STATES for s in live):
+                break
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        log.warning("not waiting for the cancelled jobs to end")
+    for s in live:
+        record_stopped(s.job, why)
+
+
 def cancel(planned: list[Submitted]) -> None:
     ids = [s.slurm.job_id for s in planned if s.slurm is not None]
     if ids and shutil.which("scancel"):
@@ -660,6 +772,7 @@ def run_task(job: Job) -> Any:
     the job's JobReturn (submitit pickles it for the launcher); the other ranks return None."""
     rank = int(export_torch_env()["RANK"])
     install_stop_handlers(rank)
+    os.environ[ATTEMPT_ENV] = str(job.attempt)
     try:
         import submitit
 

@@ -108,6 +108,7 @@ class JobSummary:
     wall_time_s: float | None = None
     samples_per_s: float | None = None
     wandb_run_id: str | None = None
+    attempts: int | None = None  # launch.json's: a launcher's retries and resumed sweeps
     # An eval.py job (eval.json, no result.json): its split and what it measured there.
     split: str | None = None
     eval: dict[str, float] = field(default_factory=dict)  # acc, acc5, loss, ece
@@ -250,8 +251,16 @@ def read_eval_job(job_dir: Path, evaluation: dict[str, Any]) -> JobSummary:
         status=_one_line(evaluation.get("status") or "failed"), error=None,
         monitor=f"{split}/acc", best=measured.get("acc"), split=split, eval=measured,
         wall_time_s=_number(evaluation.get("wall_time_s")),
-        wandb_run_id=evaluation.get("wandb_run_id"),
+        wandb_run_id=evaluation.get("wandb_run_id"), attempts=_attempts(job_dir),
     )  # fmt: skip
+
+
+def _attempts(job_dir: Path) -> int | None:
+    """How many times the launcher started the job (launch.json; None: no record)."""
+    from launch.resume import read_launch_record
+
+    record = read_launch_record(job_dir)
+    return len(record.attempts) if record is not None else None
 
 
 def read_job(job_dir: str | os.PathLike) -> JobSummary:
@@ -310,6 +319,7 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         wall_time_s=_number(result.wall_time_s),
         samples_per_s=pick(result.samples_per_s, derived["samples_per_s"]),
         wandb_run_id=result.wandb_run_id,
+        attempts=_attempts(job_dir),
         val_curve=curve,
         train_curve=derived["train_curve"],
     )
@@ -433,6 +443,8 @@ def columns(rows: Sequence[JobSummary], keys: Sequence[str]) -> list[Column]:
                wandb="wall_time_s"),
         Column("samples/s", "samples_per_s", lambda r: r.samples_per_s),
     ]
+    if any((r.attempts or 0) > 1 for r in rows):  # retried or resumed: how many starts each
+        cols.append(Column("attempts", "attempts", lambda r: r.attempts))
     return cols
 
 
@@ -507,6 +519,8 @@ def _csv_text(summary: SweepSummary) -> str:
     cols = columns(summary.rows, summary.swept_keys)
     extra = [("monitor", lambda r: r.monitor), ("mode", lambda r: r.mode),
              ("wandb_run_id", lambda r: r.wandb_run_id), ("overrides", lambda r: r.overrides),
+             *([] if any(c.csv == "attempts" for c in cols)
+               else [("attempts", lambda r: r.attempts)]),
              ("error", lambda r: r.error)]  # fmt: skip
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")

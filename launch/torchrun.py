@@ -11,13 +11,21 @@ cloudpickle, as Hydra's submitit launcher does); rank 0 hands back its JobReturn
 A scheduler (:func:`schedule`) starts jobs in order as resources allow: on a GPU node each job
 gets a disjoint set of GPUs through CUDA_VISIBLE_DEVICES; on CPU at most `max_parallel` jobs run
 at once. Every single-node job gets its own rendezvous port (torchrun --standalone binds port
-0), so jobs never collide. The options are :class:`TorchrunLauncherConf`; the Launcher class
+0), so jobs never collide. A failed job is started again up to `retries` times, and a resumed
+sweep (`resume`) runs only what is unfinished (launch/resume.py).
+
+Nothing outlives the launcher: each agent, and each rank of it, asks the kernel for SIGKILL when
+its parent dies (prctl PR_SET_PDEATHSIG, launch/rank.py's :func:`die_with_parent`), so a
+SIGKILLed launcher takes its agents and their ranks with it; SIGINT, SIGTERM or SIGHUP of the
+launcher stop the running jobs as preemption does (checkpoint, exit 75, result.json
+`preempted`) before it exits. The options are :class:`TorchrunLauncherConf`; the Launcher class
 Hydra instantiates is hydra_plugins/hydra_ddp_torchrun_launcher's subclass of
 :class:`TorchrunLauncherBase` (Hydra only instantiates launchers defined under hydra_plugins).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -37,7 +45,7 @@ from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 
 from components.errors import UserError, one_line
-from components.run_dir import LAUNCHER_DIR
+from components.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from components.world import visible_gpus
 from launch.jobs import (
     Job,
@@ -54,13 +62,24 @@ from launch.jobs import (
     launcher_errors,
     resolve_output_dirs,
     settings_from,
+    stop_reason,
 )
-from launch.rank import FAILURES_JSON, JOB_JSON, JOB_PKL, RESULT_PKL
+from launch.rank import (
+    FAILURES_JSON,
+    JOB_JSON,
+    JOB_PKL,
+    PARENT_PID_ENV,
+    RESULT_PKL,
+    die_with_parent,
+)
+from launch.resume import close_attempt, prepare, record_stopped, should_retry, start_attempt
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
 AGENT_LOG = "agent.log"  # in <job dir>/.torchrun/: the torchrun agent's own output in a sweep
+# How long stopped jobs get to checkpoint and exit (torchrun gives its ranks 30 s) before SIGKILL.
+STOP_GRACE_S = 60.0
 
 
 @dataclass
@@ -88,6 +107,12 @@ class TorchrunLauncherConf:
     # 0:3 local rank 0's). null: none in a sweep (one line per finished job, then the summary),
     # every rank's for `python train.py dist.nproc_per_node=N`.
     tee: str | None = None
+    # Rerun with the same command and hydra.sweep.dir: completed jobs are not run again, the
+    # others continue from their checkpoints (launch/resume.py).
+    resume: bool = False
+    # Start a failed job again (from its checkpoints) up to this many times; user errors are
+    # not retried.
+    retries: int = 0
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> TorchrunLauncherConf:
@@ -118,8 +143,11 @@ class TorchrunLauncherBase(Launcher):
                 raise UserError(
                     "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
                 )
+            s = self.settings
             return launch_batch(self, job_overrides, initial_job_idx, "torchrun launcher",
-                                lambda jobs: run_jobs(jobs, self.settings))  # fmt: skip
+                                lambda jobs: run_jobs(jobs, s), resume=s.resume,
+                                stop_on=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
+                                lock=s.rdzv_endpoint is None)  # fmt: skip
 
 
 def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
@@ -152,18 +180,22 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
 
 
 def run_jobs(jobs: list[Job], settings: TorchrunLauncherConf) -> list[Any]:
-    """Run every job, as many at once as resources allow; return their JobReturns in order."""
+    """Run every job, as many at once as resources allow; return their JobReturns in order.
+    A resumed sweep returns the recorded JobReturn of a job completed earlier instead."""
     gpus = list(settings.gpus) if settings.gpus is not None else list(range(visible_gpus()))
+    agents = Agents(settings)
     for job in jobs:
         if not job.error:  # else its config did not compose
             plan(job, settings, gpus)
-    results = {
+    results = prepare(jobs, resume=settings.resume, retries=settings.retries,
+                      earlier_return=agents.earlier_return)  # fmt: skip
+    todo = [job for job in jobs if job.num not in results]
+    results.update({
         job.num: job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
-        for job in jobs
-        if job.error
-    }
-    ready = [job for job in jobs if not job.error]
-    results.update(schedule(ready, gpus, settings.max_parallel, Agents(settings)))
+        for job in todo if job.error
+    })  # fmt: skip
+    results.update(schedule([job for job in todo if not job.error], gpus, settings.max_parallel,
+                            agents))  # fmt: skip
     return [results[job.num] for job in jobs]
 
 
@@ -195,7 +227,9 @@ def schedule(jobs: Sequence[Job], gpus: Sequence[int], max_parallel: int | None,
     a GPU job takes one GPU per rank, a set of `gpus` disjoint from every running job's; at
     most `max_parallel` jobs at once (null: one per GPU, 1 on CPU). `agents` does the rest:
     start(job, gpus) -> a process (poll() -> None while it runs), finish(job, process) -> the
-    job's result, stop(process) on the way out (an error here, Ctrl-C). Returns {num: result}."""
+    job's result, retry(job, result) -> whether the job goes back to the head of the queue,
+    stop([(job, process)], why) on the way out (Ctrl-C, a stop signal, an error here).
+    Returns {num: result}."""
     limit = max_parallel or max(len(gpus), 1)
     free = list(gpus)
     pending, running, results = deque(jobs), [], {}
@@ -216,10 +250,13 @@ def schedule(jobs: Sequence[Job], gpus: Sequence[int], max_parallel: int | None,
                 running.remove(entry)
                 job, mine, process = entry
                 free = sorted(free + mine)
-                results[job.num] = agents.finish(job, process)
-    except BaseException:
-        for _, _, process in running:
-            agents.stop(process)
+                result = agents.finish(job, process)
+                if agents.retry(job, result):
+                    pending.appendleft(job)  # next in line: it was started before the others
+                else:
+                    results[job.num] = result
+    except BaseException as e:
+        agents.stop([(job, process) for job, _, process in running], stop_reason(e))
         raise
     return results
 
@@ -272,6 +309,7 @@ class Agents:
     def start(self, job: Job, gpus: list[int]) -> subprocess.Popen:
         import cloudpickle
 
+        start_attempt(job)  # resume=auto when it continues; launch.json
         files = self.files(job)
         files.mkdir(parents=True, exist_ok=True)
         for stale in (RESULT_PKL, JOB_JSON, FAILURES_JSON):  # from an earlier run into this dir
@@ -288,12 +326,15 @@ class Agents:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         # One OpenMP thread per rank unless the user chose: N ranks on N cores is the sane default.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, job.nproc))))
+        env[PARENT_PID_ENV] = str(os.getpid())  # the agent dies with this process
+        env[ATTEMPT_ENV] = str(job.attempt)
         job.started = time.time()
         # Nothing of a job reaches a quiet sweep's console (the launcher says how it ended):
         # the agent's own lines go to agent.log beside the ranks' files.
         out = None if self.tee() != "0" else open(files / AGENT_LOG, "ab")  # noqa: SIM115
         try:
-            # Its own session: the agent and its ranks can be signalled as one group.
+            # Its own session: a Ctrl-C in the terminal reaches the launcher only, which stops
+            # the jobs itself (stop()); the agent and its ranks are signalled as one group.
             return subprocess.Popen(self.command(job), env=env, start_new_session=True,
                                     stdout=out, stderr=out)  # fmt: skip
         finally:
@@ -301,8 +342,19 @@ class Agents:
                 out.close()  # the agent holds its own copy
 
     def finish(self, job: Job, process: subprocess.Popen) -> Any:
-        """The JobReturn of a finished job (:meth:`outcome`), reported in one line."""
-        return job_done(job, self.outcome(job, process))
+        """The JobReturn of a finished job (:meth:`outcome`), its attempt recorded and reported
+        in one line."""
+        ret = self.outcome(job, process)
+        close_attempt(job, ret)
+        return job_done(job, ret)
+
+    @staticmethod
+    def retry(job: Job, result: Any) -> bool:
+        return should_retry(job, result)
+
+    def earlier_return(self, job: Job, _attempt: Any) -> Any:
+        """Rank 0's JobReturn of the job's last attempt (a resumed sweep asks)."""
+        return read_job_return(self.files(job) / RESULT_PKL, job)
 
     def outcome(self, job: Job, process: subprocess.Popen) -> Any:
         """The JobReturn of a finished job: rank 0's own, or a failed one saying why."""
@@ -330,18 +382,36 @@ class Agents:
         return failed_job_return(job, failure_reason(rank0, dead, otherwise), ret)
 
     @staticmethod
-    def stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
-        """SIGTERM the agent's process group (it forwards to its ranks), then SIGKILL."""
-        if process.poll() is not None:
-            return
+    def stop(entries: list[tuple[Job, subprocess.Popen]], why: str,
+             grace_s: float = STOP_GRACE_S) -> None:  # fmt: skip
+        """Stop running jobs as preemption does, all at once: SIGTERM to each agent (torchrun
+        forwards it to its ranks: they agree on a step, checkpoint, exit 75), then wait up to
+        `grace_s` for all of them; past it, or at a second Ctrl-C, SIGKILL (the ranks die with
+        their agent). Each stopped job is recorded (result.json, launch.json)."""
+        alive = [process for _, process in entries if process.poll() is None]
+        if alive:
+            log.warning("%s: stopping %d running job(s): they checkpoint and exit", why,
+                        len(alive))  # fmt: skip
+        for process in alive:
+            signal_group(process, signal.SIGTERM)
+        deadline = time.time() + grace_s
         try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        except ProcessLookupError:
-            pass
+            for process in alive:
+                process.wait(timeout=max(0.0, deadline - time.time()))
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            log.warning("killing the jobs that are still running")
+            for process in alive:
+                signal_group(process, signal.SIGKILL)
+            for process in alive:
+                process.wait()
+        for job, _ in entries:
+            record_stopped(job, why)
+
+
+def signal_group(process: subprocess.Popen, sig: int) -> None:
+    """Signal the agent's process group (the agent: its ranks are in sessions of their own)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
 
 
 def read_job_return(path: Path, job: Job) -> Any:
@@ -382,13 +452,20 @@ def describe_failure(failure: dict) -> str:
 def agent_main(argv: list[str]) -> int:
     """Run torchrun (torch.distributed.run) with the given arguments. When ranks
     fail, write who failed and how to FAILURES_JSON, earliest first, and print one line per
-    failed rank instead of torchrun's 40-line traceback; the ranks' own errors are above it."""
+    failed rank instead of torchrun's 40-line traceback; the ranks' own errors are above it.
+    The agent dies with the launcher, and its ranks with it (:func:`die_with_parent`)."""
+    die_with_parent()
+    os.environ[PARENT_PID_ENV] = str(os.getpid())  # what each rank checks (torchrun copies env)
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     failures_path, args = Path(argv[0]), argv[1:]
     try:
         run(parse_args(args))  # torchrun's main() minus @record, which would only log noise
+    except SignalException as e:  # torchrun has stopped the ranks (SIGTERM, then SIGKILL)
+        print(f"torchrun: stopped by {e.sigval.name}", file=sys.stderr, flush=True)
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         # In the order torch observed them (ranks it stopped itself come last); the earliest
         # first, as torch picks its root cause (timestamps have 1 s resolution: ties keep order).

@@ -97,6 +97,36 @@ class Sweep:
         return yaml.safe_load((self.job(num) / ".hydra" / "overrides.yaml").read_text())
 
 
+def processes_with_env(key: str, value: str) -> list[str]:
+    """Live processes (zombies are dead) whose environment holds key=value, as "pid: command
+    line": a test tags a launcher with a variable of its own, and every process started under
+    it inherits the tag (agents, ranks, data workers), orphaned or not. Linux /proc; the
+    caller's own process is left out."""
+    needle = f"{key}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):  # gone meanwhile, or not ours to read
+            continue
+        found.append(f"{entry.name}: {command[:300]}")
+    return found
+
+
+def wait_for_no_processes(key: str, value: str, timeout: float = 30) -> list[str]:
+    """Poll until no live process holds key=value (processes_with_env); those left at timeout."""
+    deadline = time.time() + timeout
+    while (left := processes_with_env(key, value)) and time.time() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -161,6 +191,35 @@ def weights(run_dir: Path, name: str = "last.pt") -> dict:
     from components.checkpoint import load_checkpoint
 
     return load_checkpoint(run_dir / "checkpoints" / name)["model"]
+
+
+MEASURED = {"samples_per_s", "step_time_ms", "data_wait_pct", "peak_mem_mb", "mfu", "time",
+            "elapsed_s"}  # measurements and clock times, not results
+
+
+def assert_same_training(run_dir: Path, reference: Path) -> None:
+    """Bit-identical final weights (last.pt: the model and any EMA of it), and the same
+    metrics.jsonl rows, none missing, none twice, none torn (measured speeds and times aside:
+    a measurement, not a result)."""
+    import torch
+
+    from components.checkpoint import load_checkpoint
+
+    ref_ckpt = load_checkpoint(reference / "checkpoints" / "last.pt")
+    got_ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    for part in ("model", "ema"):
+        assert (part in ref_ckpt) == (part in got_ckpt), part
+        ref_w, got_w = ref_ckpt.get(part) or {}, got_ckpt.get(part) or {}
+        assert ref_w.keys() == got_w.keys()
+        for key in ref_w:
+            assert torch.equal(ref_w[key], got_w[key]), (
+                f"{run_dir}: {part} {key} differs from {reference}")  # fmt: skip
+
+    def results(path: Path) -> list[dict]:  # every line whole: a torn one fails here
+        lines = (path / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if k not in MEASURED} for x in lines]
+
+    assert results(run_dir) == results(reference), f"{run_dir}: metrics differ from {reference}"
 
 
 def wait_for_rows(path: Path, n: int, proc: subprocess.Popen | None = None,

@@ -14,11 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from components.checkpoint import load_checkpoint, step_files, verify
 from components.preemption import REQUEUE_EXIT_CODE
-from tests.helpers import REPO, offline_runs, output, run, run_env, train_cmd
+from tests.helpers import (
+    REPO,
+    assert_same_training,
+    offline_runs,
+    output,
+    run,
+    run_env,
+    train_cmd,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -49,22 +56,7 @@ def rows(run_dir: Path) -> list[dict]:
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     """Bit-identical final weights (and EMA weights), and the same metric rows: none missing,
     none twice."""
-    ref_ckpt = load_checkpoint(reference / "checkpoints" / "last.pt")
-    got_ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    for part in ("model", "ema"):
-        assert (part in ref_ckpt) == (part in got_ckpt)
-        ref_w, got_w = ref_ckpt.get(part, {}), got_ckpt.get(part, {})
-        assert ref_w.keys() == got_w.keys()
-        for key in ref_w:
-            assert torch.equal(ref_w[key], got_w[key]), f"{part} {key} differs from the reference"
-
-    measured = {"samples_per_s", "step_time_ms", "data_wait_pct", "peak_mem_mb", "mfu", "time",
-                "elapsed_s"}  # fmt: skip
-
-    def key(row):  # what must match exactly (speed is a measurement, not a result)
-        return {k: v for k, v in row.items() if k not in measured}
-
-    assert [key(r) for r in rows(run_dir)] == [key(r) for r in rows(reference)]
+    assert_same_training(run_dir, reference)
     # W&B: one run id across attempts. The last attempt's run holds the whole history, each
     # step once (rows the killed attempt never flushed are replayed from metrics.jsonl); an
     # earlier attempt's file holds a prefix of it, which `wandb sync` de-duplicates by step.

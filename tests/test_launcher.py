@@ -139,8 +139,11 @@ class FakeAgents:
         del self.running[job.num]
         return f"done {job.num}"
 
-    def stop(self, process: FakeProcess) -> None:
-        self.stopped.append(process.num)
+    def retry(self, job: Job, result: str) -> bool:
+        return False
+
+    def stop(self, entries: list[tuple[Job, FakeProcess]], why: str) -> None:
+        self.stopped += [process.num for _, process in entries]
 
 
 def run_schedule(jobs: list[Job], gpus: list[int], max_parallel: int | None,
@@ -177,6 +180,20 @@ def test_scheduler_never_runs_more_than_max_parallel() -> None:
     agents = FakeAgents()
     run_schedule([fake_job(n, nproc=4) for n in range(3)], [0, 1], 3, agents)
     assert agents.most_at_once == 3 and all(gpus == [] for _, gpus in agents.started)
+
+
+def test_scheduler_starts_a_retried_job_next() -> None:
+    """A job the agents retry goes back to the head of the queue: it starts again before the
+    jobs that had not started yet, and its result is its last attempt's."""
+
+    class Retrying(FakeAgents):
+        def retry(self, job: Job, result: str) -> bool:
+            return job.num == 0 and [num for num, _ in self.started].count(0) == 1
+
+    agents = Retrying(polls={0: 1, 1: 5})
+    results = run_schedule([fake_job(n) for n in range(3)], [], 2, agents)
+    assert [num for num, _ in agents.started] == [0, 1, 0, 2]
+    assert results == {n: f"done {n}" for n in range(3)} and agents.most_at_once == 2
 
 
 def test_scheduler_stops_running_jobs_when_interrupted() -> None:

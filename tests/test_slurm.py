@@ -4,7 +4,8 @@ when that is not possible), with gloo ranks on CPU and offline W&B.
 
 Hydra's own launcher suites run first (as Hydra's launcher plugins test themselves). One 2-job
 train.py sweep (dist.nproc_per_node=2, optim.lr=0.05,0.1) is shared by the tests of job dirs,
-W&B runs, the summary, and serves as the uninterrupted reference of the preemption test. A tiny
+W&B runs, the summary, and serves as the uninterrupted reference of the preemption test. A
+sweep whose launcher is SIGKILLed is resumed: the rerun waits for its SLURM jobs. A tiny
 Hydra app (written into a temp dir, no torch) checks what the sweeper receives and how failures
 are reported. Then `srun`/`sbatch` by hand: launch/slurm.py's mapping, launch/sbatch_example.sh.
 """
@@ -33,7 +34,9 @@ from hydra.version import VersionBase
 
 from components.checkpoint import load_checkpoint
 from components.errors import UserError
+from components.run_dir import read_result
 from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
+from launch.resume import read_launch_record
 from launch.slurm import (
     DDPSlurmQueueConf,
     expand_nodelist,
@@ -71,8 +74,9 @@ SLURM = [
     "hydra.launcher.cpus_per_task=1",
 ]
 LRS = ("0.05", "0.1")
-# Rank 0 writes exactly these into a train.py job dir; rank 1 nothing.
+# Rank 0 writes exactly these into a train.py job dir; rank 1 nothing; the launcher launch.json.
 JOB_DIR_ENTRIES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "wandb"}
+SWEEP_JOB_DIR_ENTRIES = JOB_DIR_ENTRIES | {"launch.json"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +240,7 @@ def test_sweep_jobs_are_2_rank_slurm_jobs(sweep: Sweep) -> None:
         ".submitit", "0", "1", "wandb"]  # fmt: skip
     for num, lr in enumerate(LRS):
         job = sweep.job(num)
-        assert {p.name for p in job.iterdir()} == JOB_DIR_ENTRIES, sorted(job.iterdir())
+        assert {p.name for p in job.iterdir()} == SWEEP_JOB_DIR_ENTRIES, sorted(job.iterdir())
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
         assert f"optim.lr={lr}" in overrides
         hydra_cfg = yaml.safe_load((job / ".hydra" / "hydra.yaml").read_text())["hydra"]
@@ -344,6 +348,64 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(
     assert runs[-1].exit_code == 0
     # The preempted attempt left no result for the launcher; the requeued one did.
     assert "Traceback" not in task_logs(sweep_dir, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# the launcher's death: a resumed sweep re-attaches to its SLURM jobs
+
+
+@pytest.mark.slow
+def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(idle_cluster: SlurmCluster,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    """SIGKILL the launcher of a 3-job sweep (one task each: two run on the 2-CPU node, one
+    waits): its SLURM jobs go on; the rerun with hydra.launcher.resume=true waits for them
+    instead of submitting them again (one SLURM job per job dir, one submission in all),
+    collects each job's result and exits 0."""
+    sweep_dir = tmp_path / "sweep"
+    cmd = train_cmd("-m", *SLURM, f"hydra.sweep.dir={sweep_dir}", *JOB,
+                    "hydra.launcher.resume=true", "optim.lr=0.05,0.1,0.2")  # fmt: skip
+    jobs = [sweep_dir / str(n) for n in range(3)]
+
+    def slurm_job(job: Path) -> str | None:
+        record = read_launch_record(job)
+        return record.attempts[-1].slurm_job_id if record and record.attempts else None
+
+    with open(tmp_path / "killed.log", "w") as log:
+        launcher = subprocess.Popen(cmd, cwd=REPO, env=run_env(**idle_cluster.env), stdout=log,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.time() + 180
+        while not (all(slurm_job(j) for j in jobs) and (jobs[0] / "metrics.jsonl").exists()):
+            assert launcher.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+            assert time.time() < deadline, "the sweep's jobs never started"
+            time.sleep(0.2)
+        launcher.kill()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    submitted = [slurm_job(j) for j in jobs]
+    still_there = set(submitted) & set(idle_cluster.job_ids())
+    assert still_there, f"the SLURM jobs {submitted} did not outlive the launcher"
+
+    resumed = run(cmd, timeout=400, **idle_cluster.env)
+    out = output(resumed)
+    assert resumed.returncode == 0, out[-5000:]
+    # Each job either ended while no launcher watched (its result is collected) or is waited
+    # for; the one queued behind the other two is still running when the rerun starts.
+    attached = {n for n, job_id in enumerate(submitted)
+                if f"#{n} (SLURM job {job_id}): re-attached to the SLURM job" in out}  # fmt: skip
+    collected = {n for n in range(3) if f"#{n} " in out and "completed earlier" in
+                 next(line for line in out.splitlines() if f"] #{n} " in line)}  # fmt: skip
+    assert attached and not attached & collected and attached | collected == {0, 1, 2}, out
+    for job, job_id in zip(jobs, submitted, strict=True):
+        record = read_launch_record(job)
+        assert [a.slurm_job_id for a in record.attempts] == [job_id]  # never submitted again
+        assert record.attempts[0].status == "completed"
+        assert read_result(job).status == "completed"
+    assert len(list(sweep_dir.glob(".submitit/.submission_file_*.sh"))) == 1
+    rows = summary_rows(sweep_dir)
+    assert sorted(r["job"] for r in rows) == ["0", "1", "2"]
+    assert all(r["status"] == "completed" and r["attempts"] == "1" for r in rows), rows
 
 
 # ---------------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ def test_write_summary_files(sweep: Path) -> None:
     header, rows = _read_csv(sweep / "summary.csv")
     assert header == ["job", "optim.lr", "status", "best", "best_epoch", "last val/acc",
                       "last val/loss", "wall_time_s", "samples_per_s", "monitor", "mode",
-                      "wandb_run_id", "overrides", "error"]  # fmt: skip
+                      "wandb_run_id", "overrides", "attempts", "error"]  # fmt: skip
     assert [r["job"] for r in rows] == ["1", "2", "4", "0", "3"]
     assert [r["optim.lr"] for r in rows] == ["0.1", "0.3", "0.2", "0.01", "3.0"]
     assert [float(r["best"]) for r in rows[:4]] == [0.92, 0.85, 0.83, 0.8]
@@ -241,6 +241,21 @@ def test_format_table_lists_failures(sweep: Path) -> None:
         "  job 3 [failed] lr=3: FloatingPointError: loss is nan at step 7",
     ]
     assert "Failed jobs" not in format_table([r for r in summary.rows if r.status == "completed"])
+
+
+def test_attempts_come_from_launch_json(sweep: Path) -> None:
+    """How often a launcher started each job (launch/resume.py's launch.json: retries,
+    resumed sweeps) is a column; a job dir without the record has none."""
+    from launch.resume import Attempt, LaunchRecord, write_launch_record
+
+    tries = [Attempt(1, 1.0, 2.0, "failed"), Attempt(2, 3.0, 4.0, "failed", continued=True)]
+    write_launch_record(sweep / "3", LaunchRecord(3, ["optim.lr=3.0"], tries))
+    rows = {r.job: r for r in write_summary(sweep).rows}
+    assert rows["3"].attempts == 2 and rows["0"].attempts is None
+    _, table = _read_csv(sweep / "summary.csv")
+    assert {r["job"]: r["attempts"] for r in table} == {"0": "", "1": "", "2": "", "3": "2",
+                                                        "4": ""}  # fmt: skip
+    assert "attempts" in format_table(list(rows.values())).splitlines()[0]
 
 
 def test_ranked_by_each_jobs_monitor_and_mode(tmp_path: Path) -> None:

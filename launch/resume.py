@@ -1,0 +1,401 @@
+"""Resuming a sweep and retrying its jobs: what a job dir's records say, and what to do next.
+
+Hydra has no resume, but its sweepers make one possible: the same command line gives the same
+jobs in the same order (BasicSweeper), or the same stored study (launch/optuna_sweeper.py), so a
+rerun with `hydra.launcher.resume=true` and the old `hydra.sweep.dir` meets every job in the dir
+it had. What happens to a job is decided from its job dir alone (:func:`decide`):
+
+    launch.json            the launcher's record (written atomically, by the launcher only): the
+                           job's number and overrides, one entry per attempt (when it started and
+                           ended, how, its SLURM job id)
+    result.json            the run's own record, written by rank 0 however the run ends:
+                           completed | failed | preempted | interrupted (components/run_dir.py)
+    rank 0's JobReturn     .torchrun/result.pkl, or the submitit result pickle of the attempt's
+                           SLURM job: the value the sweeper gets
+    .hydra/overrides.yaml  Hydra's record of the overrides (for dirs without launch.json)
+
+* completed (rank 0's JobReturn, or result.json, says so): not run again; its JobReturn (else a
+  JobReturn holding result.json's `best`) goes to the sweeper;
+* its SLURM job still queued or running (the launcher died, the job did not): waited for;
+* anything else (failed, preempted, interrupted, never started): run again in its own dir, with
+  `resume=auto` when the dir has checkpoints, so it continues where it stopped, in the same
+  W&B run;
+* recorded overrides that differ from the job's: an error naming both (one sweep per dir).
+
+`hydra.launcher.retries=N` reruns a failed job the same way, up to N times per launch, unless its
+error is the user's (bad input fails the same way again). Every attempt is in launch.json and
+the sweep summary's `attempts` column. Both launchers use this module; it imports no torch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from components.errors import UserError, describe, find_user_error
+from components.run_dir import (
+    CHECKPOINT_DIR,
+    LAUNCH_FILE,
+    OVERRIDES_FILE,
+    RESULT_FILE,
+    RunResult,
+    read_result,
+    write_json_atomic,
+    write_result,
+)
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".launcher.lock"  # in the sweep dir: one launcher per sweep dir at a time
+# What `hydra/sweeper=optuna` instantiates: it would start its study over (hydra/sweeper=ddp_optuna
+# continues it).
+HYDRA_OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+
+
+# ---------------------------------------------------------------------------------------------
+# launch.json
+
+
+@dataclass
+class Attempt:
+    """One attempt at a job: a torchrun agent the launcher started, or a SLURM job it submitted
+    (a SLURM requeue is the same attempt)."""
+
+    attempt: int
+    started: float
+    ended: float | None = None
+    status: str = "running"  # running | completed | failed | preempted | interrupted
+    error: str | None = None
+    continued: bool = False  # started with resume=auto from the job dir's checkpoints
+    slurm_job_id: str | None = None
+    slurm_folder: str | None = None  # submitit's folder pattern (%j = the job id)
+
+
+@dataclass
+class LaunchRecord:
+    job_num: int
+    overrides: list[str]
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def last(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LaunchRecord:
+        known = {f.name for f in fields(Attempt)}
+        attempts = [Attempt(**{k: v for k, v in a.items() if k in known})
+                    for a in data.get("attempts") or []]  # fmt: skip
+        return cls(int(data["job_num"]), [str(o) for o in data["overrides"]], attempts)
+
+
+def read_launch_record(job_dir: Path) -> LaunchRecord | None:
+    """The job dir's launch.json; None when absent or unreadable (it is written atomically, so
+    unreadable means not ours)."""
+    import json
+
+    try:
+        return LaunchRecord.from_json(json.loads((Path(job_dir) / LAUNCH_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_launch_record(job_dir: Path, record: LaunchRecord) -> None:
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(job_dir) / LAUNCH_FILE, record.to_json())
+
+
+# ---------------------------------------------------------------------------------------------
+# which job a dir holds
+
+
+def recorded_overrides(job_dir: Path, record: LaunchRecord | None) -> list[str] | None:
+    """The overrides of the job that ran in `job_dir`: launch.json's, else Hydra's
+    .hydra/overrides.yaml, else result.json's (a launcher's failure record); None if none."""
+    if record is not None:
+        return record.overrides
+    try:
+        data = yaml.safe_load((Path(job_dir) / OVERRIDES_FILE).read_text())
+        if isinstance(data, list):
+            return [str(o) for o in data]
+    except (OSError, yaml.YAMLError):
+        pass
+    result = read_result(job_dir)
+    return result.overrides if result is not None else None
+
+
+def check_overrides(job_num: int, overrides: Sequence[str], job_dir: Path,
+                    recorded: Sequence[str] | None) -> None:  # fmt: skip
+    """A job dir holds one job: recorded overrides (in any order) must be this job's; else a
+    UserError naming where they differ."""
+    if recorded is None or sorted(recorded) == sorted(overrides):
+        return
+    theirs = [o for o in recorded if o not in overrides] or list(recorded)
+    ours = [o for o in overrides if o not in recorded] or list(overrides)
+    raise UserError(
+        f"{job_dir} holds another job ({' '.join(theirs)}) than job #{job_num} of this sweep "
+        f"({' '.join(ours)}): never mix two sweeps in one dir: repeat the first sweep's command "
+        "line to resume it, or pass another hydra.sweep.dir"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# what to do with each job
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "done": completed earlier | "attach": wait for its SLURM job | "run"
+    why: str  # for the log
+
+
+def decide(*, rank0_completed: bool, result: RunResult | None, last: Attempt | None,
+           slurm_active: bool = False) -> Decision:  # fmt: skip
+    """What a resumed sweep does with a job, from its records (see the module docstring)."""
+    if rank0_completed:
+        return Decision("done", "completed")
+    if last is not None and last.slurm_job_id and slurm_active:
+        return Decision("attach", f"SLURM job {last.slurm_job_id} is still queued or running")
+    if result is not None and result.status == "completed":
+        return Decision("done", "completed")
+    if result is not None and result.status != "running":
+        detail = f": {result.error}" if result.error and result.status == "failed" else ""
+        return Decision("run", f"{result.status}{detail}")
+    if last is not None:
+        return Decision("run", "stopped without a result (killed?)")
+    return Decision("run", "never started")
+
+
+def settle(job_dir: Path, record: LaunchRecord, completed: bool) -> None:
+    """Record how the last attempt ended when its launcher died before it could: completed,
+    or what this attempt's result.json says, else interrupted (killed with the launcher)."""
+    last = record.last
+    path = Path(job_dir) / RESULT_FILE
+    result = read_result(job_dir, since=last.started)
+    if completed or (result is not None and result.status == "completed"):
+        last.status, last.error = "completed", None
+    elif result is not None and result.status != "running":
+        last.status, last.error = result.status, result.error
+    else:
+        last.status, last.error = "interrupted", "ended with its launcher, leaving no result"
+    last.ended = path.stat().st_mtime if result is not None else time.time()
+    write_launch_record(job_dir, record)
+
+
+def has_checkpoints(job_dir: Path) -> bool:
+    ckpt = Path(job_dir) / CHECKPOINT_DIR
+    return ckpt.is_dir() and any(ckpt.glob("*.pt"))
+
+
+def prepare(jobs: Sequence[Any], *, resume: bool, retries: int,
+            earlier_return: Callable[[Any, Attempt | None], Any],
+            slurm_active: Callable[[list[str]], set[str]] | None = None,
+            ) -> dict[int, Any]:  # fmt: skip
+    """Read each sweep job's records before anything runs: check its dir holds this job (else a
+    UserError, before any job starts), give it its attempt count and retries, and with `resume`
+    decide what to do with it. Returns {num: JobReturn} of the jobs completed earlier (not to be
+    run again); a job whose SLURM job is still queued or running gets `job.attach` (its attempt).
+    `earlier_return(job, attempt)` reads rank 0's JobReturn of an attempt (None if none);
+    `slurm_active(ids)` says which of those SLURM job ids are still queued or running."""
+    from hydra.core.utils import JobStatus
+
+    records = {}
+    for job in jobs:
+        job.retries_left = retries
+        if not job.in_sweep:
+            continue
+        record = read_launch_record(job.job_dir)
+        check_overrides(job.num, job.overrides, job.job_dir,
+                        recorded_overrides(job.job_dir, record))  # fmt: skip
+        records[job.num] = record
+        job.attempt = len(record.attempts) if record is not None else 0
+    active: set[str] = set()
+    if resume and slurm_active is not None:
+        ids = [r.last.slurm_job_id for r in records.values() if r and r.last and
+               r.last.slurm_job_id and r.last.ended is None]  # fmt: skip
+        active = slurm_active(ids) if ids else set()
+
+    done = {}
+    for job in jobs:
+        if job.num not in records:
+            continue
+        record, result = records[job.num], read_result(job.job_dir)
+        last = record.last if record is not None else None
+        if not resume:
+            if last is not None and last.ended is None:
+                settle(job.job_dir, record, completed=False)
+            if record is not None or result is not None:
+                log.warning("#%d: %s already holds a run of this job: it runs again from the "
+                            "start (hydra.launcher.resume=true would continue it)", job.num,
+                            job.job_dir)  # fmt: skip
+            continue
+        ret = earlier_return(job, last)
+        completed = ret is not None and ret.status == JobStatus.COMPLETED
+        attachable = last is not None and last.slurm_job_id in active
+        decision = decide(rank0_completed=completed, result=result, last=last,
+                          slurm_active=attachable)  # fmt: skip
+        if last is not None and last.ended is None and decision.action != "attach":
+            settle(job.job_dir, record, completed)
+        label = f"#{job.num} {' '.join(job.overrides) or '(no overrides)'}"
+        if decision.action == "done":
+            if not completed:  # no JobReturn of rank 0 left: result.json's value
+                from launch.jobs import job_return
+
+                ret = job_return(job, JobStatus.COMPLETED, result.best if result else None)
+            log.info("%s: completed earlier, not run again (value %s)", label, ret.return_value)
+            done[job.num] = ret
+            continue
+        job.continues = True
+        if decision.action == "attach":
+            job.attach = last
+            log.info("%s: %s: waiting for it", label, decision.why)
+        elif record is not None or result is not None:
+            log.info("%s: %s: runs again%s", label, decision.why,
+                     " from its checkpoints" if has_checkpoints(job.job_dir) else "")  # fmt: skip
+    return done
+
+
+# ---------------------------------------------------------------------------------------------
+# attempts
+
+
+def start_attempt(job: Any) -> None:
+    """Before a job's processes start (or its SLURM job is submitted): count the attempt,
+    continue from the job dir's checkpoints when this attempt follows another (`resume=auto`,
+    for configs with a top-level `resume` key, e.g. train.py's), and record it in launch.json."""
+    job.attempt += 1
+    job.started = time.time()
+    continued = job.continues and has_checkpoints(job.job_dir)
+    if continued:
+        set_resume_auto(job.spec.config)
+    if job.in_sweep:
+        record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))
+        record.attempts.append(Attempt(job.attempt, job.started, continued=continued))
+        write_launch_record(job.job_dir, record)
+
+
+def set_resume_auto(config: DictConfig) -> None:
+    if OmegaConf.select(config, "resume", default=None) == "auto" or "resume" not in config:
+        return
+    with open_dict(config):
+        config.resume = "auto"
+
+
+def update_attempt(job: Any, **values: Any) -> None:
+    """Add to the record of the job's current attempt (e.g. its SLURM job id once submitted)."""
+    if not job.in_sweep:
+        return
+    record = read_launch_record(job.job_dir)
+    if record is None or record.last is None:
+        return
+    for key, value in values.items():
+        setattr(record.last, key, value)
+    write_launch_record(job.job_dir, record)
+
+
+def attempt_outcome(job: Any, ret: Any) -> tuple[str, str | None]:
+    """(status, one-line error) of the attempt that just ended with `ret`: the run's own
+    result.json status when this attempt wrote one (preempted, interrupted, failed), else the
+    JobReturn's."""
+    if ret.status.name == "COMPLETED":
+        return "completed", None
+    result = read_result(job.job_dir, since=job.started)
+    if result is not None and result.status in ("failed", "preempted", "interrupted"):
+        return result.status, result.error
+    return "failed", describe(ret._return_value)
+
+
+def close_attempt(job: Any, ret: Any) -> None:
+    status, error = attempt_outcome(job, ret)
+    update_attempt(job, ended=time.time(), status=status, error=error)
+
+
+def record_stopped(job: Any, signal_name: str) -> str:
+    """A job the launcher stopped because it was asked to stop (SIGINT/SIGTERM): its run
+    recorded `preempted` when it stopped at a checkpoint; a run that left no record of this
+    attempt gets result.json `interrupted`. Returns the status."""
+    result = read_result(job.job_dir, since=job.started) if job.started else None
+    if result is None or result.status == "running":
+        result = RunResult(status="interrupted", overrides=list(job.overrides), job_num=job.num,
+                           error=f"the sweep was stopped ({signal_name}) before the job ended")
+        write_result(job.job_dir, result)  # fmt: skip
+    update_attempt(job, ended=time.time(), status=result.status, error=result.error)
+    log.warning("#%d %s: %s%s", job.num, " ".join(job.overrides), result.status,
+                "" if result.status == "completed" else
+                ": hydra.launcher.resume=true continues it")  # fmt: skip
+    return result.status
+
+
+def should_retry(job: Any, ret: Any) -> bool:
+    """Whether a job that just ended gets another attempt (hydra.launcher.retries): it failed,
+    it has retries left in this launch, and its error is not the user's (bad input fails the
+    same way every time). Counts the retry and says so."""
+    if ret.status.name == "COMPLETED" or job.retries_left <= 0:
+        return False
+    if find_user_error(ret._return_value) is not None:
+        log.info("#%d: not retried: a user error fails the same way again", job.num)
+        return False
+    job.retries_left -= 1
+    job.continues = True
+    log.warning("#%d: attempt %d did not complete; retrying%s (%d retr%s left)", job.num,
+                job.attempt,
+                " from its checkpoints" if has_checkpoints(job.job_dir) else "",
+                job.retries_left, "y" if job.retries_left == 1 else "ies")  # fmt: skip
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# one launcher per sweep dir
+
+_HELD_LOCKS: dict[str, int] = {}
+
+
+def hold_sweep_lock(sweep_dir: Path) -> None:
+    """Hold <sweep dir>/.launcher.lock (an flock) while this process lives: a second launcher
+    on the same sweep dir (a resume while the first still runs) is an error instead of two
+    launchers running the same jobs in the same dirs. The kernel drops the lock when the
+    process ends, however it ends. File systems without flock: no lock, a warning."""
+    path = (Path(sweep_dir) / LOCK_FILE).resolve()
+    if str(path) in _HELD_LOCKS:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UserError(
+            f"{sweep_dir} is in use by another launcher (pid {holder}): wait for it to end or "
+            "stop it, then rerun with hydra.launcher.resume=true"
+        ) from None
+    except OSError as e:
+        os.close(fd)
+        log.warning("cannot lock %s (%s): make sure no other launcher uses this sweep dir",
+                    path, e)  # fmt: skip
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _HELD_LOCKS[str(path)] = fd
+
+
+def check_sweeper(config: DictConfig, resume: bool) -> None:
+    """hydra/sweeper=optuna asks for new trials from 0 on every run: resuming needs ours."""
+    target = OmegaConf.select(config, "hydra.sweeper._target_", default=None)
+    if resume and target == HYDRA_OPTUNA_SWEEPER:
+        raise UserError(
+            "hydra.launcher.resume=true with hydra/sweeper=optuna would start the study over: "
+            "use hydra/sweeper=ddp_optuna (the same options; it continues the study)"
+        )
