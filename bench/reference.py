@@ -1,11 +1,14 @@
 """The plain DDP recipe the benchmark (bench/bench.py) compares train.py against.
 
-    python -m bench.reference --workload A|B --mode reference|raw --steps N --log-every K
+    python -m bench.reference --workload A|B|C|D --mode reference|raw --steps N --log-every K
+                              [--num-workers W] [--data-root DIR]
     python -m torch.distributed.run --standalone --nproc-per-node=2 -m bench.reference ...
 
-reference: init_process_group(gloo) -> torchvision dataset + DistributedSampler + DataLoader ->
-model (DDP when world size > 1) -> SGD; set_epoch each epoch; forward, backward, step. Nothing
-else. Same dataset, transforms, model, optimizer and per-rank batch as train.py's config.
+reference: init_process_group(gloo) -> torchvision dataset (FakeData, MNIST, ImageFolder) with
+v1 transforms (ToTensor + Normalize, after the same augmentation) + DistributedSampler +
+DataLoader (W workers) -> model (DDP when world size > 1) -> SGD; set_epoch each epoch;
+forward, backward, step. Nothing else. Same data, augmentation, model, optimizer and per-rank
+batch as train.py's config.
 raw: the same model and optimizer on one pre-built batch of random tensors, reused every step:
 the ceiling for this model on this machine.
 
@@ -29,39 +32,47 @@ import torchvision
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
-from torchvision.transforms import v2
+from torchvision import transforms as v1
 
-from bench.bench import RESULT_TAG, WORKLOADS, process_age
+from bench.bench import D_CHANNELS, D_HIDDEN, RESULT_TAG, WORKLOADS, process_age
 
 # train.py's data.transforms constants, restated so this script stays the plain recipe
 # (tests/test_bench.py checks that they agree).
 FAKE_NORM = ((0.5, 0.5, 0.5), (0.29, 0.29, 0.29))
 MNIST_NORM = ((0.1307,), (0.3081,))
+IMAGENET_NORM = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # imagefolder's
 MNIST_PADDING = 3  # conf/dataset/mnist.yaml's augment=shift: 28 // 8
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4  # conf/optim/sgd.yaml
 
 
 def build_dataset(workload: str, size: int, data_root: str | None):
-    if workload == "A":  # conf/dataset/fake.yaml: no augmentation
-        mean, std = FAKE_NORM
-        tf = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
-                         v2.Normalize(mean, std)])  # fmt: skip
-        return torchvision.datasets.FakeData(size, (3, 32, 32), 10, transform=tf)
-    mean, std = MNIST_NORM  # conf/dataset/mnist.yaml: augment=shift (random 28px crop, padding 3)
-    tf = v2.Compose([v2.RandomCrop(28, padding=MNIST_PADDING), v2.ToImage(),
-                     v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])  # fmt: skip
-    return torchvision.datasets.MNIST(data_root, train=True, transform=tf)
+    to_tensor = [v1.ToTensor(), v1.Normalize(*FAKE_NORM)]
+    if workload in ("A", "C"):  # conf/dataset/fake.yaml: no augmentation
+        return torchvision.datasets.FakeData(size, (3, 32, 32), 10,
+                                             transform=v1.Compose(to_tensor))  # fmt: skip
+    if workload == "B":  # conf/dataset/mnist.yaml: augment=shift (random 28px crop, padding 3)
+        tf = v1.Compose([v1.RandomCrop(28, padding=MNIST_PADDING), v1.ToTensor(),
+                         v1.Normalize(*MNIST_NORM)])  # fmt: skip
+        return torchvision.datasets.MNIST(data_root, train=True, transform=tf)
+    # conf/dataset/imagefolder.yaml: augment=random_resized_crop (scale 0.08-1, ratio 3/4-4/3)
+    tf = v1.Compose([v1.RandomResizedCrop(WORKLOADS["D"].shape[-1]), v1.RandomHorizontalFlip(),
+                     v1.ToTensor(), v1.Normalize(*IMAGENET_NORM)])  # fmt: skip
+    return torchvision.datasets.ImageFolder(os.path.join(data_root, "train"), transform=tf)
 
 
 def build_model(workload: str) -> nn.Module:
-    if workload == "A":  # conf/model/resnet18.yaml: small_input_stem=true (models/torchvision.py)
+    if workload in ("A", "C"):  # conf/model/resnet18.yaml (models/torchvision.py)
         model = torchvision.models.get_model("resnet18", weights=None, num_classes=10)
-        model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
-        model.maxpool = nn.Identity()
+        if workload == "A":  # small_input_stem=true
+            model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+            model.maxpool = nn.Identity()
         return model
     from models.small_cnn import SmallCNN  # conf/model/small_cnn.yaml
 
-    return SmallCNN(num_classes=10, in_channels=1, image_size=28)
+    if workload == "B":
+        return SmallCNN(num_classes=10, in_channels=1, image_size=28)
+    return SmallCNN(num_classes=10, in_channels=3, image_size=WORKLOADS["D"].shape[-1],
+                    channels=D_CHANNELS, hidden=D_HIDDEN)  # fmt: skip
 
 
 def main() -> None:
@@ -70,7 +81,8 @@ def main() -> None:
     p.add_argument("--mode", choices=("reference", "raw"), required=True)
     p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
     p.add_argument("--log-every", type=int, required=True, help="steps per throughput window")
-    p.add_argument("--data-root", help="MNIST root (workload B)")
+    p.add_argument("--data-root", help="MNIST root (workload B), ImageFolder root (D)")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
     args = p.parse_args()
     spec = WORKLOADS[args.workload]
 
@@ -85,7 +97,9 @@ def main() -> None:
     if args.mode == "reference":
         dataset = build_dataset(args.workload, args.steps * spec.global_batch, args.data_root)
         sampler = DistributedSampler(dataset, shuffle=True)
-        loader = DataLoader(dataset, batch_size=batch, sampler=sampler)
+        loader = DataLoader(dataset, batch_size=batch, sampler=sampler,
+                            num_workers=args.num_workers,
+                            persistent_workers=args.num_workers > 0)  # fmt: skip
         epochs = -(-args.steps // len(loader))
     else:
         x = torch.randn(batch, *spec.shape)

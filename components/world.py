@@ -84,3 +84,16 @@ def per_rank_batch(global_batch: int, world_size: int, accumulate: int = 1) -> i
             f"use a multiple of {parts}, e.g. trainer.batch_size={fix}"
         )
     return global_batch // parts
+
+
+def cores_per_rank(local_world_size: int) -> int:
+    """This node's usable CPU cores (the process's affinity) divided among its ranks."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, local_world_size))
+
+
+def data_workers(value: Any, local_world_size: int) -> int:
+    """`dataset.num_workers`: an integer >= 0, or `auto`: every core of this rank's share but
+    the one its own process trains on (none where a rank has a single core)."""
+    workers = parse_count(value, "dataset.num_workers", minimum=0)
+    return cores_per_rank(local_world_size) - 1 if workers is None else workers

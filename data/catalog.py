@@ -13,12 +13,17 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import torch
 from torch.utils.data import Subset
 from torchvision import datasets as tvd
+from torchvision.transforms import v2
+from torchvision.transforms.functional import to_pil_image
 
 from components.errors import UserError
 from data.datasets import DataSource, FastPath, carve_val, holdout_size, stratified_holdout
+from data.decode import DecodeImage, read_bytes
 from data.digits import Digits
 from data.transforms import NORMALIZATION, Recipe, train_transform, val_transform
 
@@ -77,6 +82,13 @@ def _check_size(image_size: int) -> int:
 def _transforms(name: str, image_size: int, augment: Recipe | None) -> dict:
     return {"train_transform": train_transform(name, image_size, augment),
             "eval_transform": val_transform(name, image_size)}  # fmt: skip
+
+
+def _file_transforms(name: str, image_size: int, augment: Recipe | None) -> dict:
+    """The file-based sets' transforms: decode the file's bytes (data/decode.py), then the
+    recipe on the uint8 tensor."""
+    return {key: v2.Compose([DecodeImage(), *pipeline.transforms])
+            for key, pipeline in _transforms(name, image_size, augment).items()}  # fmt: skip
 
 
 def _in_memory(name: str, augment: Recipe | None) -> FastPath:
@@ -145,13 +157,13 @@ def imagenet(root: str, download: bool = False, augment: Recipe | None = None,
     root, size = _root(root), _check_size(image_size)
     _manual("imagenet", root, download)
     with reading("imagenet", root, download, IMAGENET_FIX):
-        train = tvd.ImageNet(root, split="train")
-        test = tvd.ImageNet(root, split="val")
+        train = tvd.ImageNet(root, split="train", loader=read_bytes)
+        test = tvd.ImageNet(root, split="val", loader=read_bytes)
     train_part, val = carve_val(train, val_fraction)
     names = [c[0] if isinstance(c, tuple) else str(c) for c in train.classes]
     return DataSource(train_part, val, test, num_classes=len(names), in_channels=3,
                       image_size=size, classes=names,
-                      **_transforms("imagenet", size, augment))  # fmt: skip
+                      **_file_transforms("imagenet", size, augment))  # fmt: skip
 
 
 def imagefolder(root: str, download: bool = False, augment: Recipe | None = None,
@@ -162,8 +174,8 @@ def imagefolder(root: str, download: bool = False, augment: Recipe | None = None
     root, size = _root(root), _check_size(image_size)
     _manual("imagefolder", root, download)
     with reading("imagefolder", root, download, FOLDER_FIX):
-        train = tvd.ImageFolder(os.path.join(root, "train"))
-        found = {split: tvd.ImageFolder(os.path.join(root, split))
+        train = tvd.ImageFolder(os.path.join(root, "train"), loader=read_bytes)
+        found = {split: tvd.ImageFolder(os.path.join(root, split), loader=read_bytes)
                  for split in ("val", "test") if Path(root, split).is_dir()}  # fmt: skip
     for split, folder in found.items():
         # Labels are class-folder indices: differing folder sets would silently mislabel.
@@ -178,7 +190,29 @@ def imagefolder(root: str, download: bool = False, augment: Recipe | None = None
     train_part, val = (train, found["val"]) if "val" in found else carve_val(train, val_fraction)
     return DataSource(train_part, val, found.get("test"), num_classes=len(train.classes),
                       in_channels=3, image_size=size, classes=train.classes,
-                      **_transforms("imagefolder", size, augment))  # fmt: skip
+                      **_file_transforms("imagefolder", size, augment))  # fmt: skip
+
+
+class FakeImages(tvd.FakeData):
+    """torchvision's FakeData, the very same images and labels, drawn from a generator of its
+    own. FakeData reseeds torch's global RNG for each image with torch.manual_seed, which also
+    queues a lazy seed for CUDA and formats the Python stack to do so: 0.5-1 ms per image,
+    growing with the caller's stack depth (deeper in train.py than in a plain script), several
+    times the cost of the image itself."""
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        if index >= len(self):
+            raise IndexError(f"{self.__class__.__name__} index out of range")
+        generator = torch.Generator().manual_seed(index + self.random_offset)
+        image = torch.randn(*self.image_size, generator=generator)
+        target = torch.randint(0, self.num_classes, size=(1,), dtype=torch.long,
+                               generator=generator)[0]  # fmt: skip
+        image = to_pil_image(image)  # FakeData's ToPILImage(): the same 8-bit image
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, int(target)
 
 
 def fake(size: int = 1000, image_size: int = 32, num_classes: int = 10,
@@ -193,7 +227,7 @@ def fake(size: int = 1000, image_size: int = 32, num_classes: int = 10,
     held = max(int(size) // 5, 1)
 
     def images(n: int, offset: int) -> tvd.FakeData:
-        return tvd.FakeData(n, (3, side, side), int(num_classes), random_offset=offset)
+        return FakeImages(n, (3, side, side), int(num_classes), random_offset=offset)
 
     return DataSource(images(size, 0), images(held, size), images(held, size + held),
                       num_classes=int(num_classes), in_channels=3, image_size=side,

@@ -33,7 +33,7 @@ from torch.utils.data import Dataset, Subset
 from components.errors import UserError, instantiate, one_line
 from data.fast import InMemoryData, as_uint8_nchw
 from data.seeding import EpochSeededDataset
-from data.transforms import Recipe
+from data.transforms import Recipe, is_random
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -305,7 +305,8 @@ def build_datasets(
     evaluated = {split: SplitView(getattr(source, split), source.eval_transform)
                  for split in SPLITS if getattr(source, split) is not None}  # fmt: skip
     return DataSplits(
-        train=EpochSeededDataset(SplitView(source.train, source.train_transform), seed),
+        train=EpochSeededDataset(SplitView(source.train, source.train_transform), seed,
+                                 random=is_random(source.train_transform)),
         val=evaluated["val"],
         num_classes=int(source.num_classes),
         in_channels=int(source.in_channels),

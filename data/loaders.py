@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
-from data.datasets import DataSplits
+from components.world import data_workers
+from data.datasets import DataSplits, SplitView
+from data.decode import device_stages
 from data.fast import FastEvalLoader, FastTrainLoader
 from data.samplers import ExactShardSampler, ResumableDistributedSampler
-from data.seeding import mix_seed
+from data.seeding import EpochSeededDataset, mix_seed
+from data.transforms import Stages
 
 # Distinguish the train and eval loaders' worker seeds.
 _TRAIN_STREAM, _EVAL_STREAM = 0, 1
@@ -70,12 +75,15 @@ def seed_worker(worker_id: int) -> None:
 
 
 def loader_options(dataset_cfg, *, rank: int, world_size: int, seed: int,
-                   device: torch.device) -> dict:  # fmt: skip
+                   device: torch.device, local_world_size: int | None = None) -> dict:  # fmt: skip
     """This rank's keyword arguments of build_loaders / eval_loader: its place in the world,
     and from the dataset config (any dataset node: a user's may lack these keys) the workers
-    and the fast path; pinned memory on GPU."""
-    return dict(rank=rank, world_size=world_size, seed=seed,
-                num_workers=int(dataset_cfg.get("num_workers", 0)),
+    (`auto`: from the cores this rank has, components.world.data_workers) and the fast path;
+    pinned memory on GPU."""
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    workers = data_workers(dataset_cfg.get("num_workers", "auto"), local_world_size)
+    return dict(rank=rank, world_size=world_size, seed=seed, num_workers=workers,
                 pin_memory=torch.device(device).type == "cuda",
                 fast=bool(dataset_cfg.get("fast", True)), device=device)  # fmt: skip
 
@@ -163,12 +171,17 @@ def eval_loader(
             return FastEvalLoader(splits.memory, sampler, batch_size, device, split)
     sampler = ExactShardSampler(len(dataset), rank, world_size)  # type: ignore[arg-type]
     return _loader(dataset, sampler, batch_size, drop_last=False, stream=_EVAL_STREAM, rank=rank,
-                   seed=seed, num_workers=num_workers, pin_memory=pin_memory)  # fmt: skip
+                   seed=seed, num_workers=num_workers, pin_memory=pin_memory,
+                   device=device)  # fmt: skip
 
 
 def _loader(dataset, sampler, size: int, *, drop_last: bool, stream: int, rank: int, seed: int,
-            num_workers: int, pin_memory: bool, **_unused) -> DataLoader:  # fmt: skip
-    return DataLoader(
+            num_workers: int, pin_memory: bool, device: torch.device | str = "cpu",
+            **_unused) -> DataLoader:  # fmt: skip
+    device = torch.device(device)
+    dataset, stages = staged(dataset, device)
+    on_device = device.type != "cpu" and stages.batch is not None
+    return StagedLoader(
         dataset,
         batch_size=size,
         sampler=sampler,
@@ -176,9 +189,63 @@ def _loader(dataset, sampler, size: int, *, drop_last: bool, stream: int, rank: 
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
+        # at least 4 batches in flight in all (torch's default is 2 per worker)
+        prefetch_factor=max(2, -(-4 // num_workers)) if num_workers else None,
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(mix_seed(seed, rank, stream)),
+        collate_fn=Collate(stages.collate, None if on_device else stages.batch),
+        finish=stages.batch if on_device else None,
+        device=device,
     )
+
+
+def staged(dataset: Dataset, device: torch.device) -> tuple[Dataset, Stages]:
+    """``dataset`` with its items cut short at its transform's sample stage, and the stages
+    (data.transforms.Stages; data.decode.device_stages): the rest runs per batch. Datasets
+    other than the SplitViews build_datasets makes are loaded as they are."""
+    if isinstance(dataset, EpochSeededDataset):
+        inner, stages = staged(dataset.dataset, device)
+        return EpochSeededDataset(inner, dataset.seed, dataset.random), stages
+    if isinstance(dataset, SplitView):
+        stages = device_stages(dataset.transform, device)
+        return SplitView(dataset.dataset, stages.sample), stages
+    return dataset, Stages(None)
+
+
+class Collate:
+    """Items -> a batch: ``collate`` (None: torch's default_collate), then the batch stage on
+    the images where it runs here (CPU training: in the loader's workers)."""
+
+    def __init__(self, collate: Callable | None, batch: Callable | None) -> None:
+        self.collate, self.batch = collate or default_collate, batch
+
+    def __call__(self, items: list) -> Any:
+        batch = self.collate(items)
+        if self.batch is None:
+            return batch
+        x, y = batch
+        return self.batch(x), y
+
+
+class StagedLoader(DataLoader):
+    """A DataLoader whose batches, with a ``finish`` stage, are moved to ``device`` and
+    finished there (GPU training: normalise, or decode and augment, on the device); without
+    one, a plain DataLoader."""
+
+    def __init__(self, *args, finish: Callable | None = None,
+                 device: torch.device | str = "cpu", **kwargs) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.finish, self.device = finish, torch.device(device)
+
+    def __iter__(self):
+        batches = super().__iter__()
+        return batches if self.finish is None else self._finished(batches)
+
+    def _finished(self, batches) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for x, y in batches:
+            if isinstance(x, torch.Tensor):
+                x = x.to(self.device, non_blocking=True)
+            yield self.finish(x), y.to(self.device, non_blocking=True)
 
 
 def sample_positions(loader: DataLoader | FastEvalLoader) -> list[int]:

@@ -17,7 +17,7 @@ import torch
 from torchvision.transforms import v2
 
 from components.errors import UserError
-from data.seeding import mix_seed
+from data.seeding import mix_seed, seeded
 
 _MIX_STREAM = 0x6D6978  # keeps these seeds apart from the per-sample ones
 
@@ -52,6 +52,7 @@ class BatchMix:
                  batch: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         if not self.enabled:
             return x, y
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(mix_seed(self.seed, epoch, batch, _MIX_STREAM))
+        # The CPU generator only (what v2.MixUp/CutMix draw from), restored after: CUDA's
+        # generators are left alone (torch.manual_seed would reseed them too).
+        with seeded(mix_seed(self.seed, epoch, batch, _MIX_STREAM)):
             return self.transform(x, y)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from PIL import Image
 from torchvision.datasets import MNIST
 
 import conf.schema  # noqa: F401 - registers the schema for compose()
@@ -22,9 +23,10 @@ from data.transforms import NORMALIZATION, build_recipe
 from tests.helpers import REPO, run_env
 
 
-def composed(workload: str, data_root: Path | None = None):
+def composed(workload: str, data_root: Path | None = None, workers: int | None = 0):
     """train.py's config for a workload, composed from the benchmark's own overrides."""
-    setup = bench.Setup(workload, 1, steps=4, log_every=2, data_root=data_root, threads=1)
+    setup = bench.Setup(workload, 1, steps=4, log_every=2, data_root=data_root, threads=1,
+                        workers=None if workload == "B" else workers)  # fmt: skip
     overrides = [o for o in bench.train_overrides(setup, Path("unused"))
                  if not o.startswith("hydra.")]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -62,18 +64,58 @@ def test_reference_matches_train_config(workload, tmp_path):
     assert str(theirs) == str(ours)
 
     name = cfg.dataset._target_.rsplit(".", 1)[-1]
-    assert cfg.dataset._target_ == f"data.catalog.{name}" and name == {"A": "fake", "B": "mnist"}[
-        workload]  # fmt: skip
-    norm = bench_reference.FAKE_NORM if workload == "A" else bench_reference.MNIST_NORM
+    assert cfg.dataset._target_ == f"data.catalog.{name}"
+    assert name == {"A": "fake", "B": "mnist", "C": "fake", "D": "imagefolder"}[workload]
+    norm = {"fake": bench_reference.FAKE_NORM, "mnist": bench_reference.MNIST_NORM,
+            "imagefolder": bench_reference.IMAGENET_NORM}[name]  # fmt: skip
     assert NORMALIZATION[name] == norm
-    recipe = build_recipe(cfg.augment).fast(size)
+    recipe = build_recipe(cfg.augment)
     assert cfg.trainer.mixup.mixup_alpha == cfg.trainer.mixup.cutmix_alpha == 0
-    if workload == "A":
-        assert recipe.padding == 0 and not recipe.flip  # no augmentation on either side
+    assert cfg.dataset.get("num_workers") == ("auto" if workload == "B" else "0")
+    if workload in ("A", "C"):
+        assert recipe.crop == "none" and not recipe.flip  # no augmentation on either side
         assert cfg.dataset.size == 4 * spec.global_batch and cfg.dataset.image_size == size
-    else:
-        assert recipe.padding == bench_reference.MNIST_PADDING and not recipe.flip
+        assert cfg.model.small_input_stem == (workload == "A")
+    elif workload == "B":
+        assert recipe.fast(size).padding == bench_reference.MNIST_PADDING and not recipe.flip
         assert cfg.dataset.root == str(tmp_path)
+    else:  # RandomResizedCrop(size, torchvision's default scale and ratio) + flip, both sides
+        bench.make_jpegs(tmp_path, per_class=1, val_per_class=1)
+        reference = bench_reference.build_dataset(workload, 4 * spec.global_batch, str(tmp_path))
+        crop, flip = reference.transform.transforms[:2]
+        assert type(flip).__name__ == "RandomHorizontalFlip" and flip.p == 0.5
+        assert recipe.crop == "resized" and recipe.flip and cfg.dataset.image_size == size
+        assert (tuple(recipe.scale), tuple(recipe.ratio)) == (crop.scale, crop.ratio)
+        assert tuple(crop.size) == (size, size)
+        assert cfg.dataset.root == str(tmp_path)
+
+
+@pytest.fixture
+def jpeg_root(tmp_path):
+    root = tmp_path / "jpegs"
+    bench.make_jpegs(root, per_class=-(-4 * 64 // bench.JPEG_CLASSES), val_per_class=1)
+    return root
+
+
+def test_generated_jpegs_train_on_the_steps_asked_for(jpeg_root):
+    splits = build_datasets(composed("D", jpeg_root).dataset)
+    assert len(splits.train) // 64 == 4 and len(splits.val) == bench.JPEG_CLASSES
+    files = sorted((jpeg_root / "train").rglob("*.jpg"))
+    sides = {side for f in files[:40] for side in Image.open(f).size}
+    assert min(sides) >= bench.JPEG_SIDES[0] and max(sides) <= bench.JPEG_SIDES[1]
+    assert len(sides) > 5  # sizes vary
+    x, _ = splits.train[0]
+    assert x.shape == bench.WORKLOADS["D"].shape
+
+
+def test_cells_and_workers():
+    spec = bench.WORKLOADS["C"]
+    assert bench.cells(spec, None, smoke=False) == [(1, 0), (1, 2), (2, 0), (2, 2)]
+    assert bench.cells(spec, None, smoke=True) == [(2, 2)]
+    assert bench.cells(bench.WORKLOADS["B"], [1], smoke=False) == [(1, None)]
+    auto = bench.cells(bench.WORKLOADS["D"], [1, 2], smoke=False)
+    assert [w for _, w in auto] == [bench.resolve_workers("auto", 1),
+                                    bench.resolve_workers("auto", 2)]  # fmt: skip
 
 
 def test_generated_mnist_trains_on_the_steps_asked_for(tmp_path):
@@ -112,7 +154,10 @@ def test_smoke_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     rows = {(row["workload"], row["world_size"]): row for row in report["rows"]}
-    assert set(rows) == {(w, n) for w in bench.WORKLOADS for n in (1, 2)}
+    assert set(rows) == {(w, n) for w, spec in bench.WORKLOADS.items()
+                         for n in spec.smoke_world_sizes}  # fmt: skip
+    assert {n for _, n in rows} == {1, 2} and set(bench.WORKLOADS) == {"A", "B", "C", "D"}
+    assert rows["C", 2]["workers"] == 2 and rows["B", 2]["workers"] is None
     for (workload, world), row in rows.items():
         rate = row["samples_per_s"]
         for mode in bench.MODES:
@@ -126,7 +171,12 @@ def test_smoke_end_to_end(tmp_path):
         assert row["time_to_first_step_s"]["reference"] > 0 and row["import_s"] > 0
         for target in row["targets"].values():
             assert target["verdict"] in ("PASS", "MISS", "n/a")
+        first_step = f"1st step <= import + {bench.FIRST_STEP_MARGIN_S[world]} s"
+        assert set(row["targets"]) == {first_step, next(
+            name for name, w, _ in bench.TARGETS if w == workload)}  # fmt: skip
     assert report["table"] in proc.stdout
-    for name in report["targets"]:
-        assert name in proc.stdout
-    assert {"A: train/ref >= 1.0", "B: train/raw >= 0.95"} <= set(report["targets"])
+    for row in report["rows"]:
+        for name in row["targets"]:
+            assert name in proc.stdout
+    assert {"A: train/ref >= 1.0", "B: train/raw >= 0.95", "C: train/ref >= 1.0",
+            "D: train/ref >= 1.3"} <= set(report["targets"])  # fmt: skip
