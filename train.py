@@ -12,6 +12,14 @@ one module away: components/ (services inside a rank), data/, models/, launch/ (
 sweeps start). eval.py evaluates a checkpoint later with the same pieces.
 """
 
+if __name__ == "__main__":  # `python train.py ...` (also each rank under plain torchrun)
+    # Hydra composes conf/train.yaml first: --help, --cfg and config errors come back before
+    # the imports below load torch; then it imports this file as `train` and runs main().
+    import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
+    from launch.rank import entry_point
+
+    entry_point(__file__, task="train:main", config_name="train")
+
 import logging
 import math
 import os
@@ -20,7 +28,6 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import hydra
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -59,7 +66,6 @@ from models import build_model
 log = logging.getLogger("train")
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Hydra's task function; returns the monitored metric's best value (trainer.monitor: what
     sweepers optimise; never a test metric). A user error propagates to whoever runs the task,
@@ -401,9 +407,3 @@ def test_best(model, checkpoints: Checkpointer, splits: DataSplits, loaders: Loa
     test = metrics.result().scalars("test")
     log.info("best.pt on test: test/loss %.4f test/acc %.4f", test["test/loss"], test["test/acc"])
     return test
-
-
-if __name__ == "__main__":
-    from launch.rank import entry_point
-
-    entry_point(main)
