@@ -148,12 +148,12 @@ def train(cfg: DictConfig) -> float:
         # Checkpoints keep saving the plain `model`.
         ddp_model = wrap_ddp(torch.compile(model) if tc.compile else model, cfg.dist, env)
 
+        # W&B panels of validation: per class, confusion matrix, a fixed set of val images.
+        media = ValMedia(cfg, splits, loaders.val, env)
         facts = run_facts(env.world_size, micro_batch * tc.accumulate_grad_batches, env.device)
         progress.wandb_run_id = run.open(cfg, facts, resuming=resumed is not None,
                                          wandb_run_id=progress.wandb_run_id,
                                          model=model)  # fmt: skip
-        # W&B panels of validation: per class, confusion matrix, a fixed set of val images.
-        media = ValMedia(cfg, splits, loaders.val, env)
         progress.wandb_group, progress.wandb_name = run.wandb_group_name
         stop = StopRequest(tc.preemption_check_every_n_steps, cpu_group(env.backend))
         step = TrainStep(ddp_model, optimizer, scheduler, scaler, env, tc)

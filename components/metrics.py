@@ -33,7 +33,7 @@ from components.naming import (
     swept_values,
 )
 from components.preemption import Preempted
-from components.repro import REPRO_DIR, git, write_repro
+from components.repro import REPRO_DIR, write_repro
 from components.run_dir import (
     CHECKPOINT_DIR,
     METRICS_FILE,
@@ -67,17 +67,13 @@ def resolve_wandb_mode(mode: Any) -> str:
     return mode
 
 
-def git_commit() -> str | None:
-    return (git("rev-parse", "HEAD") or "").strip() or None
-
-
 def run_facts(world_size: int, per_rank_batch: int, device: torch.device) -> dict[str, Any]:
-    """Derived facts stored beside the config so every W&B run says how it was run."""
+    """Derived facts stored beside the config so every W&B run says how it was run (rank 0's
+    RunLogger.open adds git_commit and git_dirty)."""
     return {
         "world_size": world_size,
         "per_rank_batch_size": per_rank_batch,
         "device_type": device.type,
-        "git_commit": git_commit(),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

@@ -296,3 +296,25 @@ def test_two_ranks_gather_the_samples_exactly(tmp_path, scans):
     for r in rows:
         assert r["predicted"] == expected[r["sample"]]["predicted"]
         assert r["confidence"] == pytest.approx(float(expected[r["sample"]]["p1"]), abs=1e-5)
+
+
+@pytest.mark.parametrize("key", ["wandb.num_images", "wandb.media_every_n_epochs"])
+def test_negative_counts_are_one_user_error(tmp_path, key):
+    from components.errors import UserError
+
+    with pytest.raises(UserError, match=rf"^{key}=-1 must be >= 0 \(0: off\)$"):
+        train_in_process(tmp_path / "r", *QUICK, f"{key}=-1")
+    assert read_json(tmp_path / "r" / "result.json")["status"] == "failed"
+
+
+@pytest.mark.parametrize("override,valid", [
+    ("wandb.log_checkpoints=bestt", "none, best, last, all"),
+    ("wandb.watch=yes", "off, gradients, parameters, all"),
+])  # fmt: skip
+def test_choices_are_checked_at_composition(override, valid):
+    from tests.helpers import compose_train
+
+    with pytest.raises(Exception) as failure:  # Hydra's own error types vary
+        compose_train(Path("unused"), override)
+    text = f"{failure.value}\n{failure.value.__cause__}"
+    assert override.split("=")[1] in text and valid in text, text
