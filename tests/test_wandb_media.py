@@ -318,3 +318,20 @@ def test_choices_are_checked_at_composition(override, valid):
         compose_train(Path("unused"), override)
     text = f"{failure.value}\n{failure.value.__cause__}"
     assert override.split("=")[1] in text and valid in text, text
+
+
+def test_stored_images_as_they_are_shrunk_when_large():
+    import torch
+
+    from components.wandb_media import MAX_IMAGE_SIDE, stored_image
+
+    gray = torch.arange(64, dtype=torch.uint8).view(1, 8, 8)
+    np.testing.assert_array_equal(np.asarray(stored_image(gray)), gray[0].numpy())
+    rgb = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(np.asarray(stored_image(torch.from_numpy(rgb).permute(2, 0, 1))),
+                                  rgb)  # fmt: skip
+    photo = Image.new("RGB", (600, 400), (10, 20, 30))
+    width, height = stored_image(photo).size
+    assert width == MAX_IMAGE_SIDE and abs(height - MAX_IMAGE_SIDE * 400 / 600) <= 1
+    assert photo.size == (600, 400)  # the dataset's own image is left alone
+    assert stored_image(torch.zeros(3, 8, 8)) is None  # not uint8: no image
