@@ -119,7 +119,7 @@ def stored_image(item: Any):
     from PIL import Image
 
     if torch.is_tensor(item) and item.dtype == torch.uint8 and item.ndim == 3:
-        item = item.permute(1, 2, 0).numpy()
+        item = item.permute(1, 2, 0).cpu().numpy()
     if isinstance(item, np.ndarray) and item.dtype == np.uint8 and item.ndim in (2, 3):
         item = Image.fromarray(item[..., 0] if item.ndim == 3 and item.shape[2] == 1 else item)
     if not isinstance(item, Image.Image):
