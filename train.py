@@ -57,6 +57,7 @@ from components.precision import grad_scaler, memory_format, precision_context
 from components.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
 from components.run_dir import process_age_s
 from components.speed import StepTimer, model_facts, peak_flops, peak_memory_mb
+from components.wandb_media import ValMedia
 from components.world import per_rank_batch, requested_world, started_as_rank, visible_gpus
 from data import DataSplits, Loaders, build_datasets, build_loaders, loader_options
 from data.mixing import BatchMix
@@ -155,7 +156,8 @@ def train(cfg: DictConfig) -> float | None:
             per_rank={"loss_window": window},
         )
         checkpoints = Checkpointer(run_dir, rank=env.rank, world_size=env.world_size,
-                                   keep=tc.keep_checkpoints, config=cfg)  # fmt: skip
+                                   keep=tc.keep_checkpoints, config=cfg,
+                                   on_save=run.checkpoint_saved)  # fmt: skip
         resumed = checkpoints.restore(state, cfg.resume)
         if resumed is not None:
             log.info("resumed from %s: epoch %d, step %d", resumed, progress.epoch + 1,
@@ -164,9 +166,12 @@ def train(cfg: DictConfig) -> float | None:
         # Checkpoints keep saving the plain `model`.
         ddp_model = wrap_ddp(torch.compile(model) if tc.compile else model, cfg.dist, env)
 
+        # W&B panels of validation: per class, confusion matrix, a fixed set of val images.
+        media = ValMedia(cfg, splits, loaders.val, env)
         facts = run_facts(env.world_size, micro_batch * tc.accumulate_grad_batches, env.device)
         progress.wandb_run_id = run.open(cfg, {**facts, **size}, resuming=resumed is not None,
-                                         wandb_run_id=progress.wandb_run_id)  # fmt: skip
+                                         wandb_run_id=progress.wandb_run_id,
+                                         model=model)  # fmt: skip
         progress.wandb_group, progress.wandb_name = run.wandb_group_name
         run.result.monitor, run.result.mode = monitor.metric, monitor.mode
         run.result.params, run.result.flops_per_sample = size["params"], size["flops_per_sample"]
@@ -216,19 +221,23 @@ def train(cfg: DictConfig) -> float | None:
                         checkpoints.save(state, step=progress.step, is_best=False)
                 bar.close()
 
+                samples = media.watch(epoch + 1)  # the fixed val images' predictions, if due
                 with precision_context(tc.precision, env.device):
-                    metrics = evaluate(model, loaders.val, env.device, tc, splits.num_classes)
+                    metrics = evaluate(model, loaders.val, env.device, tc, splits.num_classes,
+                                       predictions=samples)  # fmt: skip
                     ema_metrics = (evaluate(ema.module, loaders.val, env.device, tc,
                                             splits.num_classes)
                                    if ema is not None and tc.ema.evaluate else None)  # fmt: skip
                 metrics.all_reduce()  # every rank's sums and counts: each val sample once
-                val = metrics.result().scalars("val")
+                result = metrics.result()
+                val = result.scalars("val")
                 if ema_metrics is not None:
                     ema_metrics.all_reduce()
                     val |= {k: v for k, v in ema_metrics.result().scalars("val_ema").items()
                             if not k.endswith("/count")}  # fmt: skip
                 progress.epoch, progress.step_in_epoch = epoch + 1, 0
-                run.log({"step": progress.step, "epoch": epoch + 1, **val})
+                run.log({"step": progress.step, "epoch": epoch + 1, **val},
+                        media=media.panels(epoch + 1, result, samples))  # fmt: skip
                 log.info("epoch %d/%d step %d val/loss %.4f val/acc %.4f", epoch + 1,
                          tc.max_epochs, progress.step, val["val/loss"], val["val/acc"])  # fmt: skip
                 progress.best_val_acc = max(progress.best_val_acc, val["val/acc"])

@@ -277,6 +277,28 @@ class WandbMode(Enum):
     disabled = "disabled"
 
 
+class CheckpointPolicy(Enum):
+    """Which checkpoints become W&B artifacts (components/wandb_media.py). best (default): the
+    one you evaluate or deploy, uploaded only when val improves (often early, rarely late),
+    never the mid-epoch ones; all: one upload per checkpoint saved; last: one upload, at the
+    end; none: for very large models, or an offline run with little room in W&B's staging dir
+    (each logged checkpoint is copied there until `wandb sync`)."""
+
+    none = "none"
+    best = "best"  # best.pt whenever it changes, aliases best + latest
+    last = "last"  # the newest checkpoint once, when the run ends
+    all = "all"  # every checkpoint saved: epoch ends, checkpoint_every_n_steps, preemption
+
+
+class WatchMode(Enum):
+    """wandb.watch: histograms of rank 0's gradients and/or parameters every log step."""
+
+    off = "off"
+    gradients = "gradients"
+    parameters = "parameters"
+    all = "all"
+
+
 @dataclass
 class WandbConfig:
     # An enum, so `wandb.mode=onlin` fails at composition. conf/wandb/default.yaml takes
@@ -290,6 +312,13 @@ class WandbConfig:
     tags: list[str] = field(default_factory=list)
     # wandb.init waits at most this long; past it training goes on without W&B.
     init_timeout_s: float = 60.0
+    # Per-class accuracy (table + bar plot), the confusion matrix and the val/samples image
+    # table every N epochs and at the last (0: never), from the exact distributed validation.
+    media_every_n_epochs: int = 1
+    # Val images in val/samples: a fixed subset, the same in every epoch and run (0: none).
+    num_images: int = 32
+    log_checkpoints: CheckpointPolicy = CheckpointPolicy.best
+    watch: WatchMode = WatchMode.off
 
 
 @dataclass

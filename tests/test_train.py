@@ -161,7 +161,8 @@ def test_two_ranks_share_one_run_dir_written_by_rank_zero(two_runs):
     _, run_dir, proc = two_runs
     # exactly one dir, holding only what rank 0 writes
     names = {p.name for p in run_dir.iterdir()}
-    assert names == {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "wandb"}
+    assert names == {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro",
+                     "wandb"}  # fmt: skip
     assert {p.name for p in (run_dir / ".hydra").iterdir()} == {
         "config.yaml", "hydra.yaml", "overrides.yaml"
     }  # fmt: skip
