@@ -270,8 +270,9 @@ class Checkpointer:
     is_best)`: called in rank 0 after each save (the step file, the checkpoint's `progress`)."""
 
     def __init__(self, run_dir: Path, *, rank: int, world_size: int, keep: int = KEEP,
-                 config: DictConfig | None = None,
+                 config: DictConfig | None = None, enabled: bool = True,
                  on_save: Callable[[Path, dict, bool], None] | None = None):  # fmt: skip
+        self.enabled = enabled  # False (trainer.save_checkpoints=false): save() writes nothing
         self.dir = run_dir / CHECKPOINT_DIR
         self.run_dir = run_dir
         self.rank = rank
@@ -285,6 +286,8 @@ class Checkpointer:
         return self.dir / BEST
 
     def save(self, state: TrainingState, *, step: int, is_best: bool) -> None:
+        if not self.enabled:  # the same setting on every rank: none of them gathers
+            return
         # Every rank takes part in the gather; only rank 0 writes.
         ranks = gather_rank_states(state.rank_state_dict())
         if self.rank == 0:

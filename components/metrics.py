@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from components.console import end_line
 from components.errors import UserError, describe
 from components.naming import (
     SWEPT_KEYS_ENV,
@@ -263,19 +264,47 @@ class RunLogger:
                 self._file.close()
             if self.artifacts is not None:  # wandb.log_checkpoints=last: the newest, now
                 self._guarded("checkpoint artifact", self.artifacts.ended, self.wandb)
+            where = self.wandb_where()
             self._finish_wandb(self.result.status)
+            # The run's last line (a failure's own error was reported just before, once).
+            logging.getLogger("train").info("%s", end_line(self.result, self.run_dir, where))
         return False  # the error goes on to whoever reports it
 
+    def wandb_where(self) -> str | None:
+        """Where the W&B run is: its URL online, else the command that uploads it."""
+        if self.wandb is None:
+            return None
+        if not self.wandb.settings._offline:
+            return f"W&B {self.wandb.url}"
+        return f"wandb sync {Path(self.wandb.dir).parent}"
+
+    def save_profile(self, paths: list[Path]) -> None:
+        """components/profiling.py's files, as a W&B artifact of type `profile` (rank 0)."""
+        if self.wandb is None:
+            return
+
+        def log_artifact() -> None:
+            import wandb
+
+            artifact = wandb.Artifact(f"profile-{self.wandb.id}", type="profile")
+            for path in paths:
+                artifact.add_file(str(path))
+            self.wandb.log_artifact(artifact)
+
+        self._guarded("profile artifact", log_artifact)
+
     def record_epoch(self, epoch: int, val: dict[str, Any], *, best: float | None,
-                     best_epoch: int | None, best_val_acc: float | None) -> None:  # fmt: skip
+                     best_epoch: int | None, best_val_acc: float | None,
+                     saved: bool = True) -> None:  # fmt: skip
         """result.json's view of the epoch just validated (written at the end of the run):
-        `best` is the monitored metric's best value (result.monitor, result.mode)."""
+        `best` is the monitored metric's best value (result.monitor, result.mode); `saved`:
+        whether checkpoints are written (trainer.save_checkpoints)."""
         r = self.result
         r.epochs, r.final = epoch, {"epoch": epoch, **val}
         r.final_val_acc, r.final_val_loss = val.get("val/acc"), val.get("val/loss")
         r.best, r.best_val_acc = best, best_val_acc
         r.best_epoch = best_epoch
-        r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if best_epoch is not None else None
+        r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if best_epoch and saved else None
 
     def open(self, cfg: DictConfig, facts: dict[str, Any], *, resuming: bool,
              wandb_run_id: str | None, model: torch.nn.Module | None = None) -> str | None:

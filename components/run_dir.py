@@ -86,9 +86,10 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)  # keys of newer/other writers, kept
 
     def to_json(self) -> dict[str, Any]:
+        """Every field (null: not measured, or not this kind of run's), then any extra keys:
+        one schema for every way a run ends, whoever writes it."""
         data = asdict(self)
         extra = data.pop("extra")
-        data = {k: v for k, v in data.items() if v is not None or k in _ALWAYS}
         return {**data, **extra}
 
     @classmethod
@@ -96,9 +97,6 @@ class RunResult:
         known = {f.name for f in fields(cls)} - {"extra"}
         return cls(**{k: v for k, v in data.items() if k in known},
                    extra={k: v for k, v in data.items() if k not in known})  # fmt: skip
-
-
-_ALWAYS = {"status", "error"}
 
 
 @dataclass

@@ -256,7 +256,7 @@ class CheckpointArtifacts:
         artifact = wandb.Artifact(f"model-{run.id}", type="model", metadata=metadata)
         artifact.add_file(str(path), name="checkpoint.pt")
         run.log_artifact(artifact, aliases=aliases)
-        log.info("W&B: %s as model-%s (%s)", path.name, run.id, ", ".join(aliases))
+        log.debug("W&B: %s as model-%s (%s)", path.name, run.id, ", ".join(aliases))
 
 
 def save_files(run, files: list[Path], folder: str) -> None:

@@ -236,6 +236,18 @@ class EarlyStoppingConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """torch.profiler over train steps (components/profiling.py): skip `wait`, warm up for
+    `warmup`, record `active` steps, once."""
+
+    wait: int = 2
+    warmup: int = 2
+    active: int = 5
+    record_shapes: bool = False
+    profile_memory: bool = False
+
+
+@dataclass
 class TrainerConfig:
     max_epochs: int = 10
     batch_size: int = 64  # GLOBAL batch; each rank takes batch_size / world size
@@ -257,6 +269,19 @@ class TrainerConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     progress_bar: bool = True  # rank 0 only, and only when stdout is a TTY
+    # Without a TTY (SLURM logs, files): a plain progress line every this many seconds.
+    progress_every_s: float = 30.0
+    # Debugging (conf/debug/): train/validate on part of each epoch (a count of optimizer
+    # steps / of each rank's val batches, or a fraction in (0, 1]; null: all of it);
+    # overfit_batches: the same first N batches every epoch, unshuffled; save_checkpoints=false
+    # writes none (and skips test_after_fit); profile: torch.profiler over a window of steps;
+    # detect_anomaly: torch.autograd's anomaly detection (slow: names the op of a NaN/inf).
+    limit_train_batches: Any = None
+    limit_val_batches: Any = None
+    overfit_batches: int | None = None
+    save_checkpoints: bool = True
+    profile: ProfileConfig | None = None
+    detect_anomaly: bool = False
     # Checkpoint every N optimizer steps (null: at each epoch end only, which always happens).
     checkpoint_every_n_steps: int | None = None
     keep_checkpoints: int = 2  # newest step checkpoints kept (best.pt is kept besides)
