@@ -262,6 +262,16 @@ BAD_INPUTS = [
     (["dataset.val_fraction=1.5"], ["dataset.val_fraction=1.5 is out of range"]),
     (["resume=/nonexistent/last.pt"], ["/nonexistent/last.pt does not exist", "resume="]),
     (["model=torchvision"], ["model.name is required", "model.name="]),
+    (["trainer.max_epochs=0"], ["trainer.max_epochs=0 is not valid", "integer >= 1"]),
+    (["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0 is not valid"]),
+    (["trainer.limit_train_batches=-1"], ["trainer.limit_train_batches=-1 is not valid",
+                                          "a fraction in (0, 1]"]),
+    (["trainer.limit_val_batches=1.5"], ["trainer.limit_val_batches=1.5 is not valid"]),
+    (["trainer.overfit_batches=0"], ["trainer.overfit_batches=0 is not valid"]),
+    (["trainer.progress_every_s=0"], ["trainer.progress_every_s=0", "positive"]),
+    (["trainer.monitor.metric=val/f1"], ["trainer.monitor.metric=val/f1 is not a validation "
+                                         "metric", "val/acc"]),
+    (["trainer.monitor.mode=up"], ["trainer.monitor.mode=up is not valid", "max or min"]),
 ]  # fmt: skip
 
 
