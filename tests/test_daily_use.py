@@ -179,22 +179,7 @@ def console_lines(proc) -> list[str]:
     return [line for line in output(proc).splitlines() if line.strip()]
 
 
-@pytest.mark.slow
-def test_the_default_job_prints_a_line_per_epoch_and_one_at_the_end(tmp_path):
-    run_dir = tmp_path / "r"
-    proc = run(train_cmd(f"hydra.run.dir={run_dir}", "wandb.mode=offline"))
-    assert proc.returncode == 0, output(proc)
-    lines = console_lines(proc)
-    assert len(lines) <= 20, "\n".join(lines)
-    assert sum(bool(re.search(r"epoch \d+/10: train/loss", x)) for x in lines) == 10
-    last = lines[-1]
-    result = read_json(run_dir / "result.json")
-    assert last.split(" - ", 1)[1].startswith("completed in ")
-    assert f"best val/acc {result['best']:.4f} (epoch {result['best_epoch']})" in last
-    assert f"run dir {run_dir}" in last and str(run_dir / "checkpoints" / "best.pt") in last
-    (wb,) = offline_runs(run_dir)
-    assert f"wandb sync {wb.path.parent}" in last
-    assert "wandb:" not in output(proc)  # no W&B banner or footer
+# The default job's console: tests/test_train.py's test_the_default_job.
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ digits, the default dataset.
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -144,7 +145,9 @@ def two_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_default_run_reaches_90_percent(tmp_path):
+def test_the_default_job(tmp_path):
+    """`python train.py` as the README's first command runs it: >= 90 % val/acc in 10 epochs,
+    a line per epoch and one at the end (at most 20 lines), no W&B banner."""
     run_dir = tmp_path / "default"
     proc = run(train_cmd(f"hydra.run.dir={run_dir}", "wandb.mode=offline"))
     assert proc.returncode == 0, output(proc)
@@ -154,6 +157,17 @@ def test_default_run_reaches_90_percent(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed"
     assert result["best_val_acc"] == max(v["val/acc"] for v in vals)
+
+    lines = [line for line in output(proc).splitlines() if line.strip()]
+    assert len(lines) <= 20, "\n".join(lines)
+    assert sum(bool(re.search(r"epoch \d+/10: train/loss", x)) for x in lines) == 10
+    last = lines[-1].split(" - ", 1)[1]
+    assert last.startswith("completed in ")
+    assert f"best val/acc {result['best']:.4f} (epoch {result['best_epoch']})" in last
+    assert f"run dir {run_dir}" in last and str(run_dir / "checkpoints" / "best.pt") in last
+    (wb,) = offline_runs(run_dir)
+    assert f"wandb sync {wb.path.parent}" in last
+    assert "wandb:" not in output(proc)  # no W&B banner or footer
 
 
 @pytest.mark.slow
