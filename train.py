@@ -134,6 +134,7 @@ def train(cfg: DictConfig) -> float | None:
 
 
 def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batch: int):
+    """Data -> model (and resume) -> DDP -> train and validate each epoch -> test best.pt."""
     tc = cfg.trainer
     torch.manual_seed(cfg.seed)
 
@@ -190,6 +191,9 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
                                      wandb_run_id=progress.wandb_run_id, model=model)  # fmt: skip
     progress.wandb_group, progress.wandb_name = run.wandb_group_name
     run.result.monitor, run.result.mode = monitor.metric, monitor.mode
+    if resumed is not None and progress.epoch:  # what the earlier attempts reached
+        run.result.epochs, run.result.best_val_acc = progress.epoch, progress.best_val_acc
+        run.result.best, run.result.best_epoch = monitor.best, monitor.best_epoch
     run.result.params, run.result.flops_per_sample = size["params"], size["flops_per_sample"]
 
     step = TrainStep(ddp_model, model, optimizer, scheduler, scaler, env, tc,
