@@ -194,6 +194,7 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
     if resumed is not None and progress.epoch:  # what the earlier attempts reached
         run.result.epochs, run.result.best_val_acc = progress.epoch, progress.best_val_acc
         run.result.best, run.result.best_epoch = monitor.best, monitor.best_epoch
+        run.result.best_checkpoint = "checkpoints/best.pt" if monitor.best_epoch else None
     run.result.params, run.result.flops_per_sample = size["params"], size["flops_per_sample"]
 
     step = TrainStep(ddp_model, model, optimizer, scheduler, scaler, env, tc,
