@@ -15,12 +15,18 @@ run dir, and a W&B run (job_type=eval) in the training run's group. Validation i
 computes its metrics with the same code (components/evaluation.py).
 """
 
+if __name__ == "__main__":  # `python eval.py ...`: Hydra first, torch only when a job runs
+    import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
+    from launch.rank import entry_point
+
+    entry_point(__file__, task="eval:main", config_name="eval")
+
+
 import logging
 import math
 import os
 from pathlib import Path
 
-import hydra
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
@@ -40,7 +46,6 @@ from models import build_model
 log = logging.getLogger("eval")
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig) -> float | None:
     """Hydra's task function; returns the split's top-1 accuracy (None for a folder)."""
     if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
@@ -89,9 +94,3 @@ def evaluate_checkpoint(cfg: DictConfig) -> float | None:
     record.log_wandb(trained, ckpt["progress"], report, result,
                      label=split if folder is None else "predict")  # fmt: skip
     return result.acc if result is not None else None
-
-
-if __name__ == "__main__":
-    from launch.rank import entry_point
-
-    entry_point(main)

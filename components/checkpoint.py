@@ -26,7 +26,7 @@ import logging
 import os
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -266,22 +266,28 @@ class TrainingState:
 class Checkpointer:
     """<run dir>/checkpoints/step-N.pt (+ last.pt, best.pt): saved by rank 0 while every rank
     contributes its own state, then a barrier; restored in every rank. `config`: the run's
-    composed config, saved with every checkpoint as YAML text."""
+    composed config, saved with every checkpoint as YAML text. `on_save(path, progress,
+    is_best)`: called in rank 0 after each save (the step file, the checkpoint's `progress`)."""
 
     def __init__(self, run_dir: Path, *, rank: int, world_size: int, keep: int = KEEP,
-                 config: DictConfig | None = None):  # fmt: skip
+                 config: DictConfig | None = None, enabled: bool = True,
+                 on_save: Callable[[Path, dict, bool], None] | None = None):  # fmt: skip
+        self.enabled = enabled  # False (trainer.save_checkpoints=false): save() writes nothing
         self.dir = run_dir / CHECKPOINT_DIR
         self.run_dir = run_dir
         self.rank = rank
         self.world_size = world_size
         self.keep = keep
         self.config = None if config is None else resolved_yaml(config)
+        self.on_save = on_save
 
     @property
     def best(self) -> Path:
         return self.dir / BEST
 
     def save(self, state: TrainingState, *, step: int, is_best: bool) -> None:
+        if not self.enabled:  # the same setting on every rank: none of them gathers
+            return
         # Every rank takes part in the gather; only rank 0 writes.
         ranks = gather_rank_states(state.rank_state_dict())
         if self.rank == 0:
@@ -302,6 +308,8 @@ class Checkpointer:
             for old in prune_plan(step_files(self.dir), self.keep, self.dir / BEST):
                 old.unlink(missing_ok=True)
                 digest_path(old).unlink(missing_ok=True)
+            if self.on_save is not None:
+                self.on_save(path, ckpt.get("progress") or {}, is_best)
         dist.barrier()
 
     def restore(self, state: TrainingState, resume: str | None) -> Path | None:

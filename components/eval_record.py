@@ -25,10 +25,10 @@ from components.run_dir import (
     EvalReport,
     write_json_atomic,
 )
+from components.wandb_media import class_panels
 
 log = logging.getLogger(__name__)
 
-MAX_PLOTTED_CLASSES = 100  # W&B's confusion plot has classes**2 rows; above this, the table only
 ANNOTATED_CLASSES = 20  # confusion_matrix.png writes each count up to this many classes
 
 
@@ -80,24 +80,12 @@ class EvalRecord:
                          job_type="eval", job="evaluation")  # fmt: skip
         if run is None:
             return
-        import wandb
-
         row: dict[str, Any] = {}
         if result is not None:
             row.update(result.scalars(label))
-            row[f"{label}/per_class"] = wandb.Table(
-                columns=["class", "acc", "count"],
-                data=[[d["class"], d["acc"], d["count"]] for d in report.per_class],
-            )
-            if len(report.classes) <= MAX_PLOTTED_CLASSES:
-                # W&B's confusion plot takes one (true, predicted) pair per sample.
-                cells = np.repeat(np.arange(result.confusion.numel()),
-                                  result.confusion.flatten().numpy())  # fmt: skip
-                n = len(report.classes)
-                row[f"{label}/confusion_matrix"] = wandb.plot.confusion_matrix(
-                    y_true=(cells // n).tolist(), preds=(cells % n).tolist(),
-                    class_names=report.classes, title=f"{label}: {train_name or train_id}",
-                )  # fmt: skip
+            # Per-class accuracy (table + bar plot) and the confusion matrix, as in training.
+            row.update(class_panels(result, report.classes, label,
+                                    title=f"{label}: {train_name or train_id}"))  # fmt: skip
         if report.predictions:
             row[f"{label}/predictions_file"] = report.predictions
         run.log(row)

@@ -15,7 +15,7 @@ are those of the whole split, each sample counted once (pytorch/examples' imagen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -139,6 +139,13 @@ class Predictions:
         return sorted((row for rows in every for row in rows), key=lambda r: r["position"])
 
 
+class PredictionSink(Protocol):
+    """What evaluate() hands each batch's logits to: Predictions, or the W&B sample table's
+    watch (components/wandb_media.py)."""
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None: ...
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
@@ -148,7 +155,7 @@ def evaluate(
     num_classes: int,
     *,
     labelled: bool = True,
-    predictions: Predictions | None = None,
+    predictions: PredictionSink | None = None,
 ) -> EvalAccumulator:
     """This rank's metrics over ``loader`` (model in eval mode; not yet reduced over ranks).
     ``labelled=False`` (images without labels) only collects ``predictions``."""

@@ -11,8 +11,8 @@ import logging
 import netrc
 import os
 import platform
-import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from components.console import end_line
 from components.errors import UserError, describe
 from components.naming import (
     SWEPT_KEYS_ENV,
@@ -33,6 +34,7 @@ from components.naming import (
     swept_values,
 )
 from components.preemption import Preempted
+from components.repro import REPRO_DIR, write_repro
 from components.run_dir import (
     CHECKPOINT_DIR,
     METRICS_FILE,
@@ -40,6 +42,7 @@ from components.run_dir import (
     read_metrics,
     write_result,
 )
+from components.wandb_media import CheckpointArtifacts, save_files
 
 log = logging.getLogger(__name__)
 
@@ -65,27 +68,13 @@ def resolve_wandb_mode(mode: Any) -> str:
     return mode
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def run_facts(world_size: int, per_rank_batch: int, device: torch.device) -> dict[str, Any]:
-    """Derived facts stored beside the config so every W&B run says how it was run."""
+    """Derived facts stored beside the config so every W&B run says how it was run (rank 0's
+    RunLogger.open adds git_commit and git_dirty)."""
     return {
         "world_size": world_size,
         "per_rank_batch_size": per_rank_batch,
         "device_type": device.type,
-        "git_commit": git_commit(),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -165,6 +154,13 @@ def init_wandb(w: Any, *, run_dir: Path, config: dict[str, Any], group: str | No
         log.warning("W&B init failed, %s goes on without it: %s", job, describe(e)[:200])
         log.debug("W&B init failed", exc_info=True)
         return None
+
+
+def task_overrides() -> list[str] | None:
+    """The run's Hydra overrides (None outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
 
 
 def row_kind(row: dict[str, Any]) -> str:
@@ -250,6 +246,9 @@ class RunLogger:
         self.result = RunResult()
         self.wandb = None
         self.logged: set[tuple[int, str]] = set()
+        self.artifacts: CheckpointArtifacts | None = None  # with a W&B run
+        self._last_val: dict[str, Any] | None = None  # the latest val row (artifact metadata)
+        self._warned: set[str] = set()
         self._file = None
         self._started = time.time()
 
@@ -263,31 +262,67 @@ class RunLogger:
             write_result(self.run_dir, self.result)
             if self._file is not None:
                 self._file.close()
+            if self.artifacts is not None:  # wandb.log_checkpoints=last: the newest, now
+                self._guarded("checkpoint artifact", self.artifacts.ended, self.wandb)
+            where = self.wandb_where()
             self._finish_wandb(self.result.status)
+            # The run's last line (a failure's own error was reported just before, once).
+            logging.getLogger("train").info("%s", end_line(self.result, self.run_dir, where))
         return False  # the error goes on to whoever reports it
 
+    def wandb_where(self) -> str | None:
+        """Where the W&B run is: its URL online, else the command that uploads it."""
+        if self.wandb is None:
+            return None
+        if not self.wandb.settings._offline:
+            return f"W&B {self.wandb.url}"
+        return f"wandb sync {Path(self.wandb.dir).parent}"
+
+    def save_profile(self, paths: list[Path]) -> None:
+        """components/profiling.py's files, as a W&B artifact of type `profile` (rank 0)."""
+        if self.wandb is None:
+            return
+
+        def log_artifact() -> None:
+            import wandb
+
+            artifact = wandb.Artifact(f"profile-{self.wandb.id}", type="profile")
+            for path in paths:
+                artifact.add_file(str(path))
+            self.wandb.log_artifact(artifact)
+
+        self._guarded("profile artifact", log_artifact)
+
     def record_epoch(self, epoch: int, val: dict[str, Any], *, best: float | None,
-                     best_epoch: int | None, best_val_acc: float | None) -> None:  # fmt: skip
+                     best_epoch: int | None, best_val_acc: float | None,
+                     saved: bool = True) -> None:  # fmt: skip
         """result.json's view of the epoch just validated (written at the end of the run):
-        `best` is the monitored metric's best value (result.monitor, result.mode)."""
+        `best` is the monitored metric's best value (result.monitor, result.mode); `saved`:
+        whether checkpoints are written (trainer.save_checkpoints)."""
         r = self.result
         r.epochs, r.final = epoch, {"epoch": epoch, **val}
         r.final_val_acc, r.final_val_loss = val.get("val/acc"), val.get("val/loss")
         r.best, r.best_val_acc = best, best_val_acc
         r.best_epoch = best_epoch
-        r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if best_epoch is not None else None
+        r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if best_epoch and saved else None
 
-    def open(
-        self, cfg: DictConfig, facts: dict[str, Any], *, resuming: bool, wandb_run_id: str | None
-    ) -> str | None:
-        """Start metrics.jsonl and the W&B run (continuing `wandb_run_id`); returns the W&B id."""
+    def open(self, cfg: DictConfig, facts: dict[str, Any], *, resuming: bool,
+             wandb_run_id: str | None, model: torch.nn.Module | None = None) -> str | None:
+        """Write repro/ (components/repro.py), start metrics.jsonl and the W&B run (continuing
+        `wandb_run_id`; with the repro files, and wandb.watch on `model` if asked); returns the
+        W&B id."""
         if not self.enabled:
             return None
+        repro = write_repro(self.run_dir, task_overrides())
+        self.result.git_commit, self.result.git_dirty = repro.state.commit, repro.state.dirty
+        facts = {**facts, "git_commit": repro.state.commit, "git_dirty": repro.state.dirty}
         earlier = self._rows_already_logged() if resuming else []
         self.logged = {(row["step"], row_kind(row)) for row in earlier}
         # Line-buffered, so a killed run keeps every row it logged.
         self._file = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 - closed in __exit__
         self._init_wandb(cfg, facts, wandb_run_id)
+        if self.wandb is not None:
+            self._wandb_extras(cfg, repro.files, model)
         if earlier and self.wandb is not None:
             self._replay_into_wandb(earlier)
         self.result.wandb_run_id = self.wandb_run_id
@@ -340,6 +375,41 @@ class RunLogger:
             monitor = cfg.trainer.monitor
             self.wandb.define_metric(monitor.metric, step_metric="epoch", summary=monitor.mode)
 
+    def _wandb_extras(self, cfg: DictConfig, repro_files: list[Path],
+                      model: torch.nn.Module | None) -> None:  # fmt: skip
+        """repro/ as files of the W&B run, the checkpoint artifacts' policy, wandb.watch."""
+        w = cfg.wandb
+        self.artifacts = CheckpointArtifacts(w.log_checkpoints)
+        self._guarded("repro files", save_files, self.wandb, repro_files, REPRO_DIR)
+        watch = str(getattr(w.watch, "value", w.watch))
+        if watch != "off" and model is not None:
+            # W&B counts backward passes: one per micro-batch.
+            every = cfg.trainer.log_every_n_steps * cfg.trainer.accumulate_grad_batches
+            self._guarded("watch", self.wandb.watch, model, log=watch, log_freq=every)
+
+    def _guarded(self, what: str, call, *args, **kwargs) -> None:
+        """`call(*args, **kwargs)`; a failure is a warning (once per `what`): W&B media,
+        files and artifacts never stop training, nor turn W&B off for the scalars."""
+        try:
+            call(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any W&B failure must leave the run going
+            level = logging.DEBUG if what in self._warned else logging.WARNING
+            self._warned.add(what)
+            log.log(level, "W&B %s failed, training goes on: %s", what, describe(e)[:200])
+            log.debug("W&B %s failed", what, exc_info=True)
+
+    def checkpoint_saved(self, path: Path, progress: dict[str, Any], is_best: bool) -> None:
+        """Checkpointer's `on_save` (rank 0): the checkpoint as a W&B artifact when
+        wandb.log_checkpoints asks, with its progress and its epoch's val metrics."""
+        if self.wandb is None or self.artifacts is None:
+            return
+        meta = {k: v for k, v in progress.items() if not k.startswith("wandb_")}
+        meta.update(file=path.name, monitor=self.result.monitor)
+        val = self._last_val
+        if val is not None and val["step"] == progress.get("step"):
+            meta.update({k: v for k, v in val.items() if k.startswith("val/")})
+        self._guarded("checkpoint artifact", self.artifacts.saved, self.wandb, path, meta, is_best)
+
     @property
     def wandb_group_name(self) -> tuple[str | None, str | None]:
         """The W&B run's group and name, as W&B has them (None without a run)."""
@@ -347,9 +417,12 @@ class RunLogger:
             return None, None
         return self.wandb.group or None, self.wandb.name or None
 
-    def log(self, row: dict[str, Any]) -> None:
+    def log(self, row: dict[str, Any], media: Callable[[], dict] | None = None) -> None:
         """One row of metrics.jsonl (and W&B), stamped with the time (unix) and the seconds
-        since this attempt started."""
+        since this attempt started. `media`: builds W&B-only objects (tables, plots) for the
+        same step, called only when W&B logs the row."""
+        if self.enabled and row_kind(row) == "val":
+            self._last_val = row
         if not self.enabled or (row["step"], row_kind(row)) in self.logged:
             return
         now = time.time()
@@ -361,6 +434,8 @@ class RunLogger:
             except Exception as e:  # noqa: BLE001 - W&B failing never fails the run
                 log.warning("W&B log failed, training goes on without it: %s", describe(e)[:200])
                 self.wandb = None
+        if media is not None and self.wandb is not None:  # merged into the row's step
+            self._guarded("media", lambda: self.wandb.log(media(), step=row["step"]))
 
     def _finish_wandb(self, status: str) -> None:
         """W&B shows failed runs as failed and preempted ones as preempted."""

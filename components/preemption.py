@@ -51,6 +51,13 @@ class StopRequest:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
 
+    def __enter__(self) -> StopRequest:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.restore_default_handlers()
+        return False
+
     def restore_default_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:

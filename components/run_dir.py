@@ -10,6 +10,7 @@ summary and the benchmark (readers).
       metrics.jsonl           one JSON row per log step / epoch, appended line by line
       result.json             the run's record (RunResult), rewritten atomically
       checkpoints/            components/checkpoint.py
+      repro/                  command.txt, requirements.txt, git.diff (components/repro.py)
       wandb/                  the W&B run
       launch.json             a sweep job's launcher record: its overrides and every attempt
                               (launch/resume.py; written by the launcher only)
@@ -77,15 +78,18 @@ class RunResult:
     samples_per_s: float | None = None  # mean of the logged train windows
     time_to_first_step_s: float | None = None  # from process start
     peak_memory_mb_per_rank: list[float] | None = None
+    git_commit: str | None = None  # the code's commit (None: not a git checkout)
+    git_dirty: bool | None = None  # started with uncommitted changes: repro/git.diff holds them
     # Set by a launcher that records a job which left no result of its own.
     overrides: list[str] | None = None
     job_num: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of newer/other writers, kept
 
     def to_json(self) -> dict[str, Any]:
+        """Every field (null: not measured, or not this kind of run's), then any extra keys:
+        one schema for every way a run ends, whoever writes it."""
         data = asdict(self)
         extra = data.pop("extra")
-        data = {k: v for k, v in data.items() if v is not None or k in _ALWAYS}
         return {**data, **extra}
 
     @classmethod
@@ -93,9 +97,6 @@ class RunResult:
         known = {f.name for f in fields(cls)} - {"extra"}
         return cls(**{k: v for k, v in data.items() if k in known},
                    extra={k: v for k, v in data.items() if k not in known})  # fmt: skip
-
-
-_ALWAYS = {"status", "error"}
 
 
 @dataclass

@@ -93,3 +93,43 @@ class StepTimer:
         """(seconds, data-wait share in %, steps) since the last reset."""
         seconds = time.perf_counter() - self.window_start
         return seconds, 100.0 * self.data_wait / max(seconds, 1e-9), self.steps
+
+
+class Speed:
+    """The train loop's throughput: a step timer, the rate of each logged window, the first
+    step's time since process start, and train FLOPs per sample for MFU (on GPU)."""
+
+    def __init__(self, device: torch.device, precision: str, samples_per_step: int,
+                 flops_per_sample: float | None = None):  # fmt: skip
+        self.timer = StepTimer()
+        self.samples_per_step = samples_per_step
+        self.rates: list[float] = []
+        self.first_step_s: float | None = None
+        self.flops_per_sample = flops_per_sample  # of a train step (forward + backward)
+        self.peak_flops = peak_flops(device, precision)
+
+    def step_done(self) -> bool:
+        """Count a step; True after the run's first one (startup is over)."""
+        self.timer.step_done()
+        if self.first_step_s is None:
+            from components.run_dir import process_age_s
+
+            self.first_step_s = round(process_age_s(), 3)
+            return True
+        return False
+
+    def window(self) -> tuple[float, float, float]:
+        """(samples/s, step time in ms, data-wait %) since the last window; starts a new one."""
+        seconds, wait_pct, steps = self.timer.window()
+        self.timer.reset()
+        rate = steps * self.samples_per_step / seconds
+        self.rates.append(rate)
+        return rate, 1000 * seconds / max(steps, 1), wait_pct
+
+    def mfu(self, rate: float, world_size: int) -> float | None:
+        if not self.flops_per_sample or not self.peak_flops:
+            return None
+        return self.flops_per_sample * rate / (self.peak_flops * world_size)
+
+    def mean_rate(self) -> float | None:
+        return sum(self.rates) / len(self.rates) if self.rates else None

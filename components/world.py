@@ -37,6 +37,11 @@ def started_as_rank(environ=os.environ) -> bool:
     return all(k in environ for k in RANK_ENV)
 
 
+def rank_world_size(environ=os.environ) -> int:
+    """The world size this process is a rank of: torchrun's (or srun's) WORLD_SIZE, else 1."""
+    return int(environ["WORLD_SIZE"]) if started_as_rank(environ) else 1
+
+
 def gpu_driver_present() -> bool:
     """Whether Linux shows a GPU driver's device nodes (NVIDIA, WSL's, AMD ROCm's)."""
     if not sys.platform.startswith("linux"):

@@ -238,6 +238,18 @@ class EarlyStoppingConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """torch.profiler over train steps (components/profiling.py): skip `wait`, warm up for
+    `warmup`, record `active` steps, once."""
+
+    wait: int = 2
+    warmup: int = 2
+    active: int = 5
+    record_shapes: bool = False
+    profile_memory: bool = False
+
+
+@dataclass
 class TrainerConfig:
     max_epochs: int = 10
     batch_size: int = 64  # GLOBAL batch; each rank takes batch_size / world size
@@ -259,6 +271,19 @@ class TrainerConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     progress_bar: bool = True  # rank 0 only, and only when stdout is a TTY
+    # Without a TTY (SLURM logs, files): a plain progress line every this many seconds.
+    progress_every_s: float = 30.0
+    # Debugging (conf/debug/): train/validate on part of each epoch (a count of optimizer
+    # steps / of each rank's val batches, or a fraction in (0, 1]; null: all of it);
+    # overfit_batches: the same first N batches every epoch, unshuffled; save_checkpoints=false
+    # writes none (and skips test_after_fit); profile: torch.profiler over a window of steps;
+    # detect_anomaly: torch.autograd's anomaly detection (slow: names the op of a NaN/inf).
+    limit_train_batches: Any = None
+    limit_val_batches: Any = None
+    overfit_batches: int | None = None
+    save_checkpoints: bool = True
+    profile: ProfileConfig | None = None
+    detect_anomaly: bool = False
     # Checkpoint every N optimizer steps (null: at each epoch end only, which always happens).
     checkpoint_every_n_steps: int | None = None
     keep_checkpoints: int = 2  # newest step checkpoints kept (best.pt is kept besides)
@@ -279,6 +304,28 @@ class WandbMode(Enum):
     disabled = "disabled"
 
 
+class CheckpointPolicy(Enum):
+    """Which checkpoints become W&B artifacts (components/wandb_media.py). best (default): the
+    one you evaluate or deploy, uploaded only when val improves (often early, rarely late),
+    never the mid-epoch ones; all: one upload per checkpoint saved; last: one upload, at the
+    end; none: for very large models, or an offline run with little room in W&B's staging dir
+    (each logged checkpoint is copied there until `wandb sync`)."""
+
+    none = "none"
+    best = "best"  # best.pt whenever it changes, aliases best + latest
+    last = "last"  # the newest checkpoint once, when the run ends
+    all = "all"  # every checkpoint saved: epoch ends, checkpoint_every_n_steps, preemption
+
+
+class WatchMode(Enum):
+    """wandb.watch: histograms of rank 0's gradients and/or parameters every log step."""
+
+    off = "off"
+    gradients = "gradients"
+    parameters = "parameters"
+    all = "all"
+
+
 @dataclass
 class WandbConfig:
     # An enum, so `wandb.mode=onlin` fails at composition. conf/wandb/default.yaml takes
@@ -292,6 +339,13 @@ class WandbConfig:
     tags: list[str] = field(default_factory=list)
     # wandb.init waits at most this long; past it training goes on without W&B.
     init_timeout_s: float = 60.0
+    # Per-class accuracy (table + bar plot), the confusion matrix and the val/samples image
+    # table every N epochs and at the last (0: never), from the exact distributed validation.
+    media_every_n_epochs: int = 1
+    # Val images in val/samples: a fixed subset, the same in every epoch and run (0: none).
+    num_images: int = 32
+    log_checkpoints: CheckpointPolicy = CheckpointPolicy.best
+    watch: WatchMode = WatchMode.off
 
 
 @dataclass

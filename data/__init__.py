@@ -7,7 +7,15 @@ the shipped ones).
 
 from data.datasets import DataSource, DataSplits, FastPath, SplitView, build_datasets, carve_val
 from data.fast import FastEvalLoader, FastTrainLoader, InMemoryData
-from data.loaders import Loaders, build_loaders, eval_loader, loader_options, sample_positions
+from data.loaders import (
+    FirstBatches,
+    Loaders,
+    build_loaders,
+    eval_loader,
+    limited,
+    loader_options,
+    sample_positions,
+)
 from data.samplers import ExactShardSampler, ResumableDistributedSampler
 from data.seeding import EpochSeededDataset
 from data.unlabeled import ImageFiles
@@ -17,6 +25,7 @@ __all__ = [
     "DataSplits",
     "EpochSeededDataset",
     "ExactShardSampler",
+    "FirstBatches",
     "FastEvalLoader",
     "FastPath",
     "FastTrainLoader",
@@ -29,6 +38,7 @@ __all__ = [
     "build_loaders",
     "carve_val",
     "eval_loader",
+    "limited",
     "loader_options",
     "sample_positions",
 ]

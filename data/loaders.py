@@ -7,7 +7,9 @@ in memory the fast path (data/fast.py), which builds batches on the device with 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import math
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from components.errors import UserError
 from components.world import data_workers
 from data.datasets import DataSplits, SplitView
 from data.decode import device_stages
@@ -100,6 +103,7 @@ def build_loaders(
     pin_memory: bool = False,
     fast: bool = False,
     device: torch.device | str = "cpu",
+    shuffle: bool = True,
 ) -> Loaders:
     """Loaders for this rank; ``batch_size`` and ``eval_batch_size`` are per rank.
 
@@ -123,7 +127,7 @@ def build_loaders(
         splits.train,
         num_replicas=world_size,
         rank=rank,
-        shuffle=True,
+        shuffle=shuffle,  # False: the same batches every epoch (trainer.overfit_batches)
         seed=seed,
         drop_last=True,
     )
@@ -253,3 +257,32 @@ def sample_positions(loader: DataLoader | FastEvalLoader) -> list[int]:
     if isinstance(loader, FastEvalLoader):
         return loader.indices.tolist()
     return list(loader.sampler)  # type: ignore[arg-type]
+
+
+def limited(count: int, limit: Any, key: str) -> int:
+    """How many of ``count`` steps (or batches) a ``trainer.limit_*`` setting keeps: all
+    (null), at most a count (an integer >= 1), or a fraction of them (in (0, 1], at least 1)."""
+    if limit is None:
+        return count
+    if isinstance(limit, bool) or not isinstance(limit, int | float):
+        raise UserError(f"{key}={limit} is not valid: use null, a count >= 1 or a fraction in "
+                        "(0, 1]")  # fmt: skip
+    if isinstance(limit, int) and limit >= 1:
+        return min(count, limit)
+    if isinstance(limit, float) and 0 < limit <= 1:
+        return min(count, max(1, math.ceil(limit * count)))
+    raise UserError(f"{key}={limit} is not valid: use null, a count >= 1 or a fraction in (0, 1]")
+
+
+class FirstBatches:
+    """The first ``n`` batches of ``loader`` (trainer.limit_val_batches): every rank takes the
+    same number of its own shard's batches, so the reduction stays one all-reduce."""
+
+    def __init__(self, loader: Iterable, n: int) -> None:
+        self.loader, self.n = loader, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator:
+        return itertools.islice(iter(self.loader), self.n)

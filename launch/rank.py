@@ -68,17 +68,36 @@ INFO_FLAGS = {
     "--shell-completion", "-sc", "--resolve", "-p", "--package",
 }  # fmt: skip
 MULTIRUN_FLAGS = {"-m", "--multirun"}
+HELP_FLAGS = {"--help", "-h"}
 START_TIME_KEY = "hydra_ddp/start_time"
 
 
-def entry_point(main: Callable[[], Any]) -> None:
-    """Run `main`, a @hydra.main function, as this process's program (see the module docstring).
+def entry_point(script: str, task: str, config_name: str) -> None:
+    """Run a script (train.py, eval.py) as this process's program: Hydra composes
+    `conf/<config_name>.yaml` from the command line, then runs the task function `task`
+    ("module:function") as its job (see the module docstring).
+
+    The script calls this at its very top, before its own imports: Hydra answers `--help`,
+    `--cfg` and a config that does not compose in a fraction of a second, and torch is
+    imported (with the script, as a module) only when a job runs. A launcher pickles the task
+    function by reference (`run_task` and the name), so its ranks import the script the same way.
 
     Hydra's run_and_report prints a task's error and calls sys.exit(1) inside its except block,
     so the SystemExit's __context__ is the error: a user error exits with its own status."""
+    import hydra
+
     sys.argv = prepare_argv(sys.argv)
+    conf = Path(script).resolve().parent / "conf"
+    if HELP_FLAGS & set(sys.argv[1:]):
+        print_help(conf, config_name, [a for a in sys.argv[1:] if not a.startswith("-")])
+        raise SystemExit(0)
+    task_function = functools.partial(run_task, task)
+    # Hydra reads the config path and the job's name from the task function's module; the job
+    # name is set in the config (hydra.job.name), the config path is the script's conf/.
+    task_function.__module__ = __name__
+    main = hydra.main(version_base="1.3", config_path=str(conf), config_name=config_name)
     try:
-        main()
+        main(task_function)()
     except SystemExit as e:
         user_error = find_user_error(e.__context__) if e.code == 1 else None
         if user_error is not None:
@@ -89,6 +108,42 @@ def entry_point(main: Callable[[], Any]) -> None:
             print("interrupted (Ctrl-C): rerun with resume=auto to continue from the last "
                   "checkpoint", file=sys.stderr)  # fmt: skip
         raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
+    raise SystemExit(0)
+
+
+def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
+    """`--help`: the app's help template (conf/hydra/help/) with its user-facing config groups
+    (conf/'s folders, not Hydra's nor the typed schemas') and the composed config.
+
+    Hydra's own --help lists groups by asking its config repository once per group, deep-copying
+    the whole repository each time: seconds here. `--hydra-help` is still Hydra's."""
+    import string
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+    template = cfg.hydra.help.template
+    with open_dict(cfg):
+        del cfg["hydra"]
+    groups = sorted(
+        f"{folder.relative_to(conf)}: {', '.join(sorted(p.stem for p in folder.glob('*.yaml')))}"
+        for folder in conf.rglob("*")
+        if folder.is_dir() and folder.name != "hydra" and "hydra" not in folder.parts
+        and any(folder.glob("*.yaml"))
+    )  # fmt: skip
+    print(string.Template(template).safe_substitute(
+        APP_CONFIG_GROUPS="\n".join(groups), CONFIG=OmegaConf.to_yaml(cfg),
+        FLAGS_HELP="", HYDRA_CONFIG_GROUPS=""))  # fmt: skip
+
+
+def run_task(task: str, cfg: Any) -> Any:
+    """Import the task's module ("module:function") and run the function on the job's config."""
+    import importlib
+
+    module, _, name = task.partition(":")
+    return getattr(importlib.import_module(module), name)(cfg)
 
 
 def prepare_argv(argv: list[str]) -> list[str]:

@@ -416,14 +416,22 @@ class Column:
     wandb: str = ""  # its W&B Table header when not `header`
 
 
-def columns(rows: Sequence[JobSummary], keys: Sequence[str]) -> list[Column]:
+BRIEF = ("/acc", "/loss")  # the metrics of the printed table (the files have them all)
+
+
+def columns(rows: Sequence[JobSummary], keys: Sequence[str], brief: bool = False) -> list[Column]:
     """The table's columns: job, one per swept key, status, the monitored metric's best value
-    and epoch, the last epoch's val metrics, test metrics, wall time, samples/s."""
+    and epoch, the last epoch's val metrics, test metrics, wall time, samples/s. `brief`: of
+    the val and test metrics only acc and loss (and the monitored one)."""
     short = short_keys(keys)
     monitor, _ = sweep_monitor(rows)
-    finals = [k for r in rows for k in r.final if not _count_key(k)]
+
+    def shown(key: str) -> bool:
+        return not _count_key(key) and (not brief or key == monitor or key.endswith(BRIEF))
+
+    finals = [k for r in rows for k in r.final if shown(k)]
     finals = list(dict.fromkeys(sorted(finals, key=lambda k: k != monitor)))  # monitor first
-    tests = list(dict.fromkeys(k for r in rows for k in r.test if not _count_key(k)))
+    tests = list(dict.fromkeys(k for r in rows for k in r.test if shown(k)))
     cols = [Column("job", "job", lambda r: r.job, numeric=False)]
     for key in keys:
         cols.append(Column(short[key], key, lambda r, k=key: r.swept.get(k)))
@@ -466,7 +474,7 @@ def format_table(rows: Sequence[JobSummary], keys: Sequence[str] | None = None) 
     """A fixed-width text table of ``rows`` (in the given order), then the failed jobs if any.
     ``keys``: the swept keys (default: those the rows have values for)."""
     keys = list(keys) if keys is not None else list(dict.fromkeys(k for r in rows for k in r.swept))
-    cols = columns(rows, keys)
+    cols = columns(rows, keys, brief=True)
     body = [[_cell(c, r) for c in cols] for r in rows]
     widths = [max(len(x) for x in col) for col in zip([c.header for c in cols], *body, strict=True)]
 
@@ -491,7 +499,7 @@ def _md_escape(text: str) -> str:
 
 
 def format_markdown(summary: SweepSummary, title: str = "") -> str:
-    rows, cols = summary.rows, columns(summary.rows, summary.swept_keys)
+    rows, cols = summary.rows, columns(summary.rows, summary.swept_keys, brief=True)
     headers = ["rank", *(c.header for c in cols), "error"]
     lines = [f"# Sweep summary{': ' + title if title else ''}", ""]
     mode = summary.mode

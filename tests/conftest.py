@@ -28,3 +28,19 @@ def train_config():
 
     with train_composer() as composer:
         yield composer
+
+
+@pytest.fixture(autouse=True, scope="session")
+def wandb_data_dir(tmp_path_factory):
+    """W&B's staging copies of logged artifacts (checkpoints, tables' images), which offline
+    runs keep until `wandb sync`, go to a temporary dir, not the user's ~/.local/share/wandb
+    (tests/helpers.py's run_env passes WANDB_DATA_DIR on to processes)."""
+    import os
+
+    saved = os.environ.get("WANDB_DATA_DIR")
+    os.environ["WANDB_DATA_DIR"] = str(tmp_path_factory.mktemp("wandb_data"))
+    yield
+    if saved is None:
+        os.environ.pop("WANDB_DATA_DIR", None)
+    else:
+        os.environ["WANDB_DATA_DIR"] = saved

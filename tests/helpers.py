@@ -46,7 +46,8 @@ QUICK = ["trainer.max_epochs=1", "wandb.mode=offline", "trainer.progress_bar=fal
 # processes
 
 def run_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("WANDB_", "HYDRA_")) or k == "WANDB_DATA_DIR"}  # fmt: skip
     env.update(
         WANDB_SILENT="true",
         OMP_NUM_THREADS="1",
@@ -281,7 +282,8 @@ class OfflineRun:
     history: list[dict] = field(default_factory=list)
     summary: dict = field(default_factory=dict)  # the run summary, updates applied in order
     files: list[str] = field(default_factory=list)  # saved files, relative to files_dir
-    artifacts: list[dict] = field(default_factory=list)  # {type, name, paths}
+    # {type, name, aliases, metadata, paths, files: {path: local copy (W&B's staging dir)}}
+    artifacts: list[dict] = field(default_factory=list)
     exit_code: int | None = None
     resumed: bool = False
 
@@ -295,6 +297,19 @@ class OfflineRun:
         entry = self.summary.get(key) or next(row[key] for row in self.history if key in row)
         assert entry["_type"] == "table-file", entry
         return json.loads((self.files_dir / entry["path"]).read_text())
+
+    def tables(self, key: str) -> list[dict]:
+        """Every history row's table `key`, in order (media cells show as their type name)."""
+        return [json.loads((self.files_dir / row[key]["path"]).read_text())
+                for row in self.history if key in row]  # fmt: skip
+
+    def media_tables(self, key: str) -> list[tuple[dict, dict[str, str]]]:
+        """Every logged table `key` as W&B keeps it, in its run_table artifact: the table with
+        media cells as {"_type": "image-file", "path": ...}, and where the artifact's files
+        are ({path: local copy}); in logging order."""
+        name = f"{key}.table.json"
+        return [(json.loads(Path(a["files"][name]).read_text()), a["files"])
+                for a in self.artifacts if a["type"] == "run_table" and name in a["files"]]
 
 
 def _items(items) -> dict:
@@ -335,8 +350,10 @@ def read_run(path: Path) -> OfflineRun:
             run.files += [f.path for f in record.files.files]
         elif kind == "artifact":
             a = record.artifact
-            run.artifacts.append({"type": a.type, "name": a.name,
-                                  "paths": [c.path for c in a.manifest.contents]})  # fmt: skip
+            files = {c.path: c.local_path for c in a.manifest.contents}
+            run.artifacts.append({"type": a.type, "name": a.name, "aliases": list(a.aliases),
+                                  "metadata": json.loads(a.metadata or "{}"),
+                                  "paths": list(files), "files": files})  # fmt: skip
         elif kind == "exit":
             run.exit_code = record.exit.exit_code
     return run

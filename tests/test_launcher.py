@@ -375,7 +375,8 @@ def test_compose_jobs(train_config, tmp_path: Path) -> None:
         (4, ["dist.nproc_per_node=2"], "#4 "), (5, ["optim.lr=0.5"], "#5 ")]  # fmt: skip
     for job in jobs:
         config = job.spec.config
-        assert config.hydra.job.num == job.num and config.hydra.job.id == f"t_{job.num}"
+        # hydra.job.name is train (conf/train.yaml)
+        assert config.hydra.job.num == job.num and config.hydra.job.id == f"train_{job.num}"
         assert job.job_dir == sweep_dir / str(job.num)
         assert "${" not in OmegaConf.to_yaml(config.hydra.sweep)  # resolved once, here
         assert job.spec.task_function is len and job.spec.hydra_context is train_config.context

@@ -18,7 +18,8 @@ from tests.helpers import QUICK, REPO, free_port, offline_runs, run_env
 
 pytestmark = pytest.mark.slow
 
-RUN_FILES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "wandb"}
+RUN_FILES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro",
+               "wandb"}
 
 
 def start_nodes(tmp_path: Path, argv_for_node) -> list[tuple[Path, subprocess.Popen]]:

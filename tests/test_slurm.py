@@ -75,7 +75,8 @@ SLURM = [
 ]
 LRS = ("0.05", "0.1")
 # Rank 0 writes exactly these into a train.py job dir; rank 1 nothing; the launcher launch.json.
-JOB_DIR_ENTRIES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "wandb"}
+JOB_DIR_ENTRIES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro",
+                   "wandb"}
 SWEEP_JOB_DIR_ENTRIES = JOB_DIR_ENTRIES | {"launch.json"}
 
 

@@ -5,6 +5,7 @@ digits, the default dataset.
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -144,7 +145,9 @@ def two_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_default_run_reaches_90_percent(tmp_path):
+def test_the_default_job(tmp_path):
+    """`python train.py` as the README's first command runs it: >= 90 % val/acc in 10 epochs,
+    a line per epoch and one at the end (at most 20 lines), no W&B banner."""
     run_dir = tmp_path / "default"
     proc = run(train_cmd(f"hydra.run.dir={run_dir}", "wandb.mode=offline"))
     assert proc.returncode == 0, output(proc)
@@ -155,13 +158,25 @@ def test_default_run_reaches_90_percent(tmp_path):
     assert result["status"] == "completed"
     assert result["best_val_acc"] == max(v["val/acc"] for v in vals)
 
+    lines = [line for line in output(proc).splitlines() if line.strip()]
+    assert len(lines) <= 20, "\n".join(lines)
+    assert sum(bool(re.search(r"epoch \d+/10: train/loss", x)) for x in lines) == 10
+    last = lines[-1].split(" - ", 1)[1]
+    assert last.startswith("completed in ")
+    assert f"best val/acc {result['best']:.4f} (epoch {result['best_epoch']})" in last
+    assert f"run dir {run_dir}" in last and str(run_dir / "checkpoints" / "best.pt") in last
+    (wb,) = offline_runs(run_dir)
+    assert f"wandb sync {wb.path.parent}" in last
+    assert "wandb:" not in output(proc)  # no W&B banner or footer
+
 
 @pytest.mark.slow
 def test_two_ranks_share_one_run_dir_written_by_rank_zero(two_runs):
     _, run_dir, proc = two_runs
     # exactly one dir, holding only what rank 0 writes
     names = {p.name for p in run_dir.iterdir()}
-    assert names == {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "wandb"}
+    assert names == {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro",
+                     "wandb"}  # fmt: skip
     assert {p.name for p in (run_dir / ".hydra").iterdir()} == {
         "config.yaml", "hydra.yaml", "overrides.yaml"
     }  # fmt: skip
@@ -261,6 +276,16 @@ BAD_INPUTS = [
     (["dataset.val_fraction=1.5"], ["dataset.val_fraction=1.5 is out of range"]),
     (["resume=/nonexistent/last.pt"], ["/nonexistent/last.pt does not exist", "resume="]),
     (["model=torchvision"], ["model.name is required", "model.name="]),
+    (["trainer.max_epochs=0"], ["trainer.max_epochs=0 is not valid", "integer >= 1"]),
+    (["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0 is not valid"]),
+    (["trainer.limit_train_batches=-1"], ["trainer.limit_train_batches=-1 is not valid",
+                                          "a fraction in (0, 1]"]),
+    (["trainer.limit_val_batches=1.5"], ["trainer.limit_val_batches=1.5 is not valid"]),
+    (["trainer.overfit_batches=0"], ["trainer.overfit_batches=0 is not valid"]),
+    (["trainer.progress_every_s=0"], ["trainer.progress_every_s=0", "positive"]),
+    (["trainer.monitor.metric=val/f1"], ["trainer.monitor.metric=val/f1 is not a validation "
+                                         "metric", "val/acc"]),
+    (["trainer.monitor.mode=up"], ["trainer.monitor.mode=up is not valid", "max or min"]),
 ]  # fmt: skip
 
 

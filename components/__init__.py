@@ -1,0 +1,20 @@
+"""Services that run inside every rank of train.py and eval.py, one concern per module:
+
+* distributed.py: the process group, this rank's device, the DDP wrap, rank-0 decisions;
+* checkpoint.py: TrainingState (one object saves and restores everything a resume needs) and
+  the atomic, digest-checked step checkpoints; trained.py: a checkpoint's model and config for
+  eval.py;
+* metrics.py: RunLogger, rank 0's metrics.jsonl, W&B run and result.json however the run ends;
+  wandb_media.py: the W&B panels, image tables and checkpoint artifacts; console.py: what rank 0
+  prints; repro.py: the run's command, packages and uncommitted diff;
+* evaluation.py: exact distributed metrics (one all-reduce), for validation and eval.py;
+  eval_record.py: eval.py's eval.json, plots and W&B run;
+* optim.py, ema.py, monitor.py, precision.py: the optimizer and lr schedule, the weights' EMA,
+  the monitored metric and early stopping, autocast and the GradScaler;
+* speed.py, profiling.py: throughput, MFU and memory; torch.profiler (debug=profile);
+* preemption.py: the agreed stop on SIGTERM/SIGUSR1; faults.py: fault injection for tests.
+
+Torch-free, because the launchers use them too: errors.py (UserError: one line naming the fix),
+world.py (world-size rules), run_dir.py (the run dir's contract: file names, RunResult =
+result.json), naming.py (how sweep jobs are told apart).
+"""
