@@ -131,18 +131,54 @@ def stratified_holdout(
     labels: np.ndarray | None, n: int, size: int, seed: int = SPLIT_SEED
 ) -> tuple[np.ndarray, np.ndarray]:
     """(kept, held out) positions of ``n`` samples, ``size`` held out, both sorted: a fixed
-    shuffle (``seed``), stratified by ``labels`` where given and every class can give one."""
-    from sklearn.model_selection import train_test_split  # slow to import; only carving uses it
+    shuffle (``seed``), stratified by ``labels`` where given and every class can give one.
 
-    stratify = labels
+    The positions scikit-learn's ``train_test_split(np.arange(n), test_size=size,
+    stratify=..., random_state=seed)`` gives (its ShuffleSplit / StratifiedShuffleSplit draws,
+    restated in numpy; tests/test_data.py checks them against scikit-learn): importing
+    scikit-learn took 1-2 s of every run's startup."""
+    rng = np.random.RandomState(seed)  # sklearn's check_random_state(seed)
     if labels is not None:
-        counts = np.bincount(labels)
-        counts = counts[counts > 0]
-        if counts.min() < 2 or not len(counts) <= size <= n - len(counts):
-            stratify = None  # too few of a class to stratify: a plain fixed shuffle
-    kept, held = train_test_split(np.arange(n), test_size=size, stratify=stratify,
-                                  random_state=seed)  # fmt: skip
-    return np.sort(kept), np.sort(held)
+        classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+        if counts.min() >= 2 and len(classes) <= size <= n - len(classes):
+            kept, held = _stratified_split(inverse, counts, n - size, size, rng)
+            return np.sort(kept), np.sort(held)
+        # too few of a class to stratify: a plain fixed shuffle
+    permutation = rng.permutation(n)
+    return np.sort(permutation[size:]), np.sort(permutation[:size])
+
+
+def _stratified_split(inverse: np.ndarray, counts: np.ndarray, n_train: int, n_test: int,
+                      rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """StratifiedShuffleSplit's first split (scikit-learn 1.x, model_selection/_split.py)."""
+    by_class = np.split(np.argsort(inverse, kind="stable"), np.cumsum(counts)[:-1])
+    train_counts = _approximate_mode(counts, n_train, rng)
+    test_counts = _approximate_mode(counts - train_counts, n_test, rng)
+    train: list[int] = []
+    test: list[int] = []
+    for members, n_i, t_i in zip(by_class, train_counts, test_counts, strict=True):
+        shuffled = members.take(rng.permutation(len(members)), mode="clip")
+        train.extend(shuffled[:n_i])
+        test.extend(shuffled[n_i : n_i + t_i])
+    return rng.permutation(train), rng.permutation(test)
+
+
+def _approximate_mode(counts: np.ndarray, n_draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """scikit-learn's utils.extmath._approximate_mode: samples per class of ``n_draws``, the
+    floor of each class's share plus one for the largest remainders (ties broken by ``rng``)."""
+    continuous = counts / counts.sum() * n_draws
+    floored = np.floor(continuous)
+    need_to_add = int(n_draws - floored.sum())
+    if need_to_add > 0:
+        remainder = continuous - floored
+        for value in np.sort(np.unique(remainder))[::-1]:
+            (candidates,) = np.where(remainder == value)
+            add_now = min(len(candidates), need_to_add)
+            floored[rng.choice(candidates, size=add_now, replace=False)] += 1
+            need_to_add -= add_now
+            if need_to_add == 0:
+                break
+    return floored.astype(int)
 
 
 def holdout_size(fraction: float, n: int, key: str) -> int:

@@ -93,6 +93,48 @@ def test_digits_split_is_a_fixed_stratified_partition_of_the_real_scans():
         assert counts.min() >= 17 and counts.max() <= 19
 
 
+def test_digits_scans_are_scikit_learns_without_importing_it():
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from data.digits import load_digits
+
+    images, labels = load_digits()
+    bunch = sklearn_digits()
+    assert images.dtype == bunch.images.dtype and np.array_equal(images, bunch.images)
+    assert np.array_equal(labels, bunch.target)
+    code = "import data.catalog, data.datasets, data.digits, sys; print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_holdouts_are_scikit_learns_train_test_split():
+    """stratified_holdout restates train_test_split's draws in numpy: the same positions for
+    any labels (balanced, skewed, with ties, too few to stratify), size and seed."""
+    from sklearn.model_selection import train_test_split
+
+    from data.datasets import stratified_holdout
+
+    rng = np.random.default_rng(0)
+    stratified = 0
+    for trial in range(300):
+        n, classes = int(rng.integers(5, 300)), int(rng.integers(1, 15))
+        labels = (None if trial % 7 == 0 else rng.integers(0, classes, n) if trial % 2
+                  else np.repeat(np.arange(classes), -(-n // classes))[:n])  # fmt: skip
+        size, seed = int(rng.integers(1, n)), int(rng.integers(0, 5))
+        stratify = labels
+        if labels is not None:
+            counts = np.bincount(labels)
+            counts = counts[counts > 0]
+            if counts.min() < 2 or not len(counts) <= size <= n - len(counts):
+                stratify = None
+        stratified += stratify is not None
+        kept, held = train_test_split(np.arange(n), test_size=size, stratify=stratify,
+                                      random_state=seed)  # fmt: skip
+        ours = stratified_holdout(labels, n, size, seed)
+        assert np.array_equal(ours[0], np.sort(kept)) and np.array_equal(ours[1], np.sort(held))
+    assert stratified > 100
+
+
 @pytest.mark.parametrize(
     "keys, message",
     [({"val_fraction": 0.0}, "dataset.val_fraction=0.0"),
