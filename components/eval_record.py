@@ -17,7 +17,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from components.evaluation import EvalResult
-from components.metrics import init_wandb, resolve_wandb_mode
+from components.metrics import init_wandb
 from components.run_dir import (
     CONFUSION_FILE,
     EVAL_FILE,
@@ -26,6 +26,7 @@ from components.run_dir import (
     write_json_atomic,
 )
 from components.wandb_media import class_panels
+from components.wandb_mode import resolve_wandb_mode
 
 log = logging.getLogger(__name__)
 

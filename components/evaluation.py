@@ -75,7 +75,9 @@ class EvalAccumulator:
         """Add one batch: ``logits`` [B, classes] (any float dtype), ``labels`` [B] int64."""
         logits = logits.float()
         c = self.num_classes
-        self.loss_sum += F.cross_entropy(logits, labels, reduction="sum").double()
+        # per-sample losses summed in float64: the sum then does not depend (beyond float64
+        # rounding) on how the split is cut into batches and shards
+        self.loss_sum += F.cross_entropy(logits, labels, reduction="none").double().sum()
         predicted = logits.argmax(1)
         self.confusion.view(-1).add_(torch.bincount(labels * c + predicted, minlength=c * c))
         top = logits.topk(self.top_k, dim=1).indices

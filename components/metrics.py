@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import netrc
 import os
 import platform
 import time
@@ -16,14 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from components.console import end_line
-from components.errors import UserError, describe
+from components.errors import describe
 from components.naming import (
     SWEPT_KEYS_ENV,
     agent_sweep_keys,
@@ -43,30 +41,9 @@ from components.run_dir import (
     write_result,
 )
 from components.wandb_media import CheckpointArtifacts, save_files
+from components.wandb_mode import resolve_wandb_mode
 
 log = logging.getLogger(__name__)
-
-def wandb_credentials_exist() -> bool:
-    """Whether W&B could log in without prompting: WANDB_API_KEY or a netrc entry for its host."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-
-
-def resolve_wandb_mode(mode: Any) -> str:
-    """online / offline / disabled from a `wandb.mode` value (a string, or conf/schema.py's
-    enum); `auto` is online when credentials exist, else offline."""
-    mode = str(getattr(mode, "value", mode))
-    if mode == "auto":
-        return "online" if wandb_credentials_exist() else "offline"
-    if mode not in ("online", "offline", "disabled"):
-        raise UserError(f"wandb.mode={mode} is not valid: use auto, online, offline or disabled")
-    return mode
-
 
 def run_facts(world_size: int, per_rank_batch: int, device: torch.device) -> dict[str, Any]:
     """Derived facts stored beside the config so every W&B run says how it was run (rank 0's

@@ -108,6 +108,12 @@ def entry_point(script: str, task: str, config_name: str) -> None:
             print("interrupted (Ctrl-C): rerun with resume=auto to continue from the last "
                   "checkpoint", file=sys.stderr)  # fmt: skip
         raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
+    finally:
+        # A multirun whose sweeper raised: its summary now, not at exit (launch/summary.py).
+        # Loaded only if a multirun set up its summary callback.
+        summary = sys.modules.get("launch.summary")
+        if summary is not None:
+            summary.finish_unfinished_sweeps()
     raise SystemExit(0)
 
 

@@ -59,7 +59,7 @@ from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components.errors import UserError
+from components.errors import UserError, describe
 from components.run_dir import ATTEMPT_ENV, read_result
 from components.world import parse_count
 from launch.jobs import (
@@ -500,8 +500,14 @@ def submit(launcher: Any, planned: list[Submitted]) -> None:
         executor.update_parameters(**first.params)
         for s in group:
             start_attempt(s.job)  # resume=auto when it continues; before the job is pickled
-        with submission_env(), sbatch_errors():
-            slurm_jobs = executor.map_array(launcher, [s.job for s in group])
+        try:
+            with submission_env(), sbatch_errors():
+                slurm_jobs = executor.map_array(launcher, [s.job for s in group])
+        except BaseException as e:  # SLURM did not take them: their records say so
+            for s in group:
+                update_attempt(s.job, ended=time.time(), status="failed",
+                               error=f"not submitted: {describe(e)}")  # fmt: skip
+            raise
         for s, slurm_job in zip(group, slurm_jobs, strict=True):
             s.slurm = slurm_job
             update_attempt(s.job, slurm_job_id=slurm_job.job_id, slurm_folder=str(s.folder))

@@ -689,7 +689,7 @@ def log_to_wandb(summary: SweepSummary, settings: dict[str, Any],
     job's run (its id offline), and summary.png. Returns the run's id; None when W&B is
     disabled. A W&B failure is a warning."""
     from components.errors import UserError
-    from components.metrics import resolve_wandb_mode
+    from components.wandb_mode import resolve_wandb_mode
 
     try:
         mode = resolve_wandb_mode(settings.get("mode", "auto"))
@@ -748,8 +748,12 @@ class SweepSummaryCallback(Callback):
     sweep-summary run (when the app's config has a `wandb` node and W&B is not disabled).
 
     Hydra's BasicSweeper raises on the first failed job, so ``on_multirun_end`` never runs
-    then; an ``atexit`` fallback registered in ``on_multirun_start`` writes the summary
-    instead. Nothing here raises: a summary problem is logged as a warning, never fails a sweep.
+    then; a fallback registered in ``on_multirun_start`` writes the summary instead: run by
+    launch/rank.py's entry point as the sweep's exception leaves Hydra
+    (:func:`finish_unfinished_sweeps`), or at interpreter exit (``atexit``) otherwise. The
+    entry point's turn comes first because at ``atexit`` time threading has shut down, and
+    neither wandb nor torch can be imported any more. Nothing here raises: a summary problem
+    is logged as a warning, never fails a sweep.
     """
 
     def __init__(self, metric: str = "best", mode: str | None = None,
@@ -779,6 +783,7 @@ class SweepSummaryCallback(Callback):
 
             self._fallback = fallback
             atexit.register(fallback)
+            _UNFINISHED.append(self)
         except Exception as e:  # a summary problem must not fail the sweep
             log.warning("sweep summary: could not set up (%s: %s)", type(e).__name__, e)
 
@@ -796,6 +801,15 @@ class SweepSummaryCallback(Callback):
         if self._fallback is not None:
             atexit.unregister(self._fallback)
             self._fallback = None
+        if self in _UNFINISHED:
+            _UNFINISHED.remove(self)
+
+    def finish(self) -> None:
+        """The fallback now, if the multirun has not ended (then it runs once only)."""
+        fallback = self._fallback
+        self._unregister()
+        if fallback is not None:
+            fallback()
 
     def _summarise(self, sweep_dir: Path, when: str = "") -> SweepSummary | None:
         try:
@@ -822,6 +836,17 @@ class SweepSummaryCallback(Callback):
             if found is not None:
                 log_to_wandb(summary, *found)
         return summary
+
+
+# The callbacks whose multirun started and has not ended.
+_UNFINISHED: list[SweepSummaryCallback] = []
+
+
+def finish_unfinished_sweeps() -> None:
+    """Write the summary of every multirun of this process that started but did not end (its
+    sweeper raised), while the interpreter is still whole."""
+    for callback in list(_UNFINISHED):
+        callback.finish()
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@
 from pathlib import Path
 
 import pytest
+from hydra.version import VersionBase
+
+FRESH_VERSION_BASE = VersionBase.instance().getbase()  # before any test composed a config
 
 
 @pytest.fixture
@@ -12,13 +15,13 @@ def run_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def fresh_hydra_version_base():
-    """initialize()/compose(version_base="1.3") in a test sets Hydra's version base for the
-    whole process; later in-process sweeps (Hydra's launcher suites) expect a fresh process's."""
-    from hydra.version import VersionBase
-
-    saved = VersionBase.instance().getbase()
+    """initialize()/compose(version_base="1.3") sets Hydra's version base for the whole
+    process, also from a module- or session-scoped fixture (outside any test); in-process
+    sweeps (Hydra's launcher suites) expect a fresh process's. So every test starts and ends
+    with the version base of a fresh process."""
+    VersionBase.instance().version_base = FRESH_VERSION_BASE
     yield
-    VersionBase.instance().version_base = saved
+    VersionBase.instance().version_base = FRESH_VERSION_BASE
 
 
 @pytest.fixture

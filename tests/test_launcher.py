@@ -882,10 +882,17 @@ def test_bad_launcher_input_is_one_line_and_exit_2(tmp_path: Path, what: str,
         assert text.strip().splitlines() == lines, text
         assert read_json(out_dir / "result.json")["error"] in lines[0]
         assert time.time() - started < 60
-    elif where:  # SLURM: the sweep stops at its first line; no job was composed into a dir
+    elif where:  # SLURM: the sweep stops at its first line; no job ran
         rest = [line for line in text.strip().splitlines() if "launcher: sweep dir" not in line]
         assert rest == lines and len(lines) == 1, text
-        assert not (out_dir / "0").exists()
+        if where == "no-sbatch":  # checked before anything is composed
+            assert not (out_dir / "0").exists()
+        else:  # sbatch refused them: each job's launch.json records the attempt that failed
+            for num in (0, 1):
+                assert sorted(p.name for p in (out_dir / str(num)).iterdir()) == ["launch.json"]
+                (attempt,) = read_json(out_dir / str(num) / "launch.json")["attempts"]
+                assert attempt["status"] == "failed" and attempt["ended"] is not None
+                assert attempt["error"].startswith("not submitted: SLURM did not take the jobs")
     else:  # a sweep: each job's line names the fix, each job has its result.json
         for num, batch in enumerate((63, 65)):
             job_line = [line for line in lines if f"#{num} failed  batch_size={batch}: " in line]
