@@ -16,5 +16,6 @@
 
 Torch-free, because the launchers use them too: errors.py (UserError: one line naming the fix),
 world.py (world-size rules), run_dir.py (the run dir's contract: file names, RunResult =
-result.json), naming.py (how sweep jobs are told apart).
+result.json), naming.py (how sweep jobs are told apart), wandb_mode.py (W&B's mode from
+wandb.mode, which the sweep summary also reads).
 """

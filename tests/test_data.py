@@ -93,6 +93,7 @@ def test_digits_split_is_a_fixed_stratified_partition_of_the_real_scans():
         assert counts.min() >= 17 and counts.max() <= 19
 
 
+@pytest.mark.slow  # starts a Python process; scikit-learn's import alone takes seconds
 def test_digits_scans_are_scikit_learns_without_importing_it():
     from sklearn.datasets import load_digits as sklearn_digits
 

@@ -96,7 +96,8 @@ def test_resnet18_choice_uses_small_input_stem():
         ("mobilenet_v3_small", "features.0.0", 32),
         ("efficientnet_b0", "features.0.0", 32),
         ("convnext_tiny", "features.0.0", 32),
-        ("vit_b_16", "conv_proj", 16),
+        # two ViT-B/16 of 86M parameters each: seconds to build
+        pytest.param("vit_b_16", "conv_proj", 16, marks=pytest.mark.slow),
     ],
 )
 def test_grayscale_input_replaces_first_conv(name, conv_path, size):
