@@ -485,9 +485,13 @@ def test_ctrl_c_stops_the_jobs_at_a_checkpoint_then_resume(reference: Path,
     assert status(sweep_dir / "0") == "preempted", read_result(sweep_dir / "0")
     for n in stopped:
         last = attempts(sweep_dir / str(n))[-1]
-        assert last.status == status(sweep_dir / str(n)) in ("preempted", "interrupted"), n
+        # the other job may finish its last steps in the moment the stop takes to reach it
+        finished = ("completed",) if n != 0 else ()
+        assert last.status == status(sweep_dir / str(n)) in ("preempted", "interrupted",
+                                                             *finished), n  # fmt: skip
         assert last.ended is not None
-    checkpointed = {n for n in stopped if has_step_checkpoint(sweep_dir / str(n))}
+    checkpointed = {n for n in stopped if status(sweep_dir / str(n)) != "completed"
+                    and has_step_checkpoint(sweep_dir / str(n))}  # fmt: skip
     assert 0 in checkpointed  # preempted: it saved its stop step
 
     resumed = run(sweep_cmd(sweep_dir, RESUME))
