@@ -779,7 +779,7 @@ class SweepSummaryCallback(Callback):
 
             def fallback() -> None:
                 if find_job_dirs(sweep_dir):  # else the sweep never got to a job: nothing to say
-                    self._summarise(sweep_dir, " at exit (the multirun did not finish)")
+                    self._summarise(sweep_dir, " (the multirun did not finish)")
 
             self._fallback = fallback
             atexit.register(fallback)
