@@ -63,34 +63,66 @@ def evaluate_checkpoint(cfg: DictConfig) -> float | None:
     tc, split = trained.trainer, str(cfg.split)
     record = EvalRecord(out_dir, enabled=int(os.environ.get("RANK", "0")) == 0)
     with init_distributed(cfg.dist, tc.device) as env:
-        splits = build_datasets(trained.dataset, local_rank=env.local_rank, barrier=dist.barrier,
-                                seed=trained.seed)  # fmt: skip
+        splits = build_datasets(
+            trained.dataset, local_rank=env.local_rank, barrier=dist.barrier, seed=trained.seed
+        )
         # A split of the dataset, or (any other value) a folder of unlabeled images.
-        folder = None if split in SPLITS else ImageFiles(split, splits.eval_transform,
-                                                         splits.in_channels, splits.image_size)
+        folder = (
+            None
+            if split in SPLITS
+            else ImageFiles(split, splits.eval_transform, splits.in_channels, splits.image_size)
+        )
         dataset = folder or splits.eval_set(split)
         model = build_model(trained.model, splits)
         load_weights(model, ckpt, path)
         model = model.to(env.device, memory_format=memory_format(tc))
-        loader = eval_loader(splits, split, dataset=folder,
-                             batch_size=math.ceil(tc.eval_batch_size / env.world_size),
-                             **loader_options(trained.dataset, rank=env.rank,
-                                              world_size=env.world_size, seed=trained.seed,
-                                              device=env.device))  # fmt: skip
+        loader = eval_loader(
+            splits,
+            split,
+            dataset=folder,
+            batch_size=math.ceil(tc.eval_batch_size / env.world_size),
+            **loader_options(
+                trained.dataset,
+                rank=env.rank,
+                world_size=env.world_size,
+                seed=trained.seed,
+                device=env.device,
+            ),
+        )
         predictions = Predictions(splits.num_classes) if cfg.predictions or folder else None
         with precision_context(tc.precision, env.device):
-            metrics = evaluate(model, loader, env.device, tc, splits.num_classes,
-                               labelled=folder is None, predictions=predictions)  # fmt: skip
+            metrics = evaluate(
+                model,
+                loader,
+                env.device,
+                tc,
+                splits.num_classes,
+                labelled=folder is None,
+                predictions=predictions,
+            )
         metrics.all_reduce()  # every rank's sums and counts: each sample once
         result = metrics.result() if folder is None else None
         rows = predictions.gather(sample_positions(loader)) if predictions else None
 
     if result is not None:
-        log.info("%s on %s: loss %.4f acc %.4f acc5 %.4f ece %.4f (%d samples)", path, split,
-                 result.loss, result.acc, result.acc5, result.ece, result.count)  # fmt: skip
-    report = EvalReport(split=split, checkpoint=str(path.resolve()), world_size=env.world_size,
-                        train_wandb_run_id=ckpt["progress"].get("wandb_run_id"))  # fmt: skip
+        log.info(
+            "%s on %s: loss %.4f acc %.4f acc5 %.4f ece %.4f (%d samples)",
+            path,
+            split,
+            result.loss,
+            result.acc,
+            result.acc5,
+            result.ece,
+            result.count,
+        )
+    report = EvalReport(
+        split=split,
+        checkpoint=str(path.resolve()),
+        world_size=env.world_size,
+        train_wandb_run_id=ckpt["progress"].get("wandb_run_id"),
+    )
     record.save(report, result, splits.classes, rows, dataset)
-    record.log_wandb(trained, ckpt["progress"], report, result,
-                     label=split if folder is None else "predict")  # fmt: skip
+    record.log_wandb(
+        trained, ckpt["progress"], report, result, label=split if folder is None else "predict"
+    )
     return result.acc if result is not None else None

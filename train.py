@@ -141,41 +141,64 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
     # Data: a DistributedSampler gives each rank its own shard of every epoch; validation counts
     # every sample exactly once across ranks; test is only touched after training.
     # Augmentation: the `augment` recipe (conf/augment/).
-    splits = build_datasets(cfg.dataset, local_rank=env.local_rank, barrier=dist.barrier,
-                            seed=cfg.seed, augment=build_recipe(cfg.augment))  # fmt: skip
+    splits = build_datasets(
+        cfg.dataset,
+        local_rank=env.local_rank,
+        barrier=dist.barrier,
+        seed=cfg.seed,
+        augment=build_recipe(cfg.augment),
+    )
     loaders = build_loaders(
         splits,
         batch_size=micro_batch,
         eval_batch_size=math.ceil(tc.eval_batch_size / env.world_size),
         shuffle=tc.overfit_batches is None,  # overfitting: the same batches every epoch
-        **loader_options(cfg.dataset, rank=env.rank, world_size=env.world_size, seed=cfg.seed,
-                         device=env.device),
-    )  # fmt: skip
-    steps_per_epoch = epoch_steps(len(loaders.train) // tc.accumulate_grad_batches, tc,
-                                  len(splits.train))  # fmt: skip
-    val_batches = FirstBatches(loaders.val, limited(len(loaders.val), tc.limit_val_batches,
-                                                    "trainer.limit_val_batches"))  # fmt: skip
+        **loader_options(
+            cfg.dataset, rank=env.rank, world_size=env.world_size, seed=cfg.seed, device=env.device
+        ),
+    )
+    steps_per_epoch = epoch_steps(
+        len(loaders.train) // tc.accumulate_grad_batches, tc, len(splits.train)
+    )
+    val_batches = FirstBatches(
+        loaders.val, limited(len(loaders.val), tc.limit_val_batches, "trainer.limit_val_batches")
+    )
 
     # Model, optimizer, schedule, EMA, monitor; everything a resume needs is one TrainingState.
     model = build_model(cfg.model, splits).to(env.device, memory_format=memory_format(tc))
-    size = model_facts(model, torch.zeros(1, splits.in_channels, splits.image_size,
-                                          splits.image_size, device=env.device))  # fmt: skip
+    size = model_facts(
+        model,
+        torch.zeros(1, splits.in_channels, splits.image_size, splits.image_size, device=env.device),
+    )
     optimizer = build_optimizer(cfg.optim, model, global_batch=tc.batch_size)
     scheduler = lr_schedule(optimizer, tc, steps_per_epoch)
     scaler = grad_scaler(tc.precision, env.device)
     ema = build_ema(model, tc.ema)
-    monitor = Monitor(tc.monitor.metric, tc.monitor.mode, tc.early_stopping.patience,
-                      tc.early_stopping.min_delta)  # fmt: skip
+    monitor = Monitor(
+        tc.monitor.metric, tc.monitor.mode, tc.early_stopping.patience, tc.early_stopping.min_delta
+    )
     progress, window = Progress(max_epochs=tc.max_epochs), LossWindow(env.device)
     state = TrainingState(
-        shared={"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
-                "progress": progress, "monitor": monitor,
-                **({"ema": ema} if ema is not None else {})},  # fmt: skip
+        shared={
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "scaler": scaler,
+            "progress": progress,
+            "monitor": monitor,
+            **({"ema": ema} if ema is not None else {}),
+        },
         per_rank={"loss_window": window},
     )
-    checkpoints = Checkpointer(run_dir, rank=env.rank, world_size=env.world_size,
-                               keep=tc.keep_checkpoints, config=cfg, enabled=tc.save_checkpoints,
-                               on_save=run.checkpoint_saved)  # fmt: skip
+    checkpoints = Checkpointer(
+        run_dir,
+        rank=env.rank,
+        world_size=env.world_size,
+        keep=tc.keep_checkpoints,
+        config=cfg,
+        enabled=tc.save_checkpoints,
+        on_save=run.checkpoint_saved,
+    )
     resumed = checkpoints.restore(state, cfg.resume)
     if resumed is not None:
         log.info("resumed from %s: epoch %d, step %d", resumed, progress.epoch + 1, progress.step)
@@ -187,8 +210,13 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
     # The W&B run (and the panels of validation: per class, confusion matrix, fixed images).
     media = ValMedia(cfg, splits, loaders.val, env)
     facts = run_facts(env.world_size, micro_batch * tc.accumulate_grad_batches, env.device)
-    progress.wandb_run_id = run.open(cfg, {**facts, **size}, resuming=resumed is not None,
-                                     wandb_run_id=progress.wandb_run_id, model=model)  # fmt: skip
+    progress.wandb_run_id = run.open(
+        cfg,
+        {**facts, **size},
+        resuming=resumed is not None,
+        wandb_run_id=progress.wandb_run_id,
+        model=model,
+    )
     progress.wandb_group, progress.wandb_name = run.wandb_group_name
     run.result.monitor, run.result.mode = monitor.metric, monitor.mode
     if resumed is not None and progress.epoch:  # what the earlier attempts reached
@@ -197,12 +225,26 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
         run.result.best_checkpoint = "checkpoints/best.pt" if monitor.best_epoch else None
     run.result.params, run.result.flops_per_sample = size["params"], size["flops_per_sample"]
 
-    step = TrainStep(ddp_model, model, optimizer, scheduler, scaler, env, tc,
-                     BatchMix(tc.mixup, splits.num_classes, cfg.seed), ema)  # fmt: skip
-    speed = Speed(env.device, tc.precision, flops_per_sample=3 * size["flops_per_sample"],
-                  samples_per_step=micro_batch * tc.accumulate_grad_batches * env.world_size)
-    console = Console(env.is_main, bar=tc.progress_bar, every_s=tc.progress_every_s,
-                      max_epochs=tc.max_epochs)  # fmt: skip
+    step = TrainStep(
+        ddp_model,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        env,
+        tc,
+        BatchMix(tc.mixup, splits.num_classes, cfg.seed),
+        ema,
+    )
+    speed = Speed(
+        env.device,
+        tc.precision,
+        flops_per_sample=3 * size["flops_per_sample"],
+        samples_per_step=micro_batch * tc.accumulate_grad_batches * env.world_size,
+    )
+    console = Console(
+        env.is_main, bar=tc.progress_bar, every_s=tc.progress_every_s, max_epochs=tc.max_epochs
+    )
     with (
         StopRequest(tc.preemption_check_every_n_steps, cpu_group(env.backend)) as stop,
         StepProfiler(tc.profile, run_dir, rank0=env.is_main, on_written=run.save_profile) as prof,
@@ -211,25 +253,33 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
         for epoch in range(progress.epoch, tc.max_epochs):
             # Early stopping: rank 0 decides, every rank follows (also after a resume).
             if rank0_decides(monitor.should_stop, env.device):
-                log.info("early stopping before epoch %d: %s has not improved by more than %g "
-                         "for %d epochs (best %.4f at epoch %s)", epoch + 1, monitor.metric,
-                         monitor.min_delta, monitor.stale, monitor.best,
-                         monitor.best_epoch)  # fmt: skip
+                log.info(
+                    "early stopping before epoch %d: %s has not improved by more than %g "
+                    "for %d epochs (best %.4f at epoch %s)",
+                    epoch + 1,
+                    monitor.metric,
+                    monitor.min_delta,
+                    monitor.stale,
+                    monitor.best,
+                    monitor.best_epoch,
+                )
                 run.result.stopped_early = True
                 break
             progress.epoch = epoch
             # Every rank reshuffles the same way each epoch (and skips what a resumed
             # checkpoint already trained).
             loaders.train_sampler.set_epoch(epoch)
-            loaders.train_sampler.skip(progress.step_in_epoch * micro_batch
-                                       * tc.accumulate_grad_batches)  # fmt: skip
+            loaders.train_sampler.skip(
+                progress.step_in_epoch * micro_batch * tc.accumulate_grad_batches
+            )
             ddp_model.train()
             batches = iter(loaders.train)
             console.start_epoch(epoch + 1, steps_per_epoch, progress.step_in_epoch)
             while progress.step_in_epoch < steps_per_epoch:
                 # A train row per log interval, and one for the epoch's last partial window.
-                logged = ((progress.step + 1) % tc.log_every_n_steps == 0
-                          or progress.step_in_epoch + 1 == steps_per_epoch)  # fmt: skip
+                logged = (
+                    progress.step + 1
+                ) % tc.log_every_n_steps == 0 or progress.step_in_epoch + 1 == steps_per_epoch
                 result = step(batches, progress, speed, logged=logged)
                 if speed.step_done():
                     tighten_timeout(env)  # startup is over: a stuck collective fails fast now
@@ -248,8 +298,10 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
                 console.step(row)
                 if stop.agreed(progress.step):
                     checkpoints.save(state, step=progress.step, is_best=False)
-                    raise Preempted(f"preempted at step {progress.step}: checkpoint saved; "
-                                    "rerun with resume=auto to continue exactly")  # fmt: skip
+                    raise Preempted(
+                        f"preempted at step {progress.step}: checkpoint saved; "
+                        "rerun with resume=auto to continue exactly"
+                    )
                 if tc.checkpoint_every_n_steps and (
                     progress.step % tc.checkpoint_every_n_steps == 0
                 ):
@@ -258,46 +310,73 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
             # Validation: exact, every val sample counted once across ranks.
             samples = media.watch(epoch + 1)  # the fixed val images' predictions, if due
             with precision_context(tc.precision, env.device):
-                metrics = evaluate(model, val_batches, env.device, tc, splits.num_classes,
-                                   predictions=samples)  # fmt: skip
-                ema_metrics = (evaluate(ema.module, val_batches, env.device, tc,
-                                        splits.num_classes)
-                               if ema is not None and tc.ema.evaluate else None)  # fmt: skip
+                metrics = evaluate(
+                    model, val_batches, env.device, tc, splits.num_classes, predictions=samples
+                )
+                ema_metrics = (
+                    evaluate(ema.module, val_batches, env.device, tc, splits.num_classes)
+                    if ema is not None and tc.ema.evaluate
+                    else None
+                )
             metrics.all_reduce()  # every rank's sums and counts: each val sample once
             result = metrics.result()
             val = result.scalars("val")
             if ema_metrics is not None:
                 ema_metrics.all_reduce()
-                val |= {k: v for k, v in ema_metrics.result().scalars("val_ema").items()
-                        if not k.endswith("/count")}  # fmt: skip
+                val |= {
+                    k: v
+                    for k, v in ema_metrics.result().scalars("val_ema").items()
+                    if not k.endswith("/count")
+                }
             progress.epoch, progress.step_in_epoch = epoch + 1, 0
-            run.log({"step": progress.step, "epoch": epoch + 1, **val},
-                    media=media.panels(epoch + 1, result, samples))  # fmt: skip
+            run.log(
+                {"step": progress.step, "epoch": epoch + 1, **val},
+                media=media.panels(epoch + 1, result, samples),
+            )
             progress.best_val_acc = max(progress.best_val_acc, val["val/acc"])
             # best.pt: the best epoch by the monitored metric (the same on every rank).
             is_best = monitor.update(epoch + 1, val)
-            console.end_epoch(val, monitor=monitor.metric, best=monitor.best,
-                              best_epoch=monitor.best_epoch)  # fmt: skip
+            console.end_epoch(
+                val, monitor=monitor.metric, best=monitor.best, best_epoch=monitor.best_epoch
+            )
             # Rank 0 writes the checkpoint; every rank adds its own state and waits.
             checkpoints.save(state, step=progress.step, is_best=is_best)
-            run.record_epoch(epoch + 1, val, best=monitor.best, best_epoch=monitor.best_epoch,
-                             best_val_acc=progress.best_val_acc,
-                             saved=tc.save_checkpoints)  # fmt: skip
+            run.record_epoch(
+                epoch + 1,
+                val,
+                best=monitor.best,
+                best_epoch=monitor.best_epoch,
+                best_val_acc=progress.best_val_acc,
+                saved=tc.save_checkpoints,
+            )
 
     run.result.time_to_first_step_s = speed.first_step_s
     run.result.peak_memory_mb_per_rank = gather_floats(peak_memory_mb(env.device))
     if tc.test_after_fit and tc.save_checkpoints and monitor.best_epoch is not None:
         run.result.test = test_best(model, checkpoints, splits, loaders, env, tc)
         if run.result.test:
-            run.log({"step": progress.step, "epoch": progress.epoch,
-                     "best_epoch": monitor.best_epoch, **run.result.test})  # fmt: skip
+            run.log(
+                {
+                    "step": progress.step,
+                    "epoch": progress.epoch,
+                    "best_epoch": monitor.best_epoch,
+                    **run.result.test,
+                }
+            )
     return monitor.best
 
 
 def check_trainer(tc: DictConfig) -> None:
     """Trainer settings no schema type can check: one line naming the key and the fix."""
-    for key in ("max_epochs", "log_every_n_steps", "eval_batch_size", "keep_checkpoints",
-                "preemption_check_every_n_steps", "overfit_batches", "checkpoint_every_n_steps"):
+    for key in (
+        "max_epochs",
+        "log_every_n_steps",
+        "eval_batch_size",
+        "keep_checkpoints",
+        "preemption_check_every_n_steps",
+        "overfit_batches",
+        "checkpoint_every_n_steps",
+    ):
         value = tc[key]
         if value is not None and value < 1:
             raise UserError(f"trainer.{key}={value} is not valid: use an integer >= 1")
@@ -309,8 +388,10 @@ def epoch_steps(available: int, tc: DictConfig, train_size: int) -> int:
     """Optimizer steps per epoch: the full batches of this rank's shard, or fewer where
     trainer.limit_train_batches / overfit_batches ask."""
     if available == 0:
-        raise UserError(f"trainer.batch_size={tc.batch_size} exceeds the training set "
-                        f"({train_size} samples): lower trainer.batch_size")  # fmt: skip
+        raise UserError(
+            f"trainer.batch_size={tc.batch_size} exceeds the training set "
+            f"({train_size} samples): lower trainer.batch_size"
+        )
     steps = limited(available, tc.limit_train_batches, "trainer.limit_train_batches")
     return min(steps, tc.overfit_batches) if tc.overfit_batches else steps
 
@@ -322,10 +403,17 @@ def check_schedule_change(progress: Progress, tc: DictConfig, scheduler) -> None
         return
     before = scheduler.get_last_lr()[0]  # restored: the old schedule's lr at this step
     after = scheduler.lr_lambdas[0](progress.step) * scheduler.base_lrs[0]  # the new one's
-    log.warning("trainer.max_epochs=%d, but the checkpoint's run planned %d: the %s schedule "
-                "now spans %d epochs, so the lr goes from %.4g to %.4g at step %d",
-                tc.max_epochs, planned, tc.lr_schedule, tc.max_epochs, before, after,
-                progress.step)  # fmt: skip
+    log.warning(
+        "trainer.max_epochs=%d, but the checkpoint's run planned %d: the %s schedule "
+        "now spans %d epochs, so the lr goes from %.4g to %.4g at step %d",
+        tc.max_epochs,
+        planned,
+        tc.lr_schedule,
+        tc.max_epochs,
+        before,
+        after,
+        progress.step,
+    )
     progress.max_epochs = tc.max_epochs
 
 
@@ -335,8 +423,18 @@ class TrainStep:
     only (no_sync before); then clip, update, advance the schedule and fold the weights into
     the EMA. `grad_norm`: the step's gradient norm (computed on log steps and when clipping)."""
 
-    def __init__(self, ddp_model, model, optimizer, scheduler, scaler, env: DistEnv,
-                 tc: DictConfig, mix: BatchMix, ema=None):  # fmt: skip
+    def __init__(
+        self,
+        ddp_model,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        env: DistEnv,
+        tc: DictConfig,
+        mix: BatchMix,
+        ema=None,
+    ):
         self.model, self.plain_model = ddp_model, model
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
         self.env, self.tc, self.mix, self.ema = env, tc, mix, ema
@@ -402,17 +500,25 @@ class TrainStep:
         return True
 
 
-def train_row(progress: Progress, window: LossWindow, step: TrainStep, env: DistEnv, tc,
-              speed: Speed) -> dict:  # fmt: skip
+def train_row(
+    progress: Progress, window: LossWindow, step: TrainStep, env: DistEnv, tc, speed: Speed
+) -> dict:
     """metrics.jsonl's row for the window since the last one (one all-reduce: the mean loss
     and accuracy over ranks; no train/acc when mixup/cutmix make the labels soft)."""
     mean_loss, accuracy = window.mean_over_ranks()
     if tc.nonfinite == "error" and not math.isfinite(mean_loss):
         raise non_finite(mean_loss, progress.step, progress.epoch, env.rank)
     rate, step_ms, wait_pct = speed.window()
-    row = {"step": progress.step, "epoch": progress.epoch + 1, "train/loss": mean_loss,
-           "lr": step.scheduler.get_last_lr()[0], "samples_per_s": rate, "step_time_ms": step_ms,
-           "data_wait_pct": wait_pct, "peak_mem_mb": peak_memory_mb(env.device)}  # fmt: skip
+    row = {
+        "step": progress.step,
+        "epoch": progress.epoch + 1,
+        "train/loss": mean_loss,
+        "lr": step.scheduler.get_last_lr()[0],
+        "samples_per_s": rate,
+        "step_time_ms": step_ms,
+        "data_wait_pct": wait_pct,
+        "peak_mem_mb": peak_memory_mb(env.device),
+    }
     if accuracy is not None:
         row["train/acc"] = accuracy
     if step.grad_norm is not None:
@@ -431,8 +537,9 @@ def non_finite(value: float, step: int, epoch: int, rank: int) -> UserError:
     )
 
 
-def test_best(model, checkpoints: Checkpointer, splits: DataSplits, loaders: Loaders,
-              env: DistEnv, tc) -> dict:  # fmt: skip
+def test_best(
+    model, checkpoints: Checkpointer, splits: DataSplits, loaders: Loaders, env: DistEnv, tc
+) -> dict:
     """test/* of best.pt on the test split, exact like validation ({} without either). Test
     picks nothing: best.pt and the sweepers' value come from val only."""
     if splits.test is None:

@@ -65,17 +65,35 @@ class Workload:
 
 
 WORKLOADS = {
-    "A": Workload("resnet18 (3x3 stem) on FakeData 3x32x32", 64, (3, 32, 32), steps=24,
-                  smoke_world_sizes=(1,)),  # fmt: skip
+    "A": Workload(
+        "resnet18 (3x3 stem) on FakeData 3x32x32", 64, (3, 32, 32), steps=24, smoke_world_sizes=(1,)
+    ),
     # 120 * 256 = 30720 MNIST-format samples
-    "B": Workload("small CNN on MNIST-format idx files", 256, (1, 28, 28), steps=120,
-                  workers=None, smoke_world_sizes=(2,)),  # fmt: skip
-    "C": Workload("resnet18 (standard stem) on FakeData 3x32x32", 64, (3, 32, 32), steps=40,
-                  workers=(0, 2), smoke_world_sizes=(2,)),  # fmt: skip
+    "B": Workload(
+        "small CNN on MNIST-format idx files",
+        256,
+        (1, 28, 28),
+        steps=120,
+        workers=None,
+        smoke_world_sizes=(2,),
+    ),
+    "C": Workload(
+        "resnet18 (standard stem) on FakeData 3x32x32",
+        64,
+        (3, 32, 32),
+        steps=40,
+        workers=(0, 2),
+        smoke_world_sizes=(2,),
+    ),
     # 40 * 64 = 2560 JPEGs of 96-160 px, RandomResizedCrop(32) + flip on both sides
-    "D": Workload("small CNN [8, 16] on a JPEG ImageFolder (96-160 px), RandomResizedCrop 32 + "
-                  "flip", 64, (3, 32, 32), steps=40, workers=("auto",),
-                  smoke_world_sizes=(1,)),  # fmt: skip
+    "D": Workload(
+        "small CNN [8, 16] on a JPEG ImageFolder (96-160 px), RandomResizedCrop 32 + flip",
+        64,
+        (3, 32, 32),
+        steps=40,
+        workers=("auto",),
+        smoke_world_sizes=(1,),
+    ),
 }
 # The small CNN of workload D: light enough (~0.3 ms per sample on a core) that the data path
 # (decode + crop, ~0.5-0.9 ms per image) shows.
@@ -169,8 +187,9 @@ def make_jpegs(root: Path, per_class: int, val_per_class: int = JPEG_VAL_PER_CLA
                 coarse = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8))
                 smooth = np.asarray(coarse.resize((w, h), Image.BICUBIC), dtype=np.float32)
                 pixels = np.clip(smooth + rng.normal(0, 12, smooth.shape), 0, 255)
-                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{i}.jpg",
-                                                              quality=JPEG_QUALITY)  # fmt: skip
+                Image.fromarray(pixels.astype(np.uint8)).save(
+                    folder / f"{i}.jpg", quality=JPEG_QUALITY
+                )
     return root
 
 
@@ -210,16 +229,27 @@ def resolve_workers(value: int | str, world_size: int) -> int:
 def launch(world_size: int, target: list[str]) -> list[str]:
     if world_size == 1:
         return [sys.executable, *target]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={world_size}", *target]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world_size}",
+        *target,
+    ]
 
 
 def run_env(threads: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.pop("HYDRA_DDP_FAULT", None)
     path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=path, PYTHONUNBUFFERED="1",
-               WANDB_MODE="disabled", WANDB_SILENT="true")  # fmt: skip
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        PYTHONPATH=path,
+        PYTHONUNBUFFERED="1",
+        WANDB_MODE="disabled",
+        WANDB_SILENT="true",
+    )
     return env
 
 
@@ -227,15 +257,25 @@ def train_overrides(s: Setup, run_dir: Path) -> list[str]:
     spec = WORKLOADS[s.workload]
     size = s.steps * spec.global_batch  # one epoch = s.steps optimizer steps at any world size
     if s.workload in ("A", "C"):
-        data = ["model=resnet18", f"model.small_input_stem={str(s.workload == 'A').lower()}",
-                "dataset=fake", f"dataset.size={size}", "dataset.image_size=32",
-                "dataset.num_classes=10"]  # fmt: skip
+        data = [
+            "model=resnet18",
+            f"model.small_input_stem={str(s.workload == 'A').lower()}",
+            "dataset=fake",
+            f"dataset.size={size}",
+            "dataset.image_size=32",
+            "dataset.num_classes=10",
+        ]
     elif s.workload == "B":
         data = ["model=small_cnn", "dataset=mnist", f"dataset.root={s.data_root}"]
     else:
-        data = ["model=small_cnn", f"model.channels=[{','.join(map(str, D_CHANNELS))}]",
-                f"model.hidden={D_HIDDEN}", "dataset=imagefolder", f"dataset.root={s.data_root}",
-                f"dataset.image_size={spec.shape[-1]}"]  # fmt: skip
+        data = [
+            "model=small_cnn",
+            f"model.channels=[{','.join(map(str, D_CHANNELS))}]",
+            f"model.hidden={D_HIDDEN}",
+            "dataset=imagefolder",
+            f"dataset.root={s.data_root}",
+            f"dataset.image_size={spec.shape[-1]}",
+        ]
     if s.workers is not None:
         data.append(f"dataset.num_workers={s.workers}")
     return [
@@ -264,9 +304,20 @@ def run_mode(s: Setup, mode: str, run_dir: Path) -> dict:
     if mode == "train.py":
         target = ["train.py", *train_overrides(s, run_dir)]
     else:
-        target = ["-m", "bench.reference", "--workload", s.workload, "--mode", mode,
-                  "--steps", str(s.steps), "--log-every", str(s.log_every),
-                  "--num-workers", str(s.workers or 0)]  # fmt: skip
+        target = [
+            "-m",
+            "bench.reference",
+            "--workload",
+            s.workload,
+            "--mode",
+            mode,
+            "--steps",
+            str(s.steps),
+            "--log-every",
+            str(s.log_every),
+            "--num-workers",
+            str(s.workers or 0),
+        ]
         if s.data_root is not None:
             target += ["--data-root", str(s.data_root)]
     cmd = launch(s.world_size, target)
@@ -289,8 +340,15 @@ def run_mode(s: Setup, mode: str, run_dir: Path) -> dict:
 def run_process(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[str, str, object]:
     """(stdout, stderr, exit status or a timeout message). The command runs in its own session
     so that a timeout kills torchrun's ranks too, not only the agent."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
         return stdout, stderr, proc.returncode
@@ -335,8 +393,13 @@ def reference_result(stdout: str) -> dict:
 def import_time(threads: int) -> float:
     """Wall time of ``python -c "import torch, torchvision"`` (interpreter start included)."""
     tic = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, torchvision"], cwd=REPO,
-                   env=run_env(threads), check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-c", "import torch, torchvision"],
+        cwd=REPO,
+        env=run_env(threads),
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - tic
 
 
@@ -366,14 +429,18 @@ def cell_name(s: Setup) -> str:
 
 def progress(s: Setup, r: int, repeats: int, res: dict) -> None:
     workers = "" if s.workers is None else f" workers {s.workers}"
-    where = (f"[{s.workload} world {s.world_size}{workers} repeat {r + 1}/{repeats}] "
-             f"{res['mode']:9s}")  # fmt: skip
+    where = (
+        f"[{s.workload} world {s.world_size}{workers} repeat {r + 1}/{repeats}] {res['mode']:9s}"
+    )
     if "error" in res:
         print(f"{where} FAILED ({res['wall_s']:.1f} s): {res['error']}", file=sys.stderr)
     else:
-        print(f"{where} {fmt(res['samples_per_s'], '.1f')} samples/s, first step "
-              f"{fmt(res['time_to_first_step_s'], '.2f')} s, run {res['wall_s']:.1f} s",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{where} {fmt(res['samples_per_s'], '.1f')} samples/s, first step "
+            f"{fmt(res['time_to_first_step_s'], '.2f')} s, run {res['wall_s']:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def peak_per_rank(runs: list[dict]) -> list[float] | None:
@@ -384,8 +451,13 @@ def peak_per_rank(runs: list[dict]) -> list[float] | None:
 
 def summarize(s: Setup, runs: dict[str, list[dict]], imports: list[float]) -> dict:
     rate = {mode: median(r.get("samples_per_s") for r in runs[mode]) for mode in MODES}
-    best = {mode: max((best_rate(r["window_rates"]) or 0.0 for r in runs[mode]
-                       if r.get("window_rates")), default=None) for mode in MODES}  # fmt: skip
+    best = {
+        mode: max(
+            (best_rate(r["window_rates"]) or 0.0 for r in runs[mode] if r.get("window_rates")),
+            default=None,
+        )
+        for mode in MODES
+    }
     first = {mode: median(r.get("time_to_first_step_s") for r in runs[mode]) for mode in MODES}
     row = {
         "workload": s.workload,
@@ -457,26 +529,49 @@ def fmt_mb(values: list[float] | None) -> str:
 
 def table(rows: list[dict]) -> str:
     """The summary as a Markdown table (readable in a terminal, pasteable into the README)."""
-    head = ["workload", "world", "workers", "train.py s/s", "reference s/s", "raw s/s",
-            "train/ref", "train/raw", "1st step train.py / ref s", "import s",
-            "train.py - import s", "peak MB/rank train.py / ref", "targets"]  # fmt: skip
+    head = [
+        "workload",
+        "world",
+        "workers",
+        "train.py s/s",
+        "reference s/s",
+        "raw s/s",
+        "train/ref",
+        "train/raw",
+        "1st step train.py / ref s",
+        "import s",
+        "train.py - import s",
+        "peak MB/rank train.py / ref",
+        "targets",
+    ]
     lines = [head]
     for row in rows:
-        rate, first, mem = row["samples_per_s"], row["time_to_first_step_s"], row[
-            "peak_memory_mb_per_rank"]  # fmt: skip
-        above = (first["train.py"] - row["import_s"]
-                 if None not in (first["train.py"], row["import_s"]) else None)  # fmt: skip
+        rate, first, mem = (
+            row["samples_per_s"],
+            row["time_to_first_step_s"],
+            row["peak_memory_mb_per_rank"],
+        )
+        above = (
+            first["train.py"] - row["import_s"]
+            if None not in (first["train.py"], row["import_s"])
+            else None
+        )
         verdicts = "; ".join(f"{name} {t['verdict']}" for name, t in row["targets"].items())
-        lines.append([
-            row["workload"], str(row["world_size"]), fmt_workers(row.get("workers")),
-            *(fmt(rate[m], ".1f") for m in MODES),
-            fmt(row["ratios"]["train_vs_reference"], ".3f"),
-            fmt(row["ratios"]["train_vs_raw"], ".3f"),
-            f"{fmt(first['train.py'], '.2f')} / {fmt(first['reference'], '.2f')}",
-            fmt(row["import_s"], ".2f"), fmt(above, "+.2f"),
-            f"{fmt_mb(mem['train.py'])} / {fmt_mb(mem['reference'])}",
-            verdicts,
-        ])  # fmt: skip
+        lines.append(
+            [
+                row["workload"],
+                str(row["world_size"]),
+                fmt_workers(row.get("workers")),
+                *(fmt(rate[m], ".1f") for m in MODES),
+                fmt(row["ratios"]["train_vs_reference"], ".3f"),
+                fmt(row["ratios"]["train_vs_raw"], ".3f"),
+                f"{fmt(first['train.py'], '.2f')} / {fmt(first['reference'], '.2f')}",
+                fmt(row["import_s"], ".2f"),
+                fmt(above, "+.2f"),
+                f"{fmt_mb(mem['train.py'])} / {fmt_mb(mem['reference'])}",
+                verdicts,
+            ]
+        )
     return markdown(lines)
 
 
@@ -486,31 +581,51 @@ def fmt_workers(workers: int | None) -> str:
 
 def best_table(rows: list[dict]) -> str:
     """Best-window samples/s per mode and their ratios (informational)."""
-    lines = [["workload", "world", "workers", "best train.py s/s", "best reference s/s",
-              "best raw s/s", "train/ref", "train/raw"]]  # fmt: skip
+    lines = [
+        [
+            "workload",
+            "world",
+            "workers",
+            "best train.py s/s",
+            "best reference s/s",
+            "best raw s/s",
+            "train/ref",
+            "train/raw",
+        ]
+    ]
     for row in rows:
         best, ratios = row["best_window_samples_per_s"], row["best_window_ratios"]
-        lines.append([row["workload"], str(row["world_size"]), fmt_workers(row.get("workers")),
-                      *(fmt(best[m], ".1f") for m in MODES),
-                      fmt(ratios["train_vs_reference"], ".3f"),
-                      fmt(ratios["train_vs_raw"], ".3f")])  # fmt: skip
+        lines.append(
+            [
+                row["workload"],
+                str(row["world_size"]),
+                fmt_workers(row.get("workers")),
+                *(fmt(best[m], ".1f") for m in MODES),
+                fmt(ratios["train_vs_reference"], ".3f"),
+                fmt(ratios["train_vs_raw"], ".3f"),
+            ]
+        )
     return markdown(lines)
 
 
 def markdown(lines: list[list[str]]) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    text = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) + " |"
-            for line in lines]  # fmt: skip
+    text = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) + " |"
+        for line in lines
+    ]
     text.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(text)
 
 
 def legend(rows: list[dict], repeats: int, cores: int) -> str:
     used = sorted({r["workload"] for r in rows})
-    lines = [f"{w} = {WORKLOADS[w].description}, global batch {WORKLOADS[w].global_batch}"
-             for w in used]  # fmt: skip
-    steps = ", ".join(sorted({f"{r['workload']}: {r['steps']} steps, windows of "
-                              f"{r['log_every']}" for r in rows}))  # fmt: skip
+    lines = [
+        f"{w} = {WORKLOADS[w].description}, global batch {WORKLOADS[w].global_batch}" for w in used
+    ]
+    steps = ", ".join(
+        sorted({f"{r['workload']}: {r['steps']} steps, windows of {r['log_every']}" for r in rows})
+    )
     lines += [
         f"{cores} CPU cores, OMP_NUM_THREADS = {cores} / world size; gloo; {repeats} "
         f"repeat(s) per mode, alternated; {steps}.",
@@ -532,13 +647,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="train.py vs the plain DDP recipe vs a raw loop: samples/s, ratios, "
         "time to first step, peak memory.",
     )
-    p.add_argument("--workloads", default=",".join(WORKLOADS),
-                   help=f"comma-separated, of: {', '.join(WORKLOADS)} (default all)")
-    p.add_argument("--world-sizes", help="comma-separated (default 1,2; --smoke: each "
-                   "workload's smoke cells)")
+    p.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated, of: {', '.join(WORKLOADS)} (default all)",
+    )
+    p.add_argument(
+        "--world-sizes", help="comma-separated (default 1,2; --smoke: each workload's smoke cells)"
+    )
     p.add_argument("--repeats", type=int, default=3, help="runs of each mode (default 3)")
-    p.add_argument("--steps", type=int, help="optimizer steps per run (default: " + ", ".join(
-        f"{w} {spec.steps}" for w, spec in WORKLOADS.items()) + ")")
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="optimizer steps per run (default: "
+        + ", ".join(f"{w} {spec.steps}" for w, spec in WORKLOADS.items())
+        + ")",
+    )
     p.add_argument(
         "--smoke",
         action="store_true",
@@ -585,17 +709,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def cells(spec: Workload, world_sizes: list[int] | None,
-          smoke: bool) -> list[tuple[int, int | None]]:  # fmt: skip
+def cells(
+    spec: Workload, world_sizes: list[int] | None, smoke: bool
+) -> list[tuple[int, int | None]]:
     """(world size, workers) of each of a workload's cells: every world size asked for (default
     1, 2) x every workers value; --smoke: the workload's smoke world sizes, its last workers
     value (so that a smoke run covers each workload once or twice, not every combination)."""
     if world_sizes is None:
         world_sizes = list(spec.smoke_world_sizes) if smoke else [1, 2]
-    workers = [None] if spec.workers is None else list(spec.workers[-1:] if smoke
-                                                         else spec.workers)  # fmt: skip
-    return [(n, None if w is None else resolve_workers(w, n)) for n in world_sizes
-            for w in workers]  # fmt: skip
+    workers = [None] if spec.workers is None else list(spec.workers[-1:] if smoke else spec.workers)
+    return [(n, None if w is None else resolve_workers(w, n)) for n in world_sizes for w in workers]
 
 
 def make_data(workload: str, steps: int, work: Path) -> Path | None:
@@ -635,8 +758,15 @@ def resummarize(report: dict) -> dict:
     summary changed)."""
     rows = []
     for row in report["rows"]:
-        setup = Setup(row["workload"], row["world_size"], row["steps"], row["log_every"], None,
-                      row["omp_num_threads"], workers=row.get("workers"))  # fmt: skip
+        setup = Setup(
+            row["workload"],
+            row["world_size"],
+            row["steps"],
+            row["log_every"],
+            None,
+            row["omp_num_threads"],
+            workers=row.get("workers"),
+        )
         rows.append(summarize(setup, row["runs"], row["imports_s"]))
     return {**report, "rows": rows, "table": table(rows)}
 
@@ -662,10 +792,17 @@ def main(argv: list[str] | None = None) -> int:
             log_every = max(1, steps // WINDOWS)
             data_root = make_data(workload, steps, work)  # shared by every run of the workload
             for world_size, workers in cells(spec, args.world_sizes, args.smoke):
-                setup = Setup(workload, world_size, steps, log_every, data_root,
-                              threads=max(1, cores // world_size),
-                              train_overrides=overrides_for(workload, args.train_override),
-                              timeout_s=args.timeout, workers=workers)  # fmt: skip
+                setup = Setup(
+                    workload,
+                    world_size,
+                    steps,
+                    log_every,
+                    data_root,
+                    threads=max(1, cores // world_size),
+                    train_overrides=overrides_for(workload, args.train_override),
+                    timeout_s=args.timeout,
+                    workers=workers,
+                )
                 rows.append(bench_cell(setup, args.repeats, work / "runs"))
     finally:
         if args.work_dir is None:

@@ -48,15 +48,21 @@ LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4  # conf/optim/sgd.yaml
 def build_dataset(workload: str, size: int, data_root: str | None):
     to_tensor = [v1.ToTensor(), v1.Normalize(*FAKE_NORM)]
     if workload in ("A", "C"):  # conf/dataset/fake.yaml: no augmentation
-        return torchvision.datasets.FakeData(size, (3, 32, 32), 10,
-                                             transform=v1.Compose(to_tensor))  # fmt: skip
+        return torchvision.datasets.FakeData(size, (3, 32, 32), 10, transform=v1.Compose(to_tensor))
     if workload == "B":  # conf/dataset/mnist.yaml: augment=shift (random 28px crop, padding 3)
-        tf = v1.Compose([v1.RandomCrop(28, padding=MNIST_PADDING), v1.ToTensor(),
-                         v1.Normalize(*MNIST_NORM)])  # fmt: skip
+        tf = v1.Compose(
+            [v1.RandomCrop(28, padding=MNIST_PADDING), v1.ToTensor(), v1.Normalize(*MNIST_NORM)]
+        )
         return torchvision.datasets.MNIST(data_root, train=True, transform=tf)
     # conf/dataset/imagefolder.yaml: augment=random_resized_crop (scale 0.08-1, ratio 3/4-4/3)
-    tf = v1.Compose([v1.RandomResizedCrop(WORKLOADS["D"].shape[-1]), v1.RandomHorizontalFlip(),
-                     v1.ToTensor(), v1.Normalize(*IMAGENET_NORM)])  # fmt: skip
+    tf = v1.Compose(
+        [
+            v1.RandomResizedCrop(WORKLOADS["D"].shape[-1]),
+            v1.RandomHorizontalFlip(),
+            v1.ToTensor(),
+            v1.Normalize(*IMAGENET_NORM),
+        ]
+    )
     return torchvision.datasets.ImageFolder(os.path.join(data_root, "train"), transform=tf)
 
 
@@ -71,8 +77,13 @@ def build_model(workload: str) -> nn.Module:
 
     if workload == "B":
         return SmallCNN(num_classes=10, in_channels=1, image_size=28)
-    return SmallCNN(num_classes=10, in_channels=3, image_size=WORKLOADS["D"].shape[-1],
-                    channels=D_CHANNELS, hidden=D_HIDDEN)  # fmt: skip
+    return SmallCNN(
+        num_classes=10,
+        in_channels=3,
+        image_size=WORKLOADS["D"].shape[-1],
+        channels=D_CHANNELS,
+        hidden=D_HIDDEN,
+    )
 
 
 def main() -> None:
@@ -97,9 +108,13 @@ def main() -> None:
     if args.mode == "reference":
         dataset = build_dataset(args.workload, args.steps * spec.global_batch, args.data_root)
         sampler = DistributedSampler(dataset, shuffle=True)
-        loader = DataLoader(dataset, batch_size=batch, sampler=sampler,
-                            num_workers=args.num_workers,
-                            persistent_workers=args.num_workers > 0)  # fmt: skip
+        loader = DataLoader(
+            dataset,
+            batch_size=batch,
+            sampler=sampler,
+            num_workers=args.num_workers,
+            persistent_workers=args.num_workers > 0,
+        )
         epochs = -(-args.steps // len(loader))
     else:
         x = torch.randn(batch, *spec.shape)
@@ -109,8 +124,9 @@ def main() -> None:
     model = build_model(args.workload)
     if world > 1:
         model = DDP(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM,
-                                weight_decay=WEIGHT_DECAY)  # fmt: skip
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY
+    )
 
     step, rates, first_step_s = 0, [], None
     for epoch in range(epochs):
@@ -135,9 +151,15 @@ def main() -> None:
     per_rank: list = [None] * world
     dist.all_gather_object(per_rank, peak_mb)
     if rank == 0:
-        result = {"workload": args.workload, "mode": args.mode, "world_size": world,
-                  "steps": step, "window_rates": rates, "time_to_first_step_s": first_step_s,
-                  "peak_memory_mb_per_rank": per_rank}  # fmt: skip
+        result = {
+            "workload": args.workload,
+            "mode": args.mode,
+            "world_size": world,
+            "steps": step,
+            "window_rates": rates,
+            "time_to_first_step_s": first_step_s,
+            "peak_memory_mb_per_rank": per_rank,
+        }
         print(RESULT_TAG + json.dumps(result), flush=True)
     dist.destroy_process_group()
 

@@ -203,11 +203,14 @@ def resume_choice(resume: str | None) -> str | Path | None:
     A restarted job continues from its run dir's checkpoints: after torchrun restarted the ranks
     (--max-restarts) or SLURM requeued the job."""
     if resume is None or str(resume).lower() in ("null", "none", ""):
-        for var, what in (("TORCHELASTIC_RESTART_COUNT", "of the ranks"),
-                          ("SLURM_RESTART_COUNT", "of the SLURM job")):  # fmt: skip
+        for var, what in (
+            ("TORCHELASTIC_RESTART_COUNT", "of the ranks"),
+            ("SLURM_RESTART_COUNT", "of the SLURM job"),
+        ):
             if int(os.environ.get(var) or 0) > 0:
-                log.warning("restart %s %s: resuming from the latest checkpoint",
-                            os.environ[var], what)  # fmt: skip
+                log.warning(
+                    "restart %s %s: resuming from the latest checkpoint", os.environ[var], what
+                )
                 return "auto"
         return None
     if resume == "auto":
@@ -269,9 +272,17 @@ class Checkpointer:
     composed config, saved with every checkpoint as YAML text. `on_save(path, progress,
     is_best)`: called in rank 0 after each save (the step file, the checkpoint's `progress`)."""
 
-    def __init__(self, run_dir: Path, *, rank: int, world_size: int, keep: int = KEEP,
-                 config: DictConfig | None = None, enabled: bool = True,
-                 on_save: Callable[[Path, dict, bool], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        rank: int,
+        world_size: int,
+        keep: int = KEEP,
+        config: DictConfig | None = None,
+        enabled: bool = True,
+        on_save: Callable[[Path, dict, bool], None] | None = None,
+    ):
         self.enabled = enabled  # False (trainer.save_checkpoints=false): save() writes nothing
         self.dir = run_dir / CHECKPOINT_DIR
         self.run_dir = run_dir
@@ -291,8 +302,12 @@ class Checkpointer:
         # Every rank takes part in the gather; only rank 0 writes.
         ranks = gather_rank_states(state.rank_state_dict())
         if self.rank == 0:
-            ckpt = {**state.state_dict(), "world_size": self.world_size, "ranks": ranks,
-                    "config": self.config}  # fmt: skip
+            ckpt = {
+                **state.state_dict(),
+                "world_size": self.world_size,
+                "ranks": ranks,
+                "config": self.config,
+            }
             path = self.dir / f"step-{step:08d}.pt"
             try:
                 atomic_save(ckpt, path)

@@ -49,8 +49,13 @@ class Console:
         self.epoch, self.steps, self.done = epoch, steps, done
         self.epoch_start = self.last_print = time.monotonic()
         if self.enabled and self.tty:
-            self.bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch}/{self.max_epochs}",
-                            leave=False, dynamic_ncols=True)  # fmt: skip
+            self.bar = tqdm(
+                total=steps,
+                initial=done,
+                desc=f"epoch {epoch}/{self.max_epochs}",
+                leave=False,
+                dynamic_ncols=True,
+            )
 
     def step(self, row: dict[str, Any] | None = None) -> None:
         """One step done; `row`: the train row logged at this step, if any."""
@@ -67,16 +72,22 @@ class Console:
             self.last_print = time.monotonic()
             elapsed = self.last_print - self.epoch_start
             left = elapsed / max(self.done, 1) * (self.steps - self.done)
-            log.info("epoch %d/%d: step %d/%d%s, epoch ends in %s", self.epoch, self.max_epochs,
-                     self.done, self.steps, f", {self._speed()}" if self.row else "",
-                     duration(left))  # fmt: skip
+            log.info(
+                "epoch %d/%d: step %d/%d%s, epoch ends in %s",
+                self.epoch,
+                self.max_epochs,
+                self.done,
+                self.steps,
+                f", {self._speed()}" if self.row else "",
+                duration(left),
+            )
 
     def _speed(self) -> str:
-        return (f"train/loss {self.row['train/loss']:.4g}, "
-                f"{self.row['samples_per_s']:.0f} samples/s")  # fmt: skip
+        return f"train/loss {self.row['train/loss']:.4g}, {self.row['samples_per_s']:.0f} samples/s"
 
-    def end_epoch(self, val: dict[str, Any], *, monitor: str, best: float | None,
-                  best_epoch: int | None) -> None:  # fmt: skip
+    def end_epoch(
+        self, val: dict[str, Any], *, monitor: str, best: float | None, best_epoch: int | None
+    ) -> None:
         """The epoch's one line: its last train loss, val metrics, the best so far, its time."""
         if self.bar is not None:
             self.bar.close()
@@ -85,9 +96,16 @@ class Console:
             return
         train = f"train/loss {self.row['train/loss']:.4f}, " if self.row else ""
         best_text = f", best {monitor} {best:.4f} (epoch {best_epoch})" if best is not None else ""
-        log.info("epoch %d/%d: %sval/loss %.4f, val/acc %.4f%s, %s", self.epoch, self.max_epochs,
-                 train, val["val/loss"], val["val/acc"], best_text,
-                 duration(time.monotonic() - self.epoch_start))  # fmt: skip
+        log.info(
+            "epoch %d/%d: %sval/loss %.4f, val/acc %.4f%s, %s",
+            self.epoch,
+            self.max_epochs,
+            train,
+            val["val/loss"],
+            val["val/acc"],
+            best_text,
+            duration(time.monotonic() - self.epoch_start),
+        )
 
 
 def end_line(result: RunResult, run_dir: Path, wandb_where: str | None) -> str:

@@ -119,20 +119,29 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
         # addresses (default_pg/...) and fail to connect.
         store = dist.PrefixStore(
             f"hydra_ddp/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
-            dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=timeout),
-        )  # fmt: skip
+            dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                is_master=False,
+                timeout=timeout,
+            ),
+        )
         dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
             device_id=dev if dev.type == "cuda" else None,
-        )  # fmt: skip
+        )
     else:
         dist.init_process_group(
             backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None
         )
     try:
-        yield DistEnv(rank, local_rank, world_size, nproc, nnodes, backend, dev,
-                      dist_cfg.step_timeout_s)  # fmt: skip
+        yield DistEnv(
+            rank, local_rank, world_size, nproc, nnodes, backend, dev, dist_cfg.step_timeout_s
+        )
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

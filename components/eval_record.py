@@ -39,8 +39,14 @@ class EvalRecord:
         self.enabled = enabled
         self.started = time.time()
 
-    def save(self, report: EvalReport, result: EvalResult | None, classes: list[str],
-             rows: list[dict] | None, dataset) -> None:  # fmt: skip
+    def save(
+        self,
+        report: EvalReport,
+        result: EvalResult | None,
+        classes: list[str],
+        rows: list[dict] | None,
+        dataset,
+    ) -> None:
         """eval.json (+ the confusion matrix plot for labelled splits, + predictions.csv when
         there are prediction rows, each sample named by `dataset.sample_ids()`)."""
         if not self.enabled:
@@ -48,9 +54,12 @@ class EvalRecord:
         report.classes = classes
         if result is not None:
             report.metrics = result.numbers()
-            report.per_class = [{"class": name, "acc": acc, "count": count} for name, acc, count
-                                in zip(classes, result.per_class_acc, result.per_class_count,
-                                       strict=True)]  # fmt: skip
+            report.per_class = [
+                {"class": name, "acc": acc, "count": count}
+                for name, acc, count in zip(
+                    classes, result.per_class_acc, result.per_class_count, strict=True
+                )
+            ]
             report.confusion_matrix = result.confusion.tolist()
             plot_confusion(result, classes, self.out_dir / CONFUSION_FILE, report.split)
         if rows is not None:
@@ -58,11 +67,20 @@ class EvalRecord:
             report.predictions = PREDICTIONS_FILE
         report.wall_time_s = round(time.time() - self.started, 3)
         write_json_atomic(self.out_dir / EVAL_FILE, report.to_json())
-        log.info("wrote %s%s", self.out_dir / EVAL_FILE,
-                 f" and {PREDICTIONS_FILE}" if rows is not None else "")  # fmt: skip
+        log.info(
+            "wrote %s%s",
+            self.out_dir / EVAL_FILE,
+            f" and {PREDICTIONS_FILE}" if rows is not None else "",
+        )
 
-    def log_wandb(self, trained: DictConfig, progress: dict[str, Any], report: EvalReport,
-                  result: EvalResult | None, label: str) -> None:  # fmt: skip
+    def log_wandb(
+        self,
+        trained: DictConfig,
+        progress: dict[str, Any],
+        report: EvalReport,
+        result: EvalResult | None,
+        label: str,
+    ) -> None:
         """A W&B run (job_type=eval) in the training run's group, named after it, its config the
         trained config plus `eval` (the training run's id, checkpoint, split): the metrics as
         `<label>/*`, per-class accuracy as a table, the confusion matrix as W&B's plot. Test
@@ -74,19 +92,32 @@ class EvalRecord:
         train_id, train_name = progress.get("wandb_run_id"), progress.get("wandb_name")
         group = progress.get("wandb_group") or w.group
         config = OmegaConf.to_container(trained, resolve=True, enum_to_str=True)
-        config["eval"] = {"train_run_id": train_id, "checkpoint": report.checkpoint,
-                          "split": report.split, "world_size": report.world_size}  # fmt: skip
-        run = init_wandb(w, run_dir=self.out_dir, config=config, group=group,
-                         name=f"{train_name or train_id or 'run'} eval:{label}",
-                         job_type="eval", job="evaluation")  # fmt: skip
+        config["eval"] = {
+            "train_run_id": train_id,
+            "checkpoint": report.checkpoint,
+            "split": report.split,
+            "world_size": report.world_size,
+        }
+        run = init_wandb(
+            w,
+            run_dir=self.out_dir,
+            config=config,
+            group=group,
+            name=f"{train_name or train_id or 'run'} eval:{label}",
+            job_type="eval",
+            job="evaluation",
+        )
         if run is None:
             return
         row: dict[str, Any] = {}
         if result is not None:
             row.update(result.scalars(label))
             # Per-class accuracy (table + bar plot) and the confusion matrix, as in training.
-            row.update(class_panels(result, report.classes, label,
-                                    title=f"{label}: {train_name or train_id}"))  # fmt: skip
+            row.update(
+                class_panels(
+                    result, report.classes, label, title=f"{label}: {train_name or train_id}"
+                )
+            )
         if report.predictions:
             row[f"{label}/predictions_file"] = report.predictions
         run.log(row)
@@ -99,16 +130,26 @@ class EvalRecord:
     def _into_training_run(self, w, run_id: str, group, name, test: dict) -> None:
         online = resolve_wandb_mode(w.mode) == "online"
         # Online, "must": only a run that exists (reachable) is resumed, never created.
-        run = init_wandb(w, run_dir=self.out_dir, config=None, group=group, name=name,
-                         run_id=run_id, resume="must" if online else "allow",
-                         job="evaluation")  # fmt: skip
+        run = init_wandb(
+            w,
+            run_dir=self.out_dir,
+            config=None,
+            group=group,
+            name=name,
+            run_id=run_id,
+            resume="must" if online else "allow",
+            job="evaluation",
+        )
         if run is None:
             log.warning("W&B: training run %s not reachable: test/* not written to it", run_id)
             return
         run.summary.update(test)
         run.finish()
-        log.info("W&B: test/* written into the training run %s's summary%s", run_id,
-                 "" if online else " (offline: `wandb sync` this run dir's wandb/)")  # fmt: skip
+        log.info(
+            "W&B: test/* written into the training run %s's summary%s",
+            run_id,
+            "" if online else " (offline: `wandb sync` this run dir's wandb/)",
+        )
 
 
 def plot_confusion(result: EvalResult, classes: list[str], path: Path, split: str) -> None:
@@ -131,8 +172,15 @@ def plot_confusion(result: EvalResult, classes: list[str], path: Path, split: st
             for (i, j), value in np.ndenumerate(counts):
                 if value:
                     dark = value > counts.max() / 2
-                    ax.text(j, i, str(value), ha="center", va="center", fontsize="small",
-                            color="white" if dark else "black")  # fmt: skip
+                    ax.text(
+                        j,
+                        i,
+                        str(value),
+                        ha="center",
+                        va="center",
+                        fontsize="small",
+                        color="white" if dark else "black",
+                    )
         ax.set_xlabel("predicted class")
         ax.set_ylabel("true class")
         ax.set_title(f"{split}: acc {result.acc:.4f} ({result.count} samples)", fontsize="medium")
@@ -151,11 +199,20 @@ def write_predictions(path: Path, rows: list[dict], classes: list[str], sample_i
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["sample", "label", "predicted",
-                         *(c for j in range(1, k + 1) for c in (f"top{j}", f"p{j}"))])  # fmt: skip
+        writer.writerow(
+            [
+                "sample",
+                "label",
+                "predicted",
+                *(c for j in range(1, k + 1) for c in (f"top{j}", f"p{j}")),
+            ]
+        )
         for row in rows:
             label = classes[row["label"]] if row["label"] >= 0 else ""
-            top = [v for c, p in zip(row["classes"], row["probs"], strict=True)
-                   for v in (classes[c], f"{p:.6g}")]  # fmt: skip
+            top = [
+                v
+                for c, p in zip(row["classes"], row["probs"], strict=True)
+                for v in (classes[c], f"{p:.6g}")
+            ]
             writer.writerow([sample_ids[row["position"]], label, classes[row["classes"][0]], *top])
     os.replace(tmp, path)

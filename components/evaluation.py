@@ -49,8 +49,13 @@ class EvalResult:
         return [h / c if c else None for h, c in zip(hits, counts, strict=True)]
 
     def numbers(self) -> dict[str, float | int]:
-        return {"loss": self.loss, "acc": self.acc, "acc5": self.acc5, "ece": self.ece,
-                "count": self.count}  # fmt: skip
+        return {
+            "loss": self.loss,
+            "acc": self.acc,
+            "acc5": self.acc5,
+            "ece": self.ece,
+            "count": self.count,
+        }
 
     def scalars(self, prefix: str) -> dict[str, float | int]:
         """The logged numbers: ``{prefix}/loss``, ``/acc``, ``/acc5``, ``/ece``, ``/count``."""
@@ -61,8 +66,14 @@ class EvalAccumulator:
     """This rank's sums and counts, one float64 tensor on the device (exact for counts below
     2**53), so that the reduction over ranks is a single all-reduce."""
 
-    def __init__(self, num_classes: int, device: torch.device | str, *, top_k: int = TOP_K,
-                 bins: int = ECE_BINS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_classes: int,
+        device: torch.device | str,
+        *,
+        top_k: int = TOP_K,
+        bins: int = ECE_BINS,
+    ) -> None:
         self.num_classes, self.bins = num_classes, bins
         self.top_k = min(top_k, num_classes)
         c = num_classes
@@ -130,12 +141,20 @@ class Predictions:
     def gather(self, positions: list[int]) -> list[dict[str, Any]]:
         """Every rank's rows, sorted by position in the split (a collective): ``position``,
         ``label`` (-1: unlabeled), ``classes`` and ``probs`` (top-k, most probable first)."""
-        mine = [] if not self.labels else [
-            {"position": p, "label": int(y), "classes": c, "probs": q}
-            for p, y, c, q in zip(positions, torch.cat(self.labels).tolist(),
-                                  torch.cat(self.classes).tolist(),
-                                  torch.cat(self.probs).tolist(), strict=True)
-        ]  # fmt: skip
+        mine = (
+            []
+            if not self.labels
+            else [
+                {"position": p, "label": int(y), "classes": c, "probs": q}
+                for p, y, c, q in zip(
+                    positions,
+                    torch.cat(self.labels).tolist(),
+                    torch.cat(self.classes).tolist(),
+                    torch.cat(self.probs).tolist(),
+                    strict=True,
+                )
+            ]
+        )
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         return sorted((row for rows in every for row in rows), key=lambda r: r["position"])

@@ -45,6 +45,7 @@ from components.wandb_mode import resolve_wandb_mode
 
 log = logging.getLogger(__name__)
 
+
 def run_facts(world_size: int, per_rank_batch: int, device: torch.device) -> dict[str, Any]:
     """Derived facts stored beside the config so every W&B run says how it was run (rank 0's
     RunLogger.open adds git_commit and git_dirty)."""
@@ -96,9 +97,19 @@ def wandb_identity(group: str | None, name: str | None) -> WandbIdentity:
     return WandbIdentity(group, name or None, swept)
 
 
-def init_wandb(w: Any, *, run_dir: Path, config: dict[str, Any], group: str | None,
-               name: str | None, job_type: str | None = None, run_id: str | None = None,
-               resume: str | None = None, job: str = "training", agent: bool = False):  # fmt: skip
+def init_wandb(
+    w: Any,
+    *,
+    run_dir: Path,
+    config: dict[str, Any],
+    group: str | None,
+    name: str | None,
+    job_type: str | None = None,
+    run_id: str | None = None,
+    resume: str | None = None,
+    job: str = "training",
+    agent: bool = False,
+):
     """A W&B run as the `wandb` config `w` asks (mode, project, entity, tags, init timeout),
     or None: disabled, or a W&B failure, which is a warning and never stops the job. With a
     `run_id` the run continues (resume="allow" unless `resume` says otherwise). Under
@@ -185,9 +196,14 @@ class LossWindow:
     def mean_over_ranks(self) -> tuple[float, float | None]:
         """The window's mean loss and accuracy (None: no hard-label samples, e.g. with mixup)
         over every rank (one all-reduce), then start a new window."""
-        totals = torch.stack([self.sum, torch.tensor(float(self.count), device=self.sum.device),
-                              self.correct, torch.tensor(float(self.samples),
-                                                         device=self.sum.device)])  # fmt: skip
+        totals = torch.stack(
+            [
+                self.sum,
+                torch.tensor(float(self.count), device=self.sum.device),
+                self.correct,
+                torch.tensor(float(self.samples), device=self.sum.device),
+            ]
+        )
         dist.all_reduce(totals)  # SUM (gloo has no AVG)
         self.sum.zero_()
         self.correct.zero_()
@@ -196,8 +212,12 @@ class LossWindow:
         return loss_sum / max(count, 1), (correct / samples if samples else None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sum": float(self.sum), "count": self.count, "correct": float(self.correct),
-                "samples": self.samples}  # fmt: skip
+        return {
+            "sum": float(self.sum),
+            "count": self.count,
+            "correct": float(self.correct),
+            "samples": self.samples,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sum.fill_(state["sum"])
@@ -270,9 +290,16 @@ class RunLogger:
 
         self._guarded("profile artifact", log_artifact)
 
-    def record_epoch(self, epoch: int, val: dict[str, Any], *, best: float | None,
-                     best_epoch: int | None, best_val_acc: float | None,
-                     saved: bool = True) -> None:  # fmt: skip
+    def record_epoch(
+        self,
+        epoch: int,
+        val: dict[str, Any],
+        *,
+        best: float | None,
+        best_epoch: int | None,
+        best_val_acc: float | None,
+        saved: bool = True,
+    ) -> None:
         """result.json's view of the epoch just validated (written at the end of the run):
         `best` is the monitored metric's best value (result.monitor, result.mode); `saved`:
         whether checkpoints are written (trainer.save_checkpoints)."""
@@ -283,8 +310,15 @@ class RunLogger:
         r.best_epoch = best_epoch
         r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if best_epoch and saved else None
 
-    def open(self, cfg: DictConfig, facts: dict[str, Any], *, resuming: bool,
-             wandb_run_id: str | None, model: torch.nn.Module | None = None) -> str | None:
+    def open(
+        self,
+        cfg: DictConfig,
+        facts: dict[str, Any],
+        *,
+        resuming: bool,
+        wandb_run_id: str | None,
+        model: torch.nn.Module | None = None,
+    ) -> str | None:
         """Write repro/ (components/repro.py), start metrics.jsonl and the W&B run (continuing
         `wandb_run_id`; with the repro files, and wandb.watch on `model` if asked); returns the
         W&B id."""
@@ -337,11 +371,20 @@ class RunLogger:
             config["swept"] = who.swept
         agent = in_wandb_agent()
         if agent and run_id and run_id != os.environ["WANDB_RUN_ID"]:
-            log.info("W&B: the agent's run %s records this run (the checkpoint's was %s)",
-                     os.environ["WANDB_RUN_ID"], run_id)  # fmt: skip
-        self.wandb = init_wandb(w, run_dir=self.run_dir, config=config, group=who.group,
-                                name=who.name, run_id=None if agent else run_id,
-                                agent=agent)  # fmt: skip
+            log.info(
+                "W&B: the agent's run %s records this run (the checkpoint's was %s)",
+                os.environ["WANDB_RUN_ID"],
+                run_id,
+            )
+        self.wandb = init_wandb(
+            w,
+            run_dir=self.run_dir,
+            config=config,
+            group=who.group,
+            name=who.name,
+            run_id=None if agent else run_id,
+            agent=agent,
+        )
         if self.wandb is not None:
             # Val metrics are plotted per epoch; the summary of val/acc and of the monitored
             # metric is its best value.
@@ -352,8 +395,9 @@ class RunLogger:
             monitor = cfg.trainer.monitor
             self.wandb.define_metric(monitor.metric, step_metric="epoch", summary=monitor.mode)
 
-    def _wandb_extras(self, cfg: DictConfig, repro_files: list[Path],
-                      model: torch.nn.Module | None) -> None:  # fmt: skip
+    def _wandb_extras(
+        self, cfg: DictConfig, repro_files: list[Path], model: torch.nn.Module | None
+    ) -> None:
         """repro/ as files of the W&B run, the checkpoint artifacts' policy, wandb.watch."""
         w = cfg.wandb
         self.artifacts = CheckpointArtifacts(w.log_checkpoints)

@@ -15,8 +15,7 @@ MODES = ("max", "min")
 
 
 class Monitor:
-    def __init__(self, metric: str, mode: str, patience: int | None = None,
-                 min_delta: float = 0.0):  # fmt: skip
+    def __init__(self, metric: str, mode: str, patience: int | None = None, min_delta: float = 0.0):
         if mode not in MODES:
             raise UserError(f"trainer.monitor.mode={mode} is not valid: use max or min")
         if patience is not None and patience < 1:
@@ -41,8 +40,10 @@ class Monitor:
         """Record an epoch's validation metrics; whether it is the new best."""
         if self.metric not in metrics:
             known = ", ".join(k for k in metrics if "/" in k)
-            raise UserError(f"trainer.monitor.metric={self.metric} is not a validation metric "
-                            f"of this run: use one of {known}")  # fmt: skip
+            raise UserError(
+                f"trainer.monitor.metric={self.metric} is not a validation metric "
+                f"of this run: use one of {known}"
+            )
         value = float(metrics[self.metric])
         is_best = self.better(value, self.best)
         if is_best:
@@ -58,8 +59,12 @@ class Monitor:
         return self.patience is not None and self.stale >= self.patience
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_epoch": self.best_epoch, "reference": self.reference,
-                "stale": self.stale}  # fmt: skip
+        return {
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "reference": self.reference,
+            "stale": self.stale,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in self.state_dict():

@@ -43,8 +43,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay_norm_and_bia
         return params
     decay = [p for p in params if p.ndim > 1]
     no_decay = [p for p in params if p.ndim <= 1]
-    return [group for group in ({"params": decay}, {"params": no_decay, "weight_decay": 0.0})
-            if group["params"]]  # fmt: skip
+    return [
+        group
+        for group in ({"params": decay}, {"params": no_decay, "weight_decay": 0.0})
+        if group["params"]
+    ]
 
 
 def build_optimizer(optim_cfg, model: torch.nn.Module, global_batch: int) -> torch.optim.Optimizer:
@@ -56,17 +59,25 @@ def build_optimizer(optim_cfg, model: torch.nn.Module, global_batch: int) -> tor
     base = int(recipe.get("base_batch_size", global_batch))
     lr = scaled_lr(float(cfg["lr"]), scaling, global_batch, base)
     if scaling != "none":
-        log.info("lr %.4g: optim.lr=%g at optim.base_batch_size=%d, %s-scaled to the global "
-                 "batch %d", lr, cfg["lr"], base, scaling, global_batch)  # fmt: skip
-    groups = param_groups(model, cfg.get("weight_decay", 0.0),
-                          recipe.get("decay_norm_and_bias", True))  # fmt: skip
+        log.info(
+            "lr %.4g: optim.lr=%g at optim.base_batch_size=%d, %s-scaled to the global batch %d",
+            lr,
+            cfg["lr"],
+            base,
+            scaling,
+            global_batch,
+        )
+    groups = param_groups(
+        model, cfg.get("weight_decay", 0.0), recipe.get("decay_norm_and_bias", True)
+    )
     try:
         # _convert_: plain lists (betas), never ListConfig: checkpoints load weights_only.
         return instantiate({**cfg, "lr": lr, "_convert_": "all"})(groups)
     except (ValueError, TypeError) as e:
         scaled = f" ({scaling}-scaled from optim.lr={cfg['lr']})" if lr != cfg["lr"] else ""
-        raise UserError(f"optimizer {optim_cfg._target_}: {one_line(e)}{scaled}: "
-                        "fix optim.*") from None  # fmt: skip
+        raise UserError(
+            f"optimizer {optim_cfg._target_}: {one_line(e)}{scaled}: fix optim.*"
+        ) from None
 
 
 def lr_schedule(optimizer, trainer_cfg, steps_per_epoch: int):

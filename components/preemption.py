@@ -75,8 +75,9 @@ def requeue_on_slurm() -> bool:
     if not job:
         return False
     try:
-        info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
-                              timeout=30).stdout  # fmt: skip
+        info = subprocess.run(
+            ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30
+        ).stdout
         if "Requeue=1" not in info:
             log.warning("SLURM job %s does not allow requeue (sbatch --requeue): not requeued", job)
             return False

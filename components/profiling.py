@@ -35,8 +35,10 @@ class StepProfiler:
             return
         wait, warmup, active = (int(cfg.wait), int(cfg.warmup), int(cfg.active))
         if wait < 0 or warmup < 0 or active < 1:
-            raise UserError(f"trainer.profile: wait={wait} warmup={warmup} active={active}: use "
-                            "wait >= 0, warmup >= 0, active >= 1")  # fmt: skip
+            raise UserError(
+                f"trainer.profile: wait={wait} warmup={warmup} active={active}: use "
+                "wait >= 0, warmup >= 0, active >= 1"
+            )
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)

@@ -37,8 +37,9 @@ MAX_DIFF_BYTES = 5 * 2**20  # a bigger diff (data committed by mistake?) is cut,
 def git(*args: str, cwd: Path | None = None) -> str | None:
     """`git <args>`'s stdout in the code dir; None where git or the repository is missing."""
     try:
-        out = subprocess.run(["git", *args], cwd=cwd or CODE_DIR, capture_output=True,
-                             text=True, timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["git", *args], cwd=cwd or CODE_DIR, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -117,9 +118,12 @@ def write_repro(run_dir: Path, task_overrides: list[str] | None) -> Repro:
     except OSError as e:
         log.warning("cannot write %s (%s): the run goes on without it", target, e)
     if state.dirty:
-        log.warning("started from a dirty git tree (%d change(s) against %s): the diff is in %s",
-                    len(state.changed), (state.commit or "")[:12],
-                    target / DIFF_FILE)  # fmt: skip
+        log.warning(
+            "started from a dirty git tree (%d change(s) against %s): the diff is in %s",
+            len(state.changed),
+            (state.commit or "")[:12],
+            target / DIFF_FILE,
+        )
     return Repro(state, target, written)
 
 

@@ -95,8 +95,10 @@ class RunResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunResult:
         known = {f.name for f in fields(cls)} - {"extra"}
-        return cls(**{k: v for k, v in data.items() if k in known},
-                   extra={k: v for k, v in data.items() if k not in known})  # fmt: skip
+        return cls(
+            **{k: v for k, v in data.items() if k in known},
+            extra={k: v for k, v in data.items() if k not in known},
+        )
 
 
 @dataclass
@@ -119,7 +121,6 @@ class EvalReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -59,8 +59,10 @@ def forward_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> float:
 
 def model_facts(model: torch.nn.Module, sample: torch.Tensor) -> dict[str, float | int]:
     """Trainable parameters and forward FLOPs per sample (`sample`: one input batch)."""
-    return {"params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "flops_per_sample": forward_flops_per_sample(model, sample)}  # fmt: skip
+    return {
+        "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "flops_per_sample": forward_flops_per_sample(model, sample),
+    }
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -99,8 +101,13 @@ class Speed:
     """The train loop's throughput: a step timer, the rate of each logged window, the first
     step's time since process start, and train FLOPs per sample for MFU (on GPU)."""
 
-    def __init__(self, device: torch.device, precision: str, samples_per_step: int,
-                 flops_per_sample: float | None = None):  # fmt: skip
+    def __init__(
+        self,
+        device: torch.device,
+        precision: str,
+        samples_per_step: int,
+        flops_per_sample: float | None = None,
+    ):
         self.timer = StepTimer()
         self.samples_per_step = samples_per_step
         self.rates: list[float] = []

@@ -28,20 +28,27 @@ def find_checkpoint(run: str | None, ckpt: str | None) -> Path:
     if ckpt:
         path = Path(ckpt).expanduser()
         if not path.is_file():
-            raise UserError(f"ckpt={ckpt}: no such file: pass ckpt=<a checkpoint file>, or "
-                            "run=<a training run dir>")  # fmt: skip
+            raise UserError(
+                f"ckpt={ckpt}: no such file: pass ckpt=<a checkpoint file>, or "
+                "run=<a training run dir>"
+            )
         return path
     if not run:
-        raise UserError("which checkpoint? pass run=<a training run dir> (its best.pt) or "
-                        "ckpt=<a checkpoint file>")  # fmt: skip
+        raise UserError(
+            "which checkpoint? pass run=<a training run dir> (its best.pt) or "
+            "ckpt=<a checkpoint file>"
+        )
     run_dir = Path(run).expanduser()
     if not run_dir.is_dir():
-        raise UserError(f"run={run}: no such run dir: pass run=<a training run dir> or "
-                        "ckpt=<a checkpoint file>")  # fmt: skip
+        raise UserError(
+            f"run={run}: no such run dir: pass run=<a training run dir> or ckpt=<a checkpoint file>"
+        )
     path = run_dir / CHECKPOINT_DIR / BEST
     if not path.is_file():
-        raise UserError(f"run={run} has no {CHECKPOINT_DIR}/{BEST} (no epoch finished): pass "
-                        f"ckpt=<one of its checkpoints> or another run=")  # fmt: skip
+        raise UserError(
+            f"run={run} has no {CHECKPOINT_DIR}/{BEST} (no epoch finished): pass "
+            f"ckpt=<one of its checkpoints> or another run="
+        )
     return path
 
 
@@ -49,8 +56,10 @@ def load_trained(path: Path) -> dict[str, Any]:
     """The checkpoint (weights_only=True), checked to carry the config it was trained with."""
     ckpt = load_checkpoint(path, key="ckpt")
     if not isinstance(ckpt.get("config"), str):
-        raise UserError(f"checkpoint {path} carries no config (saved by an older version): "
-                        "evaluate a checkpoint of a run trained since")  # fmt: skip
+        raise UserError(
+            f"checkpoint {path} carries no config (saved by an older version): "
+            "evaluate a checkpoint of a run trained since"
+        )
     return ckpt
 
 
@@ -65,10 +74,17 @@ def trained_config(ckpt: dict[str, Any], cfg: DictConfig, overrides: list[str]) 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     trained = OmegaConf.create(ckpt["config"])
-    parsed = [o for o in OverridesParser.create().parse_overrides(overrides)
-              if o.key_or_group.split(".")[0].split("/")[0] not in EVAL_KEYS]  # fmt: skip
-    groups = {o.key_or_group for o in parsed if "." not in o.key_or_group
-              and isinstance(OmegaConf.select(cfg, o.key_or_group), DictConfig)}  # fmt: skip
+    parsed = [
+        o
+        for o in OverridesParser.create().parse_overrides(overrides)
+        if o.key_or_group.split(".")[0].split("/")[0] not in EVAL_KEYS
+    ]
+    groups = {
+        o.key_or_group
+        for o in parsed
+        if "." not in o.key_or_group
+        and isinstance(OmegaConf.select(cfg, o.key_or_group), DictConfig)
+    }
     for group in groups:
         trained[group] = _checked_group(group, cfg[group])
     for o in parsed:
@@ -84,13 +100,16 @@ def trained_config(ckpt: dict[str, Any], cfg: DictConfig, overrides: list[str]) 
         addable = o.is_add() or (parent == "dataset" and leaf in LOADER_KEYS)  # any dataset's
         if not isinstance(node, DictConfig) or (leaf not in node and not addable):
             known = ", ".join(sorted(node)) if isinstance(node, DictConfig) else "none"
-            raise UserError(f"{key} is not in the config the checkpoint was trained with "
-                            f"(keys there: {known}): fix the spelling, or add it with "
-                            f"+{key}=")  # fmt: skip
+            raise UserError(
+                f"{key} is not in the config the checkpoint was trained with "
+                f"(keys there: {known}): fix the spelling, or add it with "
+                f"+{key}="
+            )
         new = OmegaConf.select(cfg, key)
         new = OmegaConf.to_container(new, resolve=True) if OmegaConf.is_config(new) else new
-        OmegaConf.update(trained, key, _same_type(key, node.get(leaf), new), merge=False,
-                         force_add=True)  # fmt: skip
+        OmegaConf.update(
+            trained, key, _same_type(key, node.get(leaf), new), merge=False, force_add=True
+        )
     trained.dist = OmegaConf.to_container(cfg.dist, resolve=True)
     return trained
 
@@ -123,8 +142,10 @@ def _same_type(key: str, old: Any, new: Any) -> Any:
             return int(new)
     if isinstance(old, list | dict) and isinstance(new, type(old)):
         return new
-    raise UserError(f"{key}={new!r} does not fit the trained config's {key}: {old!r} "
-                    f"({type(old).__name__}): give a {type(old).__name__}")  # fmt: skip
+    raise UserError(
+        f"{key}={new!r} does not fit the trained config's {key}: {old!r} "
+        f"({type(old).__name__}): give a {type(old).__name__}"
+    )
 
 
 def load_weights(model: torch.nn.Module, ckpt: dict[str, Any], path: Path) -> None:

@@ -47,24 +47,37 @@ def class_panels(result: EvalResult, classes: list[str], prefix: str, title: str
     plot) and `<prefix>/confusion_matrix` (W&B's plot; up to MAX_PLOTTED_CLASSES classes)."""
     import wandb
 
-    table = wandb.Table(columns=["class", "acc", "count"], data=[
-        [name, acc, count] for name, acc, count in
-        zip(classes, result.per_class_acc, result.per_class_count, strict=True)])  # fmt: skip
-    panels = {f"{prefix}/per_class": table,
-              f"{prefix}/per_class_acc": wandb.plot.bar(table, "class", "acc",
-                                                        title=f"{title}: accuracy per class")}
+    table = wandb.Table(
+        columns=["class", "acc", "count"],
+        data=[
+            [name, acc, count]
+            for name, acc, count in zip(
+                classes, result.per_class_acc, result.per_class_count, strict=True
+            )
+        ],
+    )
+    panels = {
+        f"{prefix}/per_class": table,
+        f"{prefix}/per_class_acc": wandb.plot.bar(
+            table, "class", "acc", title=f"{title}: accuracy per class"
+        ),
+    }
     if len(classes) <= MAX_PLOTTED_CLASSES:
         # W&B's confusion plot takes one (true, predicted) pair per sample.
         n = len(classes)
         cells = np.repeat(np.arange(n * n), result.confusion.flatten().numpy())
         panels[f"{prefix}/confusion_matrix"] = wandb.plot.confusion_matrix(
-            y_true=(cells // n).tolist(), preds=(cells % n).tolist(), class_names=classes,
-            title=title)  # fmt: skip
+            y_true=(cells // n).tolist(),
+            preds=(cells % n).tolist(),
+            class_names=classes,
+            title=title,
+        )
     return panels
 
 
-def pick_samples(n_total: int, n: int, labels: np.ndarray | None,
-                 seed: int = SAMPLE_SEED) -> np.ndarray:  # fmt: skip
+def pick_samples(
+    n_total: int, n: int, labels: np.ndarray | None, seed: int = SAMPLE_SEED
+) -> np.ndarray:
     """`n` positions of a split of `n_total`, sorted: a fixed shuffle in which, where `labels`
     are known, the classes take turns (the first of each class, then the second, ...)."""
     order = np.random.default_rng(seed).permutation(n_total)
@@ -174,8 +187,9 @@ class ValMedia:
             return None
         return SampleWatch(self.chosen, self.positions, self.device)
 
-    def panels(self, epoch: int, result: EvalResult,
-               watch: SampleWatch | None) -> Callable[[], dict] | None:  # fmt: skip
+    def panels(
+        self, epoch: int, result: EvalResult, watch: SampleWatch | None
+    ) -> Callable[[], dict] | None:
         """Every rank calls it (the images' reduce is a collective); rank 0 gets a function
         that builds the W&B objects, called only when they are logged."""
         if not self.due(epoch):
@@ -201,9 +215,16 @@ class ValMedia:
             zip(self.chosen.tolist(), rows.tolist(), strict=True)
         ):
             label, predicted = int(label), int(predicted)
-            data.append([ids[position], images[k],
-                         self.classes[label], self.classes[predicted], confidence,
-                         label == predicted])  # fmt: skip
+            data.append(
+                [
+                    ids[position],
+                    images[k],
+                    self.classes[label],
+                    self.classes[predicted],
+                    confidence,
+                    label == predicted,
+                ]
+            )
         return wandb.Table(columns=SAMPLE_COLUMNS, data=data)
 
     def images(self) -> list:
@@ -221,8 +242,9 @@ class ValMedia:
                 image = stored_image(item)
                 self._images.append(wandb.Image(image) if image is not None else None)
             if any(image is None for image in self._images):
-                log.warning("W&B: some val items are not uint8 images; val/samples shows no "
-                            "image for them")  # fmt: skip
+                log.warning(
+                    "W&B: some val items are not uint8 images; val/samples shows no image for them"
+                )
         return self._images
 
 

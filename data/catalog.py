@@ -56,8 +56,7 @@ def reading(name: str, root: str, download: bool, fix: str = DOWNLOAD_FIX) -> It
                 "check network access, or put the files there and set dataset.download=false"
             ) from e
         raise UserError(
-            f"dataset {name!r} not found or incomplete under {root} "
-            f"(dataset.download=false): {fix}"
+            f"dataset {name!r} not found or incomplete under {root} (dataset.download=false): {fix}"
         ) from e
 
 
@@ -80,15 +79,19 @@ def _check_size(image_size: int) -> int:
 
 
 def _transforms(name: str, image_size: int, augment: Recipe | None) -> dict:
-    return {"train_transform": train_transform(name, image_size, augment),
-            "eval_transform": val_transform(name, image_size)}  # fmt: skip
+    return {
+        "train_transform": train_transform(name, image_size, augment),
+        "eval_transform": val_transform(name, image_size),
+    }
 
 
 def _file_transforms(name: str, image_size: int, augment: Recipe | None) -> dict:
     """The file-based sets' transforms: decode the file's bytes (data/decode.py), then the
     recipe on the uint8 tensor."""
-    return {key: v2.Compose([DecodeImage(), *pipeline.transforms])
-            for key, pipeline in _transforms(name, image_size, augment).items()}  # fmt: skip
+    return {
+        key: v2.Compose([DecodeImage(), *pipeline.transforms])
+        for key, pipeline in _transforms(name, image_size, augment).items()
+    }
 
 
 def _in_memory(name: str, augment: Recipe | None) -> FastPath:
@@ -102,18 +105,26 @@ def _in_memory(name: str, augment: Recipe | None) -> FastPath:
 def _train_test_set(name: str, cls: type, in_channels: int, image_size: int) -> Callable:
     """A target for a torchvision class with train=True/False files: val carved from train."""
 
-    def load(root: str, download: bool = False, augment: Recipe | None = None,
-             val_fraction: float = 0.1) -> DataSource:  # fmt: skip
+    def load(
+        root: str, download: bool = False, augment: Recipe | None = None, val_fraction: float = 0.1
+    ) -> DataSource:
         root = _root(root)
         with reading(name, root, download):
             train = cls(root, train=True, download=download)
             test = cls(root, train=False, download=download)
         classes = list(train.classes)  # CIFAR reads them from its files
         train, val = carve_val(train, val_fraction)
-        return DataSource(train, val, test, num_classes=len(classes), in_channels=in_channels,
-                          image_size=image_size, classes=classes,
-                          fast=_in_memory(name, augment),
-                          **_transforms(name, image_size, augment))  # fmt: skip
+        return DataSource(
+            train,
+            val,
+            test,
+            num_classes=len(classes),
+            in_channels=in_channels,
+            image_size=image_size,
+            classes=classes,
+            fast=_in_memory(name, augment),
+            **_transforms(name, image_size, augment),
+        )
 
     load.__name__ = load.__qualname__ = name
     load.__doc__ = f"torchvision's {cls.__name__}: val carved from its training set, test its own."
@@ -126,8 +137,9 @@ cifar10 = _train_test_set("cifar10", tvd.CIFAR10, in_channels=3, image_size=32)
 cifar100 = _train_test_set("cifar100", tvd.CIFAR100, in_channels=3, image_size=32)
 
 
-def digits(val_fraction: float = 0.1, test_fraction: float = 0.1,
-           augment: Recipe | None = None) -> DataSource:  # fmt: skip
+def digits(
+    val_fraction: float = 0.1, test_fraction: float = 0.1, augment: Recipe | None = None
+) -> DataSource:
     """scikit-learn's 1797 8x8 scans, partitioned by class into test (``test_fraction`` of all
     scans), val (``val_fraction`` of all) and train (the rest), the same in every run."""
     scans = Digits()
@@ -135,23 +147,37 @@ def digits(val_fraction: float = 0.1, test_fraction: float = 0.1,
     n_test = holdout_size(test_fraction, n, "dataset.test_fraction")
     n_val = holdout_size(val_fraction, n, "dataset.val_fraction")
     if float(val_fraction) + float(test_fraction) > 0.9:  # train keeps >= ~18 scans per class
-        raise UserError(f"dataset.val_fraction={val_fraction} + dataset.test_fraction="
-                        f"{test_fraction} leave too few training scans: keep their sum <= 0.9")
+        raise UserError(
+            f"dataset.val_fraction={val_fraction} + dataset.test_fraction="
+            f"{test_fraction} leave too few training scans: keep their sum <= 0.9"
+        )
     rest, test = stratified_holdout(labels, n, n_test)
     kept, val = stratified_holdout(labels[rest], len(rest), n_val)
     train, val = rest[kept], rest[val]
     subset = lambda idx: Subset(scans, idx.tolist())  # noqa: E731 - three of the same
-    return DataSource(subset(train), subset(val), subset(test), num_classes=10, in_channels=1,
-                      image_size=8, classes=Digits.classes, fast=_in_memory("digits", augment),
-                      **_transforms("digits", 8, augment))  # fmt: skip
+    return DataSource(
+        subset(train),
+        subset(val),
+        subset(test),
+        num_classes=10,
+        in_channels=1,
+        image_size=8,
+        classes=Digits.classes,
+        fast=_in_memory("digits", augment),
+        **_transforms("digits", 8, augment),
+    )
 
 
 # --- sets read from image files -------------------------------------------------------------
 
 
-def imagenet(root: str, download: bool = False, augment: Recipe | None = None,
-             image_size: int = 224,
-             val_fraction: float = 0.02) -> DataSource:  # fmt: skip
+def imagenet(
+    root: str,
+    download: bool = False,
+    augment: Recipe | None = None,
+    image_size: int = 224,
+    val_fraction: float = 0.02,
+) -> DataSource:
     """torchvision's ImageNet layout under ``root``: val carved from the training set (by
     class), the official validation set held out as test. Never downloaded."""
     root, size = _root(root), _check_size(image_size)
@@ -161,22 +187,36 @@ def imagenet(root: str, download: bool = False, augment: Recipe | None = None,
         test = tvd.ImageNet(root, split="val", loader=read_bytes)
     train_part, val = carve_val(train, val_fraction)
     names = [c[0] if isinstance(c, tuple) else str(c) for c in train.classes]
-    return DataSource(train_part, val, test, num_classes=len(names), in_channels=3,
-                      image_size=size, classes=names,
-                      **_file_transforms("imagenet", size, augment))  # fmt: skip
+    return DataSource(
+        train_part,
+        val,
+        test,
+        num_classes=len(names),
+        in_channels=3,
+        image_size=size,
+        classes=names,
+        **_file_transforms("imagenet", size, augment),
+    )
 
 
-def imagefolder(root: str, download: bool = False, augment: Recipe | None = None,
-                image_size: int = 224,
-                val_fraction: float = 0.1) -> DataSource:  # fmt: skip
+def imagefolder(
+    root: str,
+    download: bool = False,
+    augment: Recipe | None = None,
+    image_size: int = 224,
+    val_fraction: float = 0.1,
+) -> DataSource:
     """Any ``<root>/train/<class>/*`` tree; ``val/`` if present (else val carved from train,
     by class) and ``test/`` if present (else no test split), with the same class folders."""
     root, size = _root(root), _check_size(image_size)
     _manual("imagefolder", root, download)
     with reading("imagefolder", root, download, FOLDER_FIX):
         train = tvd.ImageFolder(os.path.join(root, "train"), loader=read_bytes)
-        found = {split: tvd.ImageFolder(os.path.join(root, split), loader=read_bytes)
-                 for split in ("val", "test") if Path(root, split).is_dir()}  # fmt: skip
+        found = {
+            split: tvd.ImageFolder(os.path.join(root, split), loader=read_bytes)
+            for split in ("val", "test")
+            if Path(root, split).is_dir()
+        }
     for split, folder in found.items():
         # Labels are class-folder indices: differing folder sets would silently mislabel.
         if folder.classes != train.classes:
@@ -188,9 +228,16 @@ def imagefolder(root: str, download: bool = False, augment: Recipe | None = None
                 "class folders"
             )
     train_part, val = (train, found["val"]) if "val" in found else carve_val(train, val_fraction)
-    return DataSource(train_part, val, found.get("test"), num_classes=len(train.classes),
-                      in_channels=3, image_size=size, classes=train.classes,
-                      **_file_transforms("imagefolder", size, augment))  # fmt: skip
+    return DataSource(
+        train_part,
+        val,
+        found.get("test"),
+        num_classes=len(train.classes),
+        in_channels=3,
+        image_size=size,
+        classes=train.classes,
+        **_file_transforms("imagefolder", size, augment),
+    )
 
 
 class FakeImages(tvd.FakeData):
@@ -205,8 +252,9 @@ class FakeImages(tvd.FakeData):
             raise IndexError(f"{self.__class__.__name__} index out of range")
         generator = torch.Generator().manual_seed(index + self.random_offset)
         image = torch.randn(*self.image_size, generator=generator)
-        target = torch.randint(0, self.num_classes, size=(1,), dtype=torch.long,
-                               generator=generator)[0]  # fmt: skip
+        target = torch.randint(
+            0, self.num_classes, size=(1,), dtype=torch.long, generator=generator
+        )[0]
         image = to_pil_image(image)  # FakeData's ToPILImage(): the same 8-bit image
         if self.transform is not None:
             image = self.transform(image)
@@ -215,8 +263,9 @@ class FakeImages(tvd.FakeData):
         return image, int(target)
 
 
-def fake(size: int = 1000, image_size: int = 32, num_classes: int = 10,
-         augment: Recipe | None = None) -> DataSource:  # fmt: skip
+def fake(
+    size: int = 1000, image_size: int = 32, num_classes: int = 10, augment: Recipe | None = None
+) -> DataSource:
     """torchvision's FakeData: ``size`` random train images, ``size // 5`` each for val and
     test, all distinct (FakeData seeds image i with i + random_offset)."""
     side = _check_size(image_size)
@@ -229,10 +278,24 @@ def fake(size: int = 1000, image_size: int = 32, num_classes: int = 10,
     def images(n: int, offset: int) -> tvd.FakeData:
         return FakeImages(n, (3, side, side), int(num_classes), random_offset=offset)
 
-    return DataSource(images(size, 0), images(held, size), images(held, size + held),
-                      num_classes=int(num_classes), in_channels=3, image_size=side,
-                      **_transforms("fake", side, augment))  # fmt: skip
+    return DataSource(
+        images(size, 0),
+        images(held, size),
+        images(held, size + held),
+        num_classes=int(num_classes),
+        in_channels=3,
+        image_size=side,
+        **_transforms("fake", side, augment),
+    )
 
 
-__all__ = ["cifar10", "cifar100", "digits", "fake", "fashion_mnist", "imagefolder", "imagenet",
-           "mnist"]  # fmt: skip
+__all__ = [
+    "cifar10",
+    "cifar100",
+    "digits",
+    "fake",
+    "fashion_mnist",
+    "imagefolder",
+    "imagenet",
+    "mnist",
+]

@@ -98,8 +98,10 @@ class DataSplits:
         sets = {"train": self.train_eval, "val": self.val, "test": self.test}
         if sets.get(split) is None:
             have = ", ".join(name for name, found in sets.items() if found is not None)
-            raise UserError(f"this dataset has no {split!r} split: use split= one of {have} "
-                            "or a folder of images")  # fmt: skip
+            raise UserError(
+                f"this dataset has no {split!r} split: use split= one of {have} "
+                "or a folder of images"
+            )
         return sets[split]
 
 
@@ -148,8 +150,9 @@ def stratified_holdout(
     return np.sort(permutation[size:]), np.sort(permutation[:size])
 
 
-def _stratified_split(inverse: np.ndarray, counts: np.ndarray, n_train: int, n_test: int,
-                      rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def _stratified_split(
+    inverse: np.ndarray, counts: np.ndarray, n_train: int, n_test: int, rng: np.random.RandomState
+) -> tuple[np.ndarray, np.ndarray]:
     """StratifiedShuffleSplit's first split (scikit-learn 1.x, model_selection/_split.py)."""
     by_class = np.split(np.argsort(inverse, kind="stable"), np.cumsum(counts)[:-1])
     train_counts = _approximate_mode(counts, n_train, rng)
@@ -186,8 +189,10 @@ def holdout_size(fraction: float, n: int, key: str) -> int:
     fraction = float(fraction)
     size = int(np.ceil(fraction * n))
     if not 0.0 < fraction < 1.0 or not 1 <= size <= n - 1:
-        raise UserError(f"{key}={fraction} is out of range: use a fraction between 0.01 and "
-                        f"0.99 that leaves samples on both sides ({n} samples)")  # fmt: skip
+        raise UserError(
+            f"{key}={fraction} is out of range: use a fraction between 0.01 and "
+            f"0.99 that leaves samples on both sides ({n} samples)"
+        )
     return size
 
 
@@ -276,12 +281,13 @@ def target_arguments(cfg: Any) -> dict[str, Any]:
     except MissingMandatoryValue as e:
         key = str(getattr(e, "key", None) or "root")
         name = str(node.get("_target_", "?")).rsplit(".", 1)[-1]
-        fix = ("point dataset.root at its folder" if key == "root"
-               else f"set dataset.{key}=<value>")  # fmt: skip
+        fix = "point dataset.root at its folder" if key == "root" else f"set dataset.{key}=<value>"
         raise UserError(f"dataset {name} needs dataset.{key}: {fix}") from None
     if not args.get("_target_"):
-        raise UserError("the dataset config has no _target_: set dataset._target_ to a function "
-                        "that returns a data.DataSource (see conf/dataset/*.yaml)")  # fmt: skip
+        raise UserError(
+            "the dataset config has no _target_: set dataset._target_ to a function "
+            "that returns a data.DataSource (see conf/dataset/*.yaml)"
+        )
     return {k: v for k, v in args.items() if k not in LOADER_KEYS}
 
 
@@ -303,12 +309,16 @@ def call_target(args: dict[str, Any], **objects: Any) -> DataSource:
         source = instantiate({**args, "_partial_": True})(**objects)
     except Exception as e:
         if "Error locating target" in str(e):
-            raise UserError(f"dataset._target_={target} cannot be imported ({one_line(e)[:120]}): "
-                            "name a function as <module>.<function>") from None  # fmt: skip
+            raise UserError(
+                f"dataset._target_={target} cannot be imported ({one_line(e)[:120]}): "
+                "name a function as <module>.<function>"
+            ) from None
         raise
     if not isinstance(source, DataSource):
-        raise UserError(f"dataset._target_={target} returned {type(source).__name__}, not a "
-                        "data.DataSource: return DataSource(train=..., val=..., test=..., ...)")
+        raise UserError(
+            f"dataset._target_={target} returned {type(source).__name__}, not a "
+            "data.DataSource: return DataSource(train=..., val=..., test=..., ...)"
+        )
     return source
 
 
@@ -335,14 +345,21 @@ def build_datasets(
     def build(dl: bool) -> DataSource:
         return call_target({**args, "download": dl} if "download" in args else args, **objects)
 
-    source = _download_once_then_load(build, download=download, local_rank=local_rank,
-                                      barrier=barrier)  # fmt: skip
+    source = _download_once_then_load(
+        build, download=download, local_rank=local_rank, barrier=barrier
+    )
     names = [str(c) for c in (source.classes or range(source.num_classes))]
-    evaluated = {split: SplitView(getattr(source, split), source.eval_transform)
-                 for split in SPLITS if getattr(source, split) is not None}  # fmt: skip
+    evaluated = {
+        split: SplitView(getattr(source, split), source.eval_transform)
+        for split in SPLITS
+        if getattr(source, split) is not None
+    }
     return DataSplits(
-        train=EpochSeededDataset(SplitView(source.train, source.train_transform), seed,
-                                 random=is_random(source.train_transform)),
+        train=EpochSeededDataset(
+            SplitView(source.train, source.train_transform),
+            seed,
+            random=is_random(source.train_transform),
+        ),
         val=evaluated["val"],
         num_classes=int(source.num_classes),
         in_channels=int(source.in_channels),

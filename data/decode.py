@@ -32,8 +32,11 @@ from data.transforms import BatchStage, Stages, split_stages
 
 # torchvision 0.29 deprecates its decoders in favour of TorchCodec, which this project does not
 # install; they warn on every call (once per image) otherwise.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of "
-                        "TorchVision are deprecated", category=DeprecationWarning)  # fmt: skip
+warnings.filterwarnings(
+    "ignore",
+    message="The image decoding and encoding capabilities of TorchVision are deprecated",
+    category=DeprecationWarning,
+)
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _DECODABLE = (b"\x89PNG", b"GIF8", b"RIFF")  # decode_image's other formats (WebP: RIFF....WEBP)
@@ -140,7 +143,8 @@ class PlanGeometry:
 def collate_planned(items: list) -> tuple[tuple[list[torch.Tensor], list], torch.Tensor]:
     """Items ``((bytes, plan), label)`` -> ``((bytes list, plans), labels)``."""
     return ([d for (d, _), _ in items], [p for (_, p), _ in items]), torch.as_tensor(
-        [label for _, label in items], dtype=torch.int64)  # fmt: skip
+        [label for _, label in items], dtype=torch.int64
+    )
 
 
 class DecodeOnDevice:
@@ -155,8 +159,9 @@ class DecodeOnDevice:
         jpegs = [i for i, d in enumerate(datas) if is_jpeg(d)]
         images: list[torch.Tensor | None] = [None] * len(datas)
         if jpegs:
-            decoded = decode_jpeg([datas[i] for i in jpegs], mode=ImageReadMode.RGB,
-                                  device=self.device)  # fmt: skip
+            decoded = decode_jpeg(
+                [datas[i] for i in jpegs], mode=ImageReadMode.RGB, device=self.device
+            )
             for i, image in zip(jpegs, decoded, strict=True):
                 images[i] = image
         for i, image in enumerate(images):
@@ -187,9 +192,16 @@ def device_stages(transform: Callable | None, device: torch.device | str) -> Sta
     ops = list(getattr(transform, "transforms", []))
     tail = stages.batch
     head = ops[: len(ops) - len(tail.transforms)]  # type: ignore[attr-defined]
-    if not head or not isinstance(head[0], DecodeImage) or not isinstance(
-            head[-1], v2.ToImage) or not _plannable(head[1:-1]):  # fmt: skip
+    if (
+        not head
+        or not isinstance(head[0], DecodeImage)
+        or not isinstance(head[-1], v2.ToImage)
+        or not _plannable(head[1:-1])
+    ):
         return stages
     geometry = head[1:-1]
-    return Stages(PlanGeometry(geometry), DecodeOnDevice(geometry, tail, torch.device(device)),
-                  collate=collate_planned)  # fmt: skip
+    return Stages(
+        PlanGeometry(geometry),
+        DecodeOnDevice(geometry, tail, torch.device(device)),
+        collate=collate_planned,
+    )

@@ -21,8 +21,14 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     scikit-learn itself where that file is not where it used to be."""
     spec = importlib.util.find_spec("sklearn")  # finds the package, does not import it
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = next((Path(f, "datasets", "data", "digits.csv.gz") for f in folders
-                 if Path(f, "datasets", "data", "digits.csv.gz").is_file()), None)  # fmt: skip
+    path = next(
+        (
+            Path(f, "datasets", "data", "digits.csv.gz")
+            for f in folders
+            if Path(f, "datasets", "data", "digits.csv.gz").is_file()
+        ),
+        None,
+    )
     if path is None:
         from sklearn import datasets
 

@@ -85,8 +85,9 @@ def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-_GOLDEN, _MUL1, _MUL2 = (_signed(c) for c in
-                         (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))  # fmt: skip
+_GOLDEN, _MUL1, _MUL2 = (
+    _signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+)
 
 
 def splitmix64_tensor(x: torch.Tensor) -> torch.Tensor:
@@ -273,8 +274,9 @@ class FastTrainLoader:
         if augment:
             dy, dx, flip = crop_flip_params(self.seed, epochs, indices, recipe)
         if recipe.erasing > 0:
-            boxes = erase_params(self.seed, epochs, indices, recipe.erasing,
-                                 *self.images.shape[-2:])  # fmt: skip
+            boxes = erase_params(
+                self.seed, epochs, indices, recipe.erasing, *self.images.shape[-2:]
+            )
         for k in range(len(plan)):
             self.last_indices = batch = indices[k]
             images = self.images[batch]

@@ -77,8 +77,15 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF])
 
 
-def loader_options(dataset_cfg, *, rank: int, world_size: int, seed: int,
-                   device: torch.device, local_world_size: int | None = None) -> dict:  # fmt: skip
+def loader_options(
+    dataset_cfg,
+    *,
+    rank: int,
+    world_size: int,
+    seed: int,
+    device: torch.device,
+    local_world_size: int | None = None,
+) -> dict:
     """This rank's keyword arguments of build_loaders / eval_loader: its place in the world,
     and from the dataset config (any dataset node: a user's may lack these keys) the workers
     (`auto`: from the cores this rank has, components.world.data_workers) and the fast path;
@@ -86,9 +93,15 @@ def loader_options(dataset_cfg, *, rank: int, world_size: int, seed: int,
     if local_world_size is None:
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     workers = data_workers(dataset_cfg.get("num_workers", "auto"), local_world_size)
-    return dict(rank=rank, world_size=world_size, seed=seed, num_workers=workers,
-                pin_memory=torch.device(device).type == "cuda",
-                fast=bool(dataset_cfg.get("fast", True)), device=device)  # fmt: skip
+    return dict(
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        num_workers=workers,
+        pin_memory=torch.device(device).type == "cuda",
+        fast=bool(dataset_cfg.get("fast", True)),
+        device=device,
+    )
 
 
 def build_loaders(
@@ -131,24 +144,36 @@ def build_loaders(
         seed=seed,
         drop_last=True,
     )
-    options = dict(rank=rank, world_size=world_size, seed=seed, num_workers=num_workers,
-                   pin_memory=pin_memory, fast=fast, device=device)  # fmt: skip
+    options = dict(
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        fast=fast,
+        device=device,
+    )
     evaluate = functools.partial(eval_loader, splits, batch_size=eval_batch_size, **options)
     memory = splits.memory
     if fast and memory is not None and memory.augment is None:
-        log.info("fast data path off: the augmentation (%s) has no batched tensor version; "
-                 "using DataLoaders (dataset.fast=false skips this check)",
-                 memory.unsupported)  # fmt: skip
+        log.info(
+            "fast data path off: the augmentation (%s) has no batched tensor version; "
+            "using DataLoaders (dataset.fast=false skips this check)",
+            memory.unsupported,
+        )
     if fast and memory is not None and memory.augment is not None:
         train = FastTrainLoader(memory, train_sampler, batch_size, device)
     else:
         if fast and memory is None:
-            log.debug("fast data path: not for this dataset (not held in memory); using "
-                      "DataLoaders")  # fmt: skip
-        train = _loader(splits.train, train_sampler, batch_size, drop_last=True,
-                        stream=_TRAIN_STREAM, **options)  # fmt: skip
-    return Loaders(train=train, val=evaluate("val"), train_sampler=train_sampler,
-                   eval_loader=evaluate)  # fmt: skip
+            log.debug(
+                "fast data path: not for this dataset (not held in memory); using DataLoaders"
+            )
+        train = _loader(
+            splits.train, train_sampler, batch_size, drop_last=True, stream=_TRAIN_STREAM, **options
+        )
+    return Loaders(
+        train=train, val=evaluate("val"), train_sampler=train_sampler, eval_loader=evaluate
+    )
 
 
 def eval_loader(
@@ -174,14 +199,34 @@ def eval_loader(
             sampler = ExactShardSampler(len(dataset), rank, world_size)  # type: ignore[arg-type]
             return FastEvalLoader(splits.memory, sampler, batch_size, device, split)
     sampler = ExactShardSampler(len(dataset), rank, world_size)  # type: ignore[arg-type]
-    return _loader(dataset, sampler, batch_size, drop_last=False, stream=_EVAL_STREAM, rank=rank,
-                   seed=seed, num_workers=num_workers, pin_memory=pin_memory,
-                   device=device)  # fmt: skip
+    return _loader(
+        dataset,
+        sampler,
+        batch_size,
+        drop_last=False,
+        stream=_EVAL_STREAM,
+        rank=rank,
+        seed=seed,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        device=device,
+    )
 
 
-def _loader(dataset, sampler, size: int, *, drop_last: bool, stream: int, rank: int, seed: int,
-            num_workers: int, pin_memory: bool, device: torch.device | str = "cpu",
-            **_unused) -> DataLoader:  # fmt: skip
+def _loader(
+    dataset,
+    sampler,
+    size: int,
+    *,
+    drop_last: bool,
+    stream: int,
+    rank: int,
+    seed: int,
+    num_workers: int,
+    pin_memory: bool,
+    device: torch.device | str = "cpu",
+    **_unused,
+) -> DataLoader:
     device = torch.device(device)
     dataset, stages = staged(dataset, device)
     on_device = device.type != "cpu" and stages.batch is not None
@@ -236,8 +281,9 @@ class StagedLoader(DataLoader):
     finished there (GPU training: normalise, or decode and augment, on the device); without
     one, a plain DataLoader."""
 
-    def __init__(self, *args, finish: Callable | None = None,
-                 device: torch.device | str = "cpu", **kwargs) -> None:  # fmt: skip
+    def __init__(
+        self, *args, finish: Callable | None = None, device: torch.device | str = "cpu", **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.finish, self.device = finish, torch.device(device)
 
@@ -265,8 +311,9 @@ def limited(count: int, limit: Any, key: str) -> int:
     if limit is None:
         return count
     if isinstance(limit, bool) or not isinstance(limit, int | float):
-        raise UserError(f"{key}={limit} is not valid: use null, a count >= 1 or a fraction in "
-                        "(0, 1]")  # fmt: skip
+        raise UserError(
+            f"{key}={limit} is not valid: use null, a count >= 1 or a fraction in (0, 1]"
+        )
     if isinstance(limit, int) and limit >= 1:
         return min(count, limit)
     if isinstance(limit, float) and 0 < limit <= 1:

@@ -29,12 +29,17 @@ class BatchMix:
     def __init__(self, cfg, num_classes: int, seed: int) -> None:
         mixup, cutmix = float(cfg.mixup_alpha), float(cfg.cutmix_alpha)
         prob, switch = float(cfg.prob), float(cfg.switch_prob)
-        for key, value, ok in (("mixup_alpha", mixup, mixup >= 0), ("cutmix_alpha", cutmix,
-                               cutmix >= 0), ("prob", prob, 0 <= prob <= 1),
-                               ("switch_prob", switch, 0 <= switch <= 1)):  # fmt: skip
+        for key, value, ok in (
+            ("mixup_alpha", mixup, mixup >= 0),
+            ("cutmix_alpha", cutmix, cutmix >= 0),
+            ("prob", prob, 0 <= prob <= 1),
+            ("switch_prob", switch, 0 <= switch <= 1),
+        ):
             if not ok:
-                raise UserError(f"trainer.mixup.{key}={value} is out of range: alphas >= 0, "
-                                "probabilities in [0, 1]")  # fmt: skip
+                raise UserError(
+                    f"trainer.mixup.{key}={value} is out of range: alphas >= 0, "
+                    "probabilities in [0, 1]"
+                )
         self.seed = int(seed)
         options = []
         if mixup > 0:
@@ -48,8 +53,9 @@ class BatchMix:
             choice = options[0][0] if options else v2.Identity()
         self.transform = v2.RandomApply([choice], p=prob)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, epoch: int,
-                 batch: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, epoch: int, batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.enabled:
             return x, y
         # The CPU generator only (what v2.MixUp/CutMix draw from), restored after: CUDA's

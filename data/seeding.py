@@ -72,8 +72,9 @@ class EpochSeededDataset(Dataset):
             generator.set_state(state)
 
     def __repr__(self) -> str:
-        return (f"EpochSeededDataset(seed={self.seed}, random={self.random}, "
-                f"dataset={self.dataset!r})")
+        return (
+            f"EpochSeededDataset(seed={self.seed}, random={self.random}, dataset={self.dataset!r})"
+        )
 
 
 @contextmanager

@@ -164,8 +164,9 @@ def train_transform(name: str, image_size: int, recipe: Recipe | None = None) ->
     """
     recipe = recipe or Recipe()
     if recipe.crop == "resized":
-        ops = [v2.RandomResizedCrop(image_size, scale=tuple(recipe.scale),
-                                    ratio=tuple(recipe.ratio))]  # fmt: skip
+        ops = [
+            v2.RandomResizedCrop(image_size, scale=tuple(recipe.scale), ratio=tuple(recipe.ratio))
+        ]
     else:
         ops = _val_geometry(name, image_size)
         if recipe.crop == "pad":
@@ -179,15 +180,26 @@ def train_transform(name: str, image_size: int, recipe: Recipe | None = None) ->
     return v2.Compose(ops)
 
 
-
 # --- stages: per sample, then per batch ---------------------------------------------------
 
 # Transforms that draw no random number (v2 and v1). Anything else counts as random.
 _DETERMINISTIC: tuple[type, ...] = (
-    v2.ToImage, v2.PILToTensor, v2.ToPureTensor, v2.ToDtype, v2.Normalize, v2.Resize,
-    v2.CenterCrop, v2.Grayscale, v2.Identity,
-    v1.ToTensor, v1.PILToTensor, v1.Normalize, v1.Resize, v1.CenterCrop, v1.Grayscale,
-)  # fmt: skip
+    v2.ToImage,
+    v2.PILToTensor,
+    v2.ToPureTensor,
+    v2.ToDtype,
+    v2.Normalize,
+    v2.Resize,
+    v2.CenterCrop,
+    v2.Grayscale,
+    v2.Identity,
+    v1.ToTensor,
+    v1.PILToTensor,
+    v1.Normalize,
+    v1.Resize,
+    v1.CenterCrop,
+    v1.Grayscale,
+)
 # Elementwise and deterministic: the same on one image as on each image of a batch, bit for
 # bit, so they can run once per collated batch instead of once per sample.
 _BATCHABLE: tuple[type, ...] = (v2.ToDtype, v2.Normalize, v2.ToPureTensor)
@@ -226,8 +238,10 @@ class BatchStage:
     the same arithmetic, half the time."""
 
     def __init__(self, transforms: Sequence[Callable]) -> None:
-        self.transforms = [v2.Normalize(t.mean, t.std, inplace=True)
-                           if isinstance(t, v2.Normalize) else t for t in transforms]  # fmt: skip
+        self.transforms = [
+            v2.Normalize(t.mean, t.std, inplace=True) if isinstance(t, v2.Normalize) else t
+            for t in transforms
+        ]
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         x = images.as_subclass(torch.Tensor)

@@ -21,18 +21,24 @@ class ImageFiles(Dataset):
     to the model's channels (grayscale or RGB), passed through the dataset's eval transform,
     and resized to ``image_size`` x ``image_size`` where the transform leaves another size."""
 
-    def __init__(self, folder: str | Path, transform: Callable | None, in_channels: int,
-                 image_size: int) -> None:  # fmt: skip
+    def __init__(
+        self, folder: str | Path, transform: Callable | None, in_channels: int, image_size: int
+    ) -> None:
         self.folder = Path(folder).expanduser().resolve()
         if not self.folder.is_dir():
-            raise UserError(f"split={folder} is not train, val, test or a folder: point split= "
-                            "at a folder of images, or name a split")  # fmt: skip
-        self.files = sorted(p for p in self.folder.rglob("*")
-                            if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)  # fmt: skip
+            raise UserError(
+                f"split={folder} is not train, val, test or a folder: point split= "
+                "at a folder of images, or name a split"
+            )
+        self.files = sorted(
+            p for p in self.folder.rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS
+        )
         if not self.files:
-            raise UserError(f"no images in {self.folder} (looked for "
-                            f"{', '.join(IMG_EXTENSIONS)} files): point split= at a folder of "
-                            "images")  # fmt: skip
+            raise UserError(
+                f"no images in {self.folder} (looked for "
+                f"{', '.join(IMG_EXTENSIONS)} files): point split= at a folder of "
+                "images"
+            )
         self.transform = transform
         self.mode = "L" if in_channels == 1 else "RGB"
         self.image_size = image_size

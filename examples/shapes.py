@@ -51,14 +51,24 @@ def draw(kind: int, size: int, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(image)
 
 
-def shapes(n_train: int = 1200, n_test: int = 300, image_size: int = 16,
-           val_fraction: float = 0.1) -> DataSource:  # fmt: skip
+def shapes(
+    n_train: int = 1200, n_test: int = 300, image_size: int = 16, val_fraction: float = 0.1
+) -> DataSource:
     """The dataset target: its arguments are the YAML's keys."""
     train, val = carve_val(Shapes(n_train, image_size, seed=0), val_fraction)
     test = Shapes(n_test, image_size, seed=1)  # never seen in training
-    to_tensor = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
-                            v2.Normalize([0.5], [0.5])])  # fmt: skip
-    return DataSource(train, val, test, num_classes=len(CLASSES), in_channels=1,
-                      image_size=image_size, train_transform=to_tensor,
-                      eval_transform=to_tensor, classes=CLASSES,
-                      fast=FastPath(mean=(0.5,), std=(0.5,)))  # fmt: skip
+    to_tensor = v2.Compose(
+        [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5], [0.5])]
+    )
+    return DataSource(
+        train,
+        val,
+        test,
+        num_classes=len(CLASSES),
+        in_channels=1,
+        image_size=image_size,
+        train_transform=to_tensor,
+        eval_transform=to_tensor,
+        classes=CLASSES,
+        fast=FastPath(mean=(0.5,), std=(0.5,)),
+    )

@@ -128,8 +128,9 @@ def stop_signals(signums: Sequence[int]) -> Iterator[None]:
     def interrupt(signum: int, _frame: Any) -> None:
         raise Interrupted(signum)
 
-    previous = {s: signal.signal(s, interrupt) for s in signums
-                if signal.getsignal(s) is not signal.SIG_IGN}  # fmt: skip
+    previous = {
+        s: signal.signal(s, interrupt) for s in signums if signal.getsignal(s) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
@@ -166,8 +167,9 @@ def resolve_output_dirs(config: DictConfig, keys: Sequence[str]) -> None:
             OmegaConf.update(config, key, str(OmegaConf.select(config, key)), merge=False)
 
 
-def compose_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]],
-                 initial_idx: int) -> list[Job]:  # fmt: skip
+def compose_jobs(
+    launcher: Any, job_overrides: Sequence[Sequence[str]], initial_idx: int
+) -> list[Job]:
     """Each sweep job's config, composed here (hydra.job.num and .id set, output dirs resolved,
     the sweep's keys in hydra.job.env_set). A job whose config does not compose fails alone
     (job.error), with a config good enough to name its job dir."""
@@ -198,10 +200,15 @@ def compose_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]],
                 config.hydra.sweep.subdir = str(num)
             resolve_output_dirs(config, ("hydra.sweep.dir",))
         job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
-        spec = JobSpec(launcher.task_function, config, Singleton.get_state(),
-                       hydra_context=launcher.hydra_context)  # fmt: skip
-        jobs.append(Job(num, list(overrides), job_dir, spec, label=f"#{num} ", error=error,
-                        swept=swept))  # fmt: skip
+        spec = JobSpec(
+            launcher.task_function,
+            config,
+            Singleton.get_state(),
+            hydra_context=launcher.hydra_context,
+        )
+        jobs.append(
+            Job(num, list(overrides), job_dir, spec, label=f"#{num} ", error=error, swept=swept)
+        )
     return jobs
 
 
@@ -245,8 +252,9 @@ def check_gpus(nproc: int, gpu_job: bool, n_gpus: int, what: str) -> None:
 # failures
 
 
-def failure_reason(rank0_error: BaseException | str | None, dead_ranks: Sequence[str],
-                   otherwise: str) -> str:  # fmt: skip
+def failure_reason(
+    rank0_error: BaseException | str | None, dead_ranks: Sequence[str], otherwise: str
+) -> str:
     """Why a job failed, in one line, most specific first: rank 0's own error (its JobReturn's
     exception), then the first of the ranks that died (with rank 0's word in brackets when
     rank 0 was only stopped because of it), then `otherwise` (exit codes, job states)."""
@@ -271,8 +279,9 @@ def job_return(job: Job, status: Any, value: Any) -> Any:
     return ret
 
 
-def failed_job_return(job: Job, reason: str, ret: Any = None,
-                      cause: BaseException | None = None) -> Any:  # fmt: skip
+def failed_job_return(
+    job: Job, reason: str, ret: Any = None, cause: BaseException | None = None
+) -> Any:
     """Record a failed job in its run dir and return its failed JobReturn: rank 0's own (`ret`)
     when it sent one, with the verdict as its value (its cause: rank 0's error, else `cause`,
     e.g. the user error that kept the job from starting). :func:`job_done` reports it."""
@@ -296,8 +305,16 @@ def record_failure(job: Job, reason: str) -> None:
     if read_result(job.job_dir, since=job.started or time.time()) is not None:
         return
     wall_time = round(time.time() - job.started, 3) if job.started else None
-    write_result(job.job_dir, RunResult(status="failed", error=reason, overrides=job.overrides,
-                                        job_num=job.num, wall_time_s=wall_time))  # fmt: skip
+    write_result(
+        job.job_dir,
+        RunResult(
+            status="failed",
+            error=reason,
+            overrides=job.overrides,
+            job_num=job.num,
+            wall_time_s=wall_time,
+        ),
+    )
 
 
 def job_done(job: Job, ret: Any) -> Any:
@@ -353,10 +370,17 @@ def launcher_errors() -> Iterator[None]:
         raise SystemExit(e.exit_code) from None
 
 
-def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_idx: int,
-                 name: str, run: Callable[[list[Job]], list[Any]], *, resume: bool = False,
-                 stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
-                 lock: bool = True) -> list[Any]:  # fmt: skip
+def launch_batch(
+    launcher: Any,
+    job_overrides: Sequence[Sequence[str]],
+    initial_idx: int,
+    name: str,
+    run: Callable[[list[Job]], list[Any]],
+    *,
+    resume: bool = False,
+    stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+    lock: bool = True,
+) -> list[Any]:
     """Hydra's Launcher.launch for both launchers: compose the batch's jobs and `run` them (the
     launcher's part: one JobReturn per job, in order, each reported by :func:`job_done`). With
     `lock`, one launcher per sweep dir (launch/resume.py). A stop signal (`stop_on`) ends the

@@ -48,8 +48,9 @@ class DDPOptunaSweeperConf(OptunaSweeperConf):
     _target_: str = "hydra_plugins.hydra_ddp_optuna_sweeper.optuna_sweeper.DDPOptunaSweeper"
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="ddp_optuna", node=DDPOptunaSweeperConf,
-                             provider="hydra-ddp")  # fmt: skip
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="ddp_optuna", node=DDPOptunaSweeperConf, provider="hydra-ddp"
+)
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,13 @@ def plan_trials(states: Sequence[tuple[int, str]], n_trials: int) -> TrialPlan:
     fail = [n for n, state in states if state == "RUNNING" and n not in tail]
     finished = sum(state not in OPEN_STATES for _, state in states) + len(fail)
     first = [n for n, state in states if state == "WAITING" and n not in tail] + tail
-    return TrialPlan(rerun=tail, fail=fail, finished=finished,
-                     to_ask=max(0, n_trials - finished),
-                     first_job=min(first) if first else len(states))  # fmt: skip
+    return TrialPlan(
+        rerun=tail,
+        fail=fail,
+        finished=finished,
+        to_ask=max(0, n_trials - finished),
+        first_job=min(first) if first else len(states),
+    )
 
 
 class DDPOptunaSweeperBase(OptunaSweeper):
@@ -139,8 +144,13 @@ def continue_study(impl: Any) -> bool:
     impl.n_trials, impl.job_idx = plan.to_ask, plan.first_job
     if trials and hasattr(impl.sampler, "reseed_rng"):
         impl.sampler.reseed_rng()
-    log.info("Optuna study %s (%s): %d trial(s) finished, %d to run again%s, %d to ask",
-             impl.study_name, impl.storage, plan.finished, len(plan.rerun),
-             f", {len(plan.fail)} interrupted marked failed" if plan.fail else "",
-             plan.to_ask)  # fmt: skip
+    log.info(
+        "Optuna study %s (%s): %d trial(s) finished, %d to run again%s, %d to ask",
+        impl.study_name,
+        impl.storage,
+        plan.finished,
+        len(plan.rerun),
+        f", {len(plan.fail)} interrupted marked failed" if plan.fail else "",
+        plan.to_ask,
+    )
     return True

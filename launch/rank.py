@@ -64,9 +64,20 @@ OTHER_RANK_OVERRIDES = ("hydra.output_subdir=null", f"hydra/job_logging={OTHER_R
 # the entry point of a script whose ranks something else starts
 
 INFO_FLAGS = {
-    "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
-    "--shell-completion", "-sc", "--resolve", "-p", "--package",
-}  # fmt: skip
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--cfg",
+    "-c",
+    "--info",
+    "-i",
+    "--shell-completion",
+    "-sc",
+    "--resolve",
+    "-p",
+    "--package",
+}
 MULTIRUN_FLAGS = {"-m", "--multirun"}
 HELP_FLAGS = {"--help", "-h"}
 START_TIME_KEY = "hydra_ddp/start_time"
@@ -105,8 +116,10 @@ def entry_point(script: str, task: str, config_name: str) -> None:
         raise
     except KeyboardInterrupt:  # Ctrl-C: the run recorded itself as interrupted
         if int(os.environ.get("RANK", "0")) == 0:
-            print("interrupted (Ctrl-C): rerun with resume=auto to continue from the last "
-                  "checkpoint", file=sys.stderr)  # fmt: skip
+            print(
+                "interrupted (Ctrl-C): rerun with resume=auto to continue from the last checkpoint",
+                file=sys.stderr,
+            )
         raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
     finally:
         # A multirun whose sweeper raised: its summary now, not at exit (launch/summary.py).
@@ -136,12 +149,19 @@ def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
     groups = sorted(
         f"{folder.relative_to(conf)}: {', '.join(sorted(p.stem for p in folder.glob('*.yaml')))}"
         for folder in conf.rglob("*")
-        if folder.is_dir() and folder.name != "hydra" and "hydra" not in folder.parts
+        if folder.is_dir()
+        and folder.name != "hydra"
+        and "hydra" not in folder.parts
         and any(folder.glob("*.yaml"))
-    )  # fmt: skip
-    print(string.Template(template).safe_substitute(
-        APP_CONFIG_GROUPS="\n".join(groups), CONFIG=OmegaConf.to_yaml(cfg),
-        FLAGS_HELP="", HYDRA_CONFIG_GROUPS=""))  # fmt: skip
+    )
+    print(
+        string.Template(template).safe_substitute(
+            APP_CONFIG_GROUPS="\n".join(groups),
+            CONFIG=OmegaConf.to_yaml(cfg),
+            FLAGS_HELP="",
+            HYDRA_CONFIG_GROUPS="",
+        )
+    )
 
 
 def run_task(task: str, cfg: Any) -> Any:

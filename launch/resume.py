@@ -96,8 +96,10 @@ class LaunchRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LaunchRecord:
         known = {f.name for f in fields(Attempt)}
-        attempts = [Attempt(**{k: v for k, v in a.items() if k in known})
-                    for a in data.get("attempts") or []]  # fmt: skip
+        attempts = [
+            Attempt(**{k: v for k, v in a.items() if k in known})
+            for a in data.get("attempts") or []
+        ]
         return cls(int(data["job_num"]), [str(o) for o in data["overrides"]], attempts)
 
 
@@ -136,8 +138,9 @@ def recorded_overrides(job_dir: Path, record: LaunchRecord | None) -> list[str] 
     return result.overrides if result is not None else None
 
 
-def check_overrides(job_num: int, overrides: Sequence[str], job_dir: Path,
-                    recorded: Sequence[str] | None) -> None:  # fmt: skip
+def check_overrides(
+    job_num: int, overrides: Sequence[str], job_dir: Path, recorded: Sequence[str] | None
+) -> None:
     """A job dir holds one job: recorded overrides (in any order) must be this job's; else a
     UserError naming where they differ."""
     if recorded is None or sorted(recorded) == sorted(overrides):
@@ -161,8 +164,13 @@ class Decision:
     why: str  # for the log
 
 
-def decide(*, rank0_completed: bool, result: RunResult | None, last: Attempt | None,
-           slurm_active: bool = False) -> Decision:  # fmt: skip
+def decide(
+    *,
+    rank0_completed: bool,
+    result: RunResult | None,
+    last: Attempt | None,
+    slurm_active: bool = False,
+) -> Decision:
     """What a resumed sweep does with a job, from its records (see the module docstring)."""
     if rank0_completed:
         return Decision("done", "completed")
@@ -199,10 +207,14 @@ def has_checkpoints(job_dir: Path) -> bool:
     return ckpt.is_dir() and any(ckpt.glob("*.pt"))
 
 
-def prepare(jobs: Sequence[Any], *, resume: bool, retries: int,
-            earlier_return: Callable[[Any, Attempt | None], Any],
-            slurm_active: Callable[[list[str]], set[str]] | None = None,
-            ) -> dict[int, Any]:  # fmt: skip
+def prepare(
+    jobs: Sequence[Any],
+    *,
+    resume: bool,
+    retries: int,
+    earlier_return: Callable[[Any, Attempt | None], Any],
+    slurm_active: Callable[[list[str]], set[str]] | None = None,
+) -> dict[int, Any]:
     """Read each sweep job's records before anything runs: check its dir holds this job (else a
     UserError, before any job starts), give it its attempt count and retries, and with `resume`
     decide what to do with it. Returns {num: JobReturn} of the jobs completed earlier (not to be
@@ -217,14 +229,18 @@ def prepare(jobs: Sequence[Any], *, resume: bool, retries: int,
         if not job.in_sweep:
             continue
         record = read_launch_record(job.job_dir)
-        check_overrides(job.num, job.overrides, job.job_dir,
-                        recorded_overrides(job.job_dir, record))  # fmt: skip
+        check_overrides(
+            job.num, job.overrides, job.job_dir, recorded_overrides(job.job_dir, record)
+        )
         records[job.num] = record
         job.attempt = len(record.attempts) if record is not None else 0
     active: set[str] = set()
     if resume and slurm_active is not None:
-        ids = [r.last.slurm_job_id for r in records.values() if r and r.last and
-               r.last.slurm_job_id and r.last.ended is None]  # fmt: skip
+        ids = [
+            r.last.slurm_job_id
+            for r in records.values()
+            if r and r.last and r.last.slurm_job_id and r.last.ended is None
+        ]
         active = slurm_active(ids) if ids else set()
 
     done = {}
@@ -237,15 +253,19 @@ def prepare(jobs: Sequence[Any], *, resume: bool, retries: int,
             if last is not None and last.ended is None:
                 settle(job.job_dir, record, completed=False)
             if record is not None or result is not None:
-                log.warning("#%d: %s already holds a run of this job: it runs again from the "
-                            "start (hydra.launcher.resume=true would continue it)", job.num,
-                            job.job_dir)  # fmt: skip
+                log.warning(
+                    "#%d: %s already holds a run of this job: it runs again from the "
+                    "start (hydra.launcher.resume=true would continue it)",
+                    job.num,
+                    job.job_dir,
+                )
             continue
         ret = earlier_return(job, last)
         completed = ret is not None and ret.status == JobStatus.COMPLETED
         attachable = last is not None and last.slurm_job_id in active
-        decision = decide(rank0_completed=completed, result=result, last=last,
-                          slurm_active=attachable)  # fmt: skip
+        decision = decide(
+            rank0_completed=completed, result=result, last=last, slurm_active=attachable
+        )
         if last is not None and last.ended is None and decision.action != "attach":
             settle(job.job_dir, record, completed)
         label = f"#{job.num} {' '.join(job.overrides) or '(no overrides)'}"
@@ -262,8 +282,12 @@ def prepare(jobs: Sequence[Any], *, resume: bool, retries: int,
             job.attach = last
             log.info("%s: %s: waiting for it", label, decision.why)
         elif record is not None or result is not None:
-            log.info("%s: %s: runs again%s", label, decision.why,
-                     " from its checkpoints" if has_checkpoints(job.job_dir) else "")  # fmt: skip
+            log.info(
+                "%s: %s: runs again%s",
+                label,
+                decision.why,
+                " from its checkpoints" if has_checkpoints(job.job_dir) else "",
+            )
     return done
 
 
@@ -328,13 +352,21 @@ def record_stopped(job: Any, signal_name: str) -> str:
     attempt gets result.json `interrupted`. Returns the status."""
     result = read_result(job.job_dir, since=job.started) if job.started else None
     if result is None or result.status == "running":
-        result = RunResult(status="interrupted", overrides=list(job.overrides), job_num=job.num,
-                           error=f"the sweep was stopped ({signal_name}) before the job ended")
-        write_result(job.job_dir, result)  # fmt: skip
+        result = RunResult(
+            status="interrupted",
+            overrides=list(job.overrides),
+            job_num=job.num,
+            error=f"the sweep was stopped ({signal_name}) before the job ended",
+        )
+        write_result(job.job_dir, result)
     update_attempt(job, ended=time.time(), status=result.status, error=result.error)
-    log.warning("#%d %s: %s%s", job.num, " ".join(job.overrides), result.status,
-                "" if result.status == "completed" else
-                ": hydra.launcher.resume=true continues it")  # fmt: skip
+    log.warning(
+        "#%d %s: %s%s",
+        job.num,
+        " ".join(job.overrides),
+        result.status,
+        "" if result.status == "completed" else ": hydra.launcher.resume=true continues it",
+    )
     return result.status
 
 
@@ -349,10 +381,14 @@ def should_retry(job: Any, ret: Any) -> bool:
         return False
     job.retries_left -= 1
     job.continues = True
-    log.warning("#%d: attempt %d did not complete; retrying%s (%d retr%s left)", job.num,
-                job.attempt,
-                " from its checkpoints" if has_checkpoints(job.job_dir) else "",
-                job.retries_left, "y" if job.retries_left == 1 else "ies")  # fmt: skip
+    log.warning(
+        "#%d: attempt %d did not complete; retrying%s (%d retr%s left)",
+        job.num,
+        job.attempt,
+        " from its checkpoints" if has_checkpoints(job.job_dir) else "",
+        job.retries_left,
+        "y" if job.retries_left == 1 else "ies",
+    )
     return True
 
 
@@ -383,8 +419,7 @@ def hold_sweep_lock(sweep_dir: Path) -> None:
         ) from None
     except OSError as e:
         os.close(fd)
-        log.warning("cannot lock %s (%s): make sure no other launcher uses this sweep dir",
-                    path, e)  # fmt: skip
+        log.warning("cannot lock %s (%s): make sure no other launcher uses this sweep dir", path, e)
         return
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())

@@ -97,10 +97,22 @@ PORT_RANGE = (20000, 60000)
 STOP_GRACE_S = 120.0
 # SLURM job states after which a job will not run again (squeue/sacct spellings).
 ACTIVE_STATES = {
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
-    "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT",
-    "RESV_DEL_HOLD", "PREEMPTED", "SPECIAL_EXIT",
-}  # fmt: skip
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "SUSPENDED",
+    "STOPPED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "RESV_DEL_HOLD",
+    "PREEMPTED",
+    "SPECIAL_EXIT",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,9 +294,14 @@ class DDPSlurmLauncherBase(SlurmLauncher):
                     "`python train.py -m ...` once"
                 )
             require_slurm()
-            return launch_batch(self, job_overrides, initial_job_idx, "SLURM launcher",
-                                lambda jobs: run_on_slurm(self, jobs),
-                                resume=bool(self.params.get("resume")))  # fmt: skip
+            return launch_batch(
+                self,
+                job_overrides,
+                initial_job_idx,
+                "SLURM launcher",
+                lambda jobs: run_on_slurm(self, jobs),
+                resume=bool(self.params.get("resume")),
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,8 +343,10 @@ def job_resources(config: DictConfig, settings: DDPSlurmQueueConf, cluster_gpus:
     task (`--gpus-per-node=<tasks per node>`), each rank taking GPU LOCAL_RANK.
     """
     nproc, nnodes, gpu_job = job_world(config, cluster_gpus)
-    for launcher_key, dist_key in (("tasks_per_node", "dist.nproc_per_node"),
-                                   ("nodes", "dist.nnodes")):  # fmt: skip
+    for launcher_key, dist_key in (
+        ("tasks_per_node", "dist.nproc_per_node"),
+        ("nodes", "dist.nnodes"),
+    ):
         fixed = launcher_count(settings, launcher_key)
         if fixed is None or fixed == (nproc if launcher_key == "tasks_per_node" else nnodes):
             continue
@@ -367,8 +386,18 @@ def job_resources(config: DictConfig, settings: DDPSlurmQueueConf, cluster_gpus:
     for key in ("cpus_per_task", "mem_gb"):
         if getattr(settings, key) is not None:
             params[key] = getattr(settings, key)
-    for key in ("partition", "qos", "comment", "constraint", "exclude", "gres", "cpus_per_gpu",
-                "mem_per_gpu", "mem_per_cpu", "account"):  # fmt: skip
+    for key in (
+        "partition",
+        "qos",
+        "comment",
+        "constraint",
+        "exclude",
+        "gres",
+        "cpus_per_gpu",
+        "mem_per_gpu",
+        "mem_per_cpu",
+        "account",
+    ):
         if getattr(settings, key) is not None:
             params[f"slurm_{key}"] = getattr(settings, key)
     return params
@@ -425,8 +454,13 @@ def run_on_slurm(launcher: Any, jobs: list[Job]) -> list[Any]:
     queued or running), wait for them, submit failed ones again (`retries`); return their
     JobReturns in order."""
     params = launcher.params
-    results = prepare(jobs, resume=bool(params.get("resume")), retries=int(params.get("retries")
-                      or 0), earlier_return=earlier_return, slurm_active=active_jobs)  # fmt: skip
+    results = prepare(
+        jobs,
+        resume=bool(params.get("resume")),
+        retries=int(params.get("retries") or 0),
+        earlier_return=earlier_return,
+        slurm_active=active_jobs,
+    )
     gpus_by_partition: dict[str | None, int] = {}
     planned = [plan(job, gpus_by_partition) for job in jobs if job.num not in results]
 
@@ -479,8 +513,9 @@ def plan(job: Job, gpus_by_partition: dict[str | None, int]) -> Submitted:
         return Submitted(job)
     job.nproc, job.nnodes = params["tasks_per_node"], params["nodes"]
     job.uses_gpus = "gpus_per_node" in params
-    return Submitted(job, params, settings.submitit_folder, settings.max_num_timeout,
-                     settings.poll_interval_s)  # fmt: skip
+    return Submitted(
+        job, params, settings.submitit_folder, settings.max_num_timeout, settings.poll_interval_s
+    )
 
 
 def submit(launcher: Any, planned: list[Submitted]) -> None:
@@ -495,8 +530,9 @@ def submit(launcher: Any, planned: list[Submitted]) -> None:
     for _, group in itertools.groupby(sorted(todo, key=key), key=key):
         group = sorted(group, key=lambda s: s.job.num)
         first = group[0]
-        executor = submitit.AutoExecutor(folder=first.folder, cluster="slurm",
-                                         slurm_max_num_timeout=first.max_num_timeout)  # fmt: skip
+        executor = submitit.AutoExecutor(
+            folder=first.folder, cluster="slurm", slurm_max_num_timeout=first.max_num_timeout
+        )
         executor.update_parameters(**first.params)
         for s in group:
             start_attempt(s.job)  # resume=auto when it continues; before the job is pickled
@@ -505,16 +541,22 @@ def submit(launcher: Any, planned: list[Submitted]) -> None:
                 slurm_jobs = executor.map_array(launcher, [s.job for s in group])
         except BaseException as e:  # SLURM did not take them: their records say so
             for s in group:
-                update_attempt(s.job, ended=time.time(), status="failed",
-                               error=f"not submitted: {describe(e)}")  # fmt: skip
+                update_attempt(
+                    s.job, ended=time.time(), status="failed", error=f"not submitted: {describe(e)}"
+                )
             raise
         for s, slurm_job in zip(group, slurm_jobs, strict=True):
             s.slurm = slurm_job
             update_attempt(s.job, slurm_job_id=slurm_job.job_id, slurm_folder=str(s.folder))
             where = f"{s.job.nnodes} node(s) x {s.job.nproc} task(s)"
-            log.debug("#%d %s: SLURM job %s, %s%s", s.job.num,
-                      " ".join(s.job.overrides) or "(no overrides)", slurm_job.job_id, where,
-                      f", {s.job.nproc} GPU(s) per node" if s.job.uses_gpus else "")  # fmt: skip
+            log.debug(
+                "#%d %s: SLURM job %s, %s%s",
+                s.job.num,
+                " ".join(s.job.overrides) or "(no overrides)",
+                slurm_job.job_id,
+                where,
+                f", {s.job.nproc} GPU(s) per node" if s.job.uses_gpus else "",
+            )
         if len(group) == 1:  # one line per submission: its SLURM id, for squeue and scancel
             log.info("#%d: SLURM job %s", group[0].job.num, slurm_jobs[0].job_id)
         else:
@@ -579,8 +621,15 @@ def submission_env() -> Iterator[None]:
     variables from sbatch and the new job (its SLURM_* but SLURM_CONF; SLURMD_*, SRUN_*,
     SUBMITIT_*, torch's rank variables), as submitit.helpers.clean_env does; SBATCH_* (the
     user's sbatch defaults) are kept."""
-    torch_names = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                   "LOCAL_WORLD_SIZE", "GROUP_RANK"}  # fmt: skip
+    torch_names = {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+    }
     hidden = {
         k: os.environ.pop(k)
         for k in list(os.environ)
@@ -602,9 +651,15 @@ def slurm_states(job_ids: Sequence[str]) -> dict[str, str]:
     base = ",".join(sorted({j.split("_")[0] for j in job_ids}))
     for cmd in (
         ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T", f"--jobs={base}"],
-        ["sacct", "--noheader", "--parsable2", "--allocations", "--format=JobID,State",
-         f"--jobs={base}"],
-    ):  # fmt: skip
+        [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            "--format=JobID,State",
+            f"--jobs={base}",
+        ],
+    ):
         if all(j in states for j in job_ids):
             break
         try:
@@ -620,8 +675,9 @@ def slurm_states(job_ids: Sequence[str]) -> dict[str, str]:
     return states
 
 
-def wait_for_results(planned: list[Submitted],
-                     ended: Callable[[Submitted], bool] = lambda s: False) -> None:  # fmt: skip
+def wait_for_results(
+    planned: list[Submitted], ended: Callable[[Submitted], bool] = lambda s: False
+) -> None:
     """Poll until every submitted job has rank 0's result or has ended without one; `ended(s)`
     is called as each does (True: it was submitted again, keep waiting for it)."""
     waiting = [s for s in planned if s.slurm is not None]
@@ -846,8 +902,10 @@ def install_stop_handlers(rank: int) -> None:
 
 def main(argv: Sequence[str]) -> int:
     if list(argv) != ["env"]:
-        print("usage: srun python -m launch.slurm env   (prints this task's torch variables)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "usage: srun python -m launch.slurm env   (prints this task's torch variables)",
+            file=sys.stderr,
+        )
         return 2
     try:
         values = torch_env()

@@ -82,8 +82,14 @@ NO_RESULT_ERROR = f"no {RESULT_FILE}"
 JOB_TYPE = "sweep_summary"  # the W&B summary run's job_type
 
 # What a sweep can be ranked by: `best` is each job's monitored metric (result.json).
-METRICS = ("best", "best_val_acc", "final_val_acc", "final_val_loss", "wall_time_s",
-           "samples_per_s")  # fmt: skip
+METRICS = (
+    "best",
+    "best_val_acc",
+    "final_val_acc",
+    "final_val_loss",
+    "wall_time_s",
+    "samples_per_s",
+)
 MODES = ("max", "min")
 PANELS = ("val/acc", "val/loss", "train/loss")  # summary.png, left to right
 
@@ -213,13 +219,15 @@ def _from_metrics(rows: Iterable[dict]) -> dict[str, Any]:
     }
 
 
-def _train_over_epochs(train: list[tuple[float, float, float]],
-                       val_curve: list[dict]) -> list[tuple[float, float]]:  # fmt: skip
+def _train_over_epochs(
+    train: list[tuple[float, float, float]], val_curve: list[dict]
+) -> list[tuple[float, float]]:
     """train/loss against epochs done (step / steps per epoch, from a validated epoch's step),
     so jobs with other batch or world sizes share the x axis; without a validated epoch, spread
     each epoch's rows evenly over it."""
-    per_epoch = next((v["step"] / v["epoch"] for v in val_curve if v.get("step") and v["epoch"]),
-                     None)  # fmt: skip
+    per_epoch = next(
+        (v["step"] / v["epoch"] for v in val_curve if v.get("step") and v["epoch"]), None
+    )
     if per_epoch:
         return [(step / per_epoch, loss) for step, _, loss in train]
     counts = Counter(epoch for _, epoch, _ in train)
@@ -232,8 +240,9 @@ def _train_over_epochs(train: list[tuple[float, float, float]],
 
 
 def _best_of(curve: list[dict[str, float]], monitor: str, mode: str) -> tuple[Any, Any]:
-    points = [(v[monitor], v["epoch"]) for v in curve
-              if monitor in v and not math.isnan(v[monitor])]  # fmt: skip
+    points = [
+        (v[monitor], v["epoch"]) for v in curve if monitor in v and not math.isnan(v[monitor])
+    ]
     if not points:
         return None, None
     value, epoch = (max if mode == "max" else min)(points, key=lambda p: p[0])
@@ -243,16 +252,25 @@ def _best_of(curve: list[dict[str, float]], monitor: str, mode: str) -> tuple[An
 def read_eval_job(job_dir: Path, evaluation: dict[str, Any]) -> JobSummary:
     """An eval.py job: ranked by its split's top-1 accuracy."""
     split = str(evaluation.get("split"))
-    measured = {k: float(v) for k, v in (evaluation.get("metrics") or {}).items()
-                if _number(v) is not None and not _count_key(k)}  # fmt: skip
+    measured = {
+        k: float(v)
+        for k, v in (evaluation.get("metrics") or {}).items()
+        if _number(v) is not None and not _count_key(k)
+    }
     overrides = _read_overrides(job_dir) or []
     return JobSummary(
-        job=job_dir.name, overrides=" ".join(overrides),
-        status=_one_line(evaluation.get("status") or "failed"), error=None,
-        monitor=f"{split}/acc", best=measured.get("acc"), split=split, eval=measured,
+        job=job_dir.name,
+        overrides=" ".join(overrides),
+        status=_one_line(evaluation.get("status") or "failed"),
+        error=None,
+        monitor=f"{split}/acc",
+        best=measured.get("acc"),
+        split=split,
+        eval=measured,
         wall_time_s=_number(evaluation.get("wall_time_s")),
-        wandb_run_id=evaluation.get("wandb_run_id"), attempts=_attempts(job_dir),
-    )  # fmt: skip
+        wandb_run_id=evaluation.get("wandb_run_id"),
+        attempts=_attempts(job_dir),
+    )
 
 
 def _attempts(job_dir: Path) -> int | None:
@@ -377,8 +395,9 @@ def sweep_monitor(rows: Sequence[JobSummary]) -> tuple[str, str]:
     return pairs.most_common(1)[0][0] if pairs else ("val/acc", "max")
 
 
-def sort_jobs(rows: Iterable[JobSummary], metric: str = "best",
-              mode: str | None = None) -> list[JobSummary]:  # fmt: skip
+def sort_jobs(
+    rows: Iterable[JobSummary], metric: str = "best", mode: str | None = None
+) -> list[JobSummary]:
     """Best first by ``metric`` (``best``: each job's monitored metric, by the sweep's monitor
     and mode unless ``mode`` is given); jobs without it (None, NaN, another monitor) last, each
     group in job order."""
@@ -437,8 +456,10 @@ def columns(rows: Sequence[JobSummary], keys: Sequence[str], brief: bool = False
         cols.append(Column(short[key], key, lambda r, k=key: r.swept.get(k)))
     cols.append(Column("status", "status", lambda r: r.status, numeric=False))
     if not all(r.split for r in rows):  # eval.py jobs have no epochs: their acc column ranks
-        cols += [Column(f"best {monitor}", "best", lambda r: r.best),
-                 Column("epoch", "best_epoch", lambda r: r.best_epoch)]  # fmt: skip
+        cols += [
+            Column(f"best {monitor}", "best", lambda r: r.best),
+            Column("epoch", "best_epoch", lambda r: r.best_epoch),
+        ]
     cols += [Column(f"last {k}", f"last {k}", lambda r, k=k: r.final.get(k)) for k in finals]
     cols += [Column(k, k, lambda r, k=k: r.test.get(k)) for k in tests]
     if any(r.split for r in rows):  # eval.py jobs: the split and what was measured on it
@@ -447,8 +468,9 @@ def columns(rows: Sequence[JobSummary], keys: Sequence[str], brief: bool = False
         measured = list(dict.fromkeys(k for r in rows for k in r.eval))
         cols += [Column(k, f"eval_{k}", lambda r, k=k: r.eval.get(k)) for k in measured]
     cols += [
-        Column("wall", "wall_time_s", lambda r: r.wall_time_s, text=fmt_duration,
-               wandb="wall_time_s"),
+        Column(
+            "wall", "wall_time_s", lambda r: r.wall_time_s, text=fmt_duration, wandb="wall_time_s"
+        ),
         Column("samples/s", "samples_per_s", lambda r: r.samples_per_s),
     ]
     if any((r.attempts or 0) > 1 for r in rows):  # retried or resumed: how many starts each
@@ -479,8 +501,10 @@ def format_table(rows: Sequence[JobSummary], keys: Sequence[str] | None = None) 
     widths = [max(len(x) for x in col) for col in zip([c.header for c in cols], *body, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
-        parts = [cell.rjust(w) if c.numeric else cell.ljust(w)
-                 for c, cell, w in zip(cols, cells, widths, strict=True)]  # fmt: skip
+        parts = [
+            cell.rjust(w) if c.numeric else cell.ljust(w)
+            for c, cell, w in zip(cols, cells, widths, strict=True)
+        ]
         return "  ".join(parts).rstrip()
 
     out = [line([c.header for c in cols]), line(["-" * w for w in widths])]
@@ -525,11 +549,14 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _csv_text(summary: SweepSummary) -> str:
     cols = columns(summary.rows, summary.swept_keys)
-    extra = [("monitor", lambda r: r.monitor), ("mode", lambda r: r.mode),
-             ("wandb_run_id", lambda r: r.wandb_run_id), ("overrides", lambda r: r.overrides),
-             *([] if any(c.csv == "attempts" for c in cols)
-               else [("attempts", lambda r: r.attempts)]),
-             ("error", lambda r: r.error)]  # fmt: skip
+    extra = [
+        ("monitor", lambda r: r.monitor),
+        ("mode", lambda r: r.mode),
+        ("wandb_run_id", lambda r: r.wandb_run_id),
+        ("overrides", lambda r: r.overrides),
+        *([] if any(c.csv == "attempts" for c in cols) else [("attempts", lambda r: r.attempts)]),
+        ("error", lambda r: r.error),
+    ]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow([*(c.csv for c in cols), *(name for name, _ in extra)])
@@ -580,9 +607,14 @@ def summary_figure(summary: SweepSummary, title: str = "") -> Any:
         handles, labels = [], []
         for i, row in enumerate(rows):
             # Later jobs draw on top in broken lines: a solid curve under them still shows.
-            style = dict(color=colors[i % len(colors)], marker=MARKERS[i % len(MARKERS)],
-                         linestyle=LINESTYLES[i % len(LINESTYLES)], markerfacecolor="none",
-                         markersize=7, linewidth=1.5)  # fmt: skip
+            style = dict(
+                color=colors[i % len(colors)],
+                marker=MARKERS[i % len(MARKERS)],
+                linestyle=LINESTYLES[i % len(LINESTYLES)],
+                markerfacecolor="none",
+                markersize=7,
+                linewidth=1.5,
+            )
             if row.status != "completed":
                 style["linestyle"] = (0, (1, 1))  # dotted: did not complete
             handle = None
@@ -610,15 +642,25 @@ def summary_figure(summary: SweepSummary, title: str = "") -> Any:
             ax.margins(y=0.12)  # points at the extremes stay off the frame
             ax.grid(True, alpha=0.3)
             if not ax.lines:
-                ax.text(0.5, 0.5, f"no {key} recorded", ha="center", va="center",
-                        transform=ax.transAxes)  # fmt: skip
+                ax.text(
+                    0.5, 0.5, f"no {key} recorded", ha="center", va="center", transform=ax.transAxes
+                )
         heading = f"{title}: " if title else ""
-        fig.suptitle(f"{heading}{len(rows)} jobs, ranked by {summary.ranked_by} "
-                     f"({summary.mode})", fontsize="medium")  # fmt: skip
+        fig.suptitle(
+            f"{heading}{len(rows)} jobs, ranked by {summary.ranked_by} ({summary.mode})",
+            fontsize="medium",
+        )
         if handles:
             ncol = min(len(handles), 4)
-            fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize="small",
-                       frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+            fig.legend(
+                handles,
+                labels,
+                loc="lower center",
+                ncol=ncol,
+                fontsize="small",
+                frameon=False,
+                bbox_to_anchor=(0.5, 0.0),
+            )
             rows_of_legend = math.ceil(len(handles) / ncol)
             fig.tight_layout(rect=(0, min(0.5, 0.06 + 0.055 * rows_of_legend), 1, 1))
         else:
@@ -633,8 +675,9 @@ def summary_figure(summary: SweepSummary, title: str = "") -> Any:
 # Writing it all
 
 
-def write_summary(sweep_dir: str | os.PathLike, metric: str = "best",
-                  mode: str | None = None) -> SweepSummary:  # fmt: skip
+def write_summary(
+    sweep_dir: str | os.PathLike, metric: str = "best", mode: str | None = None
+) -> SweepSummary:
     """Write summary.csv, summary.md and summary.png into ``sweep_dir``; rows best first.
 
     Raises ValueError for an unknown metric/mode and FileNotFoundError when ``sweep_dir`` has
@@ -649,9 +692,17 @@ def write_summary(sweep_dir: str | os.PathLike, metric: str = "best",
         )
     rows = sort_jobs(jobs, metric, mode)
     monitor, monitor_mode = sweep_monitor(rows)
-    summary = SweepSummary(root, root / CSV_NAME, root / MD_NAME, root / PNG_NAME, rows, metric,
-                           mode or (monitor_mode if metric == "best" else "max"), keys,
-                           monitor)  # fmt: skip
+    summary = SweepSummary(
+        root,
+        root / CSV_NAME,
+        root / MD_NAME,
+        root / PNG_NAME,
+        rows,
+        metric,
+        mode or (monitor_mode if metric == "best" else "max"),
+        keys,
+        monitor,
+    )
     _write_atomic(summary.csv_path, _csv_text(summary))
     _write_atomic(summary.md_path, format_markdown(summary, root.name))
     plot_summary(summary, summary.png_path, root.name)
@@ -662,8 +713,10 @@ def headline(summary: SweepSummary) -> str:
     rows = summary.rows
     done = sum(r.status == "completed" for r in rows)
     files = f"{summary.sweep_dir}/{{{CSV_NAME},{MD_NAME},{PNG_NAME}}}"
-    return (f"Sweep summary: {len(rows)} jobs, {done} completed, ranked by {summary.ranked_by} "
-            f"({summary.mode}); {files}")  # fmt: skip
+    return (
+        f"Sweep summary: {len(rows)} jobs, {done} completed, ranked by {summary.ranked_by} "
+        f"({summary.mode}); {files}"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -682,8 +735,9 @@ def wandb_settings(config: Any) -> tuple[dict[str, Any], str | None] | None:
     return (settings, experiment) if isinstance(settings, dict) else None
 
 
-def log_to_wandb(summary: SweepSummary, settings: dict[str, Any],
-                 experiment: str | None = None) -> str | None:  # fmt: skip
+def log_to_wandb(
+    summary: SweepSummary, settings: dict[str, Any], experiment: str | None = None
+) -> str | None:
     """One W&B run with job_type=sweep_summary in the sweep's group (the group its jobs' runs
     are in, components/naming.py's sweep_group): the table as a W&B Table, with a link to each
     job's run (its id offline), and summary.png. Returns the run's id; None when W&B is
@@ -706,21 +760,33 @@ def log_to_wandb(summary: SweepSummary, settings: dict[str, Any],
     run = None
     try:
         run = wandb.init(
-            project=settings.get("project"), entity=settings.get("entity"), group=group,
-            name="summary", job_type=JOB_TYPE, tags=list(settings.get("tags") or []),
-            config={"sweep_dir": str(summary.sweep_dir), "swept_keys": summary.swept_keys,
-                    "monitor": summary.monitor, "mode": summary.mode, "ranked_by":
-                    summary.ranked_by, "jobs": len(summary.rows)},
-            dir=str(summary.sweep_dir), mode=mode,
-            settings=wandb.Settings(init_timeout=float(settings.get("init_timeout_s", 60)),
-                                    console="off", silent=True),
-        )  # fmt: skip
+            project=settings.get("project"),
+            entity=settings.get("entity"),
+            group=group,
+            name="summary",
+            job_type=JOB_TYPE,
+            tags=list(settings.get("tags") or []),
+            config={
+                "sweep_dir": str(summary.sweep_dir),
+                "swept_keys": summary.swept_keys,
+                "monitor": summary.monitor,
+                "mode": summary.mode,
+                "ranked_by": summary.ranked_by,
+                "jobs": len(summary.rows),
+            },
+            dir=str(summary.sweep_dir),
+            mode=mode,
+            settings=wandb.Settings(
+                init_timeout=float(settings.get("init_timeout_s", 60)), console="off", silent=True
+            ),
+        )
         runs_url = None if mode == "offline" else (run.url or "").rsplit("/runs/", 1)[0]
         cols = columns(summary.rows, summary.swept_keys)
         data = []
         for row in summary.rows:
-            link = row.wandb_run_id and (f"{runs_url}/runs/{row.wandb_run_id}" if runs_url
-                                         else row.wandb_run_id)  # fmt: skip
+            link = row.wandb_run_id and (
+                f"{runs_url}/runs/{row.wandb_run_id}" if runs_url else row.wandb_run_id
+            )
             data.append([*(c.get(row) for c in cols), link or None, row.error])
         headers = [*(c.wandb or c.header for c in cols), "run", "error"]
         table = wandb.Table(columns=headers, data=data, allow_mixed_types=True)
@@ -756,8 +822,7 @@ class SweepSummaryCallback(Callback):
     is logged as a warning, never fails a sweep.
     """
 
-    def __init__(self, metric: str = "best", mode: str | None = None,
-                 wandb: bool = True) -> None:  # fmt: skip
+    def __init__(self, metric: str = "best", mode: str | None = None, wandb: bool = True) -> None:
         self.metric = metric
         self.mode = mode
         self.wandb = wandb

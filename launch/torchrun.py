@@ -144,10 +144,16 @@ class TorchrunLauncherBase(Launcher):
                     "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
                 )
             s = self.settings
-            return launch_batch(self, job_overrides, initial_job_idx, "torchrun launcher",
-                                lambda jobs: run_jobs(jobs, s), resume=s.resume,
-                                stop_on=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
-                                lock=s.rdzv_endpoint is None)  # fmt: skip
+            return launch_batch(
+                self,
+                job_overrides,
+                initial_job_idx,
+                "torchrun launcher",
+                lambda jobs: run_jobs(jobs, s),
+                resume=s.resume,
+                stop_on=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
+                lock=s.rdzv_endpoint is None,
+            )
 
 
 def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
@@ -162,10 +168,16 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     hydra_cfg = HydraConfig.get()
     config = copy.deepcopy(hydra_cfg._get_parent())  # the job's whole config, hydra node too
     resolve_output_dirs(config, ("hydra.run.dir", "hydra.runtime.output_dir"))
-    spec = JobSpec(task_function, config, Singleton.get_state(), job_dir_key="hydra.run.dir",
-                   job_subdir_key=None)  # fmt: skip
-    job = Job(0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec,
-              in_sweep=False)  # fmt: skip
+    spec = JobSpec(
+        task_function,
+        config,
+        Singleton.get_state(),
+        job_dir_key="hydra.run.dir",
+        job_subdir_key=None,
+    )
+    job = Job(
+        0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec, in_sweep=False
+    )
     settings = TorchrunLauncherConf.from_config(hydra_cfg.launcher)
     if settings.tee is None:
         settings.tee = "3"  # one run: its ranks' output is what the user watches
@@ -187,15 +199,20 @@ def run_jobs(jobs: list[Job], settings: TorchrunLauncherConf) -> list[Any]:
     for job in jobs:
         if not job.error:  # else its config did not compose
             plan(job, settings, gpus)
-    results = prepare(jobs, resume=settings.resume, retries=settings.retries,
-                      earlier_return=agents.earlier_return)  # fmt: skip
+    results = prepare(
+        jobs, resume=settings.resume, retries=settings.retries, earlier_return=agents.earlier_return
+    )
     todo = [job for job in jobs if job.num not in results]
-    results.update({
-        job.num: job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
-        for job in todo if job.error
-    })  # fmt: skip
-    results.update(schedule([job for job in todo if not job.error], gpus, settings.max_parallel,
-                            agents))  # fmt: skip
+    results.update(
+        {
+            job.num: job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
+            for job in todo
+            if job.error
+        }
+    )
+    results.update(
+        schedule([job for job in todo if not job.error], gpus, settings.max_parallel, agents)
+    )
     return [results[job.num] for job in jobs]
 
 
@@ -220,9 +237,14 @@ def plan(job: Job, settings: TorchrunLauncherConf, gpus: list[int]) -> None:
 # the scheduler
 
 
-def schedule(jobs: Sequence[Job], gpus: Sequence[int], max_parallel: int | None, agents: Any,
-             poll_s: float = POLL_S, sleep: Callable[[float], Any] = time.sleep,
-             ) -> dict[int, Any]:  # fmt: skip
+def schedule(
+    jobs: Sequence[Job],
+    gpus: Sequence[int],
+    max_parallel: int | None,
+    agents: Any,
+    poll_s: float = POLL_S,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> dict[int, Any]:
     """Run `jobs` in order (strict FIFO: no job is starved), as many at once as resources allow:
     a GPU job takes one GPU per rank, a set of `gpus` disjoint from every running job's; at
     most `max_parallel` jobs at once (null: one per GPU, 1 on CPU). `agents` does the rest:
@@ -291,17 +313,28 @@ class Agents:
 
     def command(self, job: Job) -> list[str]:
         s, files = self.settings, self.files(job)
-        cmd = [sys.executable, "-m", "launch.torchrun", str(files / FAILURES_JSON),
-               f"--nproc-per-node={job.nproc}", f"--nnodes={job.nnodes}",
-               f"--max-restarts={s.max_restarts}", f"--monitor-interval={s.monitor_interval}",
-               f"--log-dir={job.job_dir / s.log_dir / self.node(job)}", "--redirects=3",
-               f"--tee={self.tee()}",
-               f"--log-line-prefix-template=[{job.label}rank${{rank}}]: "]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "launch.torchrun",
+            str(files / FAILURES_JSON),
+            f"--nproc-per-node={job.nproc}",
+            f"--nnodes={job.nnodes}",
+            f"--max-restarts={s.max_restarts}",
+            f"--monitor-interval={s.monitor_interval}",
+            f"--log-dir={job.job_dir / s.log_dir / self.node(job)}",
+            "--redirects=3",
+            f"--tee={self.tee()}",
+            f"--log-line-prefix-template=[{job.label}rank${{rank}}]: ",
+        ]
         if job.nnodes == 1 and s.rdzv_endpoint is None:
             cmd.append("--standalone")  # c10d store on port 0: the OS picks a free port per job
         else:
-            cmd += [f"--rdzv-backend={s.rdzv_backend}", f"--rdzv-endpoint={s.rdzv_endpoint}",
-                    f"--rdzv-id={s.rdzv_id or job.job_dir.name}"]  # fmt: skip
+            cmd += [
+                f"--rdzv-backend={s.rdzv_backend}",
+                f"--rdzv-endpoint={s.rdzv_endpoint}",
+                f"--rdzv-id={s.rdzv_id or job.job_dir.name}",
+            ]
             if s.node_rank is not None:
                 cmd.append(f"--node-rank={s.node_rank}")
         return [*cmd, "-m", "launch.rank", str(files / JOB_PKL)]
@@ -316,9 +349,14 @@ class Agents:
             (files / stale).unlink(missing_ok=True)
         with open(files / JOB_PKL, "wb") as f:
             cloudpickle.dump(job.spec, f)
-        log.log(logging.DEBUG if job.in_sweep else logging.INFO, "#%d %s: %d rank(s)%s",
-                job.num, " ".join(job.overrides) or "(no overrides)", job.nproc * job.nnodes,
-                f" on GPUs {gpus}" if gpus else "")  # fmt: skip
+        log.log(
+            logging.DEBUG if job.in_sweep else logging.INFO,
+            "#%d %s: %d rank(s)%s",
+            job.num,
+            " ".join(job.overrides) or "(no overrides)",
+            job.nproc * job.nnodes,
+            f" on GPUs {gpus}" if gpus else "",
+        )
         env = dict(os.environ)
         # Ranks import the task function's modules by reference: give them our import path.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
@@ -335,8 +373,9 @@ class Agents:
         try:
             # Its own session: a Ctrl-C in the terminal reaches the launcher only, which stops
             # the jobs itself (stop()); the agent and its ranks are signalled as one group.
-            return subprocess.Popen(self.command(job), env=env, start_new_session=True,
-                                    stdout=out, stderr=out)  # fmt: skip
+            return subprocess.Popen(
+                self.command(job), env=env, start_new_session=True, stdout=out, stderr=out
+            )
         finally:
             if out is not None:
                 out.close()  # the agent holds its own copy
@@ -371,8 +410,10 @@ class Agents:
             return job_return(job, JobStatus.COMPLETED, None)
         rank_logs = job.job_dir / self.settings.log_dir
         rank0 = ret._return_value if ret is not None and ret.status == JobStatus.FAILED else None
-        dead = [f"{describe_failure(f)}; rank logs in {rank_logs}"
-                for f in read_failures(files / FAILURES_JSON)]  # fmt: skip
+        dead = [
+            f"{describe_failure(f)}; rank logs in {rank_logs}"
+            for f in read_failures(files / FAILURES_JSON)
+        ]
         if code is not None and code < 0:
             otherwise = f"torchrun was killed by {signal.Signals(-code).name}"
         elif code == 0:
@@ -382,16 +423,16 @@ class Agents:
         return failed_job_return(job, failure_reason(rank0, dead, otherwise), ret)
 
     @staticmethod
-    def stop(entries: list[tuple[Job, subprocess.Popen]], why: str,
-             grace_s: float = STOP_GRACE_S) -> None:  # fmt: skip
+    def stop(
+        entries: list[tuple[Job, subprocess.Popen]], why: str, grace_s: float = STOP_GRACE_S
+    ) -> None:
         """Stop running jobs as preemption does, all at once: SIGTERM to each agent (torchrun
         forwards it to its ranks: they agree on a step, checkpoint, exit 75), then wait up to
         `grace_s` for all of them; past it, or at a second Ctrl-C, SIGKILL (the ranks die with
         their agent). Each stopped job is recorded (result.json, launch.json)."""
         alive = [process for _, process in entries if process.poll() is None]
         if alive:
-            log.warning("%s: stopping %d running job(s): they checkpoint and exit", why,
-                        len(alive))  # fmt: skip
+            log.warning("%s: stopping %d running job(s): they checkpoint and exit", why, len(alive))
         for process in alive:
             signal_group(process, signal.SIGTERM)
         deadline = time.time() + grace_s

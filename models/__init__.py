@@ -17,5 +17,9 @@ def build_model(model_cfg: Any, splits: Any) -> nn.Module:
     ``image_size`` of ``splits`` (data.DataSplits) are passed to the target."""
     from components.errors import instantiate
 
-    return instantiate(model_cfg, num_classes=splits.num_classes, image_size=splits.image_size,
-                       in_channels=splits.in_channels)  # fmt: skip
+    return instantiate(
+        model_cfg,
+        num_classes=splits.num_classes,
+        image_size=splits.image_size,
+        in_channels=splits.in_channels,
+    )

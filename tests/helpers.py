@@ -45,9 +45,13 @@ QUICK = ["trainer.max_epochs=1", "wandb.mode=offline", "trainer.progress_bar=fal
 # ---------------------------------------------------------------------------------------------
 # processes
 
+
 def run_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WANDB_", "HYDRA_")) or k == "WANDB_DATA_DIR"}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("WANDB_", "HYDRA_")) or k == "WANDB_DATA_DIR"
+    }
     env.update(
         WANDB_SILENT="true",
         OMP_NUM_THREADS="1",
@@ -61,8 +65,15 @@ def run_env(**extra: str) -> dict:
 def train_cmd(*overrides: str, nproc: int | None = None, script: str = "train.py") -> list[str]:
     if nproc is None:
         return [sys.executable, script, *overrides]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", script, *overrides]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        script,
+        *overrides,
+    ]
 
 
 def eval_cmd(*overrides: str, nproc: int | None = None) -> list[str]:
@@ -154,10 +165,11 @@ def train_composer() -> Iterator[SimpleNamespace]:
             loader = GlobalHydra.instance().config_loader()
             yield SimpleNamespace(
                 compose=lambda *o: compose("train", list(o), return_hydra_config=True),
-                multirun=lambda *o: loader.load_configuration("train", list(o),
-                                                              run_mode=RunMode.MULTIRUN),
+                multirun=lambda *o: loader.load_configuration(
+                    "train", list(o), run_mode=RunMode.MULTIRUN
+                ),
                 context=HydraContext(config_loader=loader, callbacks=Callbacks()),
-            )  # fmt: skip
+            )
     finally:
         GlobalHydra.instance().clear()
 
@@ -194,8 +206,15 @@ def weights(run_dir: Path, name: str = "last.pt") -> dict:
     return load_checkpoint(run_dir / "checkpoints" / name)["model"]
 
 
-MEASURED = {"samples_per_s", "step_time_ms", "data_wait_pct", "peak_mem_mb", "mfu", "time",
-            "elapsed_s"}  # measurements and clock times, not results
+MEASURED = {
+    "samples_per_s",
+    "step_time_ms",
+    "data_wait_pct",
+    "peak_mem_mb",
+    "mfu",
+    "time",
+    "elapsed_s",
+}  # measurements and clock times, not results
 
 
 def assert_same_training(run_dir: Path, reference: Path) -> None:
@@ -214,7 +233,8 @@ def assert_same_training(run_dir: Path, reference: Path) -> None:
         assert ref_w.keys() == got_w.keys()
         for key in ref_w:
             assert torch.equal(ref_w[key], got_w[key]), (
-                f"{run_dir}: {part} {key} differs from {reference}")  # fmt: skip
+                f"{run_dir}: {part} {key} differs from {reference}"
+            )
 
     def results(path: Path) -> list[dict]:  # every line whole: a torn one fails here
         lines = (path / "metrics.jsonl").read_text().splitlines()
@@ -223,8 +243,9 @@ def assert_same_training(run_dir: Path, reference: Path) -> None:
     assert results(run_dir) == results(reference), f"{run_dir}: metrics differ from {reference}"
 
 
-def wait_for_rows(path: Path, n: int, proc: subprocess.Popen | None = None,
-                  timeout: float = 240) -> None:
+def wait_for_rows(
+    path: Path, n: int, proc: subprocess.Popen | None = None, timeout: float = 240
+) -> None:
     """Until `path` (a metrics.jsonl) has `n` lines; fails when `proc` ends first or at timeout."""
     deadline = time.time() + timeout
     while time.time() < deadline and (proc is None or proc.poll() is None):
@@ -300,16 +321,22 @@ class OfflineRun:
 
     def tables(self, key: str) -> list[dict]:
         """Every history row's table `key`, in order (media cells show as their type name)."""
-        return [json.loads((self.files_dir / row[key]["path"]).read_text())
-                for row in self.history if key in row]  # fmt: skip
+        return [
+            json.loads((self.files_dir / row[key]["path"]).read_text())
+            for row in self.history
+            if key in row
+        ]
 
     def media_tables(self, key: str) -> list[tuple[dict, dict[str, str]]]:
         """Every logged table `key` as W&B keeps it, in its run_table artifact: the table with
         media cells as {"_type": "image-file", "path": ...}, and where the artifact's files
         are ({path: local copy}); in logging order."""
         name = f"{key}.table.json"
-        return [(json.loads(Path(a["files"][name]).read_text()), a["files"])
-                for a in self.artifacts if a["type"] == "run_table" and name in a["files"]]
+        return [
+            (json.loads(Path(a["files"][name]).read_text()), a["files"])
+            for a in self.artifacts
+            if a["type"] == "run_table" and name in a["files"]
+        ]
 
 
 def _items(items) -> dict:
@@ -335,7 +362,10 @@ def read_run(path: Path) -> OfflineRun:
         if kind == "run":
             r = record.run
             run.run_id, run.group, run.job_type, run.name = (
-                r.run_id, r.run_group, r.job_type, r.display_name
+                r.run_id,
+                r.run_group,
+                r.job_type,
+                r.display_name,
             )
             run.resumed = bool(r.resumed)
             for item in r.config.update:
@@ -351,9 +381,16 @@ def read_run(path: Path) -> OfflineRun:
         elif kind == "artifact":
             a = record.artifact
             files = {c.path: c.local_path for c in a.manifest.contents}
-            run.artifacts.append({"type": a.type, "name": a.name, "aliases": list(a.aliases),
-                                  "metadata": json.loads(a.metadata or "{}"),
-                                  "paths": list(files), "files": files})  # fmt: skip
+            run.artifacts.append(
+                {
+                    "type": a.type,
+                    "name": a.name,
+                    "aliases": list(a.aliases),
+                    "metadata": json.loads(a.metadata or "{}"),
+                    "paths": list(files),
+                    "files": files,
+                }
+            )
         elif kind == "exit":
             run.exit_code = record.exit.exit_code
     return run
@@ -470,8 +507,13 @@ def make_imagefolder(root: Path, per_class: dict[str, int] | None = None, size=(
                 Image.new("RGB", size, color).save(root / split / cls / f"{i}.png")
 
 
-def make_pattern_images(root: Path, classes: list[str], per_split: dict[str, int] | None = None,
-                        size: int = 32, noise: float = 40.0) -> None:
+def make_pattern_images(
+    root: Path,
+    classes: list[str],
+    per_split: dict[str, int] | None = None,
+    size: int = 32,
+    noise: float = 40.0,
+) -> None:
     """<root>/<split>/<class>/<i>.png (ImageFolder layout): each class a smooth random colour
     pattern, each image that pattern shifted by up to 4 px plus Gaussian noise, so a model can
     learn the classes (unlike make_cifar's uniform noise)."""
@@ -486,11 +528,13 @@ def make_pattern_images(root: Path, classes: list[str], per_split: dict[str, int
                 shifted = np.roll(pattern, tuple(rng.integers(-4, 5, size=2)), axis=(0, 1))
                 pixels = shifted + rng.normal(0, noise, size=shifted.shape)
                 Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
-                    root / split / cls / f"{i}.png")  # fmt: skip
+                    root / split / cls / f"{i}.png"
+                )
 
 
-def make_imagenet(root: Path, classes: int = 10, per_split: dict[str, int] | None = None,
-                  size: int = 32) -> None:
+def make_imagenet(
+    root: Path, classes: int = 10, per_split: dict[str, int] | None = None, size: int = 32
+) -> None:
     """torchvision.datasets.ImageNet's prepared layout: meta.bin (wnid -> class names, val
     wnids) and train/<wnid>/, val/<wnid>/ image folders (make_pattern_images), no tars."""
     import torch
@@ -498,8 +542,13 @@ def make_imagenet(root: Path, classes: int = 10, per_split: dict[str, int] | Non
     wnids = [f"n{i:08d}" for i in range(classes)]
     make_pattern_images(root, wnids, per_split, size)
     n_val = (per_split or {"val": 10})["val"]
-    torch.save(({w: (f"class {i}",) for i, w in enumerate(wnids)},
-                [w for w in wnids for _ in range(n_val)]), root / "meta.bin")  # fmt: skip
+    torch.save(
+        (
+            {w: (f"class {i}",) for i, w in enumerate(wnids)},
+            [w for w in wnids for _ in range(n_val)],
+        ),
+        root / "meta.bin",
+    )
 
 
 def _download_once_worker(root: str, mirror: str, sums_json: str, log: str) -> None:
@@ -567,8 +616,11 @@ def compose(config_name: str, run_dir: Path, *overrides: str):
     import conf.schema  # noqa: F401 - registers the schema
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = hydra_compose(config_name, overrides=[*overrides, f"hydra.run.dir={run_dir}"],
-                            return_hydra_config=True)  # fmt: skip
+        cfg = hydra_compose(
+            config_name,
+            overrides=[*overrides, f"hydra.run.dir={run_dir}"],
+            return_hydra_config=True,
+        )
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(run_dir)
     return cfg
@@ -627,4 +679,3 @@ def eval_in_process(out_dir: Path, *overrides: str):
     import eval as eval_py
 
     return _in_process("eval", out_dir, eval_py.evaluate_checkpoint, overrides)
-

@@ -32,8 +32,17 @@ import pytest
 
 from tests.helpers import free_port
 
-COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "scontrol",
-            "scancel")  # fmt: skip
+COMMANDS = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "squeue",
+    "sinfo",
+    "scontrol",
+    "scancel",
+)
 PACKAGES = ("slurm-wlm", "munge")
 INSTALL_ENV = "HYDRA_DDP_INSTALL_SLURM"  # =1: the fixture may apt-get install PACKAGES
 # A requeued job may start once its old credentials have expired (AuthInfo cred_expire, 120 s
@@ -65,9 +74,13 @@ class SlurmCluster:
     def run(self, *cmd: str, timeout: float = 60, cwd: Path | None = None, **env: str):
         """Run a command against this cluster (extra keyword arguments: environment)."""
         return subprocess.run(
-            cmd, env={**os.environ, **env, **self.env}, cwd=cwd, capture_output=True,
-            text=True, timeout=timeout,
-        )  # fmt: skip
+            cmd,
+            env={**os.environ, **env, **self.env},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def node_state(self) -> str:
         proc = self.run("sinfo", "--noheader", "--Node", "--format=%T")
@@ -198,9 +211,17 @@ def start(root: Path) -> SlurmCluster:
         )
 
     try:
-        daemon("munged", "munged", "--foreground", "--force", f"--socket={munge}/munge.socket",
-               f"--key-file={munge}/munge.key", f"--pid-file={munge}/munged.pid",
-               f"--seed-file={munge}/munged.seed", f"--log-file={root}/log/munged.log")  # fmt: skip
+        daemon(
+            "munged",
+            "munged",
+            "--foreground",
+            "--force",
+            f"--socket={munge}/munge.socket",
+            f"--key-file={munge}/munge.key",
+            f"--pid-file={munge}/munged.pid",
+            f"--seed-file={munge}/munged.seed",
+            f"--log-file={root}/log/munged.log",
+        )
         wait_for(lambda: (munge / "munge.socket").exists(), 30, "munged", cluster)
         daemon("slurmctld", "slurmctld", "-D", "-c", "-i", "-f", str(cluster.conf))
         wait_for(lambda: cluster.run("scontrol", "ping").returncode == 0, 60, "slurmctld", cluster)

@@ -25,10 +25,18 @@ from tests.helpers import REPO, run_env
 
 def composed(workload: str, data_root: Path | None = None, workers: int | None = 0):
     """train.py's config for a workload, composed from the benchmark's own overrides."""
-    setup = bench.Setup(workload, 1, steps=4, log_every=2, data_root=data_root, threads=1,
-                        workers=None if workload == "B" else workers)  # fmt: skip
-    overrides = [o for o in bench.train_overrides(setup, Path("unused"))
-                 if not o.startswith("hydra.")]  # fmt: skip
+    setup = bench.Setup(
+        workload,
+        1,
+        steps=4,
+        log_every=2,
+        data_root=data_root,
+        threads=1,
+        workers=None if workload == "B" else workers,
+    )
+    overrides = [
+        o for o in bench.train_overrides(setup, Path("unused")) if not o.startswith("hydra.")
+    ]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("train", overrides=overrides)
 
@@ -43,7 +51,10 @@ def test_reference_matches_train_config(workload, tmp_path):
     assert cfg.wandb.mode.value == "disabled" and cfg.trainer.device == "cpu"
     assert cfg.optim._target_ == "torch.optim.SGD"
     assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (
-        bench_reference.LR, bench_reference.MOMENTUM, bench_reference.WEIGHT_DECAY)  # fmt: skip
+        bench_reference.LR,
+        bench_reference.MOMENTUM,
+        bench_reference.WEIGHT_DECAY,
+    )
     assert not cfg.optim.nesterov and cfg.optim.lr_scaling == "none"
     assert cfg.optim.decay_norm_and_bias  # one parameter group, as the reference's
     for key, plain in (
@@ -53,7 +64,7 @@ def test_reference_matches_train_config(workload, tmp_path):
         ("compile", False),
         ("grad_clip", None),
     ):
-        assert cfg.trainer.get(key, plain) == plain, key  # fmt: skip
+        assert cfg.trainer.get(key, plain) == plain, key
 
     channels, size = spec.shape[0], spec.shape[1]
     theirs = instantiate(cfg.model, num_classes=10, in_channels=channels, image_size=size)
@@ -66,8 +77,11 @@ def test_reference_matches_train_config(workload, tmp_path):
     name = cfg.dataset._target_.rsplit(".", 1)[-1]
     assert cfg.dataset._target_ == f"data.catalog.{name}"
     assert name == {"A": "fake", "B": "mnist", "C": "fake", "D": "imagefolder"}[workload]
-    norm = {"fake": bench_reference.FAKE_NORM, "mnist": bench_reference.MNIST_NORM,
-            "imagefolder": bench_reference.IMAGENET_NORM}[name]  # fmt: skip
+    norm = {
+        "fake": bench_reference.FAKE_NORM,
+        "mnist": bench_reference.MNIST_NORM,
+        "imagefolder": bench_reference.IMAGENET_NORM,
+    }[name]
     assert NORMALIZATION[name] == norm
     recipe = build_recipe(cfg.augment)
     assert cfg.trainer.mixup.mixup_alpha == cfg.trainer.mixup.cutmix_alpha == 0
@@ -114,8 +128,10 @@ def test_cells_and_workers():
     assert bench.cells(spec, None, smoke=True) == [(2, 2)]
     assert bench.cells(bench.WORKLOADS["B"], [1], smoke=False) == [(1, None)]
     auto = bench.cells(bench.WORKLOADS["D"], [1, 2], smoke=False)
-    assert [w for _, w in auto] == [bench.resolve_workers("auto", 1),
-                                    bench.resolve_workers("auto", 2)]  # fmt: skip
+    assert [w for _, w in auto] == [
+        bench.resolve_workers("auto", 1),
+        bench.resolve_workers("auto", 2),
+    ]
 
 
 def test_generated_mnist_trains_on_the_steps_asked_for(tmp_path):
@@ -149,13 +165,18 @@ def test_smoke_end_to_end(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
-        cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     rows = {(row["workload"], row["world_size"]): row for row in report["rows"]}
-    assert set(rows) == {(w, n) for w, spec in bench.WORKLOADS.items()
-                         for n in spec.smoke_world_sizes}  # fmt: skip
+    assert set(rows) == {
+        (w, n) for w, spec in bench.WORKLOADS.items() for n in spec.smoke_world_sizes
+    }
     assert {n for _, n in rows} == {1, 2} and set(bench.WORKLOADS) == {"A", "B", "C", "D"}
     assert rows["C", 2]["workers"] == 2 and rows["B", 2]["workers"] is None
     for (workload, world), row in rows.items():
@@ -166,17 +187,24 @@ def test_smoke_end_to_end(tmp_path):
             assert len(runs) == 1 and runs[0]["samples_per_s"] == rate[mode]
             assert len(row["peak_memory_mb_per_rank"][mode] or [0] * world) == world
         assert row["ratios"]["train_vs_reference"] == pytest.approx(
-            rate["train.py"] / rate["reference"])  # fmt: skip
+            rate["train.py"] / rate["reference"]
+        )
         assert row["ratios"]["train_vs_raw"] == pytest.approx(rate["train.py"] / rate["raw"])
         assert row["time_to_first_step_s"]["reference"] > 0 and row["import_s"] > 0
         for target in row["targets"].values():
             assert target["verdict"] in ("PASS", "MISS", "n/a")
         first_step = f"1st step <= import + {bench.FIRST_STEP_MARGIN_S[world]} s"
-        assert set(row["targets"]) == {first_step, next(
-            name for name, w, _ in bench.TARGETS if w == workload)}  # fmt: skip
+        assert set(row["targets"]) == {
+            first_step,
+            next(name for name, w, _ in bench.TARGETS if w == workload),
+        }
     assert report["table"] in proc.stdout
     for row in report["rows"]:
         for name in row["targets"]:
             assert name in proc.stdout
-    assert {"A: train/ref >= 1.0", "B: train/raw >= 0.95", "C: train/ref >= 1.0",
-            "D: train/ref >= 1.3"} <= set(report["targets"])  # fmt: skip
+    assert {
+        "A: train/ref >= 1.0",
+        "B: train/raw >= 0.95",
+        "C: train/ref >= 1.0",
+        "D: train/ref >= 1.3",
+    } <= set(report["targets"])

@@ -37,8 +37,9 @@ def one_rank_group():
 
 
 def save(path: Path, step: int) -> None:
-    ck.atomic_save({"model": {"w": torch.full((2,), float(step))}, "progress": {"step": step}},
-                   path)  # fmt: skip
+    ck.atomic_save(
+        {"model": {"w": torch.full((2,), float(step))}, "progress": {"step": step}}, path
+    )
 
 
 def test_digest_detects_corruption_and_truncation(tmp_path):
@@ -77,8 +78,10 @@ def test_step_files_newest_first_ignoring_other_names(tmp_path):
     for name in ("step-00000009.pt", "step-00000010.pt", "step-2.pt", "last.pt", "x.pt"):
         (tmp_path / name).write_bytes(b"")
     assert [p.name for p in ck.step_files(tmp_path)] == [
-        "step-00000010.pt", "step-00000009.pt", "step-2.pt"
-    ]  # fmt: skip
+        "step-00000010.pt",
+        "step-00000009.pt",
+        "step-2.pt",
+    ]
 
 
 def test_prune_plan_keeps_the_newest_and_the_best(tmp_path):
@@ -140,8 +143,10 @@ def training_state(seed: int) -> tuple[ck.TrainingState, torch.nn.Module, Counte
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
     progress, window = Counter(seed), Counter(10 * seed)
-    state = ck.TrainingState(shared={"model": model, "optimizer": optimizer, "progress": progress},
-                             per_rank={"window": window})  # fmt: skip
+    state = ck.TrainingState(
+        shared={"model": model, "optimizer": optimizer, "progress": progress},
+        per_rank={"window": window},
+    )
     return state, model, progress, window
 
 
@@ -162,8 +167,14 @@ def test_training_state_round_trip_through_a_checkpoint(tmp_path):
     assert (progress.n, window.n) == (1, 10)
     assert torch.equal(torch.rand(3), expected_draw)  # this rank's RNG continues exactly
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["best.pt", "best.pt.sha256", "last.pt", "last.pt.sha256",
-                     "step-00000007.pt", "step-00000007.pt.sha256"]  # fmt: skip
+    assert names == [
+        "best.pt",
+        "best.pt.sha256",
+        "last.pt",
+        "last.pt.sha256",
+        "step-00000007.pt",
+        "step-00000007.pt.sha256",
+    ]
 
 
 @pytest.mark.usefixtures("one_rank_group")
@@ -234,8 +245,11 @@ def test_resumed_log_keeps_every_step_once_and_drops_a_torn_line(tmp_path):
         run.log({"step": 30, "epoch": 2, "train/loss": 0.8})
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], "val/acc" in r) for r in lines] == [
-        (10, False), (20, True), (20, False), (30, False)
-    ]  # fmt: skip
+        (10, False),
+        (20, True),
+        (20, False),
+        (30, False),
+    ]
     assert read_result(tmp_path).status == "completed"
 
 
@@ -286,9 +300,14 @@ def test_parse_count_names_the_key_and_the_fix(value):
 
 @pytest.mark.parametrize(
     "nproc, backend, gpus, expected",
-    [("auto", "auto", 0, (1, 1)), ("auto", "auto", 8, (8, 1)), ("auto", "gloo", 8, (1, 1)),
-     ("2", "auto", 0, (2, 1)), ("4", "nccl", 8, (4, 1))],
-)  # fmt: skip
+    [
+        ("auto", "auto", 0, (1, 1)),
+        ("auto", "auto", 8, (8, 1)),
+        ("auto", "gloo", 8, (1, 1)),
+        ("2", "auto", 0, (2, 1)),
+        ("4", "nccl", 8, (4, 1)),
+    ],
+)
 def test_requested_world(nproc, backend, gpus, expected):
     cfg = SimpleNamespace(nproc_per_node=nproc, nnodes="auto", backend=backend)
     assert world.requested_world(cfg, gpus) == expected
@@ -312,8 +331,12 @@ def test_started_as_rank():
 
 def test_user_errors_are_found_through_hydras_wrapping():
     with pytest.raises(Exception) as caught:
-        instantiate({"_target_": "models.torchvision.build_torchvision_model", "name": "nope"},
-                    num_classes=2, in_channels=3, image_size=32)  # fmt: skip
+        instantiate(
+            {"_target_": "models.torchvision.build_torchvision_model", "name": "nope"},
+            num_classes=2,
+            in_channels=3,
+            image_size=32,
+        )
     assert type(caught.value) is UserError  # re-raised as itself, not Hydra's wrapper
     wrapped = RuntimeError("outer")
     wrapped.__cause__ = UserError("inner: fix it")

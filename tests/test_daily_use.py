@@ -56,9 +56,15 @@ def test_fast_dev_run_is_a_few_steps_and_writes_no_checkpoints_nor_wandb(tmp_pat
 
 def test_limits_take_counts_or_fractions(tmp_path):
     run_dir = tmp_path / "r"
-    train_in_process(run_dir, *QUICK, "wandb.mode=disabled", "trainer.limit_train_batches=0.5",
-                     "trainer.limit_val_batches=1", "trainer.eval_batch_size=64",
-                     "trainer.log_every_n_steps=100")  # fmt: skip
+    train_in_process(
+        run_dir,
+        *QUICK,
+        "wandb.mode=disabled",
+        "trainer.limit_train_batches=0.5",
+        "trainer.limit_val_batches=1",
+        "trainer.eval_batch_size=64",
+        "trainer.log_every_n_steps=100",
+    )
     # 1437 // 64 = 22 steps, half of them; the val batch of 64 (one rank)
     assert [r["step"] for r in train_rows(run_dir)] == [11]
     assert val_rows(run_dir)[0]["val/count"] == 64
@@ -83,15 +89,22 @@ def test_profile_writes_a_chrome_trace_and_the_operator_table(tmp_path):
     (wb,) = offline_runs(run_dir)
     profiles = [a for a in wb.artifacts if a["type"] == "profile"]
     assert profiles and {Path(p).name for p in profiles[0]["paths"]} == {
-        "trace.json", "key_averages.txt"}  # fmt: skip
+        "trace.json",
+        "key_averages.txt",
+    }
 
 
 def test_anomaly_detection_names_the_backward_op_of_a_nan(tmp_path):
     # Without the preset a NaN is our one-line non-finite error; with it, torch's anomaly mode
     # stops in backward and names the op.
     with pytest.raises(RuntimeError, match=r"Function '\w+Backward\d*' returned nan values"):
-        train_in_process(tmp_path / "r", "debug=anomaly", "wandb.mode=disabled",
-                         "optim.lr=1e30", "trainer.nonfinite=skip")  # fmt: skip
+        train_in_process(
+            tmp_path / "r",
+            "debug=anomaly",
+            "wandb.mode=disabled",
+            "optim.lr=1e30",
+            "trainer.nonfinite=skip",
+        )
 
 
 @pytest.mark.slow
@@ -99,10 +112,18 @@ def test_every_preset_in_a_sweep_of_2_rank_jobs(tmp_path):
     """All presets under torchrun (2 ranks each) and in one sweep: each job completes, trains
     its preset's steps, and writes its preset's files."""
     sweep_dir = tmp_path / "sweep"
-    proc = run(train_cmd("-m", "debug=fast_dev_run,overfit,profile,anomaly",
-                         "dist.nproc_per_node=2", "wandb.mode=disabled", "trainer.max_epochs=1",
-                         "trainer.progress_bar=false", f"hydra.sweep.dir={sweep_dir}"),
-               timeout=900)  # fmt: skip
+    proc = run(
+        train_cmd(
+            "-m",
+            "debug=fast_dev_run,overfit,profile,anomaly",
+            "dist.nproc_per_node=2",
+            "wandb.mode=disabled",
+            "trainer.max_epochs=1",
+            "trainer.progress_bar=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ),
+        timeout=900,
+    )
     assert proc.returncode == 0, output(proc)[-4000:]
     jobs = {d.name: d for d in sweep_dir.iterdir() if d.name.isdigit()}
     steps = {}
@@ -113,8 +134,9 @@ def test_every_preset_in_a_sweep_of_2_rank_jobs(tmp_path):
         steps[preset] = [r["step"] for r in train_rows(d)]
     assert steps["fast_dev_run"] == [1, 2, 3]
     assert steps["overfit"] == [2] and steps["anomaly"][-1] == 20 and steps["profile"][-1] == 12
-    (profile_job,) = [d for d in jobs.values() if "debug=profile" in
-                      (d / ".hydra" / "overrides.yaml").read_text()]  # fmt: skip
+    (profile_job,) = [
+        d for d in jobs.values() if "debug=profile" in (d / ".hydra" / "overrides.yaml").read_text()
+    ]
     assert json.loads((profile_job / "profile" / "trace.json").read_text())["traceEvents"]
 
 
@@ -125,8 +147,14 @@ def test_every_step_is_in_metrics_jsonl_with_its_time(tmp_path):
     """A 1-epoch run of 5 steps (batch 256) logs its partial window; every row has time and
     elapsed_s; the windows cover every step once."""
     run_dir = tmp_path / "r"
-    train_in_process(run_dir, *QUICK, "wandb.mode=disabled", "trainer.batch_size=256",
-                     "trainer.max_epochs=2", "trainer.log_every_n_steps=2")  # fmt: skip
+    train_in_process(
+        run_dir,
+        *QUICK,
+        "wandb.mode=disabled",
+        "trainer.batch_size=256",
+        "trainer.max_epochs=2",
+        "trainer.log_every_n_steps=2",
+    )
     # 1437 // 256 = 5 steps an epoch: windows end every 2nd step and at each epoch's end
     assert [r["step"] for r in train_rows(run_dir)] == [2, 4, 5, 6, 8, 10]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -140,8 +168,7 @@ def test_result_json_has_one_schema_for_completed_and_failed_runs(tmp_path):
     assert ok["status"] == "completed" and ok["error"] is None and ok["best_epoch"] == 1
     assert ok["best_checkpoint"] == "checkpoints/best.pt" and ok["test"]["test/count"] == 180
     with pytest.raises(UserError):
-        train_in_process(tmp_path / "bad", *QUICK, "wandb.mode=disabled",
-                         "trainer.max_epochs=0")  # fmt: skip
+        train_in_process(tmp_path / "bad", *QUICK, "wandb.mode=disabled", "trainer.max_epochs=0")
     bad = assert_result_schema(tmp_path / "bad")
     assert bad["status"] == "failed" and "trainer.max_epochs=0" in bad["error"]
     assert bad.keys() == ok.keys()
@@ -154,20 +181,24 @@ def test_a_resume_with_another_length_says_what_happens_to_the_schedule(tmp_path
     with caplog.at_level(logging.WARNING, logger="train"):
         train_in_process(run_dir, *common, "trainer.max_epochs=4", "resume=auto")
     (line,) = [r.getMessage() for r in caplog.records if "planned" in r.getMessage()]
-    assert line.startswith("trainer.max_epochs=4, but the checkpoint's run planned 2: the "
-                           "cosine schedule now spans 4 epochs")  # fmt: skip
+    assert line.startswith(
+        "trainer.max_epochs=4, but the checkpoint's run planned 2: the "
+        "cosine schedule now spans 4 epochs"
+    )
     assert re.search(r"the lr goes from 0(\.0+)? to [0-9.e-]+ at step 44", line), line
     assert [v["epoch"] for v in val_rows(run_dir)] == [1, 2, 3, 4]
 
 
 def test_without_a_tty_progress_is_a_plain_line(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="train"):
-        train_in_process(tmp_path / "r", *QUICK, "wandb.mode=disabled",
-                         "trainer.progress_every_s=1e-9")  # fmt: skip
+        train_in_process(
+            tmp_path / "r", *QUICK, "wandb.mode=disabled", "trainer.progress_every_s=1e-9"
+        )
     lines = [r.getMessage() for r in caplog.records if ": step " in r.getMessage()]
     assert len(lines) >= 20 and re.fullmatch(
         r"epoch 1/1: step \d+/22(, train/loss [0-9.e-]+, \d+ samples/s)?, epoch ends in .+",
-        lines[-1])  # fmt: skip
+        lines[-1],
+    )
     epoch = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch 1/1: tr")]
     assert len(epoch) == 1 and "val/acc" in epoch[0] and "best val/acc" in epoch[0]
 
@@ -201,7 +232,7 @@ def test_the_readme_lists_every_bad_input_the_tests_check():
     from tests.test_train import BAD_INPUTS
 
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Bad input"):]
+    section = readme[readme.index("### Bad input") :]
     section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
     for overrides, _ in BAD_INPUTS:
         assert all(f"`{o}`" in section or o in section for o in overrides), overrides

@@ -119,8 +119,13 @@ def test_holdouts_are_scikit_learns_train_test_split():
     stratified = 0
     for trial in range(300):
         n, classes = int(rng.integers(5, 300)), int(rng.integers(1, 15))
-        labels = (None if trial % 7 == 0 else rng.integers(0, classes, n) if trial % 2
-                  else np.repeat(np.arange(classes), -(-n // classes))[:n])  # fmt: skip
+        labels = (
+            None
+            if trial % 7 == 0
+            else rng.integers(0, classes, n)
+            if trial % 2
+            else np.repeat(np.arange(classes), -(-n // classes))[:n]
+        )
         size, seed = int(rng.integers(1, n)), int(rng.integers(0, 5))
         stratify = labels
         if labels is not None:
@@ -129,8 +134,9 @@ def test_holdouts_are_scikit_learns_train_test_split():
             if counts.min() < 2 or not len(counts) <= size <= n - len(counts):
                 stratify = None
         stratified += stratify is not None
-        kept, held = train_test_split(np.arange(n), test_size=size, stratify=stratify,
-                                      random_state=seed)  # fmt: skip
+        kept, held = train_test_split(
+            np.arange(n), test_size=size, stratify=stratify, random_state=seed
+        )
         ours = stratified_holdout(labels, n, size, seed)
         assert np.array_equal(ours[0], np.sort(kept)) and np.array_equal(ours[1], np.sort(held))
     assert stratified > 100
@@ -138,11 +144,13 @@ def test_holdouts_are_scikit_learns_train_test_split():
 
 @pytest.mark.parametrize(
     "keys, message",
-    [({"val_fraction": 0.0}, "dataset.val_fraction=0.0"),
-     ({"val_fraction": 1.0}, "dataset.val_fraction=1.0"),
-     ({"test_fraction": 0.9999}, "dataset.test_fraction=0.9999"),
-     ({"val_fraction": 0.5, "test_fraction": 0.45}, "keep their sum")],
-)  # fmt: skip
+    [
+        ({"val_fraction": 0.0}, "dataset.val_fraction=0.0"),
+        ({"val_fraction": 1.0}, "dataset.val_fraction=1.0"),
+        ({"test_fraction": 0.9999}, "dataset.test_fraction=0.9999"),
+        ({"val_fraction": 0.5, "test_fraction": 0.45}, "keep their sum"),
+    ],
+)
 def test_digits_bad_fractions_are_user_errors(keys, message):
     with pytest.raises(UserError, match=message):
         build_datasets(dataset_cfg("digits", **keys))
@@ -160,15 +168,19 @@ def check_carved(splits, data: dict, name: str, n_train: int, n_test: int, fract
     assert not set(ids(splits.train)) & set(ids(splits.val))
     assert sorted(ids(splits.train) + ids(splits.val)) == list(range(n_train))
     assert ids(splits.test) == list(range(n_test))
-    for ds, (images, labels) in ((splits.train.dataset, data[True]), (splits.val, data[True]),
-                                 (splits.test, data[False])):  # fmt: skip
+    for ds, (images, labels) in (
+        (splits.train.dataset, data[True]),
+        (splits.val, data[True]),
+        (splits.test, data[False]),
+    ):
         for i in (0, len(ds) // 2, len(ds) - 1):
             x, y = ds[i]
             j = ids(ds)[i]
             assert y == labels[j]
             stored = torch.from_numpy(images[j])
-            assert torch.equal(to_uint8(x, name), stored.permute(2, 0, 1) if stored.ndim == 3
-                               else stored[None])  # fmt: skip
+            assert torch.equal(
+                to_uint8(x, name), stored.permute(2, 0, 1) if stored.ndim == 3 else stored[None]
+            )
 
 
 @pytest.mark.parametrize("name, folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
@@ -212,18 +224,21 @@ def test_val_fraction_sets_the_carved_share(tmp_path):
         build_datasets(dataset_cfg("mnist", root=str(tmp_path), val_fraction=1.5))
 
 
-@pytest.mark.parametrize("folders", [("train", "val"), ("train", "val", "test"), ("train",),
-                                     ("train", "test")])  # fmt: skip
+@pytest.mark.parametrize(
+    "folders", [("train", "val"), ("train", "val", "test"), ("train",), ("train", "test")]
+)
 def test_imagefolder_round_trip(tmp_path, folders):
-    fx.make_imagefolder(tmp_path, {split: {"train": 4, "val": 2, "test": 3}[split]
-                                   for split in folders})  # fmt: skip
+    fx.make_imagefolder(
+        tmp_path, {split: {"train": 4, "val": 2, "test": 3}[split] for split in folders}
+    )
     splits = build_datasets(dataset_cfg("imagefolder", root=str(tmp_path), image_size=16))
     assert (splits.num_classes, splits.in_channels, splits.image_size) == (3, 3, 16)
     # val/: 2 per class; else carved from train: ceil(10% of 12)
     assert (len(splits.train), len(splits.val)) == ((12, 6) if "val" in folders else (10, 2))
     assert (splits.test is None) == ("test" not in folders)
     sets = [("train", splits.train), ("val", splits.val)] + [("test", splits.test)] * (
-        "test" in folders)
+        "test" in folders
+    )
     seen = []
     for split, ds in sets:
         files = ids(ds)
@@ -314,8 +329,9 @@ def source_of(n: int, *, download: bool = False) -> DataSource:
     images = torch.arange(n * 4, dtype=torch.float32).view(n, 1, 2, 2)
     labels = [i % 2 for i in range(n)]
     data = list(zip(images, labels, strict=True))
-    return DataSource(train=data, val=data[:2], test=None, num_classes=2, in_channels=1,
-                      image_size=2)  # fmt: skip
+    return DataSource(
+        train=data, val=data[:2], test=None, num_classes=2, in_channels=1, image_size=2
+    )
 
 
 def test_any_function_is_a_dataset():
@@ -387,9 +403,13 @@ def global_batches(n: int, world_size: int, batch_size: int, epoch: int = 1) -> 
     per_rank = []
     for rank in range(world_size):
         loaders = build_loaders(
-            index_splits(n), batch_size=batch_size, eval_batch_size=2, rank=rank,
-            world_size=world_size, seed=3,
-        )  # fmt: skip
+            index_splits(n),
+            batch_size=batch_size,
+            eval_batch_size=2,
+            rank=rank,
+            world_size=world_size,
+            seed=3,
+        )
         loaders.train_sampler.set_epoch(epoch)
         per_rank.append([batch.tolist() for batch in loaders.train])
         assert len(per_rank[-1]) == len(loaders.train)
@@ -430,9 +450,15 @@ def test_workers_are_seeded_from_seed_and_rank():
     def draws(rank: int, seed: int) -> torch.Tensor:
         splits = DataSplits(RandomDataset(), RandomDataset(), 2, 1, 1)
         loaders = build_loaders(
-            splits, batch_size=1, eval_batch_size=1, rank=rank, world_size=2, seed=seed,
-            num_workers=2, pin_memory=False,
-        )  # fmt: skip
+            splits,
+            batch_size=1,
+            eval_batch_size=1,
+            rank=rank,
+            world_size=2,
+            seed=seed,
+            num_workers=2,
+            pin_memory=False,
+        )
         assert loaders.train.persistent_workers and loaders.train.num_workers == 2
         assert isinstance(loaders.train.sampler, ResumableDistributedSampler)
         assert loaders.train.sampler is loaders.train_sampler
@@ -453,17 +479,21 @@ def test_workers_are_seeded_from_seed_and_rank():
 def test_augmentation_depends_only_on_seed_epoch_and_index(cifar_root):
     root, _ = cifar_root
     crop_flip = fx.recipe("dataset=cifar10")
-    splits = build_datasets(dataset_cfg(name="cifar10", root=str(root)), seed=3,
-                            augment=crop_flip)  # fmt: skip
+    splits = build_datasets(dataset_cfg(name="cifar10", root=str(root)), seed=3, augment=crop_flip)
     epoch = 2
     expected = [splits.train[(epoch, i)][0] for i in range(len(splits.train))]
 
     # Any rank, world size, worker count or resume point yields those same tensors.
     for world_size, rank, workers, skip in [(1, 0, 0, 0), (1, 0, 2, 8), (2, 1, 2, 0), (3, 2, 0, 5)]:
         loaders = build_loaders(
-            splits, batch_size=4, eval_batch_size=4, rank=rank, world_size=world_size, seed=7,
+            splits,
+            batch_size=4,
+            eval_batch_size=4,
+            rank=rank,
+            world_size=world_size,
+            seed=7,
             num_workers=workers,
-        )  # fmt: skip
+        )
         loaders.train_sampler.set_epoch(epoch)
         loaders.train_sampler.skip(skip)
         keys = list(loaders.train_sampler)
@@ -477,8 +507,9 @@ def test_augmentation_depends_only_on_seed_epoch_and_index(cifar_root):
         not torch.equal(splits.train[(epoch + 1, i)][0], expected[i]) for i in range(20)
     )
     assert other_epoch >= 15
-    reseeded = build_datasets(dataset_cfg(name="cifar10", root=str(root)), seed=4,
-                              augment=crop_flip)  # fmt: skip
+    reseeded = build_datasets(
+        dataset_cfg(name="cifar10", root=str(root)), seed=4, augment=crop_flip
+    )
     assert sum(not torch.equal(reseeded.train[(epoch, i)][0], expected[i]) for i in range(20)) >= 15
     # ... and leaves the caller's RNG stream alone.
     torch.manual_seed(0)
@@ -543,9 +574,18 @@ def test_download_happens_once_per_node_under_torchrun(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env.update(no_proxy="127.0.0.1,localhost", NO_PROXY="127.0.0.1,localhost")
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        fx.__file__, "download-once", str(tmp_path / "data"), url, json.dumps(sums), str(log),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        fx.__file__,
+        "download-once",
+        str(tmp_path / "data"),
+        url,
+        json.dumps(sums),
+        str(log),
+    ]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     finally:
@@ -579,20 +619,35 @@ def test_training_never_sees_val_or_test_and_splits_match_on_every_rank(tmp_path
         base, _ = unwrap(view.dataset)
         return getattr(base, "train", "scans")
 
-    held = {s: {(source(getattr(splits, s)), i) for i in ids(getattr(splits, s))}
-            for s in ("val", "test")}  # fmt: skip
+    held = {
+        s: {(source(getattr(splits, s)), i) for i in ids(getattr(splits, s))}
+        for s in ("val", "test")
+    }
     for world_size in (1, 2):
         seen = set()
         for rank in range(world_size):
             other = build_datasets(dataset_cfg(name, **keys), seed=rank + 5, local_rank=rank)
             assert [ids(getattr(other, s)) for s in ("train", "val", "test")] == [
-                train_ids, ids(splits.val), ids(splits.test)]  # fmt: skip
-            loaders = build_loaders(other, batch_size=16, eval_batch_size=8, rank=rank,
-                                    world_size=world_size, seed=3, fast=True)  # fmt: skip
+                train_ids,
+                ids(splits.val),
+                ids(splits.test),
+            ]
+            loaders = build_loaders(
+                other,
+                batch_size=16,
+                eval_batch_size=8,
+                rank=rank,
+                world_size=world_size,
+                seed=3,
+                fast=True,
+            )
             for epoch in range(3):
                 loaders.train_sampler.set_epoch(epoch)
-                seen |= {(source(other.train), train_ids[i])
-                         for batch in loaders.step_indices() for i in batch}  # fmt: skip
+                seen |= {
+                    (source(other.train), train_ids[i])
+                    for batch in loaders.step_indices()
+                    for i in batch
+                }
         assert seen <= {(source(splits.train), i) for i in train_ids}
         assert len(seen) > 0.9 * len(train_ids)
         assert not seen & held["val"] and not seen & held["test"]

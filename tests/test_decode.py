@@ -58,18 +58,21 @@ def pil_rgb(data: torch.Tensor) -> torch.Tensor:
         return v2.functional.pil_to_tensor(image.convert("RGB"))
 
 
-@pytest.mark.parametrize("fmt, mode, options", [
-    ("JPEG", "RGB", {"quality": 90}),
-    ("JPEG", "RGB", {"quality": 75, "subsampling": 0}),  # 4:4:4
-    ("JPEG", "RGB", {"quality": 95, "subsampling": 2}),  # 4:2:0
-    ("JPEG", "L", {}),  # grayscale: RGB out, as PIL's convert
-    ("JPEG", "CMYK", {}),
-    ("PNG", "RGB", {}),
-    ("PNG", "RGBA", {}),
-    ("PNG", "P", {}),
-    ("BMP", "RGB", {}),  # not torchvision's: PIL decodes it
-    ("WEBP", "RGB", {"lossless": True}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "fmt, mode, options",
+    [
+        ("JPEG", "RGB", {"quality": 90}),
+        ("JPEG", "RGB", {"quality": 75, "subsampling": 0}),  # 4:4:4
+        ("JPEG", "RGB", {"quality": 95, "subsampling": 2}),  # 4:2:0
+        ("JPEG", "L", {}),  # grayscale: RGB out, as PIL's convert
+        ("JPEG", "CMYK", {}),
+        ("PNG", "RGB", {}),
+        ("PNG", "RGBA", {}),
+        ("PNG", "P", {}),
+        ("BMP", "RGB", {}),  # not torchvision's: PIL decodes it
+        ("WEBP", "RGB", {"lossless": True}),
+    ],
+)
 def test_decoding_equals_pil(fmt, mode, options):
     if mode == "P":
         image = photo().convert("P", palette=Image.Palette.ADAPTIVE)
@@ -101,8 +104,11 @@ RECIPES = ["none", "shift", "crop_flip", "random_resized_crop", "trivial_augment
 
 @pytest.mark.parametrize("choice", RECIPES + ["random_erasing"])
 def test_batch_stage_gives_the_whole_transforms_samples_bit_for_bit(choice):
-    overrides = ([f"augment={choice}"] if choice != "random_erasing"
-                 else ["augment=crop_flip", "augment.random_erasing=0.5"])  # fmt: skip
+    overrides = (
+        [f"augment={choice}"]
+        if choice != "random_erasing"
+        else ["augment=crop_flip", "augment.random_erasing=0.5"]
+    )
     transform = train_transform("cifar10", 32, fx.recipe(*overrides))
     stages = split_stages(transform)
     if choice == "random_erasing":  # erasing follows normalisation: nothing to batch
@@ -199,8 +205,11 @@ def jpegs(tmp_path_factory):
 
 
 def folder_splits(root, choice: str = "random_resized_crop", seed: int = 3, size: int = 48):
-    overrides = [f"augment={choice}"] if choice != "random_erasing" else [
-        "augment=random_resized_crop", "augment.random_erasing=0.5"]  # fmt: skip
+    overrides = (
+        [f"augment={choice}"]
+        if choice != "random_erasing"
+        else ["augment=random_resized_crop", "augment.random_erasing=0.5"]
+    )
     cfg = dataset_cfg("imagefolder", root=str(root), image_size=size)
     return build_datasets(cfg, seed=seed, augment=fx.recipe("dataset=imagefolder", *overrides))
 
@@ -210,8 +219,9 @@ def test_file_samples_equal_pil_and_v2_within_one_level(jpegs, choice):
     """Same crop, flip and normalisation as PIL + v2 from the same seed (the parameters depend
     on the image size only); pixels within RESIZE_LEVELS of 255."""
     splits = folder_splits(jpegs, choice)
-    reference = train_transform("imagefolder", 48, fx.recipe("dataset=imagefolder",
-                                                             f"augment={choice}"))  # fmt: skip
+    reference = train_transform(
+        "imagefolder", 48, fx.recipe("dataset=imagefolder", f"augment={choice}")
+    )
     base = splits.train.dataset.dataset  # the ImageFolder (items: file bytes)
     tolerance = RESIZE_LEVELS / 255 / IMAGENET_STD_MIN + 1e-5
     for index in range(len(base)):
@@ -228,8 +238,9 @@ def test_file_samples_equal_pil_and_v2_within_one_level(jpegs, choice):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loader_batches_are_the_indexed_samples(jpegs, workers):
     splits = folder_splits(jpegs)
-    loaders = build_loaders(splits, batch_size=4, eval_batch_size=3, rank=1, world_size=2, seed=0,
-                            num_workers=workers)  # fmt: skip
+    loaders = build_loaders(
+        splits, batch_size=4, eval_batch_size=3, rank=1, world_size=2, seed=0, num_workers=workers
+    )
     loaders.train_sampler.set_epoch(2)
     keys = list(loaders.train_sampler)
     images = torch.cat([x for x, _ in loaders.train])

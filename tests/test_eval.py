@@ -63,8 +63,9 @@ def predictions(eval_dir: Path) -> list[dict]:
 
 def snapshot(directory: Path) -> dict:
     """Every file under `directory` with its size and mtime: what "nothing written" compares."""
-    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*")
-            if p.is_file()}  # fmt: skip
+    return {
+        p: (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*") if p.is_file()
+    }
 
 
 # ------------------------------------------------------------------------------ one rank
@@ -75,8 +76,9 @@ def test_eval_reproduces_the_logged_val_metrics_exactly(trained, tmp_path, monke
     logged at its epoch, bit for bit, on the fast path and on the DataLoader path."""
     fast_batches = []
     real_iter = FastEvalLoader.__iter__
-    monkeypatch.setattr(FastEvalLoader, "__iter__",
-                        lambda self: (fast_batches.append(1), real_iter(self))[1])  # fmt: skip
+    monkeypatch.setattr(
+        FastEvalLoader, "__iter__", lambda self: (fast_batches.append(1), real_iter(self))[1]
+    )
     result = read_json(trained / "result.json")
     best = next(r for r in val_rows(trained) if r["epoch"] == result["best_epoch"])
     assert set(logged(best, "val")) == {"val/loss", "val/acc", "val/acc5", "val/ece", "val/count"}
@@ -155,13 +157,18 @@ def test_predict_on_a_folder_of_images(trained, tmp_path):
     for i in picks:
         Image.fromarray(scans[i].numpy()).save(folder / f"scan{i}.png")
     Image.fromarray(scans[picks[0]].numpy()).convert("RGB").resize((32, 32)).save(
-        tmp_path / "images" / "big.jpg")  # fmt: skip
+        tmp_path / "images" / "big.jpg"
+    )
     (tmp_path / "images" / "notes.txt").write_text("not an image")
 
     eval_in_process(tmp_path / "on-test", f"run={trained}", "predictions=true", *NO_WANDB)
     expected = {int(p["sample"]): p for p in predictions(tmp_path / "on-test")}
-    assert eval_in_process(tmp_path / "out", f"run={trained}", f"split={tmp_path / 'images'}",
-                           *NO_WANDB) is None  # fmt: skip
+    assert (
+        eval_in_process(
+            tmp_path / "out", f"run={trained}", f"split={tmp_path / 'images'}", *NO_WANDB
+        )
+        is None
+    )
     got = {Path(p["sample"]).name: p for p in predictions(tmp_path / "out")}
     assert set(got) == {"big.jpg", *(f"scan{i}.png" for i in picks)}
     for i in picks:
@@ -182,8 +189,11 @@ def odd_checkpoints(trained, tmp_path_factory) -> dict[str, Path]:
     (root / "corrupt.pt").write_bytes(b"not a checkpoint")
     atomic_save({k: v for k, v in best.items() if k != "config"}, root / "old.pt")
     config = OmegaConf.create(best["config"])
-    config.dataset = {"_target_": "data.catalog.imagefolder", "root": str(root / "folder"),
-                      "image_size": 8}  # fmt: skip
+    config.dataset = {
+        "_target_": "data.catalog.imagefolder",
+        "root": str(root / "folder"),
+        "image_size": 8,
+    }
     for cls in ("a", "b"):
         (root / "folder" / "train" / cls).mkdir(parents=True)
         for i in range(3):
@@ -201,22 +211,29 @@ BAD_EVAL_INPUTS = [
     (["run={root}/no_best"], ["has no checkpoints/best.pt", "ckpt="]),
     (["ckpt={root}/corrupt.pt"], ["corrupt.pt cannot be loaded", "pass ckpt=<another"]),
     (["ckpt={root}/old.pt"], ["old.pt carries no config", "evaluate a checkpoint of a run"]),
-    (["run={run}", "model.hidden=64"], ["does not fit this model", "size mismatch",
-                                        "drop the model overrides"]),
+    (
+        ["run={run}", "model.hidden=64"],
+        ["does not fit this model", "size mismatch", "drop the model overrides"],
+    ),
     (["run={run}", "model=resnet18"], ["does not fit this model", "ResNet"]),
-    (["run={run}", "dataset.rot=/data"], ["dataset.rot is not in the config the checkpoint",
-                                          "+dataset.rot="]),
-    (["run={run}", "dataset.val_fraction=abc"], ["dataset.val_fraction='abc' does not fit",
-                                                 "give a float"]),
+    (
+        ["run={run}", "dataset.rot=/data"],
+        ["dataset.rot is not in the config the checkpoint", "+dataset.rot="],
+    ),
+    (
+        ["run={run}", "dataset.val_fraction=abc"],
+        ["dataset.val_fraction='abc' does not fit", "give a float"],
+    ),
     (["run={run}", "split=tset"], ["split=tset is not train, val, test or a folder"]),
     (["run={run}", "split={root}/empty"], ["no images in", "empty", "point split= at"]),
     (["ckpt={root}/no_test.pt", "split=test"], ["no 'test' split", "one of train, val"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("overrides, fragments", BAD_EVAL_INPUTS)
-def test_bad_input_is_one_user_error_and_writes_nothing(trained, odd_checkpoints, tmp_path,
-                                                        overrides, fragments):  # fmt: skip
+def test_bad_input_is_one_user_error_and_writes_nothing(
+    trained, odd_checkpoints, tmp_path, overrides, fragments
+):
     root, before = odd_checkpoints["root"], snapshot(trained)
     out = tmp_path / "eval"
     args = [o.format(root=root, run=trained) for o in overrides]
@@ -235,8 +252,16 @@ def test_bad_input_is_one_user_error_and_writes_nothing(trained, odd_checkpoints
 def train_sweep(tmp_path_factory) -> Path:
     """A training sweep of a 1-rank and a 2-rank job (1 epoch each, test_after_fit on)."""
     sweep_dir = tmp_path_factory.mktemp("train_sweep") / "sweep"
-    proc = run(train_cmd("-m", "dist.nproc_per_node=1,2", *QUICK[:1], *NO_WANDB,
-                         "trainer.progress_bar=false", f"hydra.sweep.dir={sweep_dir}"))  # fmt: skip
+    proc = run(
+        train_cmd(
+            "-m",
+            "dist.nproc_per_node=1,2",
+            *QUICK[:1],
+            *NO_WANDB,
+            "trainer.progress_bar=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        )
+    )
     assert proc.returncode == 0, output(proc)
     return sweep_dir
 
@@ -248,7 +273,8 @@ def test_a_training_sweep_summary_has_test_columns(train_sweep):
     # ranked by val (what sweepers optimise), test reported beside it
     assert [r["monitor"] for r in table] == ["val/acc"] * 2
     assert [float(r["best"]) for r in table] == sorted(
-        (float(r["best"]) for r in table), reverse=True)  # fmt: skip
+        (float(r["best"]) for r in table), reverse=True
+    )
     for row in table:
         test = read_json(train_sweep / row["job"] / "result.json")["test"]
         assert float(row["test/acc"]) == test["test/acc"] and test["test/count"] == 180
@@ -262,9 +288,18 @@ def test_eval_sweep_on_two_ranks_is_exact(train_sweep, tmp_path):
     1-rank-trained run evaluated as on 1 rank (predictions too)."""
     one, two = train_sweep / "0", train_sweep / "1"
     sweep_dir = tmp_path / "evals"
-    proc = run(eval_cmd("-m", f"run={one},{two}", "split=val,test", "dist.nproc_per_node=2",
-                        "dataset.fast=false", "predictions=true", *NO_WANDB,
-                        f"hydra.sweep.dir={sweep_dir}"))  # fmt: skip
+    proc = run(
+        eval_cmd(
+            "-m",
+            f"run={one},{two}",
+            "split=val,test",
+            "dist.nproc_per_node=2",
+            "dataset.fast=false",
+            "predictions=true",
+            *NO_WANDB,
+            f"hydra.sweep.dir={sweep_dir}",
+        )
+    )
     assert proc.returncode == 0, output(proc)
     jobs = {}
     for job in (p for p in sweep_dir.iterdir() if p.name.isdigit()):
@@ -288,9 +323,12 @@ def test_eval_sweep_on_two_ranks_is_exact(train_sweep, tmp_path):
             assert b["metrics"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
         rows_a, rows_b = predictions(single), predictions(jobs["0", split])
         assert [(r["sample"], r["label"], r["predicted"]) for r in rows_a] == [
-            (r["sample"], r["label"], r["predicted"]) for r in rows_b]  # fmt: skip
-        assert all(math.isclose(float(x["p1"]), float(y["p1"]), rel_tol=1e-5)
-                   for x, y in zip(rows_a, rows_b, strict=True))  # fmt: skip
+            (r["sample"], r["label"], r["predicted"]) for r in rows_b
+        ]
+        assert all(
+            math.isclose(float(x["p1"]), float(y["p1"]), rel_tol=1e-5)
+            for x, y in zip(rows_a, rows_b, strict=True)
+        )
 
     table = {(r["overrides"], r["split"]): r for r in summary_rows(sweep_dir)}
     assert len(table) == 4 and all(r["status"] == "completed" for r in table.values())
@@ -304,8 +342,16 @@ def test_the_readme_dataset_example_trains_and_evaluates(tmp_path):
     """README "Your own dataset": examples/shapes.py + examples/conf/dataset/shapes.yaml, chosen
     with --config-dir; its checkpoint alone (its config inside) is enough for eval.py."""
     run_dir = tmp_path / "shapes"
-    proc = run(train_cmd("--config-dir", "examples/conf", "dataset=shapes", "trainer.max_epochs=3",
-                         *NO_WANDB, f"hydra.run.dir={run_dir}"))  # fmt: skip
+    proc = run(
+        train_cmd(
+            "--config-dir",
+            "examples/conf",
+            "dataset=shapes",
+            "trainer.max_epochs=3",
+            *NO_WANDB,
+            f"hydra.run.dir={run_dir}",
+        )
+    )
     assert proc.returncode == 0, output(proc)
     result = read_json(run_dir / "result.json")
     assert result["status"] == "completed" and result["best_val_acc"] > 0.6  # chance: 1/3
@@ -336,8 +382,13 @@ def test_eval_accumulator_counts_like_a_reference():
     top5 = (logits.topk(5, 1).indices == labels[:, None]).any(1).double().mean().item()
     assert result.acc5 == top5
     bins = (confidence * 15).long().clamp(max=14)
-    ece = sum(abs(hits[bins == b].sum() - confidence[bins == b].double().sum()).item()
-              for b in range(15)) / 50  # fmt: skip
+    ece = (
+        sum(
+            abs(hits[bins == b].sum() - confidence[bins == b].double().sum()).item()
+            for b in range(15)
+        )
+        / 50
+    )
     assert result.ece == pytest.approx(ece)
     for c in range(7):
         mine = labels == c

@@ -41,17 +41,24 @@ def make_splits(tmp_path_factory):
         def make(name: str, augment: bool | str, seed: int = 3):
             keys = {} if name == "digits" else {"root": str(root)}
             choice = [] if augment is True else [f"augment={augment or 'none'}"]
-            return build_datasets(dataset_cfg(name, **keys), seed=seed,
-                                  augment=fx.recipe(f"dataset={name}", *choice))  # fmt: skip
+            return build_datasets(
+                dataset_cfg(name, **keys), seed=seed, augment=fx.recipe(f"dataset={name}", *choice)
+            )
 
         yield make
 
 
 def loaders(splits, *, rank=0, world_size=1, batch_size=8, fast=True, device="cpu", seed=5):
     return build_loaders(
-        splits, batch_size=batch_size, eval_batch_size=7, rank=rank, world_size=world_size,
-        seed=seed, fast=fast, device=device,
-    )  # fmt: skip
+        splits,
+        batch_size=batch_size,
+        eval_batch_size=7,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        fast=fast,
+        device=device,
+    )
 
 
 def position(ld, epoch: int, skip: int) -> None:
@@ -105,9 +112,11 @@ def test_memory_views_hold_the_dataset_pixels_and_labels(make_splits):
         mem = splits.memory
         assert mem.image_size == splits.image_size
         assert (mem.mean, mem.std) == NORMALIZATION[name]
-        for images, labels, ds in ((mem.train_images, mem.train_labels, splits.train.dataset),
-                                   (mem.val_images, mem.val_labels, splits.val),
-                                   (mem.test_images, mem.test_labels, splits.test)):  # fmt: skip
+        for images, labels, ds in (
+            (mem.train_images, mem.train_labels, splits.train.dataset),
+            (mem.val_images, mem.val_labels, splits.val),
+            (mem.test_images, mem.test_labels, splits.test),
+        ):
             assert images.shape == (len(ds), splits.in_channels, mem.image_size, mem.image_size)
             assert labels.dtype == torch.int64 and len(labels) == len(ds)
             for i in (0, len(ds) - 1):
@@ -117,9 +126,12 @@ def test_memory_views_hold_the_dataset_pixels_and_labels(make_splits):
 
 @pytest.mark.parametrize(
     "name, recipe",
-    [("digits", FastAugment(1, False)), ("mnist", FastAugment(3, False)),
-     ("cifar10", FastAugment(4, True))],
-)  # fmt: skip
+    [
+        ("digits", FastAugment(1, False)),
+        ("mnist", FastAugment(3, False)),
+        ("cifar10", FastAugment(4, True)),
+    ],
+)
 def test_augmentation_recipe_is_the_standard_paths(make_splits, name, recipe):
     assert make_splits(name, True).memory.augment == recipe
     assert make_splits(name, False).memory.augment == FastAugment()
@@ -138,15 +150,18 @@ def test_same_indices_per_rank_and_step_as_the_dataloader_path(make_splits, name
     splits = make_splits(name, True)
     # The standard path over a dataset that returns its indices: the DataLoader's own batching.
     index_only = replace(
-        splits, train=fx.IndexDataset(len(splits.train)), val=fx.IndexDataset(len(splits.val)),
+        splits,
+        train=fx.IndexDataset(len(splits.train)),
+        val=fx.IndexDataset(len(splits.val)),
         memory=None,
-    )  # fmt: skip
+    )
     batch = 8
     for world_size in (1, 2):
         for rank in range(world_size):
             fast = loaders(splits, rank=rank, world_size=world_size, batch_size=batch)
-            standard = loaders(index_only, rank=rank, world_size=world_size, batch_size=batch,
-                               fast=False)  # fmt: skip
+            standard = loaders(
+                index_only, rank=rank, world_size=world_size, batch_size=batch, fast=False
+            )
             assert fast.fast and not standard.fast
             per_epoch = []
             for epoch, skip in itertools.product((0, 1), (0, 3, 2 * batch)):
@@ -182,8 +197,10 @@ def test_without_augmentation_fast_batches_equal_standard_batches(make_splits, n
             for ld in (fast, standard):
                 position(ld, 1, skip)
             for kind in ("train", "val", "test"):
-                got, want = (list(ld.eval_loader(kind) if kind == "test" else getattr(ld, kind))
-                             for ld in (fast, standard))  # fmt: skip
+                got, want = (
+                    list(ld.eval_loader(kind) if kind == "test" else getattr(ld, kind))
+                    for ld in (fast, standard)
+                )
                 assert len(got) == len(want) > 0
                 for (x, y), (xs, ys) in zip(got, want, strict=True):
                     assert x.dtype == xs.dtype and x.shape == xs.shape
@@ -285,15 +302,24 @@ def test_augmentation_depends_only_on_seed_epoch_and_index(make_splits):
     everything = torch.arange(len(mem.train_labels))
 
     def reference(memory, ep):
-        images = augment_batch(memory.train_images, torch.full_like(everything, ep), everything,
-                               seed=memory.seed, recipe=memory.augment)  # fmt: skip
+        images = augment_batch(
+            memory.train_images,
+            torch.full_like(everything, ep),
+            everything,
+            seed=memory.seed,
+            recipe=memory.augment,
+        )
         mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (memory.mean, memory.std))
         return images.float().mul_(1 / 255).sub_(mean).div_(std)
 
     expected = reference(mem, epoch)
     # Any rank, world size, batch size (batch composition), resume point, or shuffle seed.
-    for world_size, rank, batch, skip, seed in [(1, 0, 4, 0, 5), (1, 0, 7, 9, 5), (2, 1, 5, 0, 6),
-                                                (3, 2, 3, 5, 7)]:  # fmt: skip
+    for world_size, rank, batch, skip, seed in [
+        (1, 0, 4, 0, 5),
+        (1, 0, 7, 9, 5),
+        (2, 1, 5, 0, 6),
+        (3, 2, 3, 5, 7),
+    ]:
         ld = loaders(splits, rank=rank, world_size=world_size, batch_size=batch, seed=seed)
         position(ld, epoch, skip)
         count = 0
@@ -317,8 +343,9 @@ def test_normalisation(make_splits):
         splits = make_splits(name, False)
         mem = splits.memory
         x = torch.cat([b for b, _ in loaders(splits).val])
-        mean, std = (torch.tensor(v, dtype=torch.float64).view(1, -1, 1, 1)
-                     for v in NORMALIZATION[name])  # fmt: skip
+        mean, std = (
+            torch.tensor(v, dtype=torch.float64).view(1, -1, 1, 1) for v in NORMALIZATION[name]
+        )
         want = (mem.val_images.double() / 255 - mean) / std
         torch.testing.assert_close(x.double(), want, atol=1e-6, rtol=0)
     # The digits constants were measured on the scans: the whole set comes out ~N(0, 1).
@@ -338,8 +365,10 @@ def test_normalisation(make_splits):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_batches_equal_cpu_batches(make_splits):
     splits = make_splits("cifar10", True)
-    cpu, gpu = loaders(splits, world_size=2, rank=1), loaders(splits, world_size=2, rank=1,
-                                                              device="cuda")  # fmt: skip
+    cpu, gpu = (
+        loaders(splits, world_size=2, rank=1),
+        loaders(splits, world_size=2, rank=1, device="cuda"),
+    )
     for ld in (cpu, gpu):
         position(ld, 3, 8)
     assert gpu.train.images.is_cuda and len(cpu.train) == len(gpu.train) > 0

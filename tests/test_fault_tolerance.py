@@ -32,10 +32,16 @@ pytestmark = pytest.mark.slow
 STEPS_PER_EPOCH = 11  # digits: 1437 training samples // global batch 128
 EPOCHS = 2
 TOTAL = STEPS_PER_EPOCH * EPOCHS
-JOB = ["trainer.max_epochs=2", "trainer.batch_size=128", "trainer.log_every_n_steps=2",
-       "trainer.checkpoint_every_n_steps=3", "trainer.progress_bar=false", "wandb.mode=offline",
-       "model.dropout=0.1",  # dropout draws from the RNG: its state must be restored too
-       "seed=7"]  # fmt: skip
+JOB = [
+    "trainer.max_epochs=2",
+    "trainer.batch_size=128",
+    "trainer.log_every_n_steps=2",
+    "trainer.checkpoint_every_n_steps=3",
+    "trainer.progress_bar=false",
+    "wandb.mode=offline",
+    "model.dropout=0.1",  # dropout draws from the RNG: its state must be restored too
+    "seed=7",
+]
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +112,9 @@ def test_killed_then_resumed_equals_uninterrupted(tmp_path, reference, rng, npro
 def kill_and_resume(run_dir: Path, step: int, nproc: int, *extra: str) -> None:
     """The job killed at `step` (on the last rank), then resumed to the end."""
     launch = None if nproc == 1 else nproc
-    killed = run(train_cmd(*job(run_dir, *extra), nproc=launch),
-                 HYDRA_DDP_FAULT=f"kill@{step}:{nproc - 1}")  # fmt: skip
+    killed = run(
+        train_cmd(*job(run_dir, *extra), nproc=launch), HYDRA_DDP_FAULT=f"kill@{step}:{nproc - 1}"
+    )
     assert killed.returncode != 0, f"step {step}: the kill did not happen\n{output(killed)}"
     resumed = run(train_cmd(*job(run_dir, *extra, "resume=auto"), nproc=launch))
     assert resumed.returncode == 0, output(resumed)
@@ -116,9 +123,13 @@ def kill_and_resume(run_dir: Path, step: int, nproc: int, *extra: str) -> None:
 
 # A training recipe with its own state and randomness: EMA weights, batch-level MixUp/CutMix
 # seeded per batch, label smoothing, random erasing on the fast path.
-RECIPE = ["trainer.ema.decay=0.9", "trainer.mixup.mixup_alpha=0.2",
-          "trainer.mixup.cutmix_alpha=1.0", "trainer.label_smoothing=0.1",
-          "augment.random_erasing=0.25"]  # fmt: skip
+RECIPE = [
+    "trainer.ema.decay=0.9",
+    "trainer.mixup.mixup_alpha=0.2",
+    "trainer.mixup.cutmix_alpha=1.0",
+    "trainer.label_smoothing=0.1",
+    "augment.random_erasing=0.25",
+]
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +138,9 @@ def recipe_reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_killed_then_resumed_with_ema_and_mixup_equals_uninterrupted(tmp_path, recipe_reference,
-                                                                     rng, nproc):  # fmt: skip
+def test_killed_then_resumed_with_ema_and_mixup_equals_uninterrupted(
+    tmp_path, recipe_reference, rng, nproc
+):
     kill_and_resume(tmp_path / "run", kill_step(rng, "mid_epoch"), nproc, *RECIPE)
     assert_same_run(tmp_path / "run", recipe_reference[nproc])
     val_rows = [row for row in rows(tmp_path / "run") if "val/acc" in row]
@@ -150,8 +162,14 @@ def test_sigkill_during_saves_never_leaves_a_wrong_checkpoint(tmp_path, referenc
     run_dir = tmp_path / "run"
     # A checkpoint every step: most of the time is spent saving, so the kill lands in one.
     cmd = train_cmd(*job(run_dir, "trainer.checkpoint_every_n_steps=1"))
-    proc = subprocess.Popen(cmd, cwd=REPO, env=run_env(), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=run_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while not step_files(run_dir / "checkpoints") and time.time() < deadline:
         time.sleep(0.05)
@@ -195,8 +213,9 @@ def test_sigterm_preemption_checkpoints_then_resumes_exactly(tmp_path, reference
     launch = None if nproc == 1 else nproc
     # Check every step so the stop lands before the run would end on its own.
     cmd = train_cmd(*job(run_dir, "trainer.preemption_check_every_n_steps=1"), nproc=launch)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=run_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     wait_for_rows(run_dir, 2)
     proc.send_signal(signal.SIGTERM)  # to `python train.py`, or to the torchrun agent
     out, _ = proc.communicate(timeout=120)
@@ -215,8 +234,7 @@ def test_sigterm_preemption_checkpoints_then_resumes_exactly(tmp_path, reference
 
 def test_a_raising_rank_takes_the_job_down_promptly(tmp_path):
     start = time.time()
-    proc = run(train_cmd(*job(tmp_path / "run"), nproc=2), timeout=300,
-               HYDRA_DDP_FAULT="raise@5:1")  # fmt: skip
+    proc = run(train_cmd(*job(tmp_path / "run"), nproc=2), timeout=300, HYDRA_DDP_FAULT="raise@5:1")
     assert proc.returncode != 0
     assert "injected fault at step 5 on rank 1" in output(proc)
     assert time.time() - start < 300
@@ -229,15 +247,26 @@ def test_without_an_agent_the_other_rank_exits_within_the_timeout(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
-               LOCAL_WORLD_SIZE="2", HYDRA_DDP_FAULT="raise@5:1")  # fmt: skip
+    env = dict(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+        HYDRA_DDP_FAULT="raise@5:1",
+    )
     run_dir = tmp_path / "run"
     cmd = train_cmd(*job(run_dir), "dist.step_timeout_s=20", "dist.timeout_s=120")
     ranks = [
-        subprocess.Popen(cmd, cwd=REPO, env=run_env(**env, RANK=str(r), LOCAL_RANK=str(r)),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=run_env(**env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for r in (0, 1)
-    ]  # fmt: skip
+    ]
     start = time.time()
     outs = [p.communicate(timeout=180)[0] for p in ranks]
     assert all(p.returncode != 0 for p in ranks), outs
@@ -250,8 +279,9 @@ def test_nan_stops_naming_step_and_rank_or_is_skipped(tmp_path):
     assert proc.returncode != 0
     assert "non-finite loss (nan) at step 3 (epoch 1) on rank 1" in output(proc)
     skip_dir = tmp_path / "skip"
-    proc = run(train_cmd(*job(skip_dir, "trainer.nonfinite=skip"), nproc=2),
-               HYDRA_DDP_FAULT="nan@3:1")  # fmt: skip
+    proc = run(
+        train_cmd(*job(skip_dir, "trainer.nonfinite=skip"), nproc=2), HYDRA_DDP_FAULT="nan@3:1"
+    )
     assert proc.returncode == 0, output(proc)
     logged = [r for r in rows(skip_dir) if "train/loss" in r]
     assert logged[-1]["train/skipped_steps"] == 1

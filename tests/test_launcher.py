@@ -90,11 +90,17 @@ def rank_dirs(job_dir: Path) -> list[Path]:
     return sorted(p for p in job_dir.glob("rank_logs/*/attempt_*/*") if p.is_dir())
 
 
-def fake_job(num: int, nproc: int = 1, gpus: bool = False, job_dir: Path | None = None,
-             config: dict | None = None) -> Job:  # fmt: skip
+def fake_job(
+    num: int,
+    nproc: int = 1,
+    gpus: bool = False,
+    job_dir: Path | None = None,
+    config: dict | None = None,
+) -> Job:
     spec = JobSpec(None, OmegaConf.create(config or {}), None)
-    return Job(num, [f"n={num}"], job_dir or Path(f"/nonexistent/{num}"), spec, nproc=nproc,
-               uses_gpus=gpus)  # fmt: skip
+    return Job(
+        num, [f"n={num}"], job_dir or Path(f"/nonexistent/{num}"), spec, nproc=nproc, uses_gpus=gpus
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,8 +152,9 @@ class FakeAgents:
         self.stopped += [process.num for _, process in entries]
 
 
-def run_schedule(jobs: list[Job], gpus: list[int], max_parallel: int | None,
-                 agents: FakeAgents) -> dict:  # fmt: skip
+def run_schedule(
+    jobs: list[Job], gpus: list[int], max_parallel: int | None, agents: FakeAgents
+) -> dict:
     return schedule(jobs, gpus, max_parallel, agents, poll_s=0, sleep=lambda _: None)
 
 
@@ -164,7 +171,11 @@ def test_scheduler_packs_gpu_jobs_onto_disjoint_gpu_sets_in_order() -> None:
     started = dict(agents.started)
     assert (started[0], started[1], started[2]) == ([0, 1], [2, 3, 4, 5], [6, 7])
     assert (started[3], started[4], started[5], started[6]) == (
-        [0, 1, 2, 3], [4, 5], [6, 7], [4, 5])  # fmt: skip
+        [0, 1, 2, 3],
+        [4, 5],
+        [6, 7],
+        [4, 5],
+    )
     assert agents.most_at_once == 3 and not agents.running
 
 
@@ -215,6 +226,7 @@ def test_scheduler_stops_running_jobs_when_interrupted() -> None:
 def test_job_world_from_the_jobs_dist_config() -> None:
     """(ranks per node, nodes, uses GPUs): auto = every GPU for GPU jobs, 1 on CPU or with
     gloo; an app without `dist` (Hydra's test apps) runs 1 x 1; bad values are one UserError."""
+
     def world(n_gpus: int, **dist: object) -> tuple[int, int, bool]:
         return job_world(OmegaConf.create({"dist": dist} if dist else {}), n_gpus)
 
@@ -238,15 +250,24 @@ def test_plan_fails_only_the_job_that_cannot_run() -> None:
     """A world-size error, more GPUs than the launcher has, or a multi-node job without a
     rendezvous point: that job's error (it fails alone), the others are planned."""
     settings = TorchrunLauncherConf()
-    jobs = [fake_job(n, config={"dist": d}) for n, d in enumerate([
-        {"nproc_per_node": "auto"}, {"nproc_per_node": 16}, {"nproc_per_node": "x"},
-        {"nproc_per_node": 1, "nnodes": 2}, {"nproc_per_node": 4, "backend": "gloo"},
-    ])]  # fmt: skip
+    jobs = [
+        fake_job(n, config={"dist": d})
+        for n, d in enumerate(
+            [
+                {"nproc_per_node": "auto"},
+                {"nproc_per_node": 16},
+                {"nproc_per_node": "x"},
+                {"nproc_per_node": 1, "nnodes": 2},
+                {"nproc_per_node": 4, "backend": "gloo"},
+            ]
+        )
+    ]
     for job in jobs:
         plan(job, settings, gpus=list(range(8)))
     assert (jobs[0].nproc, jobs[0].uses_gpus, jobs[0].error) == (8, True, None)
-    assert jobs[1].error.startswith("dist.nproc_per_node=16 asks for 16 GPUs per node but "
-                                    "the launcher has 8")  # fmt: skip
+    assert jobs[1].error.startswith(
+        "dist.nproc_per_node=16 asks for 16 GPUs per node but the launcher has 8"
+    )
     assert jobs[2].error.startswith("dist.nproc_per_node=x is not valid")
     assert "hydra.launcher.rdzv_endpoint=HOST:PORT" in jobs[3].error
     assert (jobs[4].nproc, jobs[4].uses_gpus, jobs[4].error) == (4, False, None)
@@ -318,8 +339,10 @@ def test_torchrun_job_result_from_rank_0_then_the_agent_then_the_exit_code(tmp_p
     job.started = time.time()
     files = agents.files(job)
     files.mkdir(parents=True)
-    failures = [{"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None},
-                {"rank": 0, "pid": 10, "exitcode": -15, "signal": "SIGTERM", "error": None}]
+    failures = [
+        {"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None},
+        {"rank": 0, "pid": 10, "exitcode": -15, "signal": "SIGTERM", "error": None},
+    ]
     assert "torchrun exited with code 1" in str(agents.finish(job, Exited(1))._return_value)
     assert "torchrun was killed by SIGKILL" in str(agents.finish(job, Exited(-9))._return_value)
     (files / FAILURES_JSON).write_text(json.dumps(failures))
@@ -345,7 +368,11 @@ def test_result_json_only_when_the_run_left_none(tmp_path: Path) -> None:
     assert ret.status == JobStatus.FAILED and ret.overrides == ["n=3"]
     result = read_result(job.job_dir)
     assert (result.status, result.error, result.overrides, result.job_num) == (
-        "failed", "rank 1 (pid 5) was killed by SIGKILL", ["n=3"], 3)  # fmt: skip
+        "failed",
+        "rank 1 (pid 5) was killed by SIGKILL",
+        ["n=3"],
+        3,
+    )
     assert result.wall_time_s is not None
     own = RunResult(status="preempted", error="preempted at step 4")
     write_result(job.job_dir, own)
@@ -365,14 +392,16 @@ def test_result_json_only_when_the_run_left_none(tmp_path: Path) -> None:
 def test_compose_jobs(train_config, tmp_path: Path) -> None:
     """Each job's config composed as Hydra's launchers do: its overrides, job num and id, the
     sweep dir's ${now:} resolved once here (ranks and tasks are other processes)."""
-    master = train_config.multirun("hydra/launcher=torchrun",
-                                   f"hydra.sweep.dir={tmp_path}/${{now:%H-%M-%S-%f}}")  # fmt: skip
+    master = train_config.multirun(
+        "hydra/launcher=torchrun", f"hydra.sweep.dir={tmp_path}/${{now:%H-%M-%S-%f}}"
+    )
     sweep_dir = Path(master.hydra.sweep.dir)  # as Hydra's sweeper resolves it, once
-    launcher = SimpleNamespace(config=master, hydra_context=train_config.context,
-                               task_function=len)  # fmt: skip
+    launcher = SimpleNamespace(config=master, hydra_context=train_config.context, task_function=len)
     jobs = compose_jobs(launcher, [["dist.nproc_per_node=2"], ["optim.lr=0.5"]], 4)
     assert [(j.num, j.overrides, j.label) for j in jobs] == [
-        (4, ["dist.nproc_per_node=2"], "#4 "), (5, ["optim.lr=0.5"], "#5 ")]  # fmt: skip
+        (4, ["dist.nproc_per_node=2"], "#4 "),
+        (5, ["optim.lr=0.5"], "#5 "),
+    ]
     for job in jobs:
         config = job.spec.config
         # hydra.job.name is train (conf/train.yaml)
@@ -388,10 +417,13 @@ def test_compose_jobs_hands_each_job_the_sweeps_keys(train_config, tmp_path: Pat
     """The sweep's keys (its sweep overrides, not its constants) reach every job's config in
     hydra.job.env_set, for its W&B name and config; a job whose config does not compose fails
     alone, with a job dir to record it in."""
-    master = train_config.multirun("hydra/launcher=torchrun", "optim.lr=0.1,oops",
-                                   "trainer.max_epochs=1", f"hydra.sweep.dir={tmp_path}")
-    launcher = SimpleNamespace(config=master, hydra_context=train_config.context,
-                               task_function=len)  # fmt: skip
+    master = train_config.multirun(
+        "hydra/launcher=torchrun",
+        "optim.lr=0.1,oops",
+        "trainer.max_epochs=1",
+        f"hydra.sweep.dir={tmp_path}",
+    )
+    launcher = SimpleNamespace(config=master, hydra_context=train_config.context, task_function=len)
     batch = [["optim.lr=0.1", "trainer.max_epochs=1"], ["optim.lr=oops", "trainer.max_epochs=1"]]
     good, bad = compose_jobs(launcher, batch, 0)
     assert good.error is None and good.swept == bad.swept == ["optim.lr"]
@@ -415,12 +447,13 @@ def test_every_way_a_job_fails_before_its_ranks_leaves_a_result_json(
     cannot split: each job fails alone before any process starts, with its one line (naming the
     fix) and a result.json. Apps without a `trainer` node are not batch-checked."""
     master = train_config.multirun("hydra/launcher=torchrun", f"hydra.sweep.dir={tmp_path}")
-    launcher = SimpleNamespace(config=master, hydra_context=train_config.context,
-                               task_function=len)  # fmt: skip
-    batch = [["trainer.max_epochs=x"], ["dist.nproc_per_node=zero"],
-             ["dist.nproc_per_node=2", "trainer.batch_size=63"],
-             ["dist.nproc_per_node=4", "trainer.batch_size=64",
-              "trainer.accumulate_grad_batches=3"]]  # fmt: skip
+    launcher = SimpleNamespace(config=master, hydra_context=train_config.context, task_function=len)
+    batch = [
+        ["trainer.max_epochs=x"],
+        ["dist.nproc_per_node=zero"],
+        ["dist.nproc_per_node=2", "trainer.batch_size=63"],
+        ["dist.nproc_per_node=4", "trainer.batch_size=64", "trainer.accumulate_grad_batches=3"],
+    ]
     jobs = compose_jobs(launcher, batch, 0)
     caplog.set_level("INFO", logger="launch.jobs")
     results = run_jobs(jobs, TorchrunLauncherConf())
@@ -428,8 +461,10 @@ def test_every_way_a_job_fails_before_its_ranks_leaves_a_result_json(
     errors = [result_json(job.job_dir)["error"] for job in jobs]
     assert "trainer.max_epochs" in errors[0]
     assert errors[1].startswith("dist.nproc_per_node=zero is not valid")
-    assert errors[2] == ("trainer.batch_size=63 (the global batch) is not divisible by the world "
-                         "size 2: use a multiple of 2, e.g. trainer.batch_size=64")  # fmt: skip
+    assert errors[2] == (
+        "trainer.batch_size=63 (the global batch) is not divisible by the world "
+        "size 2: use a multiple of 2, e.g. trainer.batch_size=64"
+    )
     assert "world size 4 x trainer.accumulate_grad_batches=3" in errors[3]
     assert not any((job.job_dir / LAUNCHER_DIR).exists() for job in jobs)  # nothing started
     lines = [r.getMessage() for r in caplog.records if r.name == "launch.jobs"]
@@ -451,8 +486,9 @@ def test_failures_outside_train_py_leave_a_result_json(tmp_path: Path) -> None:
         agents.files(job).mkdir(parents=True)
     agents.finish(crashed, Exited(-9))
     assert result_json(crashed.job_dir)["error"] == "torchrun was killed by SIGKILL"
-    (agents.files(killed) / FAILURES_JSON).write_text(json.dumps(
-        [{"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None}]))  # fmt: skip
+    (agents.files(killed) / FAILURES_JSON).write_text(
+        json.dumps([{"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None}])
+    )
     agents.finish(killed, Exited(1))
     assert result_json(killed.job_dir)["error"].startswith("rank 1 (pid 11) was killed by SIGKILL")
 
@@ -474,12 +510,15 @@ def test_job_done_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None
     job = fake_job(3, job_dir=tmp_path / "3")
     job.overrides, job.swept = ["optim.lr=0.012345678", "trainer.max_epochs=5"], ["optim.lr"]
     job.started = time.time() - 41.24
-    write_result(job.job_dir, RunResult(status="completed", monitor="val/loss", mode="min",
-                                        best=0.123456, best_epoch=4))  # fmt: skip
+    write_result(
+        job.job_dir,
+        RunResult(status="completed", monitor="val/loss", mode="min", best=0.123456, best_epoch=4),
+    )
     ret = rank0_return(0.9)
     assert job_done(job, ret) is ret
     assert caplog.records[-1].getMessage() == (
-        "#3 completed  val/loss=0.1235 (min, epoch 4)  41.2s  lr=0.01235")
+        "#3 completed  val/loss=0.1235 (min, epoch 4)  41.2s  lr=0.01235"
+    )
     job.in_sweep = False
     job_done(job, ret)
     assert len(caplog.records) == 1
@@ -500,9 +539,11 @@ def test_launcher_user_errors_are_one_line_and_exit_2(
     with pytest.raises(UserError) as e, slurm.sbatch_errors():
         print("sbatch: error: Batch job submission failed: Invalid account", file=sys.stderr)
         raise FailedJobError("sbatch: error: Batch job submission failed: Invalid account")
-    assert str(e.value) == ("SLURM did not take the jobs (sbatch: error: Batch job submission "
-                            "failed: Invalid account): check that `sinfo` and `sbatch` work "
-                            "here, or use hydra/launcher=torchrun")  # fmt: skip
+    assert str(e.value) == (
+        "SLURM did not take the jobs (sbatch: error: Batch job submission "
+        "failed: Invalid account): check that `sinfo` and `sbatch` work "
+        "here, or use hydra/launcher=torchrun"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -670,8 +711,11 @@ def test_sweep_console(sweep_2x2: Sweep) -> None:
     assert start.endswith(f"torchrun launcher: sweep dir {sweep_2x2.dir}"), start
     finished = {}
     for line in jobs:
-        match = re.fullmatch(r"\[.*\]\[HYDRA\] #(\d) completed  val/acc=([\d.]+) \(max, epoch 1\)"
-                             r"  \S+  nproc_per_node=(\d) lr=([\d.]+)", line)  # fmt: skip
+        match = re.fullmatch(
+            r"\[.*\]\[HYDRA\] #(\d) completed  val/acc=([\d.]+) \(max, epoch 1\)"
+            r"  \S+  nproc_per_node=(\d) lr=([\d.]+)",
+            line,
+        )
         assert match, line
         num, acc, nproc, lr = match.groups()
         finished[int(num)] = (float(acc), nproc, lr)
@@ -679,8 +723,9 @@ def test_sweep_console(sweep_2x2: Sweep) -> None:
     for num, (acc, nproc, lr) in finished.items():
         assert acc == pytest.approx(read_json(sweep_2x2.job(num) / "result.json")["best"], abs=1e-4)
         assert sweep_2x2.overrides(num)[-2:] == [f"dist.nproc_per_node={nproc}", f"optim.lr={lr}"]
-    assert blank == "" and headline.startswith("Sweep summary: 4 jobs, 4 completed, ranked by "
-                                               "best val/acc (max)")  # fmt: skip
+    assert blank == "" and headline.startswith(
+        "Sweep summary: 4 jobs, 4 completed, ranked by best val/acc (max)"
+    )
     assert header.split()[:4] == ["job", "nproc_per_node", "lr", "status"]
     assert set(rule) <= {"-", " "}
     assert len(table) == 4 and "wandb" not in sweep_2x2.out.lower()
@@ -693,7 +738,11 @@ def test_job_files(sweep_2x2: Sweep) -> None:
     for num in range(4):
         files = sweep_2x2.job(num) / ".torchrun"
         assert sorted(p.name for p in files.iterdir()) == [
-            "agent.log", "job.json", "job.pkl", "result.pkl"]  # fmt: skip
+            "agent.log",
+            "job.json",
+            "job.pkl",
+            "result.pkl",
+        ]
         for path in files.iterdir():
             assert SECRET.encode() not in path.read_bytes(), path
 
@@ -791,10 +840,16 @@ def test_killed_rank_fails_its_job_only(tmp_path: Path) -> None:
     """A job whose rank 1 is SIGKILLed fails with that as its error; the next job still runs."""
     sweep_dir = tmp_path / "killed"
     proc = run(
-        [sys.executable, str(APPS / "kill_rank.py"), "-m", "hydra/launcher=torchrun",
-         "kill=true,false", f"hydra.sweep.dir={sweep_dir}"],
+        [
+            sys.executable,
+            str(APPS / "kill_rank.py"),
+            "-m",
+            "hydra/launcher=torchrun",
+            "kill=true,false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
         timeout=180,
-    )  # fmt: skip
+    )
     out = output(proc)
     assert proc.returncode != 0, out
     killed, ok = sweep_dir / "0", sweep_dir / "1"
@@ -840,25 +895,49 @@ exit 1
 # (what, command-line overrides (-m: a sweep), where: "no-sbatch" | "failing-sbatch" | "",
 #  fragments of its one line)
 BAD_LAUNCHER_INPUTS = [
-    ("indivisible batch, one run", ["dist.nproc_per_node=2", "trainer.batch_size=63"], "",
-     ["trainer.batch_size=63 (the global batch) is not divisible by the world size 2",
-      "e.g. trainer.batch_size=64"]),
-    ("indivisible batch, a sweep", ["-m", "dist.nproc_per_node=2", "trainer.batch_size=63,65"],
-     "", ["is not divisible by the world size 2", "use a multiple of 2"]),
-    ("SLURM not installed", ["-m", "hydra/launcher=slurm", "optim.lr=0.1,0.2"], "no-sbatch",
-     ["hydra/launcher=slurm needs SLURM", "`sbatch` is not on PATH", "hydra/launcher=torchrun"]),
-    ("SLURM not reachable", ["-m", "hydra/launcher=slurm", "optim.lr=0.1,0.2"],
-     "failing-sbatch", ["SLURM did not take the jobs", "Unable to contact slurm controller",
-                        "hydra/launcher=torchrun"]),
-]  # fmt: skip
+    (
+        "indivisible batch, one run",
+        ["dist.nproc_per_node=2", "trainer.batch_size=63"],
+        "",
+        [
+            "trainer.batch_size=63 (the global batch) is not divisible by the world size 2",
+            "e.g. trainer.batch_size=64",
+        ],
+    ),
+    (
+        "indivisible batch, a sweep",
+        ["-m", "dist.nproc_per_node=2", "trainer.batch_size=63,65"],
+        "",
+        ["is not divisible by the world size 2", "use a multiple of 2"],
+    ),
+    (
+        "SLURM not installed",
+        ["-m", "hydra/launcher=slurm", "optim.lr=0.1,0.2"],
+        "no-sbatch",
+        ["hydra/launcher=slurm needs SLURM", "`sbatch` is not on PATH", "hydra/launcher=torchrun"],
+    ),
+    (
+        "SLURM not reachable",
+        ["-m", "hydra/launcher=slurm", "optim.lr=0.1,0.2"],
+        "failing-sbatch",
+        [
+            "SLURM did not take the jobs",
+            "Unable to contact slurm controller",
+            "hydra/launcher=torchrun",
+        ],
+    ),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("what, overrides, where, fragments", BAD_LAUNCHER_INPUTS,
-                         ids=[case[0] for case in BAD_LAUNCHER_INPUTS])  # fmt: skip
-def test_bad_launcher_input_is_one_line_and_exit_2(tmp_path: Path, what: str,
-                                                   overrides: list[str], where: str,
-                                                   fragments: list[str]) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "what, overrides, where, fragments",
+    BAD_LAUNCHER_INPUTS,
+    ids=[case[0] for case in BAD_LAUNCHER_INPUTS],
+)
+def test_bad_launcher_input_is_one_line_and_exit_2(
+    tmp_path: Path, what: str, overrides: list[str], where: str, fragments: list[str]
+) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     env = {}

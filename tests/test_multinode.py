@@ -18,8 +18,7 @@ from tests.helpers import QUICK, REPO, free_port, offline_runs, run_env
 
 pytestmark = pytest.mark.slow
 
-RUN_FILES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro",
-               "wandb"}
+RUN_FILES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro", "wandb"}
 
 
 def start_nodes(tmp_path: Path, argv_for_node) -> list[tuple[Path, subprocess.Popen]]:
@@ -28,8 +27,14 @@ def start_nodes(tmp_path: Path, argv_for_node) -> list[tuple[Path, subprocess.Po
     for node_rank in (0, 1):
         cwd = tmp_path / f"node{node_rank}"
         cwd.mkdir()
-        proc = subprocess.Popen(argv_for_node(node_rank), cwd=cwd, env=run_env(), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            argv_for_node(node_rank),
+            cwd=cwd,
+            env=run_env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         nodes.append((cwd, proc))
     return nodes
 
@@ -59,10 +64,21 @@ def test_two_torchrun_agents_form_one_job(tmp_path: Path) -> None:
     endpoint = f"127.0.0.1:{free_port()}"
 
     def torchrun(node_rank: int) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=two-nodes",
-                f"--node-rank={node_rank}", f"--local-addr={('127.0.0.1', 'localhost')[node_rank]}",
-                str(REPO / "train.py"), *QUICK, "trainer.batch_size=64"]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            "--rdzv-id=two-nodes",
+            f"--node-rank={node_rank}",
+            f"--local-addr={('127.0.0.1', 'localhost')[node_rank]}",
+            str(REPO / "train.py"),
+            *QUICK,
+            "trainer.batch_size=64",
+        ]
 
     nodes = start_nodes(tmp_path, torchrun)
     outs = wait_all(nodes)
@@ -91,10 +107,19 @@ def test_torchrun_launcher_runs_one_job_on_two_nodes(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "shared" / "sweep"
 
     def sweep(node_rank: int) -> list[str]:
-        return [sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=torchrun",
-                f"hydra.sweep.dir={sweep_dir}", "dist.nnodes=2", "dist.nproc_per_node=1",
-                f"hydra.launcher.rdzv_endpoint={endpoint}", f"hydra.launcher.node_rank={node_rank}",
-                *QUICK, "wandb.mode=disabled"]  # fmt: skip
+        return [
+            sys.executable,
+            str(REPO / "train.py"),
+            "-m",
+            "hydra/launcher=torchrun",
+            f"hydra.sweep.dir={sweep_dir}",
+            "dist.nnodes=2",
+            "dist.nproc_per_node=1",
+            f"hydra.launcher.rdzv_endpoint={endpoint}",
+            f"hydra.launcher.node_rank={node_rank}",
+            *QUICK,
+            "wandb.mode=disabled",
+        ]
 
     nodes = start_nodes(tmp_path, sweep)
     outs = wait_all(nodes)

@@ -25,8 +25,14 @@ def result(run_dir: Path) -> dict:
 @pytest.mark.parametrize("precision", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_mixed_precision_and_channels_last_train(tmp_path, precision):
     run_dir = tmp_path / precision
-    train_in_process(run_dir, *QUICK, "trainer.max_epochs=3", f"trainer.precision={precision}",
-                     "trainer.channels_last=true", "trainer.grad_clip=1.0")  # fmt: skip
+    train_in_process(
+        run_dir,
+        *QUICK,
+        "trainer.max_epochs=3",
+        f"trainer.precision={precision}",
+        "trainer.channels_last=true",
+        "trainer.grad_clip=1.0",
+    )
     assert result(run_dir)["best_val_acc"] > 0.5  # it learns (chance is 0.1)
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     # fp16 carries a GradScaler (scale state saved for exact resume); bf16 needs none
@@ -56,8 +62,12 @@ def test_accumulation_equals_the_bigger_batch(tmp_path, nproc):
 @pytest.mark.slow
 def test_compile_path_runs(tmp_path):
     run_dir = tmp_path / "compiled"
-    proc = run(train_cmd(*QUICK, "trainer.compile=true", "trainer.batch_size=256",
-                         f"hydra.run.dir={run_dir}"), timeout=900)  # fmt: skip
+    proc = run(
+        train_cmd(
+            *QUICK, "trainer.compile=true", "trainer.batch_size=256", f"hydra.run.dir={run_dir}"
+        ),
+        timeout=900,
+    )
     assert proc.returncode == 0, output(proc)
     # the checkpoint holds the plain module's weights (no torch.compile prefix)
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")

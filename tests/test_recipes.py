@@ -33,9 +33,16 @@ from tests import helpers as fx
 CONF = fx.REPO / "conf"
 CHOICES = sorted(p.stem for p in (CONF / "augment").glob("*.yaml"))
 FAST = {"none", "shift", "crop_flip"}  # the choices the fast path runs itself
-DEFAULT_AUGMENT = {"digits": "shift", "mnist": "shift", "fashion_mnist": "shift",
-                   "cifar10": "crop_flip", "cifar100": "crop_flip", "fake": "none",
-                   "imagefolder": "random_resized_crop", "imagenet": "random_resized_crop"}
+DEFAULT_AUGMENT = {
+    "digits": "shift",
+    "mnist": "shift",
+    "fashion_mnist": "shift",
+    "cifar10": "crop_flip",
+    "cifar100": "crop_flip",
+    "fake": "none",
+    "imagefolder": "random_resized_crop",
+    "imagenet": "random_resized_crop",
+}
 QUICK = ["trainer.max_epochs=1", "wandb.mode=disabled", "trainer.batch_size=128"]
 MIX = ["trainer.mixup.mixup_alpha=0.2", "trainer.mixup.cutmix_alpha=1.0"]
 
@@ -60,11 +67,14 @@ def test_every_dataset_config_picks_its_default_augmentation():
     assert choices()["augment"] == "shift"  # the default job: digits
 
 
-@pytest.mark.parametrize("overrides", [
-    ["dataset=cifar10", "augment=trivial_augment"],
-    ["augment=trivial_augment", "dataset=cifar10"],  # the order does not matter
-    ["experiment=cifar10_resnet18", "augment=trivial_augment"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["dataset=cifar10", "augment=trivial_augment"],
+        ["augment=trivial_augment", "dataset=cifar10"],  # the order does not matter
+        ["experiment=cifar10_resnet18", "augment=trivial_augment"],
+    ],
+)
 def test_augment_on_the_command_line_overrides_the_datasets_default(overrides):
     assert choices(*overrides)["augment"] == "trivial_augment"
     assert fx.recipe(*overrides).policy.__class__ is v2.TrivialAugmentWide
@@ -87,12 +97,19 @@ def test_choices_build_the_documented_v2_pipelines():
         assert ops(fx.recipe(f"augment={choice}")) == names, choice
     # ImageNet-style sets: the val geometry before a padded crop; none of it for resized crops
     assert ops(fx.recipe("augment=crop_flip"), "imagefolder", 64)[:3] == [
-        "Resize", "CenterCrop", "RandomCrop"]  # fmt: skip
+        "Resize",
+        "CenterCrop",
+        "RandomCrop",
+    ]
     rrc_ops = ops(fx.recipe("augment=random_resized_crop"), "imagefolder", 64)
     assert rrc_ops[0] == "RandomResizedCrop"
     # parameters reach the transforms
-    recipe = fx.recipe("augment=rand_augment", "augment.policy.num_ops=3",
-                       "augment.policy.magnitude=12", "augment.random_erasing=0.25")  # fmt: skip
+    recipe = fx.recipe(
+        "augment=rand_augment",
+        "augment.policy.num_ops=3",
+        "augment.policy.magnitude=12",
+        "augment.random_erasing=0.25",
+    )
     assert (recipe.policy.num_ops, recipe.policy.magnitude) == (3, 12)
     assert ops(recipe)[-1] == "RandomErasing"
     assert train_transform("cifar10", 32, recipe).transforms[-1].p == 0.25
@@ -100,8 +117,10 @@ def test_choices_build_the_documented_v2_pipelines():
     assert list(crop.padding) == [4] * 4  # null: an eighth of the side
     rrc = fx.recipe("augment=random_resized_crop", "augment.scale=[0.5,1.0]")
     assert train_transform("imagenet", 64, rrc).transforms[0].scale == (0.5, 1.0)
-    assert fx.recipe("augment=auto_augment", "augment.policy.policy=cifar10").policy.policy.value \
+    assert (
+        fx.recipe("augment=auto_augment", "augment.policy.policy=cifar10").policy.policy.value
         == "cifar10"
+    )
 
 
 def test_a_users_own_v2_transforms_from_yaml():
@@ -118,8 +137,11 @@ def test_a_users_own_v2_transforms_from_yaml():
 
 
 def test_which_recipes_the_fast_path_runs():
-    expected = {"none": FastAugment(), "shift": FastAugment(4, False),
-                "crop_flip": FastAugment(4, True)}  # fmt: skip
+    expected = {
+        "none": FastAugment(),
+        "shift": FastAugment(4, False),
+        "crop_flip": FastAugment(4, True),
+    }
     for choice in CHOICES:
         assert fx.recipe(f"augment={choice}").fast(32) == expected.get(choice), choice
     erasing = fx.recipe("augment=crop_flip", "augment.random_erasing=0.3", "augment.padding=2")
@@ -138,8 +160,9 @@ def digits():
 
 def test_a_recipe_the_fast_path_lacks_runs_on_dataloaders_and_says_so(digits, caplog):
     def loaders(splits):
-        return build_loaders(splits, batch_size=8, eval_batch_size=8, rank=0, world_size=1,
-                             seed=0, fast=True)  # fmt: skip
+        return build_loaders(
+            splits, batch_size=8, eval_batch_size=8, rank=0, world_size=1, seed=0, fast=True
+        )
 
     with caplog.at_level("INFO", logger="data.loaders"):
         assert loaders(digits("augment=crop_flip", "augment.random_erasing=0.5")).fast
@@ -159,9 +182,17 @@ def test_every_choice_augments_a_sample_alike_on_one_and_two_ranks(digits, choic
     seeds every draw by (seed, epoch, index)): the data is world-size invariant."""
     splits = digits(f"augment={choice}", "augment.random_erasing=0.5")
     for fast in (True, False) if choice in FAST else (False,):
+
         def steps(world_size: int, rank: int, fast=fast) -> list[dict[int, torch.Tensor]]:
-            ld = build_loaders(splits, batch_size=16 // world_size, eval_batch_size=8,
-                               rank=rank, world_size=world_size, seed=0, fast=fast)  # fmt: skip
+            ld = build_loaders(
+                splits,
+                batch_size=16 // world_size,
+                eval_batch_size=8,
+                rank=rank,
+                world_size=world_size,
+                seed=0,
+                fast=fast,
+            )
             assert ld.fast == fast
             ld.train_sampler.set_epoch(2)
             indices = ld.step_indices()[:3]
@@ -211,8 +242,15 @@ def test_fast_and_dataloader_paths_erase_alike(digits):
     shares, unaugmented = {}, digits("augment=none").train
     for fast in (True, False):
         splits = digits("augment=none", "augment.random_erasing=0.5")
-        ld = build_loaders(splits, batch_size=len(splits.train) // 2, eval_batch_size=8, rank=0,
-                           world_size=1, seed=0, fast=fast)  # fmt: skip
+        ld = build_loaders(
+            splits,
+            batch_size=len(splits.train) // 2,
+            eval_batch_size=8,
+            rank=0,
+            world_size=1,
+            seed=0,
+            fast=fast,
+        )
         assert ld.fast == fast
         ld.train_sampler.set_epoch(1)
         plain = torch.stack([unaugmented[i][0] for i in ld.step_indices()[0]])
@@ -267,21 +305,30 @@ def test_soft_target_loss_is_the_mixed_cross_entropy():
     mixed = lam * F.cross_entropy(logits, y) + (1 - lam) * F.cross_entropy(logits, y.roll(1, 0))
     torch.testing.assert_close(F.cross_entropy(logits, soft), mixed)
     smoothed = soft * 0.9 + 0.1 / 4
-    torch.testing.assert_close(F.cross_entropy(logits, soft, label_smoothing=0.1),
-                               -(smoothed * logits.log_softmax(1)).sum(1).mean())  # fmt: skip
+    torch.testing.assert_close(
+        F.cross_entropy(logits, soft, label_smoothing=0.1),
+        -(smoothed * logits.log_softmax(1)).sum(1).mean(),
+    )
 
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_mixup_runs_on_both_paths_without_a_hard_label_accuracy(tmp_path, fast):
     run_dir = tmp_path / "mix"
-    fx.train_in_process(run_dir, *QUICK, *MIX, "trainer.label_smoothing=0.1",
-                        f"dataset.fast={str(fast).lower()}", "trainer.log_every_n_steps=2")
+    fx.train_in_process(
+        run_dir,
+        *QUICK,
+        *MIX,
+        "trainer.label_smoothing=0.1",
+        f"dataset.fast={str(fast).lower()}",
+        "trainer.log_every_n_steps=2",
+    )
     trains = fx.train_rows(run_dir)
     assert trains and all("train/acc" not in r for r in trains)
     assert all(math.isfinite(r["train/loss"]) and r["grad_norm"] > 0 for r in trains)
     plain = tmp_path / "plain"
-    fx.train_in_process(plain, *QUICK, f"dataset.fast={str(fast).lower()}",
-                        "trainer.log_every_n_steps=2")  # fmt: skip
+    fx.train_in_process(
+        plain, *QUICK, f"dataset.fast={str(fast).lower()}", "trainer.log_every_n_steps=2"
+    )
     assert all(0 <= r["train/acc"] <= 1 for r in fx.train_rows(plain))
     assert fx.train_rows(plain)[0]["train/loss"] != trains[0]["train/loss"]
 
@@ -293,8 +340,13 @@ def test_mixup_runs_on_both_paths_without_a_hard_label_accuracy(tmp_path, fast):
 @pytest.mark.parametrize("choice", CHOICES)
 def test_every_augmentation_choice_trains(tmp_path, choice, caplog):
     with caplog.at_level("INFO"):
-        fx.train_in_process(tmp_path / "r", *QUICK, f"augment={choice}", "trainer.max_epochs=3",
-                            "augment.random_erasing=0.25")  # fmt: skip
+        fx.train_in_process(
+            tmp_path / "r",
+            *QUICK,
+            f"augment={choice}",
+            "trainer.max_epochs=3",
+            "augment.random_erasing=0.25",
+        )
     vals = fx.val_rows(tmp_path / "r")
     losses = [r["train/loss"] for r in fx.train_rows(tmp_path / "r")]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
@@ -312,8 +364,9 @@ def test_lr_scaling_and_parameter_groups():
     assert scaled_lr(0.1, "none", 64, 256) == 0.1
     with pytest.raises(UserError, match="optim.base_batch_size=0"):
         scaled_lr(0.1, "linear", 64, 0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),
-                                torch.nn.Flatten(), torch.nn.Linear(4, 2))  # fmt: skip
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.Linear(4, 2)
+    )
     decay, no_decay = param_groups(model, 0.05, decay_norm_and_bias=False)
     assert [p.ndim for p in decay["params"]] == [4, 2]
     assert [p.ndim for p in no_decay["params"]] == [1, 1, 1, 1] and no_decay["weight_decay"] == 0
@@ -325,8 +378,13 @@ def test_lr_scaling_and_parameter_groups():
 @pytest.mark.parametrize("optim", sorted(p.stem for p in (CONF / "optim").glob("*.yaml")))
 def test_every_optimizer_trains_digits(tmp_path, optim):
     run_dir = tmp_path / "r"
-    fx.train_in_process(run_dir, "wandb.mode=disabled", f"optim={optim}", "trainer.max_epochs=3",
-                        "optim.nesterov=true" if optim == "sgd" else "seed=0")  # fmt: skip
+    fx.train_in_process(
+        run_dir,
+        "wandb.mode=disabled",
+        f"optim={optim}",
+        "trainer.max_epochs=3",
+        "optim.nesterov=true" if optim == "sgd" else "seed=0",
+    )
     vals, trains = fx.val_rows(run_dir), fx.train_rows(run_dir)
     assert vals[-1]["val/acc"] > 0.4 and all(math.isfinite(r["train/loss"]) for r in trains)
     assert trains[-1]["train/loss"] < trains[0]["train/loss"]
@@ -368,8 +426,13 @@ def test_ema_is_the_exponential_average_every_n_steps():
 
 def test_ema_is_evaluated_checkpointed_and_can_be_monitored(tmp_path):
     run_dir = tmp_path / "ema"
-    best = fx.train_in_process(run_dir, *QUICK, "trainer.max_epochs=2", "trainer.ema.decay=0.9",
-                               "trainer.monitor.metric=val_ema/acc")  # fmt: skip
+    best = fx.train_in_process(
+        run_dir,
+        *QUICK,
+        "trainer.max_epochs=2",
+        "trainer.ema.decay=0.9",
+        "trainer.monitor.metric=val_ema/acc",
+    )
     vals = fx.val_rows(run_dir)
     assert all({"val_ema/acc", "val_ema/loss"} <= v.keys() for v in vals)
     assert best == max(v["val_ema/acc"] for v in vals)
@@ -388,11 +451,18 @@ def test_monitor_best_and_patience():
     for epoch, value in enumerate([0.5, 0.52, 0.6, 0.61, 0.62, 0.9], 1):
         seen.append((acc.update(epoch, {"val/acc": value, "val/loss": 1.0}), acc.should_stop))
     # best: any improvement; patience: improvements by more than min_delta over 0.6
-    assert seen == [(True, False), (True, False), (True, False), (True, False), (True, True),
-                    (True, False)]  # fmt: skip
+    assert seen == [
+        (True, False),
+        (True, False),
+        (True, False),
+        (True, False),
+        (True, True),
+        (True, False),
+    ]
     loss = Monitor("val/loss", "min")
-    assert [loss.update(e, {"val/loss": v}) for e, v in enumerate([2.0, 1.0, 1.5, float("nan")])] \
-        == [True, True, False, False]
+    assert [
+        loss.update(e, {"val/loss": v}) for e, v in enumerate([2.0, 1.0, 1.5, float("nan")])
+    ] == [True, True, False, False]
     assert (loss.best, loss.best_epoch, loss.should_stop) == (1.0, 1, False)
     restored = Monitor("val/loss", "min")
     restored.load_state_dict(loss.state_dict())
@@ -403,8 +473,13 @@ def test_monitor_best_and_patience():
 
 def test_monitor_min_picks_best_pt_and_is_returned(tmp_path):
     run_dir = tmp_path / "min"
-    best = fx.train_in_process(run_dir, *QUICK, "trainer.max_epochs=3",
-                               "trainer.monitor.metric=val/loss", "trainer.monitor.mode=min")
+    best = fx.train_in_process(
+        run_dir,
+        *QUICK,
+        "trainer.max_epochs=3",
+        "trainer.monitor.metric=val/loss",
+        "trainer.monitor.mode=min",
+    )
     vals = fx.val_rows(run_dir)
     losses = [v["val/loss"] for v in vals]
     result = fx.read_json(run_dir / "result.json")
@@ -422,11 +497,12 @@ def _agree_worker(rank: int, port: int, out: str) -> None:
 
     from components.distributed import rank0_decides
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        decisions = [rank0_decides(rank == 0, torch.device("cpu")),
-                     rank0_decides(rank == 1, torch.device("cpu"))]  # fmt: skip
+        decisions = [
+            rank0_decides(rank == 0, torch.device("cpu")),
+            rank0_decides(rank == 1, torch.device("cpu")),
+        ]
         Path(out, f"{rank}.json").write_text(json.dumps(decisions))
     finally:
         dist.destroy_process_group()
@@ -448,7 +524,8 @@ def test_params_and_flops_in_result_and_wandb_config(tmp_path):
     result = fx.read_json(run_dir / "result.json")
     # SmallCNN on 8x8 digits: conv 1->32, conv 32->64, 2x2x64 -> 128 -> 10
     assert result["params"] == (32 * 9 + 32) + (64 * 32 * 9 + 64) + (256 * 128 + 128) + (
-        128 * 10 + 10)  # fmt: skip
+        128 * 10 + 10
+    )
     convs = 2 * (8 * 8 * 32 * 9 + 4 * 4 * 64 * 32 * 9)  # multiply-adds x 2
     assert result["flops_per_sample"] == convs + 2 * (256 * 128 + 128 * 10)
     (wb,) = fx.offline_runs(run_dir)
@@ -466,8 +543,10 @@ def generated(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     fx.make_mnist(root, "MNIST", n_train=640, n_test=100)
     fx.make_mnist(root, "FashionMNIST", n_train=640, n_test=100)
-    sums = {10: fx.make_cifar(root, classes=10, n_per_batch=128)[1],
-            100: fx.make_cifar(root, classes=100, n_per_batch=640)[1]}  # fmt: skip
+    sums = {
+        10: fx.make_cifar(root, classes=10, n_per_batch=128)[1],
+        100: fx.make_cifar(root, classes=100, n_per_batch=640)[1],
+    }
     fx.make_pattern_images(root / "folder", [f"c{i}" for i in range(10)], {"train": 64, "val": 16})
     fx.make_imagenet(root / "imagenet", per_split={"train": 64, "val": 16})
     return root, sums
@@ -478,22 +557,32 @@ def generated(tmp_path_factory):
 # epochs of 8 configs (about 1.5 min on 2 cores).
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", sorted(DEFAULT_AUGMENT))
-def test_every_dataset_config_trains_stably_at_its_defaults(tmp_path, generated, dataset,
-                                                            monkeypatch):  # fmt: skip
+def test_every_dataset_config_trains_stably_at_its_defaults(
+    tmp_path, generated, dataset, monkeypatch
+):
     root, sums = generated
     for classes, cls in ((10, tvd.CIFAR10), (100, tvd.CIFAR100)):
         for attr, value in sums[classes].items():
             monkeypatch.setattr(cls, attr, value)
     where = {"imagefolder": root / "folder", "imagenet": root / "imagenet"}.get(dataset, root)
-    extra = ["dataset.image_size=32", "dataset.num_workers=0"] if dataset in (
-        "imagefolder", "imagenet") else []  # fmt: skip
+    extra = (
+        ["dataset.image_size=32", "dataset.num_workers=0"]
+        if dataset in ("imagefolder", "imagenet")
+        else []
+    )
     if dataset == "fake":
         extra = ["dataset.size=320"]
     run_dir = tmp_path / dataset
     root_override = [] if dataset in ("digits", "fake") else [f"dataset.root={where}"]
-    fx.train_in_process(run_dir, f"dataset={dataset}", *root_override, *extra,
-                        "trainer.max_epochs=3", "trainer.log_every_n_steps=1",
-                        "wandb.mode=disabled")  # fmt: skip
+    fx.train_in_process(
+        run_dir,
+        f"dataset={dataset}",
+        *root_override,
+        *extra,
+        "trainer.max_epochs=3",
+        "trainer.log_every_n_steps=1",
+        "wandb.mode=disabled",
+    )
     losses = [r["train/loss"] for r in fx.train_rows(run_dir)]
     classes = {"cifar100": 100, "imagenet": 10}.get(dataset, 10)
     assert len(losses) >= 15
@@ -502,8 +591,10 @@ def test_every_dataset_config_trains_stably_at_its_defaults(tmp_path, generated,
     if dataset in ("digits", "imagefolder", "imagenet"):  # learnable data: it learns
         assert fx.val_rows(run_dir)[-1]["val/acc"] > 0.5
         assert losses[-1] < 0.9 * losses[0]
-    print(f"{dataset}: train/loss {losses[0]:.3f} -> {losses[-1]:.3f} (max {max(losses):.3f}), "
-          f"val/acc {fx.val_rows(run_dir)[-1]['val/acc']:.3f}")
+    print(
+        f"{dataset}: train/loss {losses[0]:.3f} -> {losses[-1]:.3f} (max {max(losses):.3f}), "
+        f"val/acc {fx.val_rows(run_dir)[-1]['val/acc']:.3f}"
+    )
 
 
 # ------------------------------------------------------------------------- 2 ranks
@@ -521,9 +612,17 @@ def test_two_ranks_augment_like_one_and_mix_on_both(tmp_path):
     for key in one_w:
         torch.testing.assert_close(one_w[key], two_w[key], rtol=1e-4, atol=1e-5, msg=key)
     mixed = tmp_path / "mixed"
-    proc = fx.run(fx.train_cmd(*QUICK, *MIX, "trainer.ema.decay=0.99",
-                               "trainer.label_smoothing=0.1", "trainer.log_every_n_steps=2",
-                               f"hydra.run.dir={mixed}", nproc=2))  # fmt: skip
+    proc = fx.run(
+        fx.train_cmd(
+            *QUICK,
+            *MIX,
+            "trainer.ema.decay=0.99",
+            "trainer.label_smoothing=0.1",
+            "trainer.log_every_n_steps=2",
+            f"hydra.run.dir={mixed}",
+            nproc=2,
+        )
+    )
     assert proc.returncode == 0, fx.output(proc)
     assert all("train/acc" not in r for r in fx.train_rows(mixed))
     assert "val_ema/acc" in fx.val_rows(mixed)[-1]
@@ -535,20 +634,37 @@ def test_early_stopping_every_rank_stops_at_the_same_epoch(tmp_path):
     patience 1 both ranks stop after epoch 2 and the job ends cleanly (a rank that went on
     would wait in a collective until the step timeout)."""
     run_dir = tmp_path / "r"
-    proc = fx.run(fx.train_cmd("trainer.max_epochs=6", "wandb.mode=disabled",
-                               "trainer.progress_bar=false", "trainer.early_stopping.patience=1",
-                               "trainer.early_stopping.min_delta=0.5", "dist.step_timeout_s=60",
-                               f"hydra.run.dir={run_dir}", nproc=2), timeout=300)  # fmt: skip
+    proc = fx.run(
+        fx.train_cmd(
+            "trainer.max_epochs=6",
+            "wandb.mode=disabled",
+            "trainer.progress_bar=false",
+            "trainer.early_stopping.patience=1",
+            "trainer.early_stopping.min_delta=0.5",
+            "dist.step_timeout_s=60",
+            f"hydra.run.dir={run_dir}",
+            nproc=2,
+        ),
+        timeout=300,
+    )
     assert proc.returncode == 0, fx.output(proc)
     assert [v["epoch"] for v in fx.val_rows(run_dir)] == [1, 2]
     result = fx.read_json(run_dir / "result.json")
     assert result["stopped_early"] is True and result["epochs"] == 2
     assert "early stopping before epoch 3" in (run_dir / "train.log").read_text()
     # resuming a stopped run trains no further
-    again = fx.run(fx.train_cmd("trainer.max_epochs=6", "wandb.mode=disabled", "resume=auto",
-                                "trainer.early_stopping.patience=1",
-                                "trainer.early_stopping.min_delta=0.5",
-                                f"hydra.run.dir={run_dir}", nproc=2), timeout=300)  # fmt: skip
+    again = fx.run(
+        fx.train_cmd(
+            "trainer.max_epochs=6",
+            "wandb.mode=disabled",
+            "resume=auto",
+            "trainer.early_stopping.patience=1",
+            "trainer.early_stopping.min_delta=0.5",
+            f"hydra.run.dir={run_dir}",
+            nproc=2,
+        ),
+        timeout=300,
+    )
     assert again.returncode == 0, fx.output(again)
     assert [v["epoch"] for v in fx.val_rows(run_dir)] == [1, 2]
     assert os.path.exists(run_dir / "checkpoints" / "best.pt")

@@ -147,7 +147,10 @@ def test_prepare_decides_per_job_from_its_dir(tmp_path: Path, caplog) -> None:
     assert "#4 a=4: stopped without a result (killed?): runs again" in caplog.text
     settled = [read_launch_record(jobs[n].job_dir).last for n in (0, 1, 4)]
     assert [(a.status, a.ended is not None) for a in settled] == [
-        ("completed", True), ("preempted", True), ("interrupted", True)]  # fmt: skip
+        ("completed", True),
+        ("preempted", True),
+        ("interrupted", True),
+    ]
 
     # Without resume every job runs again, with a warning for the dirs already used.
     fresh = [job_at(tmp_path / str(n), n, (f"a={n}",)) for n in range(5)]
@@ -181,7 +184,9 @@ def test_attempts_and_retries_are_recorded(tmp_path: Path) -> None:
     record = read_launch_record(job.job_dir)
     assert record.job_num == 0 and record.overrides == ["a=1"]
     assert [(a.attempt, a.status, a.continued) for a in record.attempts] == [
-        (1, "failed", False), (2, "preempted", True)]  # fmt: skip
+        (1, "failed", False),
+        (2, "preempted", True),
+    ]
     assert record.attempts[0].error == "rank 0 (pid 9) was killed by SIGKILL"
     assert all(a.ended >= a.started for a in record.attempts)
 
@@ -238,10 +243,14 @@ def test_optuna_trial_plan() -> None:
     done, running, waiting = "COMPLETE", "RUNNING", "WAITING"
     plan = plan_trials([(0, done), (1, done), (2, running), (3, running)], 6)
     assert (plan.rerun, plan.fail, plan.finished, plan.to_ask, plan.first_job) == (
-        [2, 3], [], 2, 4, 2)  # fmt: skip
+        [2, 3],
+        [],
+        2,
+        4,
+        2,
+    )
     plan = plan_trials([(0, done), (1, running), (2, done)], 3)
-    assert (plan.rerun, plan.fail, plan.finished, plan.to_ask, plan.first_job) == (
-        [], [1], 3, 0, 3)  # fmt: skip
+    assert (plan.rerun, plan.fail, plan.finished, plan.to_ask, plan.first_job) == ([], [1], 3, 0, 3)
     plan = plan_trials([(1, waiting), (0, done), (2, running)], 4)  # any order in
     assert (plan.rerun, plan.to_ask, plan.first_job) == ([1, 2], 3, 1)
     plan = plan_trials([(0, done), (1, "FAIL"), (2, "PRUNED")], 2)
@@ -268,8 +277,13 @@ def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
     """die_with_parent (launch/rank.py): a SIGKILLed parent takes the child with it; a child
     whose parent is already gone (it names another pid) ends itself at once."""
     tag, ready = f"pdeathsig-{os.getpid()}", tmp_path / "ready"
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(ready)], cwd=REPO, text=True,
-                              env=run_env(**{TAG: tag}), stdout=subprocess.PIPE)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(ready)],
+        cwd=REPO,
+        text=True,
+        env=run_env(**{TAG: tag}),
+        stdout=subprocess.PIPE,
+    )
     child = int(parent.stdout.readline())
     deadline = time.time() + 60
     while not ready.exists():  # the child's prctl is done
@@ -281,10 +295,17 @@ def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
     assert not wait_for_no_processes(TAG, tag, timeout=10)
 
     orphan = subprocess.run(
-        [sys.executable, "-c", "from launch.rank import die_with_parent; die_with_parent(); "
-         "print('still alive')"], cwd=REPO, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "from launch.rank import die_with_parent; die_with_parent(); print('still alive')",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env=run_env(HYDRA_DDP_PARENT_PID="1"),
-    )  # fmt: skip
+    )
     assert orphan.returncode == -signal.SIGKILL and "still alive" not in orphan.stdout
 
 
@@ -295,10 +316,17 @@ def optuna_sweeper(tmp_path: Path, n_trials: int):
     from launch.optuna_sweeper import DDPOptunaSweeperBase
 
     sweeper = DDPOptunaSweeperBase(
-        sampler=optuna.samplers.RandomSampler(seed=0), direction="maximize", storage=None,
-        study_name="s", n_trials=n_trials, n_jobs=1, max_failure_rate=0.0, search_space=None,
-        custom_search_space=None, params=None,
-    )  # fmt: skip
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        direction="maximize",
+        storage=None,
+        study_name="s",
+        n_trials=n_trials,
+        n_jobs=1,
+        max_failure_rate=0.0,
+        search_space=None,
+        custom_search_space=None,
+        params=None,
+    )
     sweeper.resume, sweeper.sweep_dir = True, tmp_path
     tmp_path.mkdir(parents=True, exist_ok=True)
     sweeper.sweeper.storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -336,10 +364,17 @@ def test_optuna_continues_a_stored_study(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # real sweeps: 4 jobs, 2 at a time (22 steps an epoch, a checkpoint every 5 steps)
 
-SWEEP = ["trainer.max_epochs=2", "trainer.batch_size=64", "trainer.log_every_n_steps=4",
-         "trainer.checkpoint_every_n_steps=5", "trainer.preemption_check_every_n_steps=1",
-         "model.dropout=0.1", "trainer.progress_bar=false", "wandb.mode=disabled",
-         "hydra.launcher.max_parallel=2"]  # fmt: skip
+SWEEP = [
+    "trainer.max_epochs=2",
+    "trainer.batch_size=64",
+    "trainer.log_every_n_steps=4",
+    "trainer.checkpoint_every_n_steps=5",
+    "trainer.preemption_check_every_n_steps=1",
+    "model.dropout=0.1",
+    "trainer.progress_bar=false",
+    "wandb.mode=disabled",
+    "hydra.launcher.max_parallel=2",
+]
 GRID = ["optim.lr=0.05,0.1", "seed=1,2"]
 JOBS = range(4)
 TAG = "HYDRA_DDP_TEST_SWEEP"  # every process of a test's sweep inherits it
@@ -353,8 +388,9 @@ def sweep_cmd(sweep_dir: Path, *extra: str, grid: tuple[str, ...] = tuple(GRID))
 def start(cmd: list[str], log: Path, tag: str, **env: str) -> subprocess.Popen:
     """A launcher in the background, its console to `log`, tagged for the orphan check."""
     with open(log, "w") as f:
-        return subprocess.Popen(cmd, cwd=REPO, env=run_env(**{TAG: tag}, **env), stdout=f,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=run_env(**{TAG: tag}, **env), stdout=f, stderr=subprocess.STDOUT
+        )
 
 
 def logged_rows(sweep_dir: Path) -> int:
@@ -392,8 +428,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sweep_dir
 
 
-def assert_resumed_like_the_reference(sweep_dir: Path, reference: Path,
-                                      checkpointed: set[int]) -> None:  # fmt: skip
+def assert_resumed_like_the_reference(
+    sweep_dir: Path, reference: Path, checkpointed: set[int]
+) -> None:
     """Every job ends as the uninterrupted sweep's did; the jobs that had checkpoints when
     they were stopped continued from one (in the same dir, as a new attempt)."""
     for n in JOBS:
@@ -406,13 +443,15 @@ def assert_resumed_like_the_reference(sweep_dir: Path, reference: Path,
     table = {r["job"]: r for r in summary_rows(sweep_dir)}
     assert sorted(table) == [str(n) for n in JOBS]
     assert all(r["status"] == "completed" for r in table.values()), table
-    assert [int(table[str(n)]["attempts"]) for n in JOBS] == [len(attempts(sweep_dir / str(n)))
-                                                              for n in JOBS]  # fmt: skip
+    assert [int(table[str(n)]["attempts"]) for n in JOBS] == [
+        len(attempts(sweep_dir / str(n))) for n in JOBS
+    ]
 
 
 @pytest.mark.slow
-def test_sigkill_of_the_launcher_then_resume(reference: Path, rng: random.Random,
-                                             tmp_path: Path) -> None:  # fmt: skip
+def test_sigkill_of_the_launcher_then_resume(
+    reference: Path, rng: random.Random, tmp_path: Path
+) -> None:
     """SIGKILL the launcher once the sweep has logged a random number of its metric rows: no
     process of the sweep survives; the resumed sweep starts exactly the jobs that had not
     completed, the killed ones continue from their checkpoints, and every job's weights and
@@ -433,8 +472,10 @@ def test_sigkill_of_the_launcher_then_resume(reference: Path, rng: random.Random
     finally:
         launcher.kill()
         launcher.wait()
-    print(f"SIGKILL at {logged_rows(sweep_dir)} of the sweep's {total} rows "
-          f"(target {target}, +{jitter:.2f} s)")  # fmt: skip
+    print(
+        f"SIGKILL at {logged_rows(sweep_dir)} of the sweep's {total} rows "
+        f"(target {target}, +{jitter:.2f} s)"
+    )
     survivors = wait_for_no_processes(TAG, tag, timeout=30)
     assert not survivors, "processes of the killed sweep survive:\n" + "\n".join(survivors)
 
@@ -455,8 +496,7 @@ def test_sigkill_of_the_launcher_then_resume(reference: Path, rng: random.Random
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_jobs_at_a_checkpoint_then_resume(reference: Path,
-                                                           tmp_path: Path) -> None:  # fmt: skip
+def test_ctrl_c_stops_the_jobs_at_a_checkpoint_then_resume(reference: Path, tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) of a sweep started without resume: the launcher stops its running jobs
     as preemption does and exits non-zero within seconds, with one line; the job dirs say
     preempted (or interrupted, for a job still starting) and nothing survives; resuming ends
@@ -487,11 +527,15 @@ def test_ctrl_c_stops_the_jobs_at_a_checkpoint_then_resume(reference: Path,
         last = attempts(sweep_dir / str(n))[-1]
         # the other job may finish its last steps in the moment the stop takes to reach it
         finished = ("completed",) if n != 0 else ()
-        assert last.status == status(sweep_dir / str(n)) in ("preempted", "interrupted",
-                                                             *finished), n  # fmt: skip
+        assert (
+            last.status == status(sweep_dir / str(n)) in ("preempted", "interrupted", *finished)
+        ), n
         assert last.ended is not None
-    checkpointed = {n for n in stopped if status(sweep_dir / str(n)) != "completed"
-                    and has_step_checkpoint(sweep_dir / str(n))}  # fmt: skip
+    checkpointed = {
+        n
+        for n in stopped
+        if status(sweep_dir / str(n)) != "completed" and has_step_checkpoint(sweep_dir / str(n))
+    }
     assert 0 in checkpointed  # preempted: it saved its stop step
 
     resumed = run(sweep_cmd(sweep_dir, RESUME))
@@ -500,15 +544,16 @@ def test_ctrl_c_stops_the_jobs_at_a_checkpoint_then_resume(reference: Path,
 
 
 @pytest.mark.slow
-def test_retries_rerun_a_failed_job_from_its_checkpoints(reference: Path,
-                                                         tmp_path: Path) -> None:  # fmt: skip
+def test_retries_rerun_a_failed_job_from_its_checkpoints(reference: Path, tmp_path: Path) -> None:
     """hydra.launcher.retries=1, each job's rank SIGKILLed at step 7 of its first attempt
     (after the step-5 checkpoint): both jobs are started again, continue from step 5 and end
     as the uninterrupted sweep's jobs #0 and #1 (the same overrides); two attempts each, in
     launch.json and the summary."""
     sweep_dir = tmp_path / "sweep"
-    proc = run(sweep_cmd(sweep_dir, "hydra.launcher.retries=1", grid=("optim.lr=0.05", "seed=1,2")),
-               HYDRA_DDP_FAULT="kill@7")  # fmt: skip
+    proc = run(
+        sweep_cmd(sweep_dir, "hydra.launcher.retries=1", grid=("optim.lr=0.05", "seed=1,2")),
+        HYDRA_DDP_FAULT="kill@7",
+    )
     out = output(proc)
     assert proc.returncode == 0, out[-5000:]
     for n in (0, 1):
@@ -524,8 +569,9 @@ def test_retries_rerun_a_failed_job_from_its_checkpoints(reference: Path,
 
 
 @pytest.mark.slow
-def test_a_foreign_app_resumes_with_its_recorded_values(hydra_sweep_runner, tmp_path: Path,
-                                                        monkeypatch) -> None:  # fmt: skip
+def test_a_foreign_app_resumes_with_its_recorded_values(
+    hydra_sweep_runner, tmp_path: Path, monkeypatch
+) -> None:
     """Hydra's test app (no result.json, no checkpoints) with our task function: the resumed
     sweep runs only the job that failed, and the sweeper gets every job's value, the earlier
     ones from rank 0's recorded JobReturn."""
@@ -534,11 +580,14 @@ def test_a_foreign_app_resumes_with_its_recorded_values(hydra_sweep_runner, tmp_
 
     def sweep():
         return hydra_sweep_runner(
-            calling_file=None, calling_module="hydra.test_utils.a_module",
-            task_function=counting_task, config_path="configs", config_name="compose.yaml",
+            calling_file=None,
+            calling_module="hydra.test_utils.a_module",
+            task_function=counting_task,
+            config_path="configs",
+            config_name="compose.yaml",
             overrides=["hydra/launcher=torchrun", RESUME, "+a=0,1,2"],
             temp_dir=tmp_path / "sweep",
-        )  # fmt: skip
+        )
 
     with pytest.raises(Exception, match="a transient failure"), sweep():
         pass
@@ -566,11 +615,18 @@ def test_optuna_resume_keeps_the_trial_count(tmp_path: Path) -> None:
     its own job dir, from its checkpoint, and asks one new trial: 3 in all; another rerun
     runs nothing and the count stays 3."""
     sweep_dir, tag = tmp_path / "optuna", f"optuna-{os.getpid()}"
-    cmd = train_cmd(f"hydra.sweep.dir={sweep_dir}", "hparams_search=digits_optuna", RESUME,
-                    "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=1",
-                    "trainer.max_epochs=1", "trainer.log_every_n_steps=1",
-                    "trainer.checkpoint_every_n_steps=3", "trainer.progress_bar=false",
-                    "wandb.mode=disabled")  # fmt: skip
+    cmd = train_cmd(
+        f"hydra.sweep.dir={sweep_dir}",
+        "hparams_search=digits_optuna",
+        RESUME,
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=1",
+        "trainer.max_epochs=1",
+        "trainer.log_every_n_steps=1",
+        "trainer.checkpoint_every_n_steps=3",
+        "trainer.progress_bar=false",
+        "wandb.mode=disabled",
+    )
     launcher = start(cmd, tmp_path / "killed.log", tag)
     try:
         wait_for_rows(sweep_dir / "1" / "metrics.jsonl", 4, launcher)  # step 4: checkpoint 3

@@ -66,9 +66,16 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.slurm_cluster"]
 
 # 2 epochs of 89 steps (digits: 1437 samples // 16): long enough to be preempted mid-run.
-JOB = ["trainer.max_epochs=2", "trainer.batch_size=16", "trainer.log_every_n_steps=5",
-       "trainer.checkpoint_every_n_steps=40", "model.dropout=0.1", "seed=7",
-       "wandb.mode=offline", "trainer.progress_bar=false"]  # fmt: skip
+JOB = [
+    "trainer.max_epochs=2",
+    "trainer.batch_size=16",
+    "trainer.log_every_n_steps=5",
+    "trainer.checkpoint_every_n_steps=40",
+    "model.dropout=0.1",
+    "seed=7",
+    "wandb.mode=offline",
+    "trainer.progress_bar=false",
+]
 SLURM = [
     "hydra/launcher=slurm",
     "hydra.launcher.poll_interval_s=1",
@@ -76,8 +83,15 @@ SLURM = [
 ]
 LRS = ("0.05", "0.1")
 # Rank 0 writes exactly these into a train.py job dir; rank 1 nothing; the launcher launch.json.
-JOB_DIR_ENTRIES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro",
-                   "wandb"}
+JOB_DIR_ENTRIES = {
+    ".hydra",
+    "train.log",
+    "metrics.jsonl",
+    "result.json",
+    "checkpoints",
+    "repro",
+    "wandb",
+}
 SWEEP_JOB_DIR_ENTRIES = JOB_DIR_ENTRIES | {"launch.json"}
 
 
@@ -95,14 +109,27 @@ def test_expand_nodelist_and_tasks_per_node() -> None:
 
 def test_torch_env_from_slurm_variables() -> None:
     """Rank 5 of 2 nodes x 4 tasks: node 1, local rank 1; rendezvous at the first node."""
-    slurm = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
-             "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NODELIST": "node[07-08]",
-             "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1", "SLURM_JOB_ID": "4242",
-             "SLURM_STEP_ID": "0"}  # fmt: skip
+    slurm = {
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "8",
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_STEP_NODELIST": "node[07-08]",
+        "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+    }
     env = torch_env(slurm)
-    assert env == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
-                   "GROUP_RANK": "1", "MASTER_ADDR": "node07",
-                   "MASTER_PORT": str(master_port("4242"))}  # fmt: skip
+    assert env == {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "node07",
+        "MASTER_PORT": str(master_port("4242")),
+    }
     # A requeued job meets at another port (never the old store); the sbatch script agrees.
     assert master_port("4242", 1) != master_port("4242") == 20000 + 4242
     assert master_port("4242", 1) == 20000 + (4242 + 7919) % 40000
@@ -201,9 +228,19 @@ class TestSlurmLauncher(LauncherTestSuite):
 @pytest.mark.usefixtures("cluster_env")
 @pytest.mark.parametrize(
     "task_launcher_cfg, extra_flags",
-    [({}, ["-m", "hydra/job_logging=hydra_debug", "hydra/job_logging=disabled",
-           "hydra/launcher=ddp_slurm", "hydra.launcher.poll_interval_s=1"])],
-)  # fmt: skip
+    [
+        (
+            {},
+            [
+                "-m",
+                "hydra/job_logging=hydra_debug",
+                "hydra/job_logging=disabled",
+                "hydra/launcher=ddp_slurm",
+                "hydra.launcher.poll_interval_s=1",
+            ],
+        )
+    ],
+)
 class TestSlurmLauncherIntegration(IntegrationTestSuite):
     """Hydra's integration suite: `python task.py -m ...` apps written into a temp dir."""
 
@@ -227,8 +264,14 @@ def task_logs(sweep_dir: Path, task: int, kind: str = "err") -> str:
 def sweep(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     slurm_cluster.wait_until_idle()
     sweep_dir = tmp_path_factory.mktemp("slurm_sweep") / "sweep"
-    cmd = train_cmd("-m", *SLURM, f"hydra.sweep.dir={sweep_dir}", *JOB,
-                    "dist.nproc_per_node=2", f"optim.lr={','.join(LRS)}")  # fmt: skip
+    cmd = train_cmd(
+        "-m",
+        *SLURM,
+        f"hydra.sweep.dir={sweep_dir}",
+        *JOB,
+        "dist.nproc_per_node=2",
+        f"optim.lr={','.join(LRS)}",
+    )
     result = Sweep(sweep_dir, run(cmd, timeout=300, **slurm_cluster.env))
     assert result.proc.returncode == 0, result.out[-5000:]
     return result
@@ -239,7 +282,11 @@ def test_sweep_jobs_are_2_rank_slurm_jobs(sweep: Sweep) -> None:
     """Each job: one SLURM job of 2 tasks (ranks), a complete Hydra job dir written by rank 0
     only, DDP over both ranks (the per-rank memory list is all-gathered), one array for both."""
     assert sorted(p.name for p in sweep.dir.iterdir() if p.is_dir()) == [
-        ".submitit", "0", "1", "wandb"]  # fmt: skip
+        ".submitit",
+        "0",
+        "1",
+        "wandb",
+    ]
     for num, lr in enumerate(LRS):
         job = sweep.job(num)
         assert {p.name for p in job.iterdir()} == SWEEP_JOB_DIR_ENTRIES, sorted(job.iterdir())
@@ -254,8 +301,14 @@ def test_sweep_jobs_are_2_rank_slurm_jobs(sweep: Sweep) -> None:
     # One array of two 2-task jobs, preemption-ready.
     (script,) = sweep.dir.glob(".submitit/.submission_file_*.sh")
     text = script.read_text()
-    for line in ("--array=0-1%", "--ntasks-per-node=2", "--nodes=1", "--signal=USR1@120",
-                 "--requeue", "--kill-on-bad-exit=1"):  # fmt: skip
+    for line in (
+        "--array=0-1%",
+        "--ntasks-per-node=2",
+        "--nodes=1",
+        "--signal=USR1@120",
+        "--requeue",
+        "--kill-on-bad-exit=1",
+    ):
         assert line in text, text
     # Rank 1 ran in every job and printed no error (its only output is errors).
     assert task_logs(sweep.dir, 1, "out").count("Starting with JobEnvironment") == 2
@@ -318,10 +371,23 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(
     the job, the requeued job resumes in the same job dir and W&B run, and ends with the weights
     of the uninterrupted sweep job #0 (same config)."""
     sweep_dir = tmp_path / "preempted"
-    cmd = train_cmd("-m", *SLURM, f"hydra.sweep.dir={sweep_dir}", *JOB, "dist.nproc_per_node=2",
-                    f"optim.lr={LRS[0]}", "trainer.preemption_check_every_n_steps=1")  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env=run_env(**idle_cluster.env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    cmd = train_cmd(
+        "-m",
+        *SLURM,
+        f"hydra.sweep.dir={sweep_dir}",
+        *JOB,
+        "dist.nproc_per_node=2",
+        f"optim.lr={LRS[0]}",
+        "trainer.preemption_check_every_n_steps=1",
+    )
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=run_env(**idle_cluster.env),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         job = sweep_dir / "0"
         wait_for_rows(job / "metrics.jsonl", 1, proc)
@@ -357,15 +423,22 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(
 
 
 @pytest.mark.slow
-def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(idle_cluster: SlurmCluster,
-                                                            tmp_path: Path) -> None:  # fmt: skip
+def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(
+    idle_cluster: SlurmCluster, tmp_path: Path
+) -> None:
     """SIGKILL the launcher of a 3-job sweep (one task each: two run on the 2-CPU node, one
     waits): its SLURM jobs go on; the rerun with hydra.launcher.resume=true waits for them
     instead of submitting them again (one SLURM job per job dir, one submission in all),
     collects each job's result and exits 0."""
     sweep_dir = tmp_path / "sweep"
-    cmd = train_cmd("-m", *SLURM, f"hydra.sweep.dir={sweep_dir}", *JOB,
-                    "hydra.launcher.resume=true", "optim.lr=0.05,0.1,0.2")  # fmt: skip
+    cmd = train_cmd(
+        "-m",
+        *SLURM,
+        f"hydra.sweep.dir={sweep_dir}",
+        *JOB,
+        "hydra.launcher.resume=true",
+        "optim.lr=0.05,0.1,0.2",
+    )
     jobs = [sweep_dir / str(n) for n in range(3)]
 
     def slurm_job(job: Path) -> str | None:
@@ -373,8 +446,9 @@ def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(idle_cluster: SlurmC
         return record.attempts[-1].slurm_job_id if record and record.attempts else None
 
     with open(tmp_path / "killed.log", "w") as log:
-        launcher = subprocess.Popen(cmd, cwd=REPO, env=run_env(**idle_cluster.env), stdout=log,
-                                    stderr=subprocess.STDOUT)  # fmt: skip
+        launcher = subprocess.Popen(
+            cmd, cwd=REPO, env=run_env(**idle_cluster.env), stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.time() + 180
         while not (all(slurm_job(j) for j in jobs) and (jobs[0] / "metrics.jsonl").exists()):
@@ -394,10 +468,17 @@ def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(idle_cluster: SlurmC
     assert resumed.returncode == 0, out[-5000:]
     # Each job either ended while no launcher watched (its result is collected) or is waited
     # for; the one queued behind the other two is still running when the rerun starts.
-    attached = {n for n, job_id in enumerate(submitted)
-                if f"#{n} (SLURM job {job_id}): re-attached to the SLURM job" in out}  # fmt: skip
-    collected = {n for n in range(3) if f"#{n} " in out and "completed earlier" in
-                 next(line for line in out.splitlines() if f"] #{n} " in line)}  # fmt: skip
+    attached = {
+        n
+        for n, job_id in enumerate(submitted)
+        if f"#{n} (SLURM job {job_id}): re-attached to the SLURM job" in out
+    }
+    collected = {
+        n
+        for n in range(3)
+        if f"#{n} " in out
+        and "completed earlier" in next(line for line in out.splitlines() if f"] #{n} " in line)
+    }
     assert attached and not attached & collected and attached | collected == {0, 1, 2}, out
     for job, job_id in zip(jobs, submitted, strict=True):
         record = read_launch_record(job)
@@ -443,7 +524,8 @@ if __name__ == "__main__":
 def write_app(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "app.py").write_text(APP)
-    (root / "app.yaml").write_text(textwrap.dedent(f"""\
+    (root / "app.yaml").write_text(
+        textwrap.dedent(f"""\
         defaults:
           - override hydra/launcher: slurm
           - _self_
@@ -453,9 +535,11 @@ def write_app(root: Path) -> Path:
         hydra:
           searchpath: [file://{REPO}/conf]
           launcher: {{poll_interval_s: 1, cpus_per_task: 1}}
-        """))  # fmt: skip
+        """)
+    )
     (root / "search").mkdir(exist_ok=True)
-    (root / "search" / "optuna.yaml").write_text(textwrap.dedent("""\
+    (root / "search" / "optuna.yaml").write_text(
+        textwrap.dedent("""\
         # @package _global_
         defaults:
           - override /hydra/sweeper: optuna
@@ -467,7 +551,8 @@ def write_app(root: Path) -> Path:
             sampler: {seed: 0}
             params:
               x: choice(3.0, 1.0, 2.0)
-        """))  # fmt: skip
+        """)
+    )
     return root / "app.py"
 
 
@@ -477,8 +562,12 @@ def test_sweeper_receives_rank_0s_value(idle_cluster: SlurmCluster, tmp_path: Pa
     x of the trials, which only rank 0 returns (rank 1 returns x + 100)."""
     app = write_app(tmp_path / "app")
     sweep_dir = tmp_path / "optuna"
-    proc = run([sys.executable, str(app), "-m", "+search=optuna", f"hydra.sweep.dir={sweep_dir}"],
-               cwd=tmp_path, timeout=240, **idle_cluster.env)  # fmt: skip
+    proc = run(
+        [sys.executable, str(app), "-m", "+search=optuna", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path,
+        timeout=240,
+        **idle_cluster.env,
+    )
     assert proc.returncode == 0, output(proc)[-5000:]
     xs = []
     for num in range(3):
@@ -496,9 +585,12 @@ def test_failed_jobs_are_reported(idle_cluster: SlurmCluster, tmp_path: Path) ->
     one-line reason (console, result.json); the good job completes; the sweep exits non-zero."""
     app = write_app(tmp_path / "app")
     sweep_dir = tmp_path / "failing"
-    proc = run([sys.executable, str(app), "-m", "fail=none,exit,kill",
-                f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, timeout=240,
-               **idle_cluster.env)  # fmt: skip
+    proc = run(
+        [sys.executable, str(app), "-m", "fail=none,exit,kill", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path,
+        timeout=240,
+        **idle_cluster.env,
+    )
     out = output(proc)
     assert proc.returncode != 0, out[-5000:]
     assert (sweep_dir / "0" / ".hydra").is_dir() and not (sweep_dir / "0" / "result.json").exists()
@@ -509,8 +601,9 @@ def test_failed_jobs_are_reported(idle_cluster: SlurmCluster, tmp_path: Path) ->
     assert killed["status"] == "failed" and killed["error"].startswith("rank 1 on "), killed
     # then rank 0's word in brackets, when srun's SIGTERM reached it after its handlers were
     # in place (under load it may still be starting its interpreter, and die without one)
-    assert re.fullmatch(r"rank 1 on \S+: killed( \(rank 0: stopped by SIGTERM .*\))?",
-                        killed["error"]), killed  # fmt: skip
+    assert re.fullmatch(
+        r"rank 1 on \S+: killed( \(rank 0: stopped by SIGTERM .*\))?", killed["error"]
+    ), killed
     assert "#1 failed  " in out and "  fail=exit: failing on purpose on rank 0" in out, out
     assert "  fail=kill: rank 1 on" in out
     assert "Traceback" not in out, out[-5000:]
@@ -523,9 +616,19 @@ def test_failed_jobs_are_reported(idle_cluster: SlurmCluster, tmp_path: Path) ->
 @pytest.mark.slow
 def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
     """`srun -n2 python -m launch.slurm env`: ranks 0 and 1 of 2, one rendezvous address."""
-    proc = idle_cluster.run("srun", "--nodes=1", "--ntasks=2", "--cpus-per-task=1",
-                            sys.executable, "-m", "launch.slurm", "env", timeout=120,
-                            cwd=REPO, PYTHONPATH=str(REPO))  # fmt: skip
+    proc = idle_cluster.run(
+        "srun",
+        "--nodes=1",
+        "--ntasks=2",
+        "--cpus-per-task=1",
+        sys.executable,
+        "-m",
+        "launch.slurm",
+        "env",
+        timeout=120,
+        cwd=REPO,
+        PYTHONPATH=str(REPO),
+    )
     assert proc.returncode == 0, proc.stderr
     envs = [dict(kv.split("=", 1) for kv in line.split()) for line in proc.stdout.splitlines()]
     envs.sort(key=lambda e: e["RANK"])
@@ -535,12 +638,23 @@ def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
     ]
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
     # What a plain `srun python train.py` can call first: the same mapping, in the process.
-    script = ("import os; from launch.slurm import export_torch_env_in_srun as export; "
-              "print(export(), os.environ.get('RANK'), os.environ.get('WORLD_SIZE'))")  # fmt: skip
+    script = (
+        "import os; from launch.slurm import export_torch_env_in_srun as export; "
+        "print(export(), os.environ.get('RANK'), os.environ.get('WORLD_SIZE'))"
+    )
     for ntasks, expected in ((2, ["True 0 2", "True 1 2"]), (1, ["False None None"])):
-        proc = idle_cluster.run("srun", "--nodes=1", f"--ntasks={ntasks}", "--cpus-per-task=1",
-                                sys.executable, "-c", script, timeout=120, cwd=REPO,
-                                PYTHONPATH=str(REPO))  # fmt: skip
+        proc = idle_cluster.run(
+            "srun",
+            "--nodes=1",
+            f"--ntasks={ntasks}",
+            "--cpus-per-task=1",
+            sys.executable,
+            "-c",
+            script,
+            timeout=120,
+            cwd=REPO,
+            PYTHONPATH=str(REPO),
+        )
         assert sorted(proc.stdout.splitlines()) == expected, proc.stdout + proc.stderr
 
 
@@ -548,10 +662,23 @@ def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
 def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
     """sbatch launch/sbatch_example.sh with 2 tasks: one DDP run in RUN_DIR, written by rank 0."""
     run_dir = tmp_path / "run"
-    proc = run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
-                f"--output={tmp_path}/slurm-%j.out", "launch/sbatch_example.sh",
-                "trainer.max_epochs=1", "wandb.mode=offline", "trainer.progress_bar=false"],
-               RUN_DIR=str(run_dir), PYTHON=sys.executable, **idle_cluster.env)  # fmt: skip
+    proc = run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            f"--output={tmp_path}/slurm-%j.out",
+            "launch/sbatch_example.sh",
+            "trainer.max_epochs=1",
+            "wandb.mode=offline",
+            "trainer.progress_bar=false",
+        ],
+        RUN_DIR=str(run_dir),
+        PYTHON=sys.executable,
+        **idle_cluster.env,
+    )
     assert proc.returncode == 0, output(proc)
     job_id = proc.stdout.strip().split(";")[0]
     deadline = time.time() + 240

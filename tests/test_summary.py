@@ -40,8 +40,13 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CONSTANT = "trainer.max_epochs=3"  # in every job's overrides: no column, not in the legend
 
 
-def _write_job(job_dir: Path, overrides: list[str], accs: list[float], result: dict | None,
-               truncate: bool = False) -> None:  # fmt: skip
+def _write_job(
+    job_dir: Path,
+    overrides: list[str],
+    accs: list[float],
+    result: dict | None,
+    truncate: bool = False,
+) -> None:
     """A job dir as train.py + Hydra leave it: .hydra/overrides.yaml, metrics.jsonl (2 train rows
     per epoch, then its val row), result.json."""
     (job_dir / ".hydra").mkdir(parents=True)
@@ -49,10 +54,24 @@ def _write_job(job_dir: Path, overrides: list[str], accs: list[float], result: d
     lines = []
     for epoch, acc in enumerate(accs, 1):
         for step in (1, 2):
-            lines.append({"step": (epoch - 1) * 2 + step, "epoch": epoch, "train/loss": 1.0 - acc,
-                          "lr": 0.1, "samples_per_s": 100.0 * step})  # fmt: skip
-        lines.append({"step": epoch * 2, "epoch": epoch, "val/loss": 2.0 - acc, "val/acc": acc,
-                      "val/count": 50})  # fmt: skip
+            lines.append(
+                {
+                    "step": (epoch - 1) * 2 + step,
+                    "epoch": epoch,
+                    "train/loss": 1.0 - acc,
+                    "lr": 0.1,
+                    "samples_per_s": 100.0 * step,
+                }
+            )
+        lines.append(
+            {
+                "step": epoch * 2,
+                "epoch": epoch,
+                "val/loss": 2.0 - acc,
+                "val/acc": acc,
+                "val/count": 50,
+            }
+        )
     text = "".join(json.dumps(row) + "\n" for row in lines)
     if truncate:
         text += '{"step": 99, "epoch": 9, "val/acc": 0.99, "val/lo'  # killed mid-write
@@ -64,12 +83,27 @@ def _write_job(job_dir: Path, overrides: list[str], accs: list[float], result: d
 def _completed(accs: list[float], **extra) -> dict:
     """result.json as train.py writes it (components/run_dir.py's RunResult)."""
     best = max(accs)
-    return {"status": "completed", "error": None, "monitor": "val/acc", "mode": "max",
-            "best": best, "best_epoch": accs.index(best) + 1, "best_val_acc": best,
-            "final": {"epoch": len(accs), "val/loss": 2.0 - accs[-1], "val/acc": accs[-1],
-                      "val/count": 50},
-            "test": {}, "epochs": len(accs), "wall_time_s": 12.5, "samples_per_s": 150.0,
-            "wandb_run_id": f"run{len(accs)}{int(best * 100)}", **extra}  # fmt: skip
+    return {
+        "status": "completed",
+        "error": None,
+        "monitor": "val/acc",
+        "mode": "max",
+        "best": best,
+        "best_epoch": accs.index(best) + 1,
+        "best_val_acc": best,
+        "final": {
+            "epoch": len(accs),
+            "val/loss": 2.0 - accs[-1],
+            "val/acc": accs[-1],
+            "val/count": 50,
+        },
+        "test": {},
+        "epochs": len(accs),
+        "wall_time_s": 12.5,
+        "samples_per_s": 150.0,
+        "wandb_run_id": f"run{len(accs)}{int(best * 100)}",
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -89,8 +123,16 @@ def sweep(tmp_path: Path) -> Path:
     job(1, "0.1", [0.6, 0.92, 0.9], _completed([0.6, 0.92, 0.9]))
     # an older result.json: no monitor/best/final; filled from metrics.jsonl
     job(2, "0.3", [0.7, 0.85], {"status": "completed", "best_val_acc": 0.85, "wall_time_s": 9.0})
-    job(3, "3.0", [], {"status": "failed", "error": "FloatingPointError: loss is nan at step 7",
-                       "wall_time_s": 3.0})  # fmt: skip
+    job(
+        3,
+        "3.0",
+        [],
+        {
+            "status": "failed",
+            "error": "FloatingPointError: loss is nan at step 7",
+            "wall_time_s": 3.0,
+        },
+    )
     job(4, "0.2", [0.83, 0.81], None, truncate=True)
     (d / "not_a_job").mkdir()  # no .hydra/, result.json or metrics.jsonl: ignored
     return d
@@ -115,12 +157,27 @@ def _assert_png(path: Path) -> None:
 def test_swept_keys_from_the_sweep_config_and_the_jobs() -> None:
     """Sweep overrides of the command line and the sweeper's params are swept; constants are
     not; a key only the jobs vary (another sweeper) is added after them."""
-    config = OmegaConf.create({"hydra": {
-        "overrides": {"task": ["optim.lr=0.05,0.1", "trainer.max_epochs=1",
-                               "model=small_cnn,resnet18", "seed=range(3)"]},
-        "sweeper": {"params": {"optim.momentum": "interval(0.5, 0.95)",
-                               "trainer.batch_size": "choice(32, 64)", "fixed": 3}},
-    }})  # fmt: skip
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "overrides": {
+                    "task": [
+                        "optim.lr=0.05,0.1",
+                        "trainer.max_epochs=1",
+                        "model=small_cnn,resnet18",
+                        "seed=range(3)",
+                    ]
+                },
+                "sweeper": {
+                    "params": {
+                        "optim.momentum": "interval(0.5, 0.95)",
+                        "trainer.batch_size": "choice(32, 64)",
+                        "fixed": 3,
+                    }
+                },
+            }
+        }
+    )
     declared = ["optim.lr", "model", "seed", "optim.momentum", "trainer.batch_size"]
     assert declared_sweep_keys(config) == declared
     jobs = [["optim.lr=0.05", "x=1", "same=2"], ["optim.lr=0.1", "x=2", "same=2"]]
@@ -132,19 +189,39 @@ def test_names_use_short_keys_and_four_significant_digits() -> None:
     """An Optuna trial's name: swept keys only, the shortest unambiguous key suffix, floats to
     4 significant digits (long before: every override, every digit)."""
     keys = ["optim.lr", "optim.momentum", "trainer.batch_size", "model.hidden", "model.dropout"]
-    overrides = ["optim.lr=0.012345678901234", "optim.momentum=0.8765432109876",
-                 "trainer.batch_size=64", "model.hidden=128", "model.dropout=0.30000000000000004",
-                 "dataset=digits", "trainer.max_epochs=5", "wandb.mode=offline"]  # fmt: skip
+    overrides = [
+        "optim.lr=0.012345678901234",
+        "optim.momentum=0.8765432109876",
+        "trainer.batch_size=64",
+        "model.hidden=128",
+        "model.dropout=0.30000000000000004",
+        "dataset=digits",
+        "trainer.max_epochs=5",
+        "wandb.mode=offline",
+    ]
     values = swept_values(overrides, keys)
-    assert values == {"lr": 0.012345678901234, "momentum": 0.8765432109876, "batch_size": 64,
-                      "hidden": 128, "dropout": 0.30000000000000004}  # fmt: skip
+    assert values == {
+        "lr": 0.012345678901234,
+        "momentum": 0.8765432109876,
+        "batch_size": 64,
+        "hidden": 128,
+        "dropout": 0.30000000000000004,
+    }
     name = label(values)
     assert name == "lr=0.01235,momentum=0.8765,batch_size=64,hidden=128,dropout=0.3"
     assert len(name) < len(",".join(overrides)) / 2
     assert short_keys(["optim.lr", "sched.lr", "model"]) == {
-        "optim.lr": "optim.lr", "sched.lr": "sched.lr", "model": "model"}  # fmt: skip
+        "optim.lr": "optim.lr",
+        "sched.lr": "sched.lr",
+        "model": "model",
+    }
     assert [fmt_value(v) for v in (1e-05, 123456.0, True, "resnet18", 3)] == [
-        "1e-05", "1.235e+05", "true", "resnet18", "3"]  # fmt: skip
+        "1e-05",
+        "1.235e+05",
+        "true",
+        "resnet18",
+        "3",
+    ]
     assert [fmt_duration(s) for s in (4.25, 125, 7530)] == ["4.2s", "2m05s", "2h05m"]
     assert sweep_group(None, "multirun/2026-11-29/21-30-00-1") == "sweep-2026-11-29_21-30-00-1"
 
@@ -159,7 +236,11 @@ def test_collect_jobs_reads_results_and_derives_from_metrics(sweep: Path) -> Non
     assert jobs["1"].swept == {"optim.lr": 0.1}  # the constant override is not swept
     assert jobs["1"].status == "completed" and jobs["1"].error is None
     assert (jobs["1"].monitor, jobs["1"].mode, jobs["1"].best, jobs["1"].best_epoch) == (
-        "val/acc", "max", 0.92, 2)  # fmt: skip
+        "val/acc",
+        "max",
+        0.92,
+        2,
+    )
     assert jobs["1"].final == {"val/loss": pytest.approx(1.1), "val/acc": 0.9, "val/count": 50}
     assert jobs["1"].epochs == [(1, 0.6), (2, 0.92), (3, 0.9)]
     # train/loss over epochs: step / steps per epoch (2)
@@ -189,9 +270,23 @@ def test_write_summary_files(sweep: Path) -> None:
     assert summary.swept_keys == ["optim.lr"] and summary.ranked_by == "best val/acc"
 
     header, rows = _read_csv(sweep / "summary.csv")
-    assert header == ["job", "optim.lr", "status", "best", "best_epoch", "last val/acc",
-                      "last val/loss", "wall_time_s", "samples_per_s", "monitor", "mode",
-                      "wandb_run_id", "overrides", "attempts", "error"]  # fmt: skip
+    assert header == [
+        "job",
+        "optim.lr",
+        "status",
+        "best",
+        "best_epoch",
+        "last val/acc",
+        "last val/loss",
+        "wall_time_s",
+        "samples_per_s",
+        "monitor",
+        "mode",
+        "wandb_run_id",
+        "overrides",
+        "attempts",
+        "error",
+    ]
     assert [r["job"] for r in rows] == ["1", "2", "4", "0", "3"]
     assert [r["optim.lr"] for r in rows] == ["0.1", "0.3", "0.2", "0.01", "3.0"]
     assert [float(r["best"]) for r in rows[:4]] == [0.92, 0.85, 0.83, 0.8]
@@ -217,14 +312,21 @@ def test_jobs_are_ranked_by_their_monitored_metric_and_mode(tmp_path: Path) -> N
     """result.json's monitor/mode/best (trainer.monitor) rank the sweep: val/loss, lowest first."""
     d = tmp_path / "sweep"
     for job, loss, acc in (("0", 0.40, 0.90), ("1", 0.20, 0.80), ("2", 0.30, 0.95)):
-        _write_job(d / job, [f"seed={job}"], [acc],
-                   _completed([acc], monitor="val/loss", mode="min", best=loss))  # fmt: skip
+        _write_job(
+            d / job,
+            [f"seed={job}"],
+            [acc],
+            _completed([acc], monitor="val/loss", mode="min", best=loss),
+        )
     summary = write_summary(d)
     assert [r.job for r in summary.rows] == ["1", "2", "0"]
     assert [(r.monitor, r.mode, r.best) for r in summary.rows][0] == ("val/loss", "min", 0.2)
     _, rows = _read_csv(d / "summary.csv")
     assert [(r["monitor"], r["mode"], float(r["best"])) for r in rows] == [
-        ("val/loss", "min", 0.2), ("val/loss", "min", 0.3), ("val/loss", "min", 0.4)]  # fmt: skip
+        ("val/loss", "min", 0.2),
+        ("val/loss", "min", 0.3),
+        ("val/loss", "min", 0.4),
+    ]
     # an explicit column and mode still rank by that column
     assert [r.job for r in write_summary(d, "best_val_acc", "max").rows] == ["2", "0", "1"]
 
@@ -234,7 +336,12 @@ def test_format_table_lists_failures(sweep: Path) -> None:
     lines = format_table(summary.rows, summary.swept_keys).splitlines()
     assert lines[0].split()[:6] == ["job", "lr", "status", "best", "val/acc", "epoch"]
     assert [line.split()[:2] for line in lines[2:7]] == [
-        ["1", "0.1"], ["2", "0.3"], ["4", "0.2"], ["0", "0.01"], ["3", "3"]]  # fmt: skip
+        ["1", "0.1"],
+        ["2", "0.3"],
+        ["4", "0.2"],
+        ["0", "0.01"],
+        ["3", "3"],
+    ]
     failed = lines[lines.index("Failed jobs:") + 1 :]
     assert failed == [
         "  job 4 [failed] lr=0.2: no result.json",
@@ -253,8 +360,13 @@ def test_attempts_come_from_launch_json(sweep: Path) -> None:
     rows = {r.job: r for r in write_summary(sweep).rows}
     assert rows["3"].attempts == 2 and rows["0"].attempts is None
     _, table = _read_csv(sweep / "summary.csv")
-    assert {r["job"]: r["attempts"] for r in table} == {"0": "", "1": "", "2": "", "3": "2",
-                                                        "4": ""}  # fmt: skip
+    assert {r["job"]: r["attempts"] for r in table} == {
+        "0": "",
+        "1": "",
+        "2": "",
+        "3": "2",
+        "4": "",
+    }
     assert "attempts" in format_table(list(rows.values())).splitlines()[0]
 
 
@@ -262,8 +374,14 @@ def test_ranked_by_each_jobs_monitor_and_mode(tmp_path: Path) -> None:
     """Jobs that monitor val/loss (min) are ranked lowest first; test/* metrics get columns."""
     for num, losses in enumerate([[0.9, 0.5], [0.8, 0.7], [0.3, 0.4]]):
         accs = [2.0 - x for x in losses]
-        result = _completed(accs, monitor="val/loss", mode="min", best=min(losses),
-                            best_epoch=losses.index(min(losses)) + 1, test={"test/acc": 0.5 + num})
+        result = _completed(
+            accs,
+            monitor="val/loss",
+            mode="min",
+            best=min(losses),
+            best_epoch=losses.index(min(losses)) + 1,
+            test={"test/acc": 0.5 + num},
+        )
         _write_job(tmp_path / str(num), [f"seed={num}"], accs, result)
     summary = write_summary(tmp_path)
     assert [r.job for r in summary.rows] == ["2", "0", "1"] and summary.mode == "min"
@@ -284,8 +402,12 @@ def test_sweep_keys_of_an_optuna_sweep(tmp_path: Path) -> None:
         "      optim.lr: tag(log, interval(0.005, 0.5))\n      model.hidden: choice(64, 128)\n"
     )
     for num, (lr, hidden) in enumerate([("0.0123456", 64), ("0.3", 64)]):
-        _write_job(tmp_path / str(num), [f"optim.lr={lr}", f"model.hidden={hidden}"], [0.5],
-                   _completed([0.5 + num / 10]))  # fmt: skip
+        _write_job(
+            tmp_path / str(num),
+            [f"optim.lr={lr}", f"model.hidden={hidden}"],
+            [0.5],
+            _completed([0.5 + num / 10]),
+        )
     jobs, keys = read_sweep(tmp_path)
     assert keys == ["optim.lr", "model.hidden"]
     text = format_table(jobs, keys)
@@ -341,14 +463,18 @@ def test_plot_readable_for_one_epoch_jobs_with_equal_curves(tmp_path: Path) -> N
             assert all(line.get_marker() not in (None, "", "None") for line in ax.lines)
             ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
             assert ticks and all(float(t).is_integer() for t in ticks), ticks
-        styles = [(line.get_color(), line.get_marker(), line.get_linestyle())
-                  for line in axes[0].lines]  # fmt: skip
+        styles = [
+            (line.get_color(), line.get_marker(), line.get_linestyle()) for line in axes[0].lines
+        ]
         assert len(set(styles)) == 3
         xs = [line.get_xdata()[0] for line in axes[0].lines]  # one epoch's points, spread apart
         assert len(set(xs)) == 3 and all(abs(x - 1) < 0.25 for x in xs)
         labels = [t.get_text() for t in fig.legends[0].get_texts()]
-        assert labels == ["#0 lr=0.05 nproc_per_node=1", "#1 lr=0.05 nproc_per_node=2",
-                          "#2 lr=0.1 nproc_per_node=1"]  # fmt: skip
+        assert labels == [
+            "#0 lr=0.05 nproc_per_node=1",
+            "#1 lr=0.05 nproc_per_node=2",
+            "#2 lr=0.1 nproc_per_node=1",
+        ]
     finally:
         plt.close(fig)
 
@@ -502,7 +628,10 @@ def test_callback_writes_summary_at_multirun_end(tmp_path: Path) -> None:
     assert (sweep_dir / "multirun.yaml").exists()
     _, rows = _read_csv(sweep_dir / "summary.csv")
     assert [(r["job"], r["x"], r["status"]) for r in rows] == [
-        ("2", "3", "completed"), ("1", "2", "completed"), ("0", "1", "completed")]  # fmt: skip
+        ("2", "3", "completed"),
+        ("1", "2", "completed"),
+        ("0", "1", "completed"),
+    ]
     assert (sweep_dir / "summary.md").exists()
     _assert_png(sweep_dir / "summary.png")
     assert "Failed jobs" not in proc.stdout and "Sweep summary: 3 jobs, 3 completed" in proc.stdout

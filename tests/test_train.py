@@ -136,9 +136,7 @@ def two_runs(tmp_path_factory):
     one = run(train_cmd(*common, f"hydra.run.dir={root / 'one'}"))
     assert one.returncode == 0, output(one)
     # ${now:} with microseconds: without the rank agreement every rank picks its own dir.
-    two = run(
-        train_cmd(*common, f"hydra.run.dir={root / 'two'}/${{now:%H-%M-%S-%f}}", nproc=2)
-    )
+    two = run(train_cmd(*common, f"hydra.run.dir={root / 'two'}/${{now:%H-%M-%S-%f}}", nproc=2))
     assert two.returncode == 0, output(two)
     (two_dir,) = (root / "two").iterdir()
     return root / "one", two_dir, two
@@ -175,11 +173,20 @@ def test_two_ranks_share_one_run_dir_written_by_rank_zero(two_runs):
     _, run_dir, proc = two_runs
     # exactly one dir, holding only what rank 0 writes
     names = {p.name for p in run_dir.iterdir()}
-    assert names == {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro",
-                     "wandb"}  # fmt: skip
+    assert names == {
+        ".hydra",
+        "train.log",
+        "metrics.jsonl",
+        "result.json",
+        "checkpoints",
+        "repro",
+        "wandb",
+    }
     assert {p.name for p in (run_dir / ".hydra").iterdir()} == {
-        "config.yaml", "hydra.yaml", "overrides.yaml"
-    }  # fmt: skip
+        "config.yaml",
+        "hydra.yaml",
+        "overrides.yaml",
+    }
     log = (run_dir / "train.log").read_text()
     assert "epoch 2/2" in log and "[rank1]" not in log
     # metrics.jsonl: the documented keys, all-reduced val metrics over the full val set
@@ -224,8 +231,16 @@ def test_resume_auto_continues_from_last(two_runs, tmp_path):
     shutil.copytree(one_dir, run_dir)
     before = rows(run_dir)
     run_id = load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["wandb_run_id"]
-    proc = run(train_cmd(*QUICK, "trainer.max_epochs=3", f"hydra.run.dir={run_dir}",
-                         "resume=auto", *FAKE_ODD, "seed=3"))  # fmt: skip
+    proc = run(
+        train_cmd(
+            *QUICK,
+            "trainer.max_epochs=3",
+            f"hydra.run.dir={run_dir}",
+            "resume=auto",
+            *FAKE_ODD,
+            "seed=3",
+        )
+    )
     assert proc.returncode == 0, output(proc)
     assert "resumed from" in (run_dir / "train.log").read_text()
     after = rows(run_dir)
@@ -243,8 +258,10 @@ def test_resume_auto_continues_from_last(two_runs, tmp_path):
 # Every bad input a run can be given, and what its one-line error must say (in this process:
 # train(cfg) raises the UserError that the process would report).
 BAD_INPUTS = [
-    (["model=torchvision", "model.name=resnet_nope"],
-     ["unknown torchvision classification model 'resnet_nope'", "did you mean"]),
+    (
+        ["model=torchvision", "model.name=resnet_nope"],
+        ["unknown torchvision classification model 'resnet_nope'", "did you mean"],
+    ),
     (["dist.backend=nccl"], ["dist.backend=nccl needs a CUDA GPU", "gloo"]),
     (["dist.backend=mpi"], ["dist.backend=mpi is not valid", "auto, nccl or gloo"]),
     (["trainer.device=tpu"], ["trainer.device=tpu is not valid"]),
@@ -255,8 +272,10 @@ BAD_INPUTS = [
     (["augment=crop_flip", "augment.crop=zoom"], ["augment.crop=zoom is not valid"]),
     (["augment=none", "augment.random_erasing=1.5"], ["augment.random_erasing=1.5"]),
     (["augment=rand_augment", "augment.policy.num_ops=-1"], ["augment: ", "fix augment.*"]),
-    (["augment=auto_augment", "augment.policy.policy=mnist"],
-     ["augment.policy.policy=mnist is not valid", "cifar10"]),
+    (
+        ["augment=auto_augment", "augment.policy.policy=mnist"],
+        ["augment.policy.policy=mnist is not valid", "cifar10"],
+    ),
     (["trainer.mixup.mixup_alpha=-1"], ["trainer.mixup.mixup_alpha=-1.0 is out of range"]),
     (["trainer.ema.decay=1.5"], ["trainer.ema.decay=1.5 must be in (0, 1)"]),
     (["trainer.monitor.mode=maximum"], ["trainer.monitor.mode=maximum is not valid"]),
@@ -266,27 +285,37 @@ BAD_INPUTS = [
     (["trainer.lr_schedule=step"], ["trainer.lr_schedule=step", "cosine or constant"]),
     (["trainer.batch_size=4096"], ["exceeds the training set", "lower trainer.batch_size"]),
     (["trainer.accumulate_grad_batches=0"], ["trainer.accumulate_grad_batches=0"]),
-    (["trainer.batch_size=64", "trainer.accumulate_grad_batches=3"],
-     ["trainer.batch_size=64 (the global batch) is not divisible by the world size 1 x "
-      "trainer.accumulate_grad_batches=3"]),
+    (
+        ["trainer.batch_size=64", "trainer.accumulate_grad_batches=3"],
+        [
+            "trainer.batch_size=64 (the global batch) is not divisible by the world size 1 x "
+            "trainer.accumulate_grad_batches=3"
+        ],
+    ),
     (["dist.nproc_per_node=two"], ["dist.nproc_per_node=two is not valid", "auto or a positive"]),
-    (["dataset=mnist", "dataset.root=/nonexistent/mnist"],
-     ["/nonexistent/mnist", "dataset.download=true"]),
+    (
+        ["dataset=mnist", "dataset.root=/nonexistent/mnist"],
+        ["/nonexistent/mnist", "dataset.download=true"],
+    ),
     (["dataset=imagefolder"], ["dataset imagefolder needs dataset.root", "point dataset.root at"]),
     (["dataset.val_fraction=1.5"], ["dataset.val_fraction=1.5 is out of range"]),
     (["resume=/nonexistent/last.pt"], ["/nonexistent/last.pt does not exist", "resume="]),
     (["model=torchvision"], ["model.name is required", "model.name="]),
     (["trainer.max_epochs=0"], ["trainer.max_epochs=0 is not valid", "integer >= 1"]),
     (["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0 is not valid"]),
-    (["trainer.limit_train_batches=-1"], ["trainer.limit_train_batches=-1 is not valid",
-                                          "a fraction in (0, 1]"]),
+    (
+        ["trainer.limit_train_batches=-1"],
+        ["trainer.limit_train_batches=-1 is not valid", "a fraction in (0, 1]"],
+    ),
     (["trainer.limit_val_batches=1.5"], ["trainer.limit_val_batches=1.5 is not valid"]),
     (["trainer.overfit_batches=0"], ["trainer.overfit_batches=0 is not valid"]),
     (["trainer.progress_every_s=0"], ["trainer.progress_every_s=0", "positive"]),
-    (["trainer.monitor.metric=val/f1"], ["trainer.monitor.metric=val/f1 is not a validation "
-                                         "metric", "val/acc"]),
+    (
+        ["trainer.monitor.metric=val/f1"],
+        ["trainer.monitor.metric=val/f1 is not a validation metric", "val/acc"],
+    ),
     (["trainer.monitor.mode=up"], ["trainer.monitor.mode=up is not valid", "max or min"]),
-]  # fmt: skip
+]
 
 
 def assert_clean_failure(proc, *fragments: str):
@@ -310,23 +339,24 @@ def test_bad_input_is_one_user_error_and_recorded(tmp_path, overrides, fragments
 
 @pytest.mark.slow
 def test_a_user_error_is_one_line_and_exit_status_2(tmp_path):
-    proc = run(train_cmd(*QUICK, f"hydra.run.dir={tmp_path / 'r'}", "optim.lr=1e12"),
-               timeout=180)  # fmt: skip
+    proc = run(train_cmd(*QUICK, f"hydra.run.dir={tmp_path / 'r'}", "optim.lr=1e12"), timeout=180)
     assert proc.returncode == 2, output(proc)
     assert f'File "{REPO}' not in output(proc)  # no traceback
     assert only_error_lines(output(proc)) == [
         line for line in output(proc).splitlines() if "non-finite loss" in line
-    ]  # fmt: skip
+    ]
     assert len(only_error_lines(output(proc))) == 1
     assert "non-finite loss" in (tmp_path / "r" / "train.log").read_text()
 
 
 @pytest.mark.parametrize(
     "overrides, fragments",
-    [(["dataset=nope"], ["Could not find 'dataset/nope'", "digits"]),
-     (["trainer.max_epochs=abc"], ["'abc'", "Integer"]),
-     (["wandb.mode=onlin"], ["'onlin'", "auto, online, offline, disabled"])],
-)  # fmt: skip
+    [
+        (["dataset=nope"], ["Could not find 'dataset/nope'", "digits"]),
+        (["trainer.max_epochs=abc"], ["'abc'", "Integer"]),
+        (["wandb.mode=onlin"], ["'onlin'", "auto, online, offline, disabled"]),
+    ],
+)
 def test_unknown_choice_and_wrong_type_fail_at_composition(tmp_path, overrides, fragments):
     text = composition_error(CONF, overrides)
     assert all(f in text for f in fragments), text
@@ -391,8 +421,9 @@ def test_non_finite_loss_keeps_what_was_written(tmp_path):
     ],
 )
 def test_bad_input_two_ranks_exit_without_hanging(tmp_path, overrides, fragments):
-    proc = run(train_cmd(*QUICK, f"hydra.run.dir={tmp_path / 'r'}", *overrides, nproc=2),
-               timeout=180)  # fmt: skip
+    proc = run(
+        train_cmd(*QUICK, f"hydra.run.dir={tmp_path / 'r'}", *overrides, nproc=2), timeout=180
+    )
     assert_clean_failure(proc, *fragments)
 
 
@@ -415,9 +446,18 @@ def test_wandb_init_failure_is_a_warning(tmp_path):
     run_dir = tmp_path / "r"
     home = tmp_path / "home"
     home.mkdir()
-    proc = run(train_cmd("trainer.max_epochs=1", "trainer.progress_bar=false", "wandb.mode=online",
-                         "wandb.init_timeout_s=30", f"hydra.run.dir={run_dir}"),
-               timeout=240, HOME=str(home), NETRC=str(home / ".netrc"))  # fmt: skip
+    proc = run(
+        train_cmd(
+            "trainer.max_epochs=1",
+            "trainer.progress_bar=false",
+            "wandb.mode=online",
+            "wandb.init_timeout_s=30",
+            f"hydra.run.dir={run_dir}",
+        ),
+        timeout=240,
+        HOME=str(home),
+        NETRC=str(home / ".netrc"),
+    )
     assert proc.returncode == 0, output(proc)
     assert "W&B init failed, training goes on without it" in output(proc)
     assert len(val_rows(run_dir)) == 1
@@ -433,11 +473,19 @@ def test_ctrl_c_is_interrupted_with_one_line(tmp_path):
 
     run_dir = tmp_path / "r"
     proc = subprocess.Popen(
-        train_cmd("trainer.max_epochs=50", "wandb.mode=disabled", "trainer.progress_bar=false",
-                  f"hydra.run.dir={run_dir}"),
-        cwd=REPO, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        train_cmd(
+            "trainer.max_epochs=50",
+            "wandb.mode=disabled",
+            "trainer.progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+        ),
+        cwd=REPO,
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
-    )  # fmt: skip
+    )
     wait_for_rows(run_dir / "metrics.jsonl", 3, proc)
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=120)[0]
@@ -456,10 +504,16 @@ AGENT_RUN_ID = "agentrun01"
 
 def agent_env(tmp_path: Path, **params: object) -> dict:
     path = tmp_path / "sweep-params.yaml"
-    path.write_text("wandb_version: 1\n" + "".join(
-        f"{key}:\n  value: {value}\n" for key, value in params.items()))  # fmt: skip
-    return {"WANDB_SWEEP_ID": "sweep01", "WANDB_RUN_ID": AGENT_RUN_ID,
-            "WANDB_SWEEP_PARAM_PATH": str(path), "WANDB_PROJECT": "agent-project"}  # fmt: skip
+    path.write_text(
+        "wandb_version: 1\n"
+        + "".join(f"{key}:\n  value: {value}\n" for key, value in params.items())
+    )
+    return {
+        "WANDB_SWEEP_ID": "sweep01",
+        "WANDB_RUN_ID": AGENT_RUN_ID,
+        "WANDB_SWEEP_PARAM_PATH": str(path),
+        "WANDB_PROJECT": "agent-project",
+    }
 
 
 @pytest.mark.slow
@@ -469,8 +523,10 @@ def test_wandb_agent_run_is_rank_0s_and_other_ranks_stay_silent(tmp_path):
     (named by the swept values), rank 1 touches no W&B at all."""
     run_dir = tmp_path / "r"
     env = agent_env(tmp_path, **{"optim.lr": 0.05})
-    proc = run(train_cmd(*QUICK, "optim.lr=0.05", "dist.nproc_per_node=2",
-                         f"hydra.run.dir={run_dir}"), **env)  # fmt: skip
+    proc = run(
+        train_cmd(*QUICK, "optim.lr=0.05", "dist.nproc_per_node=2", f"hydra.run.dir={run_dir}"),
+        **env,
+    )
     assert proc.returncode == 0, output(proc)[-5000:]
     (wb,) = offline_runs(run_dir)
     assert wb.run_id == AGENT_RUN_ID and wb.exit_code == 0

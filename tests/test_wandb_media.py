@@ -78,8 +78,12 @@ def test_per_epoch_panels_from_the_exact_validation(trained, scans):
     rows = [h for h in wb.history if "val/acc" in h]
     assert [h["epoch"] for h in rows] == [1, 2]
     for h in rows:
-        assert {"val/per_class", "val/per_class_acc_table", "val/confusion_matrix_table",
-                "val/samples"} <= h.keys()  # fmt: skip
+        assert {
+            "val/per_class",
+            "val/per_class_acc_table",
+            "val/confusion_matrix_table",
+            "val/samples",
+        } <= h.keys()
     per_class, cells = wb.tables("val/per_class"), wb.tables("val/confusion_matrix_table")
     for val, table, matrix in zip(vals, per_class, cells, strict=True):
         assert table["columns"] == ["class", "acc", "count"]
@@ -104,8 +108,9 @@ def test_per_epoch_panels_from_the_exact_validation(trained, scans):
 
 def test_sample_predictions_are_the_evaluations_own(trained, tmp_path):
     """The best epoch's val/samples rows are what eval.py predicts with best.pt on val."""
-    eval_in_process(tmp_path, f"run={trained}", "split=val", "predictions=true",
-                    "wandb.mode=disabled")  # fmt: skip
+    eval_in_process(
+        tmp_path, f"run={trained}", "split=val", "predictions=true", "wandb.mode=disabled"
+    )
     with open(tmp_path / "predictions.csv", newline="") as f:
         expected = {int(p["sample"]): p for p in csv.DictReader(f)}
     (wb,) = offline_runs(trained)
@@ -121,15 +126,21 @@ def test_checkpoints_as_artifacts_and_repro_files(trained):
     and latest, with step, epoch and the epoch's val metrics; repro/ in the run dir and W&B."""
     (wb,) = offline_runs(trained)
     models = [a for a in wb.artifacts if a["type"] == "model"]
-    improved = [v for i, v in enumerate(val_rows(trained))
-                if v["val/acc"] > max([0.0] + [u["val/acc"] for u in val_rows(trained)[:i]])]
+    improved = [
+        v
+        for i, v in enumerate(val_rows(trained))
+        if v["val/acc"] > max([0.0] + [u["val/acc"] for u in val_rows(trained)[:i]])
+    ]
     assert len(models) == len(improved) >= 1
     for model, val in zip(models, improved, strict=True):
         assert model["name"] == f"model-{wb.run_id}" and model["paths"] == ["checkpoint.pt"]
         assert set(model["aliases"]) == {"best", "latest"}
         meta = model["metadata"]
-        assert (meta["step"], meta["epoch"], meta["monitor"]) == (val["step"], val["epoch"],
-                                                                  "val/acc")  # fmt: skip
+        assert (meta["step"], meta["epoch"], meta["monitor"]) == (
+            val["step"],
+            val["epoch"],
+            "val/acc",
+        )
         assert meta["val/acc"] == val["val/acc"] == meta["best_val_acc"]
         assert Path(model["files"]["checkpoint.pt"]).stat().st_size > 0  # staged for sync
 
@@ -197,8 +208,10 @@ def test_log_checkpoints_all_and_resume_continue_one_lineage(tmp_path):
     train_in_process(run_dir, *common, "trainer.max_epochs=2", "resume=auto")
     first, resumed = offline_runs(run_dir)
     assert resumed.run_id == first.run_id
-    steps = [[a["metadata"]["step"] for a in r.artifacts if a["type"] == "model"]
-             for r in (first, resumed)]  # fmt: skip
+    steps = [
+        [a["metadata"]["step"] for a in r.artifacts if a["type"] == "model"]
+        for r in (first, resumed)
+    ]
     assert steps == [[10, 20, 22], [44]]
     names = {a["name"] for r in (first, resumed) for a in r.artifacts if a["type"] == "model"}
     assert names == {f"model-{first.run_id}"}
@@ -216,12 +229,18 @@ class FakeRun:
         self.logged.append((artifact.metadata["step"], aliases))
 
 
-@pytest.mark.parametrize("policy,expected", [
-    ("none", []),
-    ("best", [(1, ["latest", "best"]), (3, ["latest", "best"])]),
-    ("last", [(4, ["latest"])]),
-    ("all", [(1, ["latest", "best"]), (2, ["latest"]), (3, ["latest", "best"]), (4, ["latest"])]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "policy,expected",
+    [
+        ("none", []),
+        ("best", [(1, ["latest", "best"]), (3, ["latest", "best"])]),
+        ("last", [(4, ["latest"])]),
+        (
+            "all",
+            [(1, ["latest", "best"]), (2, ["latest"]), (3, ["latest", "best"]), (4, ["latest"])],
+        ),
+    ],
+)
 def test_checkpoint_policies(tmp_path, policy, expected):
     path = tmp_path / "step.pt"
     path.write_bytes(b"weights")
@@ -249,8 +268,13 @@ def test_wandb_failures_are_warnings(tmp_path, monkeypatch, caplog):
     assert read_json(run_dir / "result.json")["status"] == "completed"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     for what in ("checkpoint artifact", "media"):
-        assert sum(f"W&B {what} failed, training goes on: RuntimeError: W&B is down" in w
-                   for w in warnings) == 1, warnings  # fmt: skip
+        assert (
+            sum(
+                f"W&B {what} failed, training goes on: RuntimeError: W&B is down" in w
+                for w in warnings
+            )
+            == 1
+        ), warnings
     (wb,) = offline_runs(run_dir)
     assert [h["epoch"] for h in wb.history if "val/acc" in h] == [1, 2]
     assert not [a for a in wb.artifacts if a["type"] == "model"] and wb.exit_code == 0
@@ -258,8 +282,15 @@ def test_wandb_failures_are_warnings(tmp_path, monkeypatch, caplog):
 
 def test_watch_logs_histograms(tmp_path):
     run_dir = tmp_path / "r"
-    train_in_process(run_dir, *QUICK, *QUIET, "wandb.watch=all", "trainer.log_every_n_steps=10",
-                     "wandb.media_every_n_epochs=0", "wandb.log_checkpoints=none")  # fmt: skip
+    train_in_process(
+        run_dir,
+        *QUICK,
+        *QUIET,
+        "wandb.watch=all",
+        "trainer.log_every_n_steps=10",
+        "wandb.media_every_n_epochs=0",
+        "wandb.log_checkpoints=none",
+    )
     (wb,) = offline_runs(run_dir)
     keys = {k for h in wb.history for k in h}
     assert any(k.startswith("gradients/") for k in keys), keys
@@ -281,13 +312,13 @@ def test_two_ranks_gather_the_samples_exactly(tmp_path, scans):
     """2 ranks on the DataLoader path: each sample's row comes from the rank that holds it,
     images are the stored scans, and eval.py (one rank) predicts the same with best.pt."""
     run_dir = tmp_path / "r"
-    proc = run(train_cmd(*QUICK, *QUIET, "dataset.fast=false", f"hydra.run.dir={run_dir}",
-                         nproc=2))  # fmt: skip
+    proc = run(train_cmd(*QUICK, *QUIET, "dataset.fast=false", f"hydra.run.dir={run_dir}", nproc=2))
     assert proc.returncode == 0, output(proc)[-3000:]
     (wb,) = offline_runs(run_dir)
     check_images(wb, scans, n=1)
-    eval_in_process(tmp_path / "eval", f"run={run_dir}", "split=val", "predictions=true",
-                    "wandb.mode=disabled")  # fmt: skip
+    eval_in_process(
+        tmp_path / "eval", f"run={run_dir}", "split=val", "predictions=true", "wandb.mode=disabled"
+    )
     with open(tmp_path / "eval" / "predictions.csv", newline="") as f:
         expected = {int(p["sample"]): p for p in csv.DictReader(f)}
     (table,) = wb.tables("val/samples")
@@ -307,10 +338,13 @@ def test_negative_counts_are_one_user_error(tmp_path, key):
     assert read_json(tmp_path / "r" / "result.json")["status"] == "failed"
 
 
-@pytest.mark.parametrize("override,valid", [
-    ("wandb.log_checkpoints=bestt", "none, best, last, all"),
-    ("wandb.watch=yes", "off, gradients, parameters, all"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override,valid",
+    [
+        ("wandb.log_checkpoints=bestt", "none, best, last, all"),
+        ("wandb.watch=yes", "off, gradients, parameters, all"),
+    ],
+)
 def test_choices_are_checked_at_composition(override, valid):
     from tests.helpers import compose_train
 
@@ -328,8 +362,9 @@ def test_stored_images_as_they_are_shrunk_when_large():
     gray = torch.arange(64, dtype=torch.uint8).view(1, 8, 8)
     np.testing.assert_array_equal(np.asarray(stored_image(gray)), gray[0].numpy())
     rgb = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
-    np.testing.assert_array_equal(np.asarray(stored_image(torch.from_numpy(rgb).permute(2, 0, 1))),
-                                  rgb)  # fmt: skip
+    np.testing.assert_array_equal(
+        np.asarray(stored_image(torch.from_numpy(rgb).permute(2, 0, 1))), rgb
+    )
     photo = Image.new("RGB", (600, 400), (10, 20, 30))
     width, height = stored_image(photo).size
     assert width == MAX_IMAGE_SIDE and abs(height - MAX_IMAGE_SIDE * 400 / 600) <= 1

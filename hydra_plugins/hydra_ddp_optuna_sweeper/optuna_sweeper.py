@@ -6,6 +6,7 @@ only classes defined there), so this shim holds the Sweeper class and nothing el
 (`DDPOptunaSweeperConf`, registered as `hydra/sweeper=ddp_optuna`) and the work are in
 launch/optuna_sweeper.py.
 """
+
 from launch import optuna_sweeper  # registers the `hydra/sweeper=ddp_optuna` schema
 
 
