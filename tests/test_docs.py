@@ -76,7 +76,8 @@ def parse(text: str, where: str) -> Command | None:
         else:
             overrides.append(word)
     config = SCRIPTS[words[script]]
-    return Command(where, text, config, tuple(overrides), multirun, config_dir)
+    shown = re.sub(r"\s+#[^'\"]*$", "", text)  # the command without its trailing comment
+    return Command(where, shown, config, tuple(overrides), multirun, config_dir)
 
 
 def shell_lines(block: str, first_line: int) -> list[tuple[int, str]]:
