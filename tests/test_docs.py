@@ -141,8 +141,9 @@ def jobs(command: Command) -> list[list[str]]:
     return [[v[i % len(v)] for v in values] for i in range(max(map(len, values), default=1))]
 
 
-def compose(command: Command) -> int:
-    """Compose every job of `command` as its script would; returns how many were composed."""
+def compose(command: Command, configs: list | None = None) -> int:
+    """Compose every job of `command` as its script would; returns how many were composed
+    (and appends each composed config to `configs`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -168,6 +169,8 @@ def compose(command: Command) -> int:
                     ]
                     if unknown:  # an Optuna search space over keys the config no longer has
                         raise KeyError(f"hydra.sweeper.params searches unknown keys {unknown}")
+                    if configs is not None:
+                        configs.append(cfg)
                 except Exception as e:  # noqa: BLE001 - any composition error is the finding
                     message = " ".join(str(e).split())
                     raise AssertionError(
@@ -268,3 +271,27 @@ def test_every_link_and_picture_resolves():
             elif linked.suffix == ".png" and linked.stat().st_size >= 200_000:
                 broken.append(f"{where}: {linked.stat().st_size} bytes, over 200 KB")
     assert not broken, "\n".join(broken)
+
+
+def test_composing_in_process_is_what_the_script_composes():
+    """The in-process composition above stands for `python train.py --cfg job ...`: the same
+    job config, `--config-dir` included (checked once against the real entry point)."""
+    import subprocess
+    import sys
+
+    import yaml
+    from omegaconf import OmegaConf, open_dict
+
+    text = "python train.py --config-dir examples/conf dataset=shapes trainer.max_epochs=2"
+    command = parse(text, "here")
+    configs: list = []
+    compose(command, configs)
+    (cfg,) = configs
+    with open_dict(cfg):
+        del cfg["hydra"]  # what --cfg job prints: the job's config, as YAML
+    in_process = yaml.safe_load(OmegaConf.to_yaml(cfg))
+    script = [sys.executable, "train.py", "--cfg", "job", *shlex.split(text)[2:]]
+    printed = subprocess.run(script, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    assert yaml.safe_load(printed.stdout) == in_process
+    assert in_process["dataset"]["_target_"] == "examples.shapes.shapes"
