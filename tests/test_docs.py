@@ -295,3 +295,17 @@ def test_composing_in_process_is_what_the_script_composes():
     assert printed.returncode == 0, printed.stderr
     assert yaml.safe_load(printed.stdout) == in_process
     assert in_process["dataset"]["_target_"] == "examples.shapes.shapes"
+
+
+def test_the_readme_stays_a_landing_page():
+    """The README stays short (topics belong in docs/), keeps its two set-up commands and links
+    every page of docs/."""
+    readme = (REPO / "README.md").read_text()
+    lines = readme.splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move a topic to docs/"
+    long = [n for n, line in enumerate(lines, 1) if len(line) > 170]
+    assert not long, f"README.md lines over 170 characters: {long}"
+    assert "pip install -r requirements.txt && python train.py\n" in readme
+    assert "pip install -r requirements.txt && python -m pytest\n" in readme
+    unlinked = [p.name for p in DOCS[1:] if f"(docs/{p.name})" not in readme]
+    assert not unlinked, f"README.md does not link {unlinked}"
