@@ -309,3 +309,55 @@ def test_the_readme_stays_a_landing_page():
     assert "pip install -r requirements.txt && python -m pytest\n" in readme
     unlinked = [p.name for p in DOCS[1:] if f"(docs/{p.name})" not in readme]
     assert not unlinked, f"README.md does not link {unlinked}"
+
+
+def named_files(path: Path) -> list[tuple[int, str]]:
+    """The repository files a page names: `folder/file.py` anywhere, and a bare `file.py` in a
+    table row or under a heading that names its folder (`| \\`launch/\\` | ... \\`slurm.py\\``,
+    `### \\`components/\\`: ...`). Run-dir files (result.json, ...) are not the repo's."""
+    text = re.sub(
+        r"^```.*?^```", lambda m: "\n" * m[0].count("\n"), path.read_text(), flags=re.M | re.S
+    )
+    folder_in = re.compile(r"`([\w-]+(?:/[\w-]+)*)/`")
+    heading_folder, named = None, []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("#"):
+            found = folder_in.search(line)
+            heading_folder = found[1] if found else None
+            continue
+        row = folder_in.match(line[2:]) if line.startswith("| `") else None
+        folder = row[1] if row else heading_folder
+        for name in re.findall(r"`([\w./-]+\.(?:py|sh|yaml))`", line):
+            if "/" in name or (REPO / name).exists():  # a path, or train.py / eval.py
+                named.append((number, name))
+            elif folder:
+                named.append((number, f"{folder}/{name}"))
+    return named
+
+
+def importable(module: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is gone too
+        return False
+
+
+def test_every_named_file_and_module_exists():
+    """A file or module the pages name exists: a moved module fails here, naming the page and
+    line to update (the code maps in README.md and docs/architecture.md name most of them)."""
+    missing = []
+    for path in DOCS:
+        where = path.relative_to(REPO).as_posix()
+        missing += [
+            f"{where}:{n}: {name}" for n, name in named_files(path) if not (REPO / name).exists()
+        ]
+    modules = set()
+    for path in DOCS:
+        for module in re.findall(r"python3? -m ([a-z_][\w.]*)", path.read_text()):
+            if module.split(".")[0] in {p.name for p in REPO.iterdir() if p.is_dir()}:
+                modules.add((path.relative_to(REPO).as_posix(), module))
+    missing += [f"{where}: python -m {m}" for where, m in sorted(modules) if not importable(m)]
+    assert len(named_files(REPO / "docs" / "architecture.md")) > 30  # the lists are read
+    assert not missing, "\n".join(missing)
