@@ -227,12 +227,12 @@ def test_a_sweep_prints_a_line_per_job_and_the_table(tmp_path):
 # ------------------------------------------------------------------------------ bad input
 
 
-def test_the_readme_lists_every_bad_input_the_tests_check():
-    """README's "Bad input" section and tests/test_train.py's BAD_INPUTS table agree."""
+def test_the_docs_list_every_bad_input_the_tests_check():
+    """docs/debugging.md's "Bad input" section and tests/test_train.py's BAD_INPUTS table agree."""
     from tests.test_train import BAD_INPUTS
 
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Bad input") :]
+    page = (REPO / "docs" / "debugging.md").read_text()
+    section = page[page.index("## Bad input") :]
     section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
     for overrides, _ in BAD_INPUTS:
         assert all(f"`{o}`" in section or o in section for o in overrides), overrides
