@@ -44,6 +44,7 @@ from launch.resume import (
     start_attempt,
     update_attempt,
 )
+from report.callback import report_unfinished
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +229,14 @@ def launch_batch(
         with stop_signals(stop_on):
             jobs = compose_jobs(launcher, job_overrides, initial_idx)
             results = run_jobs(jobs, backend, resume=resume, retries=retries)
-            return [results[job.num] for job in jobs]
     except KeyboardInterrupt as e:
+        report_unfinished(launcher.config, f" (the sweep was stopped: {stop_reason(e)})")
         raise SweepStopped(
             f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
             f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
             f"{sweep_dir} hydra.launcher.resume=true to continue it"
         ) from None
+    returns = [results[job.num] for job in jobs]
+    if any(ret.status.name == "FAILED" for ret in returns):  # Hydra's sweeper may raise now
+        report_unfinished(launcher.config, " (a job failed)")
+    return returns
