@@ -19,5 +19,5 @@ reattach. Two backends:
 Also: rank.py (the one rank bootstrap, and the entry point of train.py/eval.py),
 optuna_sweeper.py (`hydra/sweeper=ddp_optuna`, resumable). Hydra instantiates the Launcher and
 Sweeper classes from their thin subclasses in hydra_plugins/. Imports flow one way:
-hydra_plugins -> launch -> report -> components (torch-free modules only).
+hydra_plugins -> launch -> report -> the torch-free core (tests/test_imports.py checks it).
 """
