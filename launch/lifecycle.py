@@ -116,14 +116,23 @@ def run_jobs(
     resume: bool = False,
     retries: int = 0,
     sleep: Callable[[float], Any] = time.sleep,
+    on_done: Callable[[Job, Any], Any] | None = None,
 ) -> dict[int, Any]:
     """Run `jobs` through their whole life on `backend`; return {job num: final JobReturn}.
-    The next job is taken from `jobs` only when the backend has room to start it now."""
+    The next job is taken from `jobs` only when the backend has room to start it now, and
+    `on_done(job, ret)` hears of each job as soon as its final JobReturn is known (a caller
+    that makes jobs as slots free, e.g. an ask-and-tell sweeper, tells its result there)."""
     if isinstance(jobs, Sequence):  # every job dir checked before any job starts
         for job in jobs:
             if job.in_sweep:
                 check_job_dir(job)
     results: dict[int, Any] = {}
+
+    def done(job: Job, ret: Any) -> None:
+        results[job.num] = ret
+        if on_done is not None:
+            on_done(job, ret)
+
     pending: deque[Job] = deque()  # placed and prepared, waiting for room, in order
     running: list[tuple[Job, Any, Any]] = []  # (job, slot, handle)
     supply: Iterator[Job] = iter(jobs)
@@ -138,7 +147,7 @@ def run_jobs(
         if ret is None and job.error:
             ret = job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
         if ret is not None:
-            results[job.num] = ret
+            done(job, ret)
         elif attach is not None:
             running.append((job, None, attach))
         else:
@@ -185,7 +194,7 @@ def run_jobs(
                 if should_retry(job, ret):
                     pending.appendleft(job)  # next in line: it started before the others
                 else:
-                    results[job.num] = ret
+                    done(job, ret)
     except BaseException as e:
         why = stop_reason(e)
         backend.stop([(job, handle) for job, _, handle in running], why)

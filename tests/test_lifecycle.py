@@ -100,7 +100,9 @@ def test_a_third_backend_runs_a_sweep_through_the_shared_lifecycle(train_config,
     batch = [["optim.lr=0.1"], ["optim.lr=0.2"]]
     jobs = compose_jobs(launcher, batch, 0)
     backend = PoolBackend(size=1)
-    results = run_jobs(jobs, backend)
+    heard: list[int] = []  # each job as soon as it is done
+    results = run_jobs(jobs, backend, on_done=lambda job, ret: heard.append(job.num))
+    assert sorted(heard) == [0, 1]
     assert [results[job.num].status for job in jobs] == [JobStatus.COMPLETED] * 2
     assert [results[job.num].return_value for job in jobs] == [1.0, 2.0]
     assert backend.most_at_once == 1 and backend.busy == 0
