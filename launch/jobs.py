@@ -2,12 +2,12 @@
 
 A sweep batch goes the same way on either launcher (:func:`launch_batch`): every job's config is
 composed here, in the launching process (:func:`compose_jobs`, as Hydra's own launchers do), its
-world size read from its own `dist` node (:func:`job_world`, components/world.py's rules), then
+world size read from its own `dist` node (:func:`job_world`, core/world.py's rules), then
 the launcher runs the jobs its way and hands back one JobReturn per job: rank 0's own, or a
 failed one (:func:`failed_job_return`) whose one-line reason (:func:`failure_reason`) comes from
 one channel, most specific first: rank 0's exception, then the record of the ranks that died,
 then what is left (exit codes, job states). A job that failed without a record of its own gets
-one in its run dir (:func:`record_failure`, components/run_dir.py), whatever stopped it: a config
+one in its run dir (:func:`record_failure`, core/run_dir.py), whatever stopped it: a config
 that does not compose, a world size or batch size that cannot work (found before any rank
 starts, :func:`check_batch_size`), a crash, killed ranks, a SLURM job that never ran.
 
@@ -38,8 +38,8 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from components.errors import UserError, describe, job_value, one_line
-from components.naming import (
+from core.errors import UserError, describe, job_value, one_line
+from core.naming import (
     SWEPT_KEYS_ENV,
     fmt_duration,
     fmt_value,
@@ -47,8 +47,8 @@ from components.naming import (
     swept_keys,
     swept_values,
 )
-from components.run_dir import RunResult, read_result, write_result
-from components.world import per_rank_batch, requested_world, uses_gpus
+from core.run_dir import RunResult, read_result, write_result
+from core.world import per_rank_batch, requested_world, uses_gpus
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Job:
     label: str = ""  # prefixed to every line its ranks print: "#3 " in a sweep
     started: float = 0.0  # when this attempt was started (unix time; 0: never)
     error: str | None = None  # why it cannot start (a user error found while planning it)
-    swept: list[str] = field(default_factory=list)  # the sweep's keys (components/naming.py)
+    swept: list[str] = field(default_factory=list)  # the sweep's keys (core/naming.py)
     # False: `python train.py dist.nproc_per_node=N` (no per-job line, no attempts record).
     in_sweep: bool = True
     # launch/resume.py: a sweep job's attempts are recorded in <job dir>/launch.json.
@@ -229,7 +229,7 @@ def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
 
 def check_batch_size(config: DictConfig, world_size: int) -> None:
     """A job's global `trainer.batch_size` must split evenly over its ranks (and accumulation
-    steps): checked here, before any rank starts (components/world.py's rule, as in the ranks).
+    steps): checked here, before any rank starts (core/world.py's rule, as in the ranks).
     Apps without a `trainer` node are not checked."""
     trainer = OmegaConf.select(config, "trainer")
     if not isinstance(trainer, DictConfig) or "batch_size" not in trainer:

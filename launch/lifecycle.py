@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from components.errors import UserError, describe
+from core.errors import UserError, describe
 from launch.jobs import (
     Job,
     SweepStopped,

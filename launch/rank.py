@@ -36,12 +36,12 @@ from typing import Any
 
 from hydra.errors import CompactHydraException
 
-from components.errors import UserError, describe, find_user_error, job_value
-from components.run_dir import process_start_time
+from core.errors import UserError, describe, find_user_error, job_value
+from core.run_dir import process_start_time
 
 log = logging.getLogger("launch.rank")  # also when run as `python -m launch.rank`
 
-# The torchrun launcher's hand-off files, in <job dir>/.torchrun/ (components/run_dir.py's
+# The torchrun launcher's hand-off files, in <job dir>/.torchrun/ (core/run_dir.py's
 # LAUNCHER_DIR; a multi-node job keeps one folder per node below it).
 JOB_PKL = "job.pkl"  # the JobSpec, written by the launcher
 RESULT_PKL = "result.pkl"  # rank 0's JobReturn
@@ -346,7 +346,7 @@ def exits_as_errors(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]
     """Hydra's run_job records a task's exceptions in its JobReturn, but SystemExit passes
     through it (no JobReturn, no on_job_end callbacks): make a failing exit an exception. The
     preemption exit (75, "requeue me") stays an exit: the task ends without a result."""
-    from components.run_dir import REQUEUE_EXIT_CODE
+    from core.run_dir import REQUEUE_EXIT_CODE
 
     @functools.wraps(task_function)
     def task(cfg):

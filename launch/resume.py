@@ -9,7 +9,7 @@ it had. What happens to a job is decided from its job dir alone (:func:`decide`)
                            job's number and overrides, one entry per attempt (when it started and
                            ended, how, its SLURM job id)
     result.json            the run's own record, written by rank 0 however the run ends:
-                           completed | failed | preempted | interrupted (components/run_dir.py)
+                           completed | failed | preempted | interrupted (core/run_dir.py)
     rank 0's JobReturn     .torchrun/result.pkl, or the submitit result pickle of the attempt's
                            SLURM job: the value the sweeper gets
     .hydra/overrides.yaml  Hydra's record of the overrides (for dirs without launch.json)
@@ -41,8 +41,8 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components.errors import UserError, describe, find_user_error, job_value
-from components.run_dir import (
+from core.errors import UserError, describe, find_user_error, job_value
+from core.run_dir import (
     CHECKPOINT_DIR,
     LAUNCH_FILE,
     OVERRIDES_FILE,

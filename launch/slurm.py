@@ -36,9 +36,9 @@ from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf
 
-from components.errors import UserError, job_value
-from components.run_dir import read_result
-from components.world import parse_count
+from core.errors import UserError, job_value
+from core.run_dir import read_result
+from core.world import parse_count
 from launch.jobs import (
     Job,
     check_gpus,

@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from components.errors import UserError
+from core.errors import UserError
 
 # SLURM job states after which a job may still run (squeue/sacct spellings).
 _ACTIVE = (

@@ -33,8 +33,8 @@ from typing import Any
 
 from omegaconf import open_dict
 
-from components.errors import UserError
-from components.run_dir import ATTEMPT_ENV, REQUEUE_EXIT_CODE
+from core.errors import UserError
+from core.run_dir import ATTEMPT_ENV, REQUEUE_EXIT_CODE
 from launch.jobs import Job, Stopped, job_return
 from launch.rank import report_failure, run_rank
 
@@ -188,7 +188,7 @@ def install_stop_handlers(rank: int) -> None:
             raise Stopped(
                 "stopped by SIGTERM (another rank failed, the job was cancelled or preempted)"
             )
-        from components.preemption import requeue_on_slurm
+        from core.requeue import requeue_on_slurm
 
         log.warning("%s before training started: requeueing", name)
         if rank == 0:

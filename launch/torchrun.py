@@ -43,9 +43,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 
-from components.errors import UserError, job_value, one_line
-from components.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
-from components.world import visible_gpus
+from core.errors import UserError, job_value, one_line
+from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
+from core.world import visible_gpus
 from launch.jobs import (
     Job,
     JobSpec,

@@ -7,7 +7,7 @@ Reads every job dir of a sweep dir (``<sweep_dir>/<subdir>/`` holding ``.hydra/`
 
 * the table has one column per swept key (the keys the sweep varies: its sweep overrides and
   its sweeper's params, from multirun.yaml, and any other key whose value differs between jobs;
-  short names, floats to 4 significant digits; components/naming.py), then each job's status,
+  short names, floats to 4 significant digits; core/naming.py), then each job's status,
   its monitored metric's best value and epoch (result.json's ``monitor``/``mode``/``best``),
   the last epoch's val metrics, test metrics when there are any, wall time and samples/s; jobs
   ranked best first by their monitor and mode;

@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
-        return 2  # a user error (components/errors.py's policy)
+        return 2  # a user error (core/errors.py's policy)
     try:
         summary = write_summary(args.sweep_dir, args.metric, args.mode)
     except FileNotFoundError as e:

@@ -15,12 +15,12 @@ from typing import Any
 
 import yaml
 
-from components.naming import (
+from core.naming import (
     declared_sweep_keys,
     override_values,
     varying_keys,
 )
-from components.run_dir import (
+from core.run_dir import (
     EVAL_FILE,
     LAUNCH_FILE,
     METRICS_FILE,
@@ -245,7 +245,7 @@ def _attempts(job_dir: Path) -> int | None:
 
 
 def read_job(job_dir: str | os.PathLike) -> JobSummary:
-    """Summarise one job dir: result.json first (components/run_dir.py's RunResult), gaps filled
+    """Summarise one job dir: result.json first (core/run_dir.py's RunResult), gaps filled
     from metrics.jsonl (a job killed before its result.json still has its curves); an eval.py
     job from its eval.json."""
     import json

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from components.run_dir import METRICS_FILE, RESULT_FILE
+from core.run_dir import METRICS_FILE, RESULT_FILE
 from report.figure import plot_summary
 from report.jobs import (
     CSV_NAME,

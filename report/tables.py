@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.naming import (
+from core.naming import (
     fmt_duration,
     fmt_value,
     label,

@@ -7,7 +7,7 @@ import contextlib
 import logging
 from typing import Any
 
-from components.naming import (
+from core.naming import (
     sweep_group,
 )
 from report.jobs import JOB_TYPE, SweepSummary, flat
@@ -35,11 +35,11 @@ def log_to_wandb(
     summary: SweepSummary, settings: dict[str, Any], experiment: str | None = None
 ) -> str | None:
     """One W&B run with job_type=sweep_summary in the sweep's group (the group its jobs' runs
-    are in, components/naming.py's sweep_group): the table as a W&B Table, with a link to each
+    are in, core/naming.py's sweep_group): the table as a W&B Table, with a link to each
     job's run (its id offline), and summary.png. Returns the run's id; None when W&B is
     disabled. A W&B failure is a warning."""
-    from components.errors import UserError
-    from components.wandb_mode import resolve_wandb_mode
+    from core.errors import UserError
+    from core.wandb_mode import resolve_wandb_mode
 
     try:
         mode = resolve_wandb_mode(settings.get("mode", "auto"))

@@ -29,10 +29,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 from omegaconf import OmegaConf
 
-from components.errors import UserError
-from components.naming import SWEPT_KEYS_ENV
-from components.run_dir import LAUNCHER_DIR, RESULT_FILE, RunResult, read_result, write_result
-from components.world import parse_count
+from core.errors import UserError
+from core.naming import SWEPT_KEYS_ENV
+from core.run_dir import LAUNCHER_DIR, RESULT_FILE, RunResult, read_result, write_result
+from core.world import parse_count
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
 from launch import slurm
 from launch.jobs import (

@@ -25,8 +25,8 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from components.errors import UserError
-from components.run_dir import RunResult, read_result, write_result
+from core.errors import UserError
+from core.run_dir import RunResult, read_result, write_result
 from launch.jobs import Interrupted, Job, JobSpec, failed_job_return, stop_signals
 from launch.optuna_sweeper import plan_trials
 from launch.resume import (

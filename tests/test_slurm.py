@@ -34,8 +34,8 @@ from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, Launche
 from hydra.version import VersionBase
 
 from components.checkpoint import load_checkpoint
-from components.errors import UserError
-from components.run_dir import read_result
+from core.errors import UserError
+from core.run_dir import read_result
 from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
 from launch.resume import read_launch_record
 from launch.slurm import DDPSlurmQueueConf, job_resources

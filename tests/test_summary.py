@@ -1,5 +1,5 @@
 """report/: sweep summary files, plot, W&B summary run, CLI and Hydra callback, on real
-files in tmp_path; components/naming.py: swept keys, short names, values to 4 digits."""
+files in tmp_path; core/naming.py: swept keys, short names, values to 4 digits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from components.naming import (
+from core.naming import (
     declared_sweep_keys,
     fmt_duration,
     fmt_value,
@@ -76,7 +76,7 @@ def _write_job(
 
 
 def _completed(accs: list[float], **extra) -> dict:
-    """result.json as train.py writes it (components/run_dir.py's RunResult)."""
+    """result.json as train.py writes it (core/run_dir.py's RunResult)."""
     best = max(accs)
     return {
         "status": "completed",
@@ -146,7 +146,7 @@ def _assert_png(path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# components/naming.py
+# core/naming.py
 
 
 def test_swept_keys_from_the_sweep_config_and_the_jobs() -> None:
