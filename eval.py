@@ -36,9 +36,9 @@ from components.distributed import init_distributed
 from components.eval_record import EvalRecord
 from components.evaluation import Predictions, evaluate
 from components.precision import memory_format, precision_context
-from components.run_dir import EvalReport
 from components.trained import find_checkpoint, load_trained, load_weights, trained_config
-from components.world import requested_world, started_as_rank, visible_gpus
+from core.run_dir import EvalReport
+from core.world import requested_world, started_as_rank, visible_gpus
 from data import ImageFiles, build_datasets, eval_loader, loader_options, sample_positions
 from data.datasets import SPLITS
 from models import build_model

@@ -47,17 +47,18 @@ from components.distributed import (
     wrap_ddp,
 )
 from components.ema import build_ema
-from components.errors import UserError
 from components.evaluation import evaluate
 from components.metrics import LossWindow, RunLogger, run_facts
 from components.monitor import Monitor
 from components.optim import build_optimizer, lr_schedule
 from components.precision import grad_scaler, memory_format, precision_context
-from components.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
+from components.preemption import Preempted, StopRequest, cpu_group
 from components.profiling import StepProfiler
 from components.speed import Speed, model_facts, peak_memory_mb
 from components.wandb_media import ValMedia
-from components.world import (
+from core.errors import UserError
+from core.requeue import requeue_on_slurm
+from core.world import (
     per_rank_batch,
     rank_world_size,
     requested_world,

@@ -59,7 +59,7 @@ class Workload:
     shape: tuple[int, int, int]  # one sample as the model sees it, C x H x W
     steps: int  # default optimizer steps per run (one epoch of steps * global_batch samples)
     # DataLoader workers per rank, one cell each (the same on both sides; "auto": train.py's
-    # rule, components.world.data_workers); None: not a DataLoader workload (B: fast path)
+    # rule, core.world.data_workers); None: not a DataLoader workload (B: fast path)
     workers: tuple[int | str, ...] | None = (0,)
     smoke_world_sizes: tuple[int, ...] = (1, 2)  # the cells --smoke runs
 
@@ -221,7 +221,7 @@ class Setup:
 def resolve_workers(value: int | str, world_size: int) -> int:
     """A workload's workers per rank as train.py resolves ``dataset.num_workers`` (auto: this
     rank's share of the cores less one), so that both sides get the same number."""
-    from components.world import data_workers
+    from core.world import data_workers
 
     return data_workers(value, world_size)
 

@@ -14,8 +14,5 @@
 * speed.py, profiling.py: throughput, MFU and memory; torch.profiler (debug=profile);
 * preemption.py: the agreed stop on SIGTERM/SIGUSR1; faults.py: fault injection for tests.
 
-Torch-free, because the launchers use them too: errors.py (UserError: one line naming the fix),
-world.py (world-size rules), run_dir.py (the run dir's contract: file names, RunResult =
-result.json), naming.py (how sweep jobs are told apart), wandb_mode.py (W&B's mode from
-wandb.mode, which the sweep summary also reads).
+The torch-free modules they share with the launchers, data/ and models/ are in core/.
 """

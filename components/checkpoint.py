@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from components.errors import UserError, one_line, resolved_yaml
-from components.run_dir import CHECKPOINT_DIR
+from core.errors import UserError, one_line, resolved_yaml
+from core.run_dir import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
 

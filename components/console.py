@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from components.run_dir import RunResult
+from core.run_dir import RunResult
 
 log = logging.getLogger("train")  # the run's own lines: train.log and the console
 

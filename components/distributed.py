@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from components import world
-from components.errors import UserError
-from components.world import started_as_rank
+from core import world
+from core.errors import UserError
+from core.world import started_as_rank
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class DistEnv:
 
 
 def requested_world(dist_cfg) -> tuple[int, int]:
-    """(nproc_per_node, nnodes) this run should have, `auto` resolved (components/world.py).
+    """(nproc_per_node, nnodes) this run should have, `auto` resolved (core/world.py).
 
     Under torchrun, auto takes the environment's values and an explicit value must match them.
     """

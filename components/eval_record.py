@@ -18,15 +18,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from components.evaluation import EvalResult
 from components.metrics import init_wandb
-from components.run_dir import (
+from components.wandb_media import class_panels
+from core.run_dir import (
     CONFUSION_FILE,
     EVAL_FILE,
     PREDICTIONS_FILE,
     EvalReport,
     write_json_atomic,
 )
-from components.wandb_media import class_panels
-from components.wandb_mode import resolve_wandb_mode
+from core.wandb_mode import resolve_wandb_mode
 
 log = logging.getLogger(__name__)
 

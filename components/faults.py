@@ -13,7 +13,7 @@ import signal
 
 import torch
 
-from components.run_dir import ATTEMPT_ENV
+from core.run_dir import ATTEMPT_ENV
 
 
 class InjectedFault(RuntimeError):

@@ -21,8 +21,11 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from components.console import end_line
-from components.errors import describe
-from components.naming import (
+from components.preemption import Preempted
+from components.repro import REPRO_DIR, write_repro
+from components.wandb_media import CheckpointArtifacts, save_files
+from core.errors import describe
+from core.naming import (
     SWEPT_KEYS_ENV,
     agent_sweep_keys,
     in_wandb_agent,
@@ -31,17 +34,14 @@ from components.naming import (
     sweep_group,
     swept_values,
 )
-from components.preemption import Preempted
-from components.repro import REPRO_DIR, write_repro
-from components.run_dir import (
+from core.run_dir import (
     CHECKPOINT_DIR,
     METRICS_FILE,
     RunResult,
     read_metrics,
     write_result,
 )
-from components.wandb_media import CheckpointArtifacts, save_files
-from components.wandb_mode import resolve_wandb_mode
+from core.wandb_mode import resolve_wandb_mode
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class WandbIdentity:
 def wandb_identity(group: str | None, name: str | None) -> WandbIdentity:
     """Defaults from Hydra: a sweep's jobs share one group (the experiment's name, else `sweep`,
     plus the sweep dir's timestamp); a sweep job is named by its number and the values of the
-    keys its sweep varies (`3:lr=0.01235,hidden=128`, components/naming.py); a plain run by its
+    keys its sweep varies (`3:lr=0.01235,hidden=128`, core/naming.py); a plain run by its
     overrides. Under `wandb agent` the swept keys are the agent's parameters."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

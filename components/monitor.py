@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from components.errors import UserError
+from core.errors import UserError
 
 MODES = ("max", "min")
 

@@ -16,7 +16,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from components.errors import UserError, one_line
+from core.errors import UserError, one_line
 
 log = logging.getLogger(__name__)
 

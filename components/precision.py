@@ -7,7 +7,7 @@ from contextlib import nullcontext
 
 import torch
 
-from components.errors import UserError
+from core.errors import UserError
 
 DTYPES = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

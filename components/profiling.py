@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from components.errors import UserError
+from core.errors import UserError
 
 log = logging.getLogger(__name__)
 

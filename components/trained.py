@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from components.checkpoint import BEST, load_checkpoint
-from components.errors import UserError, one_line
-from components.run_dir import CHECKPOINT_DIR
+from core.errors import UserError, one_line
+from core.run_dir import CHECKPOINT_DIR
 from data.datasets import LOADER_KEYS
 
 # Keys of eval.py's own config, never taken into the trained config. `dist` too: the world

@@ -42,7 +42,7 @@ class DatasetConfig:
 
     _target_: str = MISSING
     # DataLoader workers per rank: auto (this rank's share of the cores, less the one it
-    # trains on: components.world.data_workers) or an integer >= 0 (0: load in the rank itself)
+    # trains on: core.world.data_workers) or an integer >= 0 (0: load in the rank itself)
     num_workers: str = "auto"
     # Sets held in memory (digits, MNIST family, CIFAR) as one uint8 tensor on the training
     # device, batches built with tensor ops (data/fast.py); false: the DataLoader path.

@@ -21,7 +21,7 @@ from torchvision import datasets as tvd
 from torchvision.transforms import v2
 from torchvision.transforms.functional import to_pil_image
 
-from components.errors import UserError
+from core.errors import UserError
 from data.datasets import DataSource, FastPath, carve_val, holdout_size, stratified_holdout
 from data.decode import DecodeImage, read_bytes
 from data.digits import Digits

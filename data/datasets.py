@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from torch.utils.data import Dataset, Subset
 
-from components.errors import UserError, instantiate, one_line
+from core.errors import UserError, instantiate, one_line
 from data.fast import InMemoryData, as_uint8_nchw
 from data.seeding import EpochSeededDataset
 from data.transforms import Recipe, is_random

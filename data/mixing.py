@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torchvision.transforms import v2
 
-from components.errors import UserError
+from core.errors import UserError
 from data.seeding import mix_seed, seeded
 
 _MIX_STREAM = 0x6D6978  # keeps these seeds apart from the per-sample ones

@@ -18,7 +18,7 @@ import torch
 from torchvision import transforms as v1
 from torchvision.transforms import AutoAugmentPolicy, v2
 
-from components.errors import UserError
+from core.errors import UserError
 
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -125,7 +125,7 @@ def build_recipe(augment_cfg: Any) -> Recipe:
     transform rejects becomes a one-line error naming the key."""
     from hydra.errors import InstantiationException
 
-    from components.errors import find_user_error, instantiate, one_line
+    from core.errors import find_user_error, instantiate, one_line
 
     if augment_cfg is None:
         return Recipe()

@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
-from components.errors import UserError
+from core.errors import UserError
 
 UNLABELED = -1  # the label of every item
 

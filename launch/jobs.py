@@ -2,18 +2,18 @@
 
 A sweep batch goes the same way on either launcher (:func:`launch_batch`): every job's config is
 composed here, in the launching process (:func:`compose_jobs`, as Hydra's own launchers do), its
-world size read from its own `dist` node (:func:`job_world`, components/world.py's rules), then
+world size read from its own `dist` node (:func:`job_world`, core/world.py's rules), then
 the launcher runs the jobs its way and hands back one JobReturn per job: rank 0's own, or a
 failed one (:func:`failed_job_return`) whose one-line reason (:func:`failure_reason`) comes from
 one channel, most specific first: rank 0's exception, then the record of the ranks that died,
 then what is left (exit codes, job states). A job that failed without a record of its own gets
-one in its run dir (:func:`record_failure`, components/run_dir.py), whatever stopped it: a config
+one in its run dir (:func:`record_failure`, core/run_dir.py), whatever stopped it: a config
 that does not compose, a world size or batch size that cannot work (found before any rank
 starts, :func:`check_batch_size`), a crash, killed ranks, a SLURM job that never ran.
 
 What a sweep prints (the launching process): one line when the sweep starts, one line per
 finished job (:func:`job_done`: number, status, monitored metric, wall time, swept values), and
-the summary table at the end (launch/summary.py); the ranks' own output goes to their log files.
+the summary table at the end (report/); the ranks' own output goes to their log files.
 A bad input found by the launcher itself is one line and exit status 2 (:func:`launcher_errors`).
 
 A sweep job's attempts, and what a resumed sweep does with it, are launch/resume.py's.
@@ -28,7 +28,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +38,8 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from components.errors import UserError, describe, one_line
-from components.naming import (
+from core.errors import UserError, describe, job_value, one_line
+from core.naming import (
     SWEPT_KEYS_ENV,
     fmt_duration,
     fmt_value,
@@ -47,8 +47,8 @@ from components.naming import (
     swept_keys,
     swept_values,
 )
-from components.run_dir import RunResult, read_result, write_result
-from components.world import per_rank_batch, requested_world, uses_gpus
+from core.run_dir import RunResult, read_result, write_result
+from core.world import per_rank_batch, requested_world, uses_gpus
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +77,13 @@ class Job:
     label: str = ""  # prefixed to every line its ranks print: "#3 " in a sweep
     started: float = 0.0  # when this attempt was started (unix time; 0: never)
     error: str | None = None  # why it cannot start (a user error found while planning it)
-    swept: list[str] = field(default_factory=list)  # the sweep's keys (components/naming.py)
+    swept: list[str] = field(default_factory=list)  # the sweep's keys (core/naming.py)
     # False: `python train.py dist.nproc_per_node=N` (no per-job line, no attempts record).
     in_sweep: bool = True
     # launch/resume.py: a sweep job's attempts are recorded in <job dir>/launch.json.
     attempt: int = 0  # attempts so far, earlier launches of the sweep included
     retries_left: int = 0  # hydra.launcher.retries, counted down in this launch
     continues: bool = False  # its next attempt continues from the job dir's checkpoints
-    attach: Any = None  # SLURM: an earlier attempt (resume.Attempt) still queued or running
 
 
 class JobFailed(CompactHydraException):
@@ -230,7 +229,7 @@ def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
 
 def check_batch_size(config: DictConfig, world_size: int) -> None:
     """A job's global `trainer.batch_size` must split evenly over its ranks (and accumulation
-    steps): checked here, before any rank starts (components/world.py's rule, as in the ranks).
+    steps): checked here, before any rank starts (core/world.py's rule, as in the ranks).
     Apps without a `trainer` node are not checked."""
     trainer = OmegaConf.select(config, "trainer")
     if not isinstance(trainer, DictConfig) or "batch_size" not in trainer:
@@ -291,8 +290,8 @@ def failed_job_return(
     verdict = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}): {reason}")
     verdict.reason = reason
     verdict.__cause__ = cause
-    if isinstance(ret, JobReturn) and isinstance(ret._return_value, BaseException):
-        verdict.__cause__ = ret._return_value
+    if isinstance(ret, JobReturn) and isinstance(job_value(ret), BaseException):
+        verdict.__cause__ = job_value(ret)
     if not isinstance(ret, JobReturn):
         return job_return(job, JobStatus.FAILED, verdict)
     ret.return_value, ret.status = verdict, JobStatus.FAILED
@@ -341,7 +340,7 @@ def job_done(job: Job, ret: Any) -> Any:
     if completed:
         log.info("%s", line)
     else:
-        error = ret._return_value
+        error = job_value(ret)
         log.error("%s: %s", line, getattr(error, "reason", "") or describe(error))
     return ret
 
@@ -368,44 +367,3 @@ def launcher_errors() -> Iterator[None]:
     except UserError as e:
         log.error("%s", describe(e))
         raise SystemExit(e.exit_code) from None
-
-
-def launch_batch(
-    launcher: Any,
-    job_overrides: Sequence[Sequence[str]],
-    initial_idx: int,
-    name: str,
-    run: Callable[[list[Job]], list[Any]],
-    *,
-    resume: bool = False,
-    stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
-    lock: bool = True,
-) -> list[Any]:
-    """Hydra's Launcher.launch for both launchers: compose the batch's jobs and `run` them (the
-    launcher's part: one JobReturn per job, in order, each reported by :func:`job_done`). With
-    `lock`, one launcher per sweep dir (launch/resume.py). A stop signal (`stop_on`) ends the
-    sweep with SweepStopped once `run` has stopped and recorded its jobs."""
-    from hydra.core.utils import filter_overrides, setup_globals
-
-    from launch.resume import check_sweeper, hold_sweep_lock
-
-    setup_globals()
-    configure_sweep_logging(launcher.config)
-    check_sweeper(launcher.config, resume)
-    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    if lock:
-        hold_sweep_lock(sweep_dir)
-    if initial_idx == 0:  # Optuna hands out trials a few at a time: one line per sweep
-        log.info("%s: sweep dir %s%s", name, sweep_dir, " (resuming)" if resume else "")
-    for idx, overrides in enumerate(job_overrides):
-        log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
-    try:
-        with stop_signals(stop_on):
-            return run(compose_jobs(launcher, job_overrides, initial_idx))
-    except KeyboardInterrupt as e:
-        raise SweepStopped(
-            f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
-            f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
-            f"{sweep_dir} hydra.launcher.resume=true to continue it"
-        ) from None

@@ -34,8 +34,8 @@ from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import DictConfig, OmegaConf
 
-from components.errors import UserError
-from components.run_dir import LAUNCH_FILE
+from core.errors import UserError
+from core.run_dir import LAUNCH_FILE
 
 log = logging.getLogger(__name__)
 

@@ -36,12 +36,12 @@ from typing import Any
 
 from hydra.errors import CompactHydraException
 
-from components.errors import UserError, describe, find_user_error
-from components.run_dir import process_start_time
+from core.errors import UserError, describe, find_user_error, job_value
+from core.run_dir import process_start_time
 
 log = logging.getLogger("launch.rank")  # also when run as `python -m launch.rank`
 
-# The torchrun launcher's hand-off files, in <job dir>/.torchrun/ (components/run_dir.py's
+# The torchrun launcher's hand-off files, in <job dir>/.torchrun/ (core/run_dir.py's
 # LAUNCHER_DIR; a multi-node job keeps one folder per node below it).
 JOB_PKL = "job.pkl"  # the JobSpec, written by the launcher
 RESULT_PKL = "result.pkl"  # rank 0's JobReturn
@@ -121,12 +121,6 @@ def entry_point(script: str, task: str, config_name: str) -> None:
                 file=sys.stderr,
             )
         raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
-    finally:
-        # A multirun whose sweeper raised: its summary now, not at exit (launch/summary.py).
-        # Loaded only if a multirun set up its summary callback.
-        summary = sys.modules.get("launch.summary")
-        if summary is not None:
-            summary.finish_unfinished_sweeps()
     raise SystemExit(0)
 
 
@@ -182,10 +176,12 @@ def prepare_argv(argv: list[str]) -> list[str]:
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return argv
     if MULTIRUN_FLAGS & set(argv):
-        sys.exit(
+        print(
             "error: -m/--multirun under torchrun would start a sweep in every rank: run "
-            "`python train.py -m ...` instead (each sweep job is started with torchrun)"
+            "`python train.py -m ...` instead (each sweep job is started with torchrun)",
+            file=sys.stderr,
         )
+        raise SystemExit(UserError.exit_code)
     if INFO_FLAGS & set(argv):
         return argv
     pin_now(agreed_start_time())
@@ -263,6 +259,7 @@ def die_with_parent(environ=os.environ) -> bool:
 def run_rank(spec: Any, rank: int) -> Any:
     """Run one rank of a job (a launch.jobs.JobSpec); return its JobReturn. A failure is
     reported here (:func:`report_failure`); a SystemExit of the task (75: requeue me) passes."""
+    # Hydra's only way to an empty callback list for HydraContext (no public constructor).
     from hydra._internal.callbacks import Callbacks
     from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job
@@ -288,7 +285,7 @@ def run_rank(spec: Any, rank: int) -> Any:
         job_subdir_key=spec.job_subdir_key,
     )
     if ret.status == JobStatus.FAILED:
-        report_failure(ret._return_value)
+        report_failure(job_value(ret))
     return ret
 
 
@@ -334,9 +331,10 @@ def record_rank_error(error: BaseException) -> None:
 
 class TaskExit(UserError):
     """A task function ended itself with sys.exit(n), n not 0 and not 75 (requeue me): it has
-    said what went wrong, so the job fails with that one line and the rank exits with n."""
+    said what went wrong, so the job fails with that one line and the rank exits with n
+    (sys.exit("message"): a user error's 2)."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+    def __init__(self, message: str, exit_code: int = UserError.exit_code) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 
@@ -348,7 +346,7 @@ def exits_as_errors(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]
     """Hydra's run_job records a task's exceptions in its JobReturn, but SystemExit passes
     through it (no JobReturn, no on_job_end callbacks): make a failing exit an exception. The
     preemption exit (75, "requeue me") stays an exit: the task ends without a result."""
-    from components.run_dir import REQUEUE_EXIT_CODE
+    from core.run_dir import REQUEUE_EXIT_CODE
 
     @functools.wraps(task_function)
     def task(cfg):
@@ -403,9 +401,9 @@ def write_job_return(ret: Any, path: Path) -> None:
     try:
         data = cloudpickle.dumps(ret)
     except Exception:  # noqa: BLE001 - an unpicklable return value still reports its status
-        value = ret._return_value
+        value = job_value(ret)
         failed = ret.status == JobStatus.FAILED
-        ret._return_value = RuntimeError(repr(value)) if failed else repr(value)
+        ret.return_value = RuntimeError(repr(value)) if failed else repr(value)
         data = cloudpickle.dumps(ret)
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(data)
@@ -424,7 +422,7 @@ def main(payload: Path) -> int:
     if record is not None:
         write_job_return(ret, payload.parent / RESULT_PKL)
         record.finish(ret.status.name.lower())
-    return 0 if ret.status.name == "COMPLETED" else exit_status(ret._return_value)
+    return 0 if ret.status.name == "COMPLETED" else exit_status(job_value(ret))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from components.errors import UserError
+from core.errors import UserError
 
 __all__ = ["SmallCNN"]
 

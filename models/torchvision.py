@@ -21,7 +21,7 @@ import torchvision
 from torch import nn
 from torchvision.models import ResNet
 
-from components.errors import UserError
+from core.errors import UserError
 
 __all__ = ["build_torchvision_model", "classification_model_names"]
 

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script (the download-once worker)
     sys.path.insert(0, str(REPO))
 
-from components.run_dir import read_metrics  # noqa: E402
+from core.run_dir import read_metrics  # noqa: E402
 
 # Quick settings for tests that only need a run to happen; each test adds what it checks.
 QUICK = ["trainer.max_epochs=1", "wandb.mode=offline", "trainer.progress_bar=false"]

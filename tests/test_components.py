@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 
 from components import checkpoint as ck
-from components import world
-from components.errors import ReportUserError, UserError, describe, find_user_error, instantiate
 from components.metrics import LossWindow, RunLogger, ending, rows_to_replay
 from components.preemption import Preempted
-from components.run_dir import RunResult, read_result
+from core import world
+from core.errors import ReportUserError, UserError, describe, find_user_error, instantiate
+from core.run_dir import RunResult, read_result
 
 
 @pytest.fixture

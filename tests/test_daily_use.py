@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from components.errors import UserError
-from components.run_dir import RunResult
+from core.errors import UserError
+from core.run_dir import RunResult
 from tests.helpers import (
     QUICK,
     REPO,

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import Dataset, DistributedSampler
 from torchvision import datasets as tvd
 
-from components.errors import UserError
+from core.errors import UserError
 from data import (
     DataSource,
     DataSplits,

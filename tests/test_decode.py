@@ -13,8 +13,8 @@ import torchvision
 from PIL import Image
 from torchvision.transforms import v2
 
-from components.errors import UserError
-from components.world import data_workers
+from core.errors import UserError
+from core.world import data_workers
 from data import build_datasets, build_loaders
 from data.catalog import FakeImages
 from data.decode import (

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from components.checkpoint import atomic_save, load_checkpoint
-from components.errors import UserError
+from core.errors import UserError
 from data import FastEvalLoader, build_datasets
 from tests.helpers import (
     QUICK,

@@ -14,7 +14,7 @@ from omegaconf.errors import MissingMandatoryValue
 from torch import nn
 
 import conf.schema  # registers the ConfigStore schemas the YAMLs extend
-from components.errors import UserError
+from core.errors import UserError
 from models import SmallCNN, build_torchvision_model
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

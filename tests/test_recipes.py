@@ -20,10 +20,10 @@ from torchvision.transforms import v2
 
 from components.checkpoint import load_checkpoint
 from components.ema import EMA
-from components.errors import UserError
 from components.monitor import Monitor
 from components.optim import param_groups, scaled_lr
 from conf.schema import MixupConfig
+from core.errors import UserError
 from data import build_datasets, build_loaders
 from data.fast import erase, erase_params
 from data.mixing import BatchMix

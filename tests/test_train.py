@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 import conf.schema  # noqa: F401 - registers the schema for compose()
 from components.checkpoint import load_checkpoint
-from components.errors import UserError
+from core.errors import UserError
 from tests.helpers import (
     QUICK,
     REPO,

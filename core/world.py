@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from components.errors import UserError
+from core.errors import UserError
 
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # what torchrun (or our srun mapping) sets
 

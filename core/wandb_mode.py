@@ -1,4 +1,4 @@
-"""W&B's mode from the `wandb.mode` setting. Torch-free: the sweep process (launch/summary.py)
+"""W&B's mode from the `wandb.mode` setting. Torch-free: the sweep process (report/)
 decides with it whether to log the sweep-summary run.
 """
 
@@ -9,7 +9,7 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
-from components.errors import UserError
+from core.errors import UserError
 
 
 def wandb_credentials_exist() -> bool:
