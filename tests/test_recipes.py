@@ -668,3 +668,80 @@ def test_early_stopping_every_rank_stops_at_the_same_epoch(tmp_path):
     assert again.returncode == 0, fx.output(again)
     assert [v["epoch"] for v in fx.val_rows(run_dir)] == [1, 2]
     assert os.path.exists(run_dir / "checkpoints" / "best.pt")
+
+
+# ------------------------------------------------------------------------- imagefolder
+
+
+@pytest.mark.parametrize(
+    "size, overrides, expected, said",
+    [
+        (32, [], "shift", "the small-image recipe, augment=shift"),
+        (64, [], "shift", "the small-image recipe, augment=shift"),
+        (65, [], "random_resized_crop", "ImageNet's recipe, augment=random_resized_crop"),
+        (224, [], "random_resized_crop", "ImageNet's recipe, augment=random_resized_crop"),
+        (32, ["augment=random_resized_crop"], "random_resized_crop", None),  # asked for
+        (32, ["augment.scale=[0.5,1.0]"], "random_resized_crop", None),  # its key tuned
+        (32, ["augment=crop_flip"], "crop_flip", None),
+    ],
+)
+def test_imagefolder_picks_its_default_recipe_by_image_size(size, overrides, expected, said):
+    from hydra.core.hydra_config import HydraConfig
+
+    from data.catalog import folder_augment
+    from data.transforms import build_recipe
+
+    given = ["dataset=imagefolder", "dataset.root=x", f"dataset.image_size={size}", *overrides]
+    cfg = fx.compose("train", Path("unused"), *given)
+    HydraConfig.instance().set_config(cfg)
+    augment, line = folder_augment(cfg)
+    chosen, composed = build_recipe(augment), fx.recipe(f"augment={expected}", *overrides)
+    assert (chosen.crop, chosen.padding, chosen.flip) == (
+        composed.crop,
+        composed.padding,
+        composed.flip,
+    )
+    assert tuple(chosen.scale) == tuple(composed.scale)
+    if said is None:
+        assert line is None
+    else:
+        assert said in line and f"at {size} px" in line and "augment=<choice>" in line
+    # no other dataset's recipe depends on its data
+    cfg = fx.compose("train", Path("unused"), "dataset=cifar10")
+    HydraConfig.instance().set_config(cfg)
+    assert folder_augment(cfg) == (cfg.augment, None)
+
+
+@pytest.mark.slow  # two ranks of train.py on a 32 px image folder (about 30 s on 2 cores)
+def test_imagefolder_run_says_its_recipe_first_and_trains_with_it(tmp_path):
+    import subprocess
+
+    fx.make_pattern_images(tmp_path / "folder", ["a", "b", "c"], {"train": 32, "val": 8})
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        fx.train_cmd(
+            "dataset=imagefolder",
+            f"dataset.root={tmp_path / 'folder'}",
+            "dataset.image_size=32",
+            "dataset.num_workers=0",
+            "dist.nproc_per_node=2",
+            "trainer.max_epochs=1",
+            "trainer.batch_size=16",
+            "wandb.mode=disabled",
+            f"hydra.run.dir={run_dir}",
+        ),
+        cwd=fx.REPO,
+        env=fx.run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert "the small-image recipe, augment=shift" in lines[0], lines[:3]
+    assert sum("small-image recipe" in line for line in lines) == 1  # said once, not per rank
+    composed = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    assert composed.augment.crop == "resized"  # the dataset config's choice, as composed
+    trained = OmegaConf.create(load_checkpoint(run_dir / "checkpoints" / "last.pt")["config"])
+    assert (trained.augment.crop, trained.augment.flip) == ("pad", False)  # what trained
+    assert len(fx.val_rows(run_dir)) == 1
