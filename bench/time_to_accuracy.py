@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.bench import REPO, launch, markdown, median, ratio, run_env
+from bench.bench import REPO, fmt, launch, markdown, median, ratio, run_env
 
 TARGETS = {"mnist": 0.99, "fashion_mnist": 0.90}
 FOLDERS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
@@ -175,18 +175,9 @@ def bench_cell(r: Run, repeats: int, work: Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [
-        [
-            "dataset",
-            "target val/acc",
-            "world",
-            "train.py s",
-            "seed s",
-            "seed/train.py (speed)",
-            "epochs train.py / seed",
-            "target",
-        ]
-    ]
+    """Workload E's summary as a Markdown table, one row per dataset x world size."""
+    head = "dataset|target val/acc|world|train.py s|seed s|seed/train.py (speed)"
+    lines = [[*head.split("|"), "epochs train.py / seed", "target"]]
     for row in rows:
         s, e, speed = row["seconds"], row["epochs"], row["speed_ratio"]
         lines.append(
@@ -194,11 +185,10 @@ def table(rows: list[dict]) -> str:
                 row["dataset"],
                 f"{row['target']:.3f}",
                 str(row["world_size"]),
-                "n/a" if s["train.py"] is None else f"{s['train.py']:.1f}",
-                "n/a" if s["seed"] is None else f"{s['seed']:.1f}",
-                "n/a" if speed is None else f"{speed:.2f}",
-                f"{e['train.py'] if e['train.py'] is not None else 'n/a'} / "
-                f"{e['seed'] if e['seed'] is not None else 'n/a'}",
+                fmt(s["train.py"], ".1f"),
+                fmt(s["seed"], ".1f"),
+                fmt(speed, ".2f"),
+                f"{fmt(e['train.py'], 'g')} / {fmt(e['seed'], 'g')}",
                 "n/a" if speed is None else ("PASS" if speed >= 1.0 else "MISS"),
             ]
         )
