@@ -661,6 +661,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "on real data: needs --real-data)",
     )
     p.add_argument(
+        "--e-datasets",
+        default="mnist,fashion_mnist",
+        help="workload E's datasets, comma-separated (default mnist,fashion_mnist)",
+    )
+    p.add_argument(
         "--real-data",
         type=Path,
         help="workload E: the dir python -m bench.real_data --out built (MNIST/, FashionMNIST/)",
@@ -707,6 +712,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [w for w in args.workloads if w not in (*WORKLOADS, TIME_TO_ACCURACY)]
     if unknown or not args.workloads:
         p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}, E")
+    args.e_datasets = tuple(d.strip() for d in args.e_datasets.split(",") if d.strip())
+    if not args.e_datasets or not set(args.e_datasets) <= {"mnist", "fashion_mnist"}:
+        p.error("--e-datasets: mnist, fashion_mnist or both")
     if TIME_TO_ACCURACY in args.workloads and args.real_data is None:
         p.error(
             "--workloads E needs --real-data DIR (build it: python -m bench.real_data --out DIR)"
@@ -812,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.repeats,
                 cores,
                 work / "runs",
+                datasets=args.e_datasets,
                 train_overrides=overrides_for(TIME_TO_ACCURACY, args.train_override),
                 timeout_s=args.timeout,
             )

@@ -83,7 +83,9 @@ def test_workload_e_needs_real_data_and_its_overrides():
     with pytest.raises(SystemExit):
         bench.parse_args(["--workloads", "E"])
     args = bench.parse_args(["--workloads", "E", "--real-data", "/x"])
-    assert args.workloads == ["E"]
+    assert args.workloads == ["E"] and args.e_datasets == ("mnist", "fashion_mnist")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--workloads", "E", "--real-data", "/x", "--e-datasets", "cifar10"])
     assert bench.overrides_for("E", ["E:trainer.max_epochs=1", "A:x=1"]) == (
         "trainer.max_epochs=1",
     )
