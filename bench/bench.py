@@ -798,6 +798,8 @@ def resummarize(report: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM as an exception, so that the runs' finally blocks stop the processes they started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.report:
         report = resummarize(json.loads(args.report.read_text()))
         print_report(report)

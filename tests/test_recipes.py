@@ -70,14 +70,14 @@ def test_every_dataset_config_picks_its_default_augmentation():
 def test_every_dataset_config_picks_its_default_recipe_and_keys_override_it():
     """conf/recipe/<name>.yaml through the dataset config: MNIST and Fashion-MNIST train 5
     epochs warmed up for 0.2, the rest the trainer's 10 (1 warm-up epoch); SGD's lr is 0.1 at
-    the default batch of 64."""
+    the default batch of 64, ImageNet's 0.1 per 256."""
     for dataset in DEFAULT_AUGMENT:
         cfg = compose_cfg(f"dataset={dataset}")
         assert cfg.trainer.max_epochs == (5 if dataset in ("mnist", "fashion_mnist") else 10)
         short = dataset in ("mnist", "fashion_mnist")
         assert cfg.trainer.batch_size == 64 and cfg.trainer.warmup_epochs == (0.2 if short else 1)
         lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_scaling, 64, cfg.optim.base_batch_size)
-        assert lr == pytest.approx(0.1)
+        assert lr == pytest.approx(0.025 if dataset == "imagenet" else 0.1)  # 0.1 per 256
     assert compose_cfg("dataset=mnist", "trainer.max_epochs=2").trainer.max_epochs == 2
     assert compose_cfg("trainer.max_epochs=2", "dataset=mnist").trainer.max_epochs == 2
     cifar = compose_cfg("experiment=cifar10_resnet18")  # an experiment's keys win
