@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from components import faults
@@ -74,8 +75,10 @@ from data import (
     limited,
     loader_options,
 )
+from data.catalog import folder_augment
 from data.mixing import BatchMix
 from data.transforms import build_recipe
+from launch.rank import PARENT_PID_ENV
 from models import build_model
 
 log = logging.getLogger("train")
@@ -86,6 +89,7 @@ def main(cfg: DictConfig) -> float | None:
     sweepers optimise; never a test metric). A user error propagates to whoever runs the task,
     which reports it once; preemption exits with 75."""
     try:
+        announce_recipe(cfg)
         if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
             from launch.torchrun import run_in_torchrun
 
@@ -96,6 +100,16 @@ def main(cfg: DictConfig) -> float | None:
         if int(os.environ.get("RANK", "0")) == 0:
             requeue_on_slurm()
         sys.exit(e.exit_code)  # 75: "requeue me"
+
+
+def announce_recipe(cfg: DictConfig) -> None:
+    """The run's first line, where the default recipe depends on the data (dataset=imagefolder:
+    its image size): which one it chose and how to override it. Said by the process the user
+    started (a rank only under plain torchrun or in a sweep, where no parent said it)."""
+    line = folder_augment(cfg)[1]
+    relaunched = started_as_rank() and os.environ.get(PARENT_PID_ENV)
+    if line and (not relaunched or HydraConfig.get().mode == RunMode.MULTIRUN):
+        log.info("%s", line)
 
 
 @dataclass
@@ -138,6 +152,8 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
     """Data -> model (and resume) -> DDP -> train and validate each epoch -> test best.pt."""
     tc = cfg.trainer
     torch.manual_seed(cfg.seed)
+    # The recipe that trains, also in checkpoints and W&B (imagefolder's depends on its size).
+    cfg.augment = folder_augment(cfg)[0]
 
     # Data: a DistributedSampler gives each rank its own shard of every epoch; validation counts
     # every sample exactly once across ranks; test is only touched after training.

@@ -22,6 +22,9 @@ start to the end of the first optimizer step, ``python -c "import torch, torchvi
 time, peak RSS per rank. Targets are printed PASS/MISS for information: only a run that fails
 makes the exit status non-zero.
 
+Workload E (bench/time_to_accuracy.py, `--workloads E --real-data DIR`): time to accuracy on
+real MNIST and Fashion-MNIST (built by bench/real_data.py), train.py against the seed recipe.
+
 This module imports nothing heavy (bench/reference.py imports its helpers from here).
 """
 
@@ -50,6 +53,8 @@ WARMUP_WINDOWS = 1  # dropped from the front of each run's window rates
 WINDOWS = 6  # throughput windows per run (log_every = steps // WINDOWS)
 SMOKE_STEPS = 2
 MNIST_TEST_SAMPLES = 1000
+TIME_TO_ACCURACY = "E"  # bench/time_to_accuracy.py
+PLAIN_LR = 0.1  # the plain recipe's SGD lr (bench/reference.py), train.py's at the batch of 64
 
 
 @dataclass(frozen=True)
@@ -281,7 +286,9 @@ def train_overrides(s: Setup, run_dir: Path) -> list[str]:
     return [
         *data,
         "optim=sgd",
-        # the reference's plain SGD: the lr as given, one parameter group, no warm-up
+        # the reference's plain SGD (bench/reference.py LR): the lr as given, one parameter
+        # group, no warm-up
+        f"optim.lr={PLAIN_LR}",
         "optim.lr_scaling=none",
         "optim.decay_norm_and_bias=true",
         "trainer.warmup_epochs=0",
@@ -650,7 +657,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--workloads",
         default=",".join(WORKLOADS),
-        help=f"comma-separated, of: {', '.join(WORKLOADS)} (default all)",
+        help=f"comma-separated, of: {', '.join(WORKLOADS)} (default), and E (time to accuracy "
+        "on real data: needs --real-data)",
+    )
+    p.add_argument(
+        "--e-datasets",
+        default="mnist,fashion_mnist",
+        help="workload E's datasets, comma-separated (default mnist,fashion_mnist)",
+    )
+    p.add_argument(
+        "--real-data",
+        type=Path,
+        help="workload E: the dir python -m bench.real_data --out built (MNIST/, FashionMNIST/)",
     )
     p.add_argument(
         "--world-sizes", help="comma-separated (default 1,2; --smoke: each workload's smoke cells)"
@@ -691,9 +709,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    unknown = [w for w in args.workloads if w not in (*WORKLOADS, TIME_TO_ACCURACY)]
     if unknown or not args.workloads:
-        p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}")
+        p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}, E")
+    args.e_datasets = tuple(d.strip() for d in args.e_datasets.split(",") if d.strip())
+    if not args.e_datasets or not set(args.e_datasets) <= {"mnist", "fashion_mnist"}:
+        p.error("--e-datasets: mnist, fashion_mnist or both")
+    if TIME_TO_ACCURACY in args.workloads and args.real_data is None:
+        p.error(
+            "--workloads E needs --real-data DIR (build it: python -m bench.real_data --out DIR)"
+        )
     if args.world_sizes is not None:
         try:
             args.world_sizes = [int(w) for w in args.world_sizes.split(",") if w.strip()]
@@ -736,7 +761,7 @@ def overrides_for(workload: str, given: list[str]) -> tuple[str, ...]:
     out = []
     for item in given:
         head, sep, rest = item.partition(":")
-        if sep and head in WORKLOADS and "=" not in head:
+        if sep and head in (*WORKLOADS, TIME_TO_ACCURACY) and "=" not in head:
             if head == workload:
                 out.append(rest)
         else:
@@ -773,6 +798,8 @@ def resummarize(report: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM as an exception, so that the runs' finally blocks stop the processes they started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.report:
         report = resummarize(json.loads(args.report.read_text()))
         print_report(report)
@@ -784,9 +811,22 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="hydra-ddp-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, e_rows = [], []
     try:
-        for workload in args.workloads:
+        if TIME_TO_ACCURACY in args.workloads:
+            from bench import time_to_accuracy
+
+            e_rows = time_to_accuracy.run(
+                args.real_data.expanduser().resolve(),
+                args.world_sizes or [1, 2],
+                args.repeats,
+                cores,
+                work / "runs",
+                datasets=args.e_datasets,
+                train_overrides=overrides_for(TIME_TO_ACCURACY, args.train_override),
+                timeout_s=args.timeout,
+            )
+        for workload in (w for w in args.workloads if w != TIME_TO_ACCURACY):
             spec = WORKLOADS[workload]
             steps = args.steps or spec.steps
             log_every = max(1, steps // WINDOWS)
@@ -817,9 +857,16 @@ def main(argv: list[str] | None = None) -> int:
         "total_s": time.perf_counter() - started,
         "table": table(rows),
         "rows": rows,
+        "time_to_accuracy": e_rows,
     }
-    print_report(report)
-    failed = sum(row["failed_runs"] for row in rows)
+    if rows:
+        print_report(report)
+    if e_rows:
+        from bench import time_to_accuracy
+
+        print(("\n" if rows else "") + time_to_accuracy.table(e_rows))
+        print("\n" + time_to_accuracy.legend(args.repeats, cores))
+    failed = sum(row["failed_runs"] for row in (*rows, *e_rows))
     if failed:
         print(f"\n{failed} run(s) failed: see the messages above", file=sys.stderr)
     if args.out:

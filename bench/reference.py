@@ -2,6 +2,8 @@
 
     python -m bench.reference --workload A|B|C|D --mode reference|raw --steps N --log-every K
                               [--num-workers W] [--data-root DIR]
+    python -m bench.reference --workload E --dataset mnist|fashion_mnist --data-root DIR
+                              --target ACC --max-epochs N
     python -m torch.distributed.run --standalone --nproc-per-node=2 -m bench.reference ...
 
 reference: init_process_group(gloo) -> torchvision dataset (FakeData, MNIST, ImageFolder) with
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import resource
+import sys
 import time
 
 import torch
@@ -34,15 +37,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 from torchvision import transforms as v1
 
-from bench.bench import D_CHANNELS, D_HIDDEN, RESULT_TAG, WORKLOADS, process_age
+from bench.bench import D_CHANNELS, D_HIDDEN, PLAIN_LR, RESULT_TAG, WORKLOADS, process_age
 
 # train.py's data.transforms constants, restated so this script stays the plain recipe
 # (tests/test_bench.py checks that they agree).
 FAKE_NORM = ((0.5, 0.5, 0.5), (0.29, 0.29, 0.29))
 MNIST_NORM = ((0.1307,), (0.3081,))
+FASHION_MNIST_NORM = ((0.2860,), (0.3530,))
 IMAGENET_NORM = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # imagefolder's
 MNIST_PADDING = 3  # conf/dataset/mnist.yaml's augment=shift: 28 // 8
-LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4  # conf/optim/sgd.yaml
+LR, MOMENTUM, WEIGHT_DECAY = PLAIN_LR, 0.9, 5e-4  # conf/optim/sgd.yaml's at the batch of 64
+# Workload E's seed recipe: the lesson's plain loop at train.py's default global batch;
+# val: conf/dataset/mnist.yaml's val_fraction.
+SEED_BATCH, VAL_FRACTION, VAL_TAG = 64, 0.1, "E_VAL "
 
 
 def build_dataset(workload: str, size: int, data_root: str | None):
@@ -86,22 +93,91 @@ def build_model(workload: str) -> nn.Module:
     )
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
-    p.add_argument("--mode", choices=("reference", "raw"), required=True)
-    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
-    p.add_argument("--log-every", type=int, required=True, help="steps per throughput window")
-    p.add_argument("--data-root", help="MNIST root (workload B), ImageFolder root (D)")
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
-    args = p.parse_args()
-    spec = WORKLOADS[args.workload]
-
+def init_gloo() -> tuple[int, int]:
     if "RANK" in os.environ:  # torchrun
         dist.init_process_group("gloo")
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    return dist.get_rank(), dist.get_world_size()
+
+
+def seed_recipe(args: argparse.Namespace) -> None:
+    """Workload E's seed recipe (the DDP lesson's): the small CNN, SGD at a constant lr with
+    momentum, no augmentation (ToTensor + Normalize), DistributedSampler + set_epoch; after each
+    epoch rank 0 validates on the same val split train.py carves (data.datasets.carve_val:
+    10 %, by class, fixed seed) and prints VAL_TAG + {epoch, val_acc, time}; it stops at the
+    first validation at ``--target`` (or after ``--max-epochs``)."""
+    from data.datasets import carve_val
+
+    rank, world = init_gloo()
+    torch.manual_seed(0)
+    cls = {"mnist": torchvision.datasets.MNIST, "fashion_mnist": torchvision.datasets.FashionMNIST}
+    norm = {"mnist": MNIST_NORM, "fashion_mnist": FASHION_MNIST_NORM}[args.dataset]
+    tf = v1.Compose([v1.ToTensor(), v1.Normalize(*norm)])
+    full = cls[args.dataset](args.data_root, train=True, transform=tf)
+    train, val = carve_val(full, VAL_FRACTION)
+    sampler = DistributedSampler(train, shuffle=True)
+    loader = DataLoader(train, batch_size=SEED_BATCH // world, sampler=sampler)
+    model = small_cnn(1, 28)
+    ddp = DDP(model) if world > 1 else model
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
+    for epoch in range(args.max_epochs):
+        sampler.set_epoch(epoch)
+        ddp.train()
+        for x, y in loader:
+            loss = F.cross_entropy(ddp(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        reached = torch.zeros(1)
+        if rank == 0:
+            acc = accuracy(model, DataLoader(val, batch_size=1000))
+            print(VAL_TAG + json.dumps({"epoch": epoch + 1, "val_acc": acc, "time": time.time()}))
+            sys.stdout.flush()
+            reached[0] = float(acc >= args.target)
+        dist.broadcast(reached, 0)  # every rank stops together
+        if reached.item():
+            break
+    dist.destroy_process_group()
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, loader: DataLoader) -> float:
+    model.eval()
+    correct = total = 0
+    for x, y in loader:
+        correct += int((model(x).argmax(1) == y).sum())
+        total += len(y)
+    return correct / total
+
+
+def small_cnn(in_channels: int, image_size: int) -> nn.Module:
+    from models.small_cnn import SmallCNN  # conf/model/small_cnn.yaml's defaults
+
+    return SmallCNN(num_classes=10, in_channels=in_channels, image_size=image_size)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=sorted([*WORKLOADS, "E"]), required=True)
+    p.add_argument("--mode", choices=("reference", "raw"), default="reference")
+    p.add_argument("--steps", type=int, help="optimizer steps to run")
+    p.add_argument("--log-every", type=int, help="steps per throughput window")
+    p.add_argument("--data-root", help="MNIST root (workloads B, E), ImageFolder root (D)")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
+    p.add_argument("--dataset", choices=("mnist", "fashion_mnist"), help="workload E's data")
+    p.add_argument("--target", type=float, help="workload E: val accuracy to reach")
+    p.add_argument("--max-epochs", type=int, default=10, help="workload E: at most")
+    args = p.parse_args()
+    if args.workload == "E":
+        if args.dataset is None or args.target is None or args.data_root is None:
+            p.error("--workload E needs --dataset, --target and --data-root")
+        return seed_recipe(args)
+    if args.steps is None or args.log_every is None:
+        p.error(f"--workload {args.workload} needs --steps and --log-every")
+    spec = WORKLOADS[args.workload]
+
+    rank, world = init_gloo()
     torch.manual_seed(0)
     batch = spec.global_batch // world
 

@@ -36,7 +36,7 @@ FAST = {"none", "shift", "crop_flip"}  # the choices the fast path runs itself
 DEFAULT_AUGMENT = {
     "digits": "shift",
     "mnist": "shift",
-    "fashion_mnist": "shift",
+    "fashion_mnist": "none",  # chosen by measurement (conf/dataset/fashion_mnist.yaml)
     "cifar10": "crop_flip",
     "cifar100": "crop_flip",
     "fake": "none",
@@ -65,6 +65,23 @@ def test_every_dataset_config_picks_its_default_augmentation():
     for dataset, augment in DEFAULT_AUGMENT.items():
         assert choices(f"dataset={dataset}")["augment"] == augment, dataset
     assert choices()["augment"] == "shift"  # the default job: digits
+
+
+def test_every_dataset_config_picks_its_default_recipe_and_keys_override_it():
+    """conf/recipe/<name>.yaml through the dataset config: MNIST and Fashion-MNIST train 5
+    epochs warmed up for 0.2, the rest the trainer's 10 (1 warm-up epoch); SGD's lr is 0.1 at
+    the default batch of 64, ImageNet's 0.1 per 256."""
+    for dataset in DEFAULT_AUGMENT:
+        cfg = compose_cfg(f"dataset={dataset}")
+        assert cfg.trainer.max_epochs == (5 if dataset in ("mnist", "fashion_mnist") else 10)
+        short = dataset in ("mnist", "fashion_mnist")
+        assert cfg.trainer.batch_size == 64 and cfg.trainer.warmup_epochs == (0.2 if short else 1)
+        lr = scaled_lr(cfg.optim.lr, cfg.optim.lr_scaling, 64, cfg.optim.base_batch_size)
+        assert lr == pytest.approx(0.025 if dataset == "imagenet" else 0.1)  # 0.1 per 256
+    assert compose_cfg("dataset=mnist", "trainer.max_epochs=2").trainer.max_epochs == 2
+    assert compose_cfg("trainer.max_epochs=2", "dataset=mnist").trainer.max_epochs == 2
+    cifar = compose_cfg("experiment=cifar10_resnet18")  # an experiment's keys win
+    assert cifar.trainer.max_epochs == 40 and cifar.optim.lr == 0.1
 
 
 @pytest.mark.parametrize(
@@ -668,3 +685,80 @@ def test_early_stopping_every_rank_stops_at_the_same_epoch(tmp_path):
     assert again.returncode == 0, fx.output(again)
     assert [v["epoch"] for v in fx.val_rows(run_dir)] == [1, 2]
     assert os.path.exists(run_dir / "checkpoints" / "best.pt")
+
+
+# ------------------------------------------------------------------------- imagefolder
+
+
+@pytest.mark.parametrize(
+    "size, overrides, expected, said",
+    [
+        (32, [], "shift", "the small-image recipe, augment=shift"),
+        (64, [], "shift", "the small-image recipe, augment=shift"),
+        (65, [], "random_resized_crop", "ImageNet's recipe, augment=random_resized_crop"),
+        (224, [], "random_resized_crop", "ImageNet's recipe, augment=random_resized_crop"),
+        (32, ["augment=random_resized_crop"], "random_resized_crop", None),  # asked for
+        (32, ["augment.scale=[0.5,1.0]"], "random_resized_crop", None),  # its key tuned
+        (32, ["augment=crop_flip"], "crop_flip", None),
+    ],
+)
+def test_imagefolder_picks_its_default_recipe_by_image_size(size, overrides, expected, said):
+    from hydra.core.hydra_config import HydraConfig
+
+    from data.catalog import folder_augment
+    from data.transforms import build_recipe
+
+    given = ["dataset=imagefolder", "dataset.root=x", f"dataset.image_size={size}", *overrides]
+    cfg = fx.compose("train", Path("unused"), *given)
+    HydraConfig.instance().set_config(cfg)
+    augment, line = folder_augment(cfg)
+    chosen, composed = build_recipe(augment), fx.recipe(f"augment={expected}", *overrides)
+    assert (chosen.crop, chosen.padding, chosen.flip) == (
+        composed.crop,
+        composed.padding,
+        composed.flip,
+    )
+    assert tuple(chosen.scale) == tuple(composed.scale)
+    if said is None:
+        assert line is None
+    else:
+        assert said in line and f"at {size} px" in line and "augment=<choice>" in line
+    # no other dataset's recipe depends on its data
+    cfg = fx.compose("train", Path("unused"), "dataset=cifar10")
+    HydraConfig.instance().set_config(cfg)
+    assert folder_augment(cfg) == (cfg.augment, None)
+
+
+@pytest.mark.slow  # two ranks of train.py on a 32 px image folder (about 30 s on 2 cores)
+def test_imagefolder_run_says_its_recipe_first_and_trains_with_it(tmp_path):
+    import subprocess
+
+    fx.make_pattern_images(tmp_path / "folder", ["a", "b", "c"], {"train": 32, "val": 8})
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        fx.train_cmd(
+            "dataset=imagefolder",
+            f"dataset.root={tmp_path / 'folder'}",
+            "dataset.image_size=32",
+            "dataset.num_workers=0",
+            "dist.nproc_per_node=2",
+            "trainer.max_epochs=1",
+            "trainer.batch_size=16",
+            "wandb.mode=disabled",
+            f"hydra.run.dir={run_dir}",
+        ),
+        cwd=fx.REPO,
+        env=fx.run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert "the small-image recipe, augment=shift" in lines[0], lines[:3]
+    assert sum("small-image recipe" in line for line in lines) == 1  # said once, not per rank
+    composed = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    assert composed.augment.crop == "resized"  # the dataset config's choice, as composed
+    trained = OmegaConf.create(load_checkpoint(run_dir / "checkpoints" / "last.pt")["config"])
+    assert (trained.augment.crop, trained.augment.flip) == ("pad", False)  # what trained
+    assert len(fx.val_rows(run_dir)) == 1

