@@ -25,7 +25,8 @@ makes the exit status non-zero.
 Workload E (bench/time_to_accuracy.py, `--workloads E --real-data DIR`): time to accuracy on
 real MNIST and Fashion-MNIST (built by bench/real_data.py), train.py against the seed recipe.
 
-This module imports nothing heavy (bench/reference.py imports its helpers from here).
+This module is the command line and the runs; bench/workloads.py defines the workloads,
+bench/tables.py the report, bench/common.py what every workload shares. None imports torch.
 """
 
 from __future__ import annotations
@@ -34,168 +35,41 @@ import argparse
 import json
 import math
 import os
-import random
 import shutil
 import signal
-import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-RESULT_TAG = "BENCH_RESULT "  # how bench_reference.py's result line starts
-MODES = ("train.py", "reference", "raw")
-WARMUP_WINDOWS = 1  # dropped from the front of each run's window rates
-WINDOWS = 6  # throughput windows per run (log_every = steps // WINDOWS)
-SMOKE_STEPS = 2
-MNIST_TEST_SAMPLES = 1000
-TIME_TO_ACCURACY = "E"  # bench/time_to_accuracy.py
-PLAIN_LR = 0.1  # the plain recipe's SGD lr (bench/reference.py), train.py's at the batch of 64
-
-
-@dataclass(frozen=True)
-class Workload:
-    description: str
-    global_batch: int
-    shape: tuple[int, int, int]  # one sample as the model sees it, C x H x W
-    steps: int  # default optimizer steps per run (one epoch of steps * global_batch samples)
-    # DataLoader workers per rank, one cell each (the same on both sides; "auto": train.py's
-    # rule, core.world.data_workers); None: not a DataLoader workload (B: fast path)
-    workers: tuple[int | str, ...] | None = (0,)
-    smoke_world_sizes: tuple[int, ...] = (1, 2)  # the cells --smoke runs
-
-
-WORKLOADS = {
-    "A": Workload(
-        "resnet18 (3x3 stem) on FakeData 3x32x32", 64, (3, 32, 32), steps=24, smoke_world_sizes=(1,)
-    ),
-    # 120 * 256 = 30720 MNIST-format samples
-    "B": Workload(
-        "small CNN on MNIST-format idx files",
-        256,
-        (1, 28, 28),
-        steps=120,
-        workers=None,
-        smoke_world_sizes=(2,),
-    ),
-    "C": Workload(
-        "resnet18 (standard stem) on FakeData 3x32x32",
-        64,
-        (3, 32, 32),
-        steps=40,
-        workers=(0, 2),
-        smoke_world_sizes=(2,),
-    ),
-    # 40 * 64 = 2560 JPEGs of 96-160 px, RandomResizedCrop(32) + flip on both sides
-    "D": Workload(
-        "small CNN [8, 16] on a JPEG ImageFolder (96-160 px), RandomResizedCrop 32 + flip",
-        64,
-        (3, 32, 32),
-        steps=40,
-        workers=("auto",),
-        smoke_world_sizes=(1,),
-    ),
-}
-# The small CNN of workload D: light enough (~0.3 ms per sample on a core) that the data path
-# (decode + crop, ~0.5-0.9 ms per image) shows.
-D_CHANNELS, D_HIDDEN = (8, 16), 32
-JPEG_CLASSES, JPEG_SIDES, JPEG_QUALITY, JPEG_VAL_PER_CLASS = 10, (96, 160), 90, 4
-
-# (name, workload it applies to or None for all, world size or None for all)
-TARGETS = (
-    ("A: train/ref >= 1.0", "A", None),
-    ("B: train/raw >= 0.95", "B", None),
-    ("C: train/ref >= 1.0", "C", None),
-    ("D: train/ref >= 1.3", "D", None),
-    ("1st step <= import + 1.0 s", None, 1),
-    ("1st step <= import + 2.0 s", None, 2),
+from bench.common import (
+    JPEG_CLASSES,
+    REPO,
+    RESULT_TAG,
+    fmt,
+    launch,
+    make_jpegs,
+    make_mnist,
+    run_env,
+    run_process,
 )
-FIRST_STEP_MARGIN_S = {1: 1.0, 2: 2.0}
-
-
-def process_age() -> float:
-    """Seconds since this process started (Linux: /proc/self/stat start time, in clock ticks
-    after boot, against CLOCK_BOOTTIME; 10 ms resolution)."""
-    with open("/proc/self/stat") as f:
-        fields = f.read().rpartition(")")[2].split()  # fields 3.. of proc(5)
-    start_ticks = int(fields[22 - 3])  # field 22: starttime
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
-
-
-def steady_rate(window_rates: list[float]) -> float | None:
-    """Median of the window rates after the warm-up window(s); all of them if too few."""
-    kept = window_rates[WARMUP_WINDOWS:] or window_rates
-    return statistics.median(kept) if kept else None
-
-
-def best_rate(window_rates: list[float]) -> float | None:
-    """The fastest window after the warm-up: the least disturbed by other load on the machine
-    (noise only ever slows a window down)."""
-    kept = window_rates[WARMUP_WINDOWS:] or window_rates
-    return max(kept) if kept else None
-
-
-def median(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-# --- MNIST-format data ----------------------------------------------------------------------
-
-
-def write_idx(path: Path, data: bytes, shape: tuple[int, ...]) -> None:
-    """IDX file (yann.lecun.com/exdb/mnist): magic 0x0000 08 <ndim>, big-endian uint32 dims,
-    then the uint8 data."""
-    header = struct.pack(">HBB", 0, 0x08, len(shape)) + struct.pack(f">{len(shape)}I", *shape)
-    path.write_bytes(header + data)
-
-
-def make_mnist(root: Path, n_train: int, n_test: int = MNIST_TEST_SAMPLES) -> Path:
-    """<root>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte of random content, as
-    torchvision.datasets.MNIST(root) reads them. Returns root."""
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.randbytes(n * 28 * 28), (n, 28, 28))
-        labels = bytes(b % 10 for b in rng.randbytes(n))
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels, (n,))
-    return root
-
-
-# --- a JPEG ImageFolder -----------------------------------------------------------------------
-
-
-def make_jpegs(root: Path, per_class: int, val_per_class: int = JPEG_VAL_PER_CLASS) -> Path:
-    """<root>/{train,val}/<class>/<i>.jpg: ``per_class`` training images of each of
-    JPEG_CLASSES classes (and ``val_per_class`` val images, so that train.py carves nothing
-    from train), each JPEG_SIDES px wide and high at random, a smooth random pattern plus
-    noise (photo-like compression: ~8 kB each), JPEG quality JPEG_QUALITY. Returns root."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for split, n in (("train", per_class), ("val", val_per_class)):
-        for c in range(JPEG_CLASSES):
-            folder = root / split / f"class{c}"
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(n):
-                w, h = (int(v) for v in rng.integers(JPEG_SIDES[0], JPEG_SIDES[1] + 1, size=2))
-                coarse = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8))
-                smooth = np.asarray(coarse.resize((w, h), Image.BICUBIC), dtype=np.float32)
-                pixels = np.clip(smooth + rng.normal(0, 12, smooth.shape), 0, 255)
-                Image.fromarray(pixels.astype(np.uint8)).save(
-                    folder / f"{i}.jpg", quality=JPEG_QUALITY
-                )
-    return root
+from bench.tables import best_table, legend, summarize, table
+from bench.workloads import (
+    D_CHANNELS,
+    D_HIDDEN,
+    MODES,
+    PLAIN_LR,
+    SMOKE_STEPS,
+    TARGETS,
+    TIME_TO_ACCURACY,
+    WARMUP_WINDOWS,
+    WINDOWS,
+    WORKLOADS,
+    Setup,
+    Workload,
+    steady_rate,
+)
 
 
 def train_file_size(train_samples: int, val_fraction: float = 0.1) -> int:
@@ -207,55 +81,12 @@ def train_file_size(train_samples: int, val_fraction: float = 0.1) -> int:
     return n
 
 
-# --- one run ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Setup:
-    workload: str
-    world_size: int
-    steps: int
-    log_every: int
-    data_root: Path | None  # workloads B and D
-    threads: int  # OMP_NUM_THREADS per process
-    train_overrides: tuple[str, ...] = ()
-    timeout_s: float = 1800.0
-    workers: int | None = None  # DataLoader workers per rank, both sides (None: B's fast path)
-
-
 def resolve_workers(value: int | str, world_size: int) -> int:
     """A workload's workers per rank as train.py resolves ``dataset.num_workers`` (auto: this
     rank's share of the cores less one), so that both sides get the same number."""
     from core.world import data_workers
 
     return data_workers(value, world_size)
-
-
-def launch(world_size: int, target: list[str]) -> list[str]:
-    if world_size == 1:
-        return [sys.executable, *target]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={world_size}",
-        *target,
-    ]
-
-
-def run_env(threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.pop("HYDRA_DDP_FAULT", None)
-    path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.update(
-        OMP_NUM_THREADS=str(threads),
-        PYTHONPATH=path,
-        PYTHONUNBUFFERED="1",
-        WANDB_MODE="disabled",
-        WANDB_SILENT="true",
-    )
-    return env
 
 
 def train_overrides(s: Setup, run_dir: Path) -> list[str]:
@@ -344,31 +175,6 @@ def run_mode(s: Setup, mode: str, run_dir: Path) -> dict:
     return {**out, **found, "samples_per_s": steady_rate(found["window_rates"])}
 
 
-def run_process(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[str, str, object]:
-    """(stdout, stderr, exit status or a timeout message). The command runs in its own session
-    so that a timeout kills torchrun's ranks too, not only the agent."""
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-        return stdout, stderr, proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        return stdout, stderr, f"timeout after {timeout_s:.0f} s"
-    finally:
-        if proc.poll() is None:  # interrupted (Ctrl-C): leave no ranks behind
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def train_result(run_dir: Path) -> dict:
     """Window rates from metrics.jsonl; time to first step and peak memory from result.json
     (None where this train.py does not record them)."""
@@ -410,9 +216,6 @@ def import_time(threads: int) -> float:
     return time.perf_counter() - tic
 
 
-# --- the benchmark ---------------------------------------------------------------------------
-
-
 def bench_cell(s: Setup, repeats: int, work: Path) -> dict:
     """All modes of one workload x world size, alternated ``repeats`` times; the summary row."""
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
@@ -448,204 +251,6 @@ def progress(s: Setup, r: int, repeats: int, res: dict) -> None:
             file=sys.stderr,
             flush=True,
         )
-
-
-def peak_per_rank(runs: list[dict]) -> list[float] | None:
-    """Each rank's peak over the repeats."""
-    lists = [r["peak_memory_mb_per_rank"] for r in runs if r.get("peak_memory_mb_per_rank")]
-    return [max(values) for values in zip(*lists, strict=True)] if lists else None
-
-
-def summarize(s: Setup, runs: dict[str, list[dict]], imports: list[float]) -> dict:
-    rate = {mode: median(r.get("samples_per_s") for r in runs[mode]) for mode in MODES}
-    best = {
-        mode: max(
-            (best_rate(r["window_rates"]) or 0.0 for r in runs[mode] if r.get("window_rates")),
-            default=None,
-        )
-        for mode in MODES
-    }
-    first = {mode: median(r.get("time_to_first_step_s") for r in runs[mode]) for mode in MODES}
-    row = {
-        "workload": s.workload,
-        "description": WORKLOADS[s.workload].description,
-        "world_size": s.world_size,
-        "workers": s.workers,
-        "steps": s.steps,
-        "log_every": s.log_every,
-        "omp_num_threads": s.threads,
-        "samples_per_s": rate,
-        "ratios": {
-            "train_vs_reference": ratio(rate["train.py"], rate["reference"]),
-            "train_vs_raw": ratio(rate["train.py"], rate["raw"]),
-            "reference_vs_raw": ratio(rate["reference"], rate["raw"]),
-        },
-        # Fastest window of any repeat: a check on the medians when the machine is shared.
-        "best_window_samples_per_s": best,
-        "best_window_ratios": {
-            "train_vs_reference": ratio(best["train.py"], best["reference"]),
-            "train_vs_raw": ratio(best["train.py"], best["raw"]),
-        },
-        "time_to_first_step_s": first,
-        # train.py's startup beyond the plain recipe's (both include the first step's compute)
-        "first_step_overhead_s": (
-            first["train.py"] - first["reference"]
-            if None not in (first["train.py"], first["reference"])
-            else None
-        ),
-        "import_s": median(imports),
-        "peak_memory_mb_per_rank": {mode: peak_per_rank(runs[mode]) for mode in MODES},
-        "failed_runs": sum("error" in r for mode in MODES for r in runs[mode]),
-        "runs": runs,
-        "imports_s": imports,
-    }
-    row["targets"] = targets(row)
-    return row
-
-
-def targets(row: dict) -> dict[str, dict]:
-    """Each target of this row: value, threshold, and PASS / MISS / n/a (not measured)."""
-    out = {}
-    for name, workload, world in TARGETS:
-        if workload not in (None, row["workload"]) or world not in (None, row["world_size"]):
-            continue
-        if workload is None:  # time to first step against the import floor
-            value, higher = row["time_to_first_step_s"]["train.py"], False
-            margin = FIRST_STEP_MARGIN_S[world]
-            limit = row["import_s"] + margin if row["import_s"] is not None else None
-        elif "train/raw" in name:
-            value, limit, higher = row["ratios"]["train_vs_raw"], float(name.split()[-1]), True
-        else:
-            value, higher = row["ratios"]["train_vs_reference"], True
-            limit = float(name.split()[-1])
-        if value is None or limit is None:
-            verdict = "n/a"
-        else:
-            verdict = "PASS" if (value >= limit if higher else value <= limit) else "MISS"
-        out[name] = {"value": value, "threshold": limit, "verdict": verdict}
-    return out
-
-
-def fmt(value: float | None, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
-def fmt_mb(values: list[float] | None) -> str:
-    return "n/a" if not values else "/".join(f"{v:.0f}" for v in values)
-
-
-def table(rows: list[dict]) -> str:
-    """The summary as a Markdown table (readable in a terminal, pasteable into the README)."""
-    head = [
-        "workload",
-        "world",
-        "workers",
-        "train.py s/s",
-        "reference s/s",
-        "raw s/s",
-        "train/ref",
-        "train/raw",
-        "1st step train.py / ref s",
-        "import s",
-        "train.py - import s",
-        "peak MB/rank train.py / ref",
-        "targets",
-    ]
-    lines = [head]
-    for row in rows:
-        rate, first, mem = (
-            row["samples_per_s"],
-            row["time_to_first_step_s"],
-            row["peak_memory_mb_per_rank"],
-        )
-        above = (
-            first["train.py"] - row["import_s"]
-            if None not in (first["train.py"], row["import_s"])
-            else None
-        )
-        verdicts = "; ".join(f"{name} {t['verdict']}" for name, t in row["targets"].items())
-        lines.append(
-            [
-                row["workload"],
-                str(row["world_size"]),
-                fmt_workers(row.get("workers")),
-                *(fmt(rate[m], ".1f") for m in MODES),
-                fmt(row["ratios"]["train_vs_reference"], ".3f"),
-                fmt(row["ratios"]["train_vs_raw"], ".3f"),
-                f"{fmt(first['train.py'], '.2f')} / {fmt(first['reference'], '.2f')}",
-                fmt(row["import_s"], ".2f"),
-                fmt(above, "+.2f"),
-                f"{fmt_mb(mem['train.py'])} / {fmt_mb(mem['reference'])}",
-                verdicts,
-            ]
-        )
-    return markdown(lines)
-
-
-def fmt_workers(workers: int | None) -> str:
-    return "-" if workers is None else str(workers)
-
-
-def best_table(rows: list[dict]) -> str:
-    """Best-window samples/s per mode and their ratios (informational)."""
-    lines = [
-        [
-            "workload",
-            "world",
-            "workers",
-            "best train.py s/s",
-            "best reference s/s",
-            "best raw s/s",
-            "train/ref",
-            "train/raw",
-        ]
-    ]
-    for row in rows:
-        best, ratios = row["best_window_samples_per_s"], row["best_window_ratios"]
-        lines.append(
-            [
-                row["workload"],
-                str(row["world_size"]),
-                fmt_workers(row.get("workers")),
-                *(fmt(best[m], ".1f") for m in MODES),
-                fmt(ratios["train_vs_reference"], ".3f"),
-                fmt(ratios["train_vs_raw"], ".3f"),
-            ]
-        )
-    return markdown(lines)
-
-
-def markdown(lines: list[list[str]]) -> str:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    text = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) + " |"
-        for line in lines
-    ]
-    text.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(text)
-
-
-def legend(rows: list[dict], repeats: int, cores: int) -> str:
-    used = sorted({r["workload"] for r in rows})
-    lines = [
-        f"{w} = {WORKLOADS[w].description}, global batch {WORKLOADS[w].global_batch}" for w in used
-    ]
-    steps = ", ".join(
-        sorted({f"{r['workload']}: {r['steps']} steps, windows of {r['log_every']}" for r in rows})
-    )
-    lines += [
-        f"{cores} CPU cores, OMP_NUM_THREADS = {cores} / world size; gloo; {repeats} "
-        f"repeat(s) per mode, alternated; {steps}.",
-        "s/s: samples/s, median over repeats of each run's median window rate after the first "
-        "window. workers: DataLoader workers per rank, both sides (-: B's in-memory fast "
-        "path). 1st step: process start -> end of the first optimizer step (rank 0). import: "
-        '`python -c "import torch, torchvision"`, the floor. peak MB: max RSS per rank. '
-        "reference: torchvision's dataset + v1 transforms (ToTensor, Normalize; C: FakeData, "
-        "whose images train.py's `fake` draws without reseeding the global RNG, "
-        "data/catalog.py FakeImages) + DataLoader + DistributedSampler + DDP. "
-        "Targets are informational (PASS/MISS; n/a: not measured).",
-    ]
-    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -37,7 +37,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 from torchvision import transforms as v1
 
-from bench.bench import D_CHANNELS, D_HIDDEN, PLAIN_LR, RESULT_TAG, WORKLOADS, process_age
+from bench.common import RESULT_TAG, process_age
+from bench.workloads import D_CHANNELS, D_HIDDEN, PLAIN_LR, WORKLOADS
 
 # train.py's data.transforms constants, restated so this script stays the plain recipe
 # (tests/test_bench.py checks that they agree).

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.bench import REPO, fmt, launch, markdown, median, ratio, run_env
+from bench.common import REPO, fmt, launch, markdown, median, ratio, run_env
 
 TARGETS = {"mnist": 0.99, "fashion_mnist": 0.90}
 FOLDERS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}

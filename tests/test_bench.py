@@ -16,7 +16,7 @@ from PIL import Image
 from torchvision.datasets import MNIST
 
 import conf.schema  # noqa: F401 - registers the schema for compose()
-from bench import bench
+from bench import bench, common, workloads
 from bench import reference as bench_reference
 from data import build_datasets
 from data.transforms import NORMALIZATION, build_recipe
@@ -25,7 +25,7 @@ from tests.helpers import REPO, run_env
 
 def composed(workload: str, data_root: Path | None = None, workers: int | None = 0):
     """train.py's config for a workload, composed from the benchmark's own overrides."""
-    setup = bench.Setup(
+    setup = workloads.Setup(
         workload,
         1,
         steps=4,
@@ -41,11 +41,11 @@ def composed(workload: str, data_root: Path | None = None, workers: int | None =
         return compose("train", overrides=overrides)
 
 
-@pytest.mark.parametrize("workload", sorted(bench.WORKLOADS))
+@pytest.mark.parametrize("workload", sorted(workloads.WORKLOADS))
 def test_reference_matches_train_config(workload, tmp_path):
     """Same network, optimizer settings, batch, data size and per-sample work on both sides."""
     cfg = composed(workload, tmp_path)
-    spec = bench.WORKLOADS[workload]
+    spec = workloads.WORKLOADS[workload]
     assert cfg.trainer.batch_size == spec.global_batch
     assert cfg.trainer.max_epochs == 1 and cfg.trainer.log_every_n_steps == 2
     assert cfg.wandb.mode.value == "disabled" and cfg.trainer.device == "cpu"
@@ -94,7 +94,7 @@ def test_reference_matches_train_config(workload, tmp_path):
         assert recipe.fast(size).padding == bench_reference.MNIST_PADDING and not recipe.flip
         assert cfg.dataset.root == str(tmp_path)
     else:  # RandomResizedCrop(size, torchvision's default scale and ratio) + flip, both sides
-        bench.make_jpegs(tmp_path, per_class=1, val_per_class=1)
+        common.make_jpegs(tmp_path, per_class=1, val_per_class=1)
         reference = bench_reference.build_dataset(workload, 4 * spec.global_batch, str(tmp_path))
         crop, flip = reference.transform.transforms[:2]
         assert type(flip).__name__ == "RandomHorizontalFlip" and flip.p == 0.5
@@ -107,27 +107,27 @@ def test_reference_matches_train_config(workload, tmp_path):
 @pytest.fixture
 def jpeg_root(tmp_path):
     root = tmp_path / "jpegs"
-    bench.make_jpegs(root, per_class=-(-4 * 64 // bench.JPEG_CLASSES), val_per_class=1)
+    common.make_jpegs(root, per_class=-(-4 * 64 // common.JPEG_CLASSES), val_per_class=1)
     return root
 
 
 def test_generated_jpegs_train_on_the_steps_asked_for(jpeg_root):
     splits = build_datasets(composed("D", jpeg_root).dataset)
-    assert len(splits.train) // 64 == 4 and len(splits.val) == bench.JPEG_CLASSES
+    assert len(splits.train) // 64 == 4 and len(splits.val) == common.JPEG_CLASSES
     files = sorted((jpeg_root / "train").rglob("*.jpg"))
     sides = {side for f in files[:40] for side in Image.open(f).size}
-    assert min(sides) >= bench.JPEG_SIDES[0] and max(sides) <= bench.JPEG_SIDES[1]
+    assert min(sides) >= common.JPEG_SIDES[0] and max(sides) <= common.JPEG_SIDES[1]
     assert len(sides) > 5  # sizes vary
     x, _ = splits.train[0]
-    assert x.shape == bench.WORKLOADS["D"].shape
+    assert x.shape == workloads.WORKLOADS["D"].shape
 
 
 def test_cells_and_workers():
-    spec = bench.WORKLOADS["C"]
+    spec = workloads.WORKLOADS["C"]
     assert bench.cells(spec, None, smoke=False) == [(1, 0), (1, 2), (2, 0), (2, 2)]
     assert bench.cells(spec, None, smoke=True) == [(2, 2)]
-    assert bench.cells(bench.WORKLOADS["B"], [1], smoke=False) == [(1, None)]
-    auto = bench.cells(bench.WORKLOADS["D"], [1, 2], smoke=False)
+    assert bench.cells(workloads.WORKLOADS["B"], [1], smoke=False) == [(1, None)]
+    auto = bench.cells(workloads.WORKLOADS["D"], [1, 2], smoke=False)
     assert [w for _, w in auto] == [
         bench.resolve_workers("auto", 1),
         bench.resolve_workers("auto", 2),
@@ -135,28 +135,28 @@ def test_cells_and_workers():
 
 
 def test_generated_mnist_trains_on_the_steps_asked_for(tmp_path):
-    bench.make_mnist(tmp_path, n_train=bench.train_file_size(4 * 256), n_test=5)
+    common.make_mnist(tmp_path, n_train=bench.train_file_size(4 * 256), n_test=5)
     splits = build_datasets(composed("B", tmp_path).dataset)
     assert len(splits.train) == 4 * 256  # one epoch: 4 steps of the global batch
 
 
 def test_generated_mnist_reads_back(tmp_path):
-    bench.make_mnist(tmp_path, n_train=12, n_test=5)
+    common.make_mnist(tmp_path, n_train=12, n_test=5)
     train, test = MNIST(tmp_path, train=True), MNIST(tmp_path, train=False)
     assert train.data.shape == (12, 28, 28) and train.data.dtype == torch.uint8
     assert len(test) == 5 and 0 <= int(train.targets.min()) <= int(train.targets.max()) <= 9
 
 
 def test_steady_rate_drops_warmup_and_ratios():
-    assert bench.steady_rate([1.0, 10.0, 12.0, 11.0]) == 11.0
-    assert bench.steady_rate([5.0]) == 5.0  # too few windows: all of them
-    assert bench.steady_rate([]) is None
-    assert bench.ratio(3.0, 2.0) == 1.5 and bench.ratio(None, 2.0) is None
+    assert workloads.steady_rate([1.0, 10.0, 12.0, 11.0]) == 11.0
+    assert workloads.steady_rate([5.0]) == 5.0  # too few windows: all of them
+    assert workloads.steady_rate([]) is None
+    assert common.ratio(3.0, 2.0) == 1.5 and common.ratio(None, 2.0) is None
     assert bench.overrides_for("A", ["x=1", "B:y=2", "A:z=3"]) == ("x=1", "z=3")
 
 
 def test_process_age_is_positive():
-    assert 0 < bench.process_age() < 1e6
+    assert 0 < common.process_age() < 1e6
 
 
 @pytest.mark.slow
@@ -175,13 +175,13 @@ def test_smoke_end_to_end(tmp_path):
     report = json.loads(out.read_text())
     rows = {(row["workload"], row["world_size"]): row for row in report["rows"]}
     assert set(rows) == {
-        (w, n) for w, spec in bench.WORKLOADS.items() for n in spec.smoke_world_sizes
+        (w, n) for w, spec in workloads.WORKLOADS.items() for n in spec.smoke_world_sizes
     }
-    assert {n for _, n in rows} == {1, 2} and set(bench.WORKLOADS) == {"A", "B", "C", "D"}
+    assert {n for _, n in rows} == {1, 2} and set(workloads.WORKLOADS) == {"A", "B", "C", "D"}
     assert rows["C", 2]["workers"] == 2 and rows["B", 2]["workers"] is None
     for (workload, world), row in rows.items():
         rate = row["samples_per_s"]
-        for mode in bench.MODES:
+        for mode in workloads.MODES:
             assert rate[mode] is not None and rate[mode] > 0, (workload, world, mode)
             runs = row["runs"][mode]
             assert len(runs) == 1 and runs[0]["samples_per_s"] == rate[mode]
@@ -193,10 +193,10 @@ def test_smoke_end_to_end(tmp_path):
         assert row["time_to_first_step_s"]["reference"] > 0 and row["import_s"] > 0
         for target in row["targets"].values():
             assert target["verdict"] in ("PASS", "MISS", "n/a")
-        first_step = f"1st step <= import + {bench.FIRST_STEP_MARGIN_S[world]} s"
+        first_step = f"1st step <= import + {workloads.FIRST_STEP_MARGIN_S[world]} s"
         assert set(row["targets"]) == {
             first_step,
-            next(name for name, w, _ in bench.TARGETS if w == workload),
+            next(name for name, w, _ in workloads.TARGETS if w == workload),
         }
     assert report["table"] in proc.stdout
     for row in report["rows"]:
