@@ -454,10 +454,11 @@ class TrainStep:
         for micro in range(accumulate):
             with speed.timer.waiting_for_data():
                 x, y = next(batches)
-            x = x.to(device, non_blocking=True, memory_format=memory_format(tc))
-            y = y.to(device, non_blocking=True)
-            # MixUp/CutMix seeded by (seed, epoch, batch index): the same on resume.
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            # MixUp/CutMix seeded by (seed, epoch, global batch index): the same on resume
+            # and at any world size.
             x, y = self.mix(x, y, progress.epoch, progress.step_in_epoch * accumulate + micro)
+            x = x.contiguous(memory_format=memory_format(tc))
             last = micro == accumulate - 1
             with nullcontext() if last or not env.is_distributed else self.model.no_sync():
                 with self.autocast:
