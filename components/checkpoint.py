@@ -454,38 +454,32 @@ def _from_rank0(obj: Any) -> Any:
 def _follow(path: Path, sha256: str, loaded: dict[str, Any] | None, rank: int) -> dict[str, Any]:
     """The checkpoint rank 0 chose, in this rank: rank 0's `loaded`; elsewhere its own copy at
     `path` if its SHA-256 is `sha256`, else rank 0's bytes (a collective: every rank says
-    whether it needs them, and rank 0 broadcasts once if any does)."""
+    whether it needs them, rank 0 names each that does in one line and broadcasts once)."""
     data, problem = None, None
     if rank != 0:
         try:
             data = path.read_bytes()
             if hashlib.sha256(data).hexdigest() != sha256:
-                problem = "differs from rank 0's (torn or another file)"
+                problem = "differs from rank 0's (torn, or another file)"
         except OSError as e:
-            problem = f"cannot be read here ({e.strerror or e})"
-    needs: list[Any] = [problem is not None]
+            problem = f"cannot be read ({e.strerror or e})"
+    needs: list[Any] = [None]
     if dist.is_initialized() and dist.get_world_size() > 1:
         needs = [None] * dist.get_world_size()
-        dist.all_gather_object(needs, problem is not None)
+        dist.all_gather_object(needs, problem and f"rank {rank} on {platform.node()}: {problem}")
     if any(needs):
-        if problem is not None:
-            log.warning(
-                "resume: rank %d on %s: %s %s; using rank 0's copy",
-                rank,
-                platform.node(),
-                path,
-                problem,
-            )
+        if rank == 0:
+            for need in filter(None, needs):
+                log.warning("resume: %s: %s; sending rank 0's copy", path.name, need)
         box = [path.read_bytes() if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         if problem is not None:
             data = box[0]
-        if problem is not None and hashlib.sha256(data).hexdigest() != sha256:
-            # what arrived is not what rank 0 chose
-            raise UserError(
-                f"rank {rank} on {platform.node()}: checkpoint {path} did not arrive intact "
-                "from rank 0: rerun with resume=auto, or copy the file to this node"
-            )
+            if hashlib.sha256(data).hexdigest() != sha256:  # not what rank 0 chose: stop here
+                raise UserError(
+                    f"rank {rank} on {platform.node()}: checkpoint {path} did not arrive intact "
+                    "from rank 0: rerun with resume=auto, or copy the file to this node"
+                )
     if rank == 0:
         return loaded  # type: ignore[return-value]
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
