@@ -182,7 +182,8 @@ def test_two_agents_resume_from_rank0s_checkpoint_though_run_dirs_differ(
                     stderr=subprocess.STDOUT,
                 )
             )
-        return wait_all([(d.parent, p) for d, p in zip(dirs, procs, strict=True)]), procs
+        nodes = [(d.parent, p) for d, p in zip(dirs, procs, strict=True)]
+        return wait_all(nodes, timeout=900), procs  # two agents on a busy machine: slow
 
     outs, procs = attempt(HYDRA_DDP_FAULT="kill@7:1")  # after the step-6 checkpoint
     assert all(p.returncode != 0 for p in procs), outs
