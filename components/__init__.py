@@ -1,10 +1,13 @@
 """Services that run inside every rank of train.py and eval.py, one concern per module:
 
 * distributed.py: the process group, this rank's device, the DDP wrap, rank-0 decisions;
-* checkpoint.py: TrainingState (one object saves and restores everything a resume needs) and
-  the atomic, digest-checked step checkpoints; trained.py: a checkpoint's model and config for
-  eval.py;
-* metrics.py: RunLogger, rank 0's metrics.jsonl, W&B run and result.json however the run ends;
+* checkpoint.py: TrainingState (one object encodes and decodes the whole checkpoint format),
+  the atomic, digest-checked step checkpoints, and the resume rank 0 chooses for every rank;
+  trained.py: a checkpoint's model and config for eval.py;
+* train_step.py: one optimizer step (TrainStep), its metrics row, Progress (where training
+  stands); loss_window.py: the train loss each rank sums between logged rows;
+* metrics.py: RunLogger, rank 0's metrics.jsonl, W&B run and result.json however the run ends
+  (result.json's fields follow from the events the loop reports);
   wandb_media.py: the W&B panels, image tables and checkpoint artifacts; console.py: what rank 0
   prints; repro.py: the run's command, packages and uncommitted diff;
 * evaluation.py: exact distributed metrics (one all-reduce), for validation and eval.py;

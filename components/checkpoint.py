@@ -10,12 +10,17 @@ fsync): a SIGKILL at any point leaves only whole files, and a file that does not
 digest (torn by a crash elsewhere, corrupted on disk) is never loaded. Resuming takes the newest
 checkpoint that verifies and names every newer one it skipped.
 
-What goes in is one TrainingState: everything a resume needs, saved and restored by the same
-object (model, optimizer, scheduler, scaler, progress with the W&B run id, and under `ranks`
-each rank's own state: its RNG states and loss window), plus the run's composed config as YAML
-text (`config`): a checkpoint alone rebuilds its model and data (eval.py). A checkpoint is a
-plain dict of tensors and Python scalars/containers/strings, so it loads with
+What goes in is one TrainingState, which owns the whole format (encoded by its state_dict(),
+decoded by its load_state_dict()): everything a resume needs (model, optimizer, scheduler,
+scaler, monitor, EMA, progress with the W&B run id), `world_size` and under `ranks` each rank's
+own state (its RNG states and loss window), plus the run's composed config as YAML text
+(`config`): a checkpoint alone rebuilds its model and data (eval.py). A checkpoint is a plain
+dict of tensors and Python scalars/containers/strings, so it loads with
 `torch.load(weights_only=True)`: no pickled code runs on load.
+
+Resuming, rank 0 chooses the checkpoint and every rank follows (Checkpointer.restore): one
+broadcast of the chosen file's name and SHA-256; a rank whose own copy is missing or differs
+(nodes need not share a file system; a copy may be torn) receives rank 0's bytes instead.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import hashlib
 import io
 import logging
 import os
+import platform
 import random
 import re
 from collections.abc import Callable, Mapping
@@ -184,17 +190,27 @@ def _tuples(x: Any) -> Any:
 
 def gather_rank_states(local: dict[str, Any]) -> list[torch.Tensor]:
     """Every rank's own state (its RNG states plus `local`), in rank order, each a uint8 tensor
-    of torch.save bytes (a collective: all ranks must call it). Bytes travel through
-    all_gather_object, which cannot carry tensors on a one-rank gloo group."""
+    of torch.save bytes (a collective: all ranks must call it; without a process group, this
+    process's alone). Bytes travel through all_gather_object, which cannot carry tensors on a
+    one-rank gloo group."""
     buf = io.BytesIO()
     torch.save({**local, "rng": rng_state()}, buf)
-    blobs: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(blobs, buf.getvalue())
+    blobs: list[Any] = [buf.getvalue()]
+    if dist.is_initialized():
+        blobs = [None] * dist.get_world_size()
+        dist.all_gather_object(blobs, buf.getvalue())
     return [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
 
 
 def decode_rank_state(blob: torch.Tensor) -> dict[str, Any]:
     return torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True)
+
+
+def _place() -> tuple[int, int]:
+    """(rank, world size): the process group's, or (0, 1) without one."""
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def resume_choice(resume: str | None) -> str | Path | None:
@@ -232,54 +248,109 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> Any: ...
 
 
+# What a resume does instead when the checkpoint lacks a component this run has.
+FRESH = {
+    "optimizer": "the optimizer starts without its state (momentum, moments)",
+    "scheduler": "the lr schedule starts from its first step",
+    "scaler": "the fp16 loss scale starts from its initial value",
+    "monitor": "the monitor starts empty: best.pt and early stopping count from here",
+    "ema": "the EMA starts afresh",
+    "progress": "training starts from epoch 1",
+}
+META = ("world_size", "ranks", "config")  # the format's own keys, not components
+
+
 class TrainingState:
-    """Everything a resume needs, saved and restored by this one object.
+    """Everything a resume needs, encoded and decoded by this one object, so that
+    `state.load_state_dict(state.state_dict())` restores it (RNG included).
 
     `shared`: objects that are the same on every rank (model, optimizer, scheduler, scaler,
-    progress): rank 0 saves them. `per_rank`: each rank's own (e.g. its loss window); every
-    rank's are gathered into the checkpoint together with its RNG states, and restored to the
-    same rank when the world size is unchanged.
+    progress, monitor, EMA): rank 0's copy is saved. `per_rank`: each rank's own (e.g. its
+    loss window); every rank's are gathered together with its RNG states, and restored to the
+    same rank when the world size is unchanged. `config`: the run's composed config, saved as
+    YAML text. `fresh`: {component: (what happens, how)} for a checkpoint that lacks a
+    component (default: FRESH's words, the component as built). Format:
+    {<component>: its state_dict, ..., "world_size": W, "ranks": [W uint8 tensors],
+    "config": YAML text or None}. A component whose state_dict is empty (a disabled fp16
+    scaler) counts as absent.
     """
 
-    def __init__(self, shared: Mapping[str, Stateful], per_rank: Mapping[str, Stateful]):
+    def __init__(
+        self,
+        shared: Mapping[str, Stateful],
+        per_rank: Mapping[str, Stateful],
+        *,
+        config: DictConfig | None = None,
+        fresh: Mapping[str, tuple[str, Callable[[], None]]] | None = None,
+    ):
         self.shared = dict(shared)
         self.per_rank = dict(per_rank)
+        self.config = None if config is None else resolved_yaml(config)
+        self.fresh = dict(fresh or {})
 
     def state_dict(self) -> dict[str, Any]:
-        return {name: obj.state_dict() for name, obj in self.shared.items()}
+        """The checkpoint's contents (a collective: every rank adds its own state)."""
+        ranks = gather_rank_states(self.rank_state_dict())
+        shared = {name: obj.state_dict() for name, obj in self.shared.items()}
+        return {**shared, "world_size": len(ranks), "ranks": ranks, "config": self.config}
 
     def rank_state_dict(self) -> dict[str, Any]:
         return {name: obj.state_dict() for name, obj in self.per_rank.items()}
 
-    def load_state_dict(self, ckpt: dict[str, Any], *, rank: int, world_size: int) -> None:
+    def load_state_dict(
+        self, ckpt: dict[str, Any], *, rank: int | None = None, world_size: int | None = None
+    ) -> None:
+        """Restore from `ckpt` (this rank's place: the process group's unless given). A
+        component on one side only is one warning line naming it and what happens."""
+        here, world = _place()
+        rank = here if rank is None else rank
+        world_size = world if world_size is None else world_size
         for name, obj in self.shared.items():
-            if name in ckpt and ckpt[name] is not None:
-                obj.load_state_dict(ckpt[name])
+            saved = ckpt.get(name)
+            if saved:
+                if obj.state_dict() or name != "scaler":
+                    obj.load_state_dict(saved)
+                else:
+                    log.warning("resume: the checkpoint has a fp16 loss scale; this run has none")
+                continue
+            if name == "scaler" and not obj.state_dict():
+                continue  # neither side uses one
+            what, start_fresh = self.fresh.get(name, (FRESH.get(name, "it starts afresh"), None))
+            log.warning("resume: the checkpoint has no %s: %s", name, what)
+            if start_fresh is not None:
+                start_fresh()
+        for name in sorted(set(ckpt) - set(self.shared) - set(META)):
+            if ckpt[name]:
+                log.warning("resume: the checkpoint has %s, which this run does not use", name)
         ranks = ckpt.get("ranks") or []
         if len(ranks) != world_size:
-            log.warning("checkpoint from world size %d: per-rank state not restored", len(ranks))
+            log.warning(
+                "checkpoint from world size %d: per-rank state not restored (each rank's RNG "
+                "and loss window start afresh; the data and mixing draws do not depend on them)",
+                len(ranks),
+            )
             return
         mine = decode_rank_state(ranks[rank])
         set_rng_state(mine.pop("rng"))
         for name, obj in self.per_rank.items():
             if name in mine:
                 obj.load_state_dict(mine[name])
+            else:
+                log.warning("resume: the checkpoint has no %s: it starts empty", name)
 
 
 class Checkpointer:
     """<run dir>/checkpoints/step-N.pt (+ last.pt, best.pt): saved by rank 0 while every rank
-    contributes its own state, then a barrier; restored in every rank. `config`: the run's
-    composed config, saved with every checkpoint as YAML text. `on_save(path, progress,
-    is_best)`: called in rank 0 after each save (the step file, the checkpoint's `progress`)."""
+    contributes its own state, then a barrier; restored in every rank from the file rank 0
+    chose. `on_save(path, progress, is_best)`: called in rank 0 after each save (the step
+    file, the checkpoint's `progress`)."""
 
     def __init__(
         self,
         run_dir: Path,
         *,
         rank: int,
-        world_size: int,
         keep: int = KEEP,
-        config: DictConfig | None = None,
         enabled: bool = True,
         on_save: Callable[[Path, dict, bool], None] | None = None,
     ):
@@ -287,9 +358,7 @@ class Checkpointer:
         self.dir = run_dir / CHECKPOINT_DIR
         self.run_dir = run_dir
         self.rank = rank
-        self.world_size = world_size
         self.keep = keep
-        self.config = None if config is None else resolved_yaml(config)
         self.on_save = on_save
 
     @property
@@ -299,15 +368,8 @@ class Checkpointer:
     def save(self, state: TrainingState, *, step: int, is_best: bool) -> None:
         if not self.enabled:  # the same setting on every rank: none of them gathers
             return
-        # Every rank takes part in the gather; only rank 0 writes.
-        ranks = gather_rank_states(state.rank_state_dict())
+        ckpt = state.state_dict()  # every rank takes part (its own state); only rank 0 writes
         if self.rank == 0:
-            ckpt = {
-                **state.state_dict(),
-                "world_size": self.world_size,
-                "ranks": ranks,
-                "config": self.config,
-            }
             path = self.dir / f"step-{step:08d}.pt"
             try:
                 atomic_save(ckpt, path)
@@ -325,25 +387,99 @@ class Checkpointer:
                 digest_path(old).unlink(missing_ok=True)
             if self.on_save is not None:
                 self.on_save(path, ckpt.get("progress") or {}, is_best)
-        dist.barrier()
+        if dist.is_initialized():
+            dist.barrier()
 
     def restore(self, state: TrainingState, resume: str | None) -> Path | None:
-        """Load `resume` (see resume_choice) into `state`; the file used, or None (fresh)."""
-        choice = resume_choice(resume)
+        """Load `resume` (see resume_choice) into `state`; the file used, or None (fresh).
+
+        Rank 0 chooses (the newest valid checkpoint of its run dir, or the path given) and
+        broadcasts the file's name and SHA-256; every rank loads that very file: its own copy
+        when it has one that matches, else rank 0's bytes, broadcast. A problem rank 0 meets
+        (no valid checkpoint, a file that does not load) is every rank's one-line error."""
+        choice = resume_choice(resume)  # the same on every rank: same config and environment
         if choice is None:
             return None
-        if choice == "auto":
-            found = load_latest_valid(self.dir)
-        else:
-            found = choice, load_checkpoint(choice)
-        if found is None:
+        chosen: dict[str, Any] | None = None
+        ckpt: dict[str, Any] | None = None
+        if self.rank == 0:
+            try:
+                found = load_latest_valid(self.dir) if choice == "auto" else None
+                if choice != "auto":
+                    found = choice, load_checkpoint(choice)
+            except UserError as e:
+                found, chosen = None, {"error": str(e)}
+            if found is not None:
+                path, ckpt = found
+                name = path.name if choice == "auto" else str(path)
+                chosen = {
+                    "name": name,
+                    "step": ckpt["progress"].get("step"),
+                    "sha256": sha256_of(path),
+                }
+        chosen = _from_rank0(chosen)
+        if chosen is not None and "error" in chosen:
+            raise UserError(chosen["error"])
+        if chosen is None:
             return None
-        path, ckpt = found
+        path = self.dir / chosen["name"] if choice == "auto" else Path(chosen["name"])
+        ckpt = _follow(path, chosen["sha256"], ckpt, self.rank)
         try:
-            state.load_state_dict(ckpt, rank=self.rank, world_size=self.world_size)
+            state.load_state_dict(ckpt)
         except (RuntimeError, KeyError, ValueError, TypeError) as e:
             raise UserError(
                 f"checkpoint {path} does not fit this model/optimizer ({one_line(e)[:160]}): "
                 "resume with the config it was saved with, or resume=null"
             ) from None
         return path
+
+
+def sha256_of(path: Path) -> str:
+    """The file's SHA-256: its recorded digest (load_checkpoint verified it), else computed."""
+    recorded = digest_path(path)
+    if recorded.exists():
+        return recorded.read_text().strip()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _from_rank0(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (one broadcast; as it is without a process group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _follow(path: Path, sha256: str, loaded: dict[str, Any] | None, rank: int) -> dict[str, Any]:
+    """The checkpoint rank 0 chose, in this rank: rank 0's `loaded`; elsewhere its own copy at
+    `path` if its SHA-256 is `sha256`, else rank 0's bytes (a collective: every rank says
+    whether it needs them, rank 0 names each that does in one line and broadcasts once)."""
+    data, problem = None, None
+    if rank != 0:
+        try:
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() != sha256:
+                problem = "differs from rank 0's (torn, or another file)"
+        except OSError as e:
+            problem = f"cannot be read ({e.strerror or e})"
+    needs: list[Any] = [None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        needs = [None] * dist.get_world_size()
+        dist.all_gather_object(needs, problem and f"rank {rank} on {platform.node()}: {problem}")
+    if any(needs):
+        if rank == 0:
+            for need in filter(None, needs):
+                log.warning("resume: %s: %s; sending rank 0's copy", path.name, need)
+        box = [path.read_bytes() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        if problem is not None:
+            data = box[0]
+            if hashlib.sha256(data).hexdigest() != sha256:  # not what rank 0 chose: stop here
+                raise UserError(
+                    f"rank {rank} on {platform.node()}: checkpoint {path} did not arrive intact "
+                    "from rank 0: rerun with resume=auto, or copy the file to this node"
+                )
+    if rank == 0:
+        return loaded  # type: ignore[return-value]
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

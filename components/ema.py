@@ -24,6 +24,16 @@ class EMA(AveragedModel):
         super().__init__(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
         self.every_n_steps = every_n_steps
 
+    def restart_from(self, model: torch.nn.Module) -> None:
+        """Start the average afresh from `model`'s weights (a resume whose checkpoint has no
+        EMA: the weights restored, not the fresh initialisation, are where it begins)."""
+        with torch.no_grad():
+            for mine, theirs in zip(
+                self.module.state_dict().values(), model.state_dict().values(), strict=True
+            ):
+                mine.copy_(theirs)
+        self.n_averaged.zero_()
+
     def maybe_update(self, model: torch.nn.Module, step: int) -> None:
         """After optimizer step `step` (1-based): fold `model` in on every N-th step."""
         if step % self.every_n_steps == 0:

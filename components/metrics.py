@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from components.console import end_line
@@ -175,57 +174,6 @@ def ending(error: BaseException | None) -> tuple[str, str | None]:
     return "failed", describe(error)
 
 
-class LossWindow:
-    """This rank's train loss (and, for hard labels, its correct predictions) since the last
-    logged row, summed on the device (no host sync per step). Saved per rank in checkpoints,
-    so a resume continues the window exactly."""
-
-    def __init__(self, device: torch.device):
-        self.sum = torch.zeros((), device=device)
-        self.count = 0
-        self.correct = torch.zeros((), device=device)
-        self.samples = 0  # samples counted in `correct`
-
-    def add(self, loss: torch.Tensor, correct: torch.Tensor | None = None, samples: int = 0):
-        self.sum += loss
-        self.count += 1
-        if correct is not None:
-            self.correct += correct
-            self.samples += samples
-
-    def mean_over_ranks(self) -> tuple[float, float | None]:
-        """The window's mean loss and accuracy (None: no hard-label samples, e.g. with mixup)
-        over every rank (one all-reduce), then start a new window."""
-        totals = torch.stack(
-            [
-                self.sum,
-                torch.tensor(float(self.count), device=self.sum.device),
-                self.correct,
-                torch.tensor(float(self.samples), device=self.sum.device),
-            ]
-        )
-        dist.all_reduce(totals)  # SUM (gloo has no AVG)
-        self.sum.zero_()
-        self.correct.zero_()
-        self.count = self.samples = 0
-        loss_sum, count, correct, samples = totals.tolist()
-        return loss_sum / max(count, 1), (correct / samples if samples else None)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "sum": float(self.sum),
-            "count": self.count,
-            "correct": float(self.correct),
-            "samples": self.samples,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sum.fill_(state["sum"])
-        self.count = int(state["count"])
-        self.correct.fill_(state.get("correct", 0.0))
-        self.samples = int(state.get("samples", 0))
-
-
 class RunLogger:
     """Rank 0's metrics.jsonl, result.json and W&B run; a context manager around the whole run
     that writes result.json and closes the W&B run however the run ends (completed, failed,
@@ -234,6 +182,12 @@ class RunLogger:
     On resume, rows the earlier attempt already logged (same step, same kind) are not logged
     again: a resumed run recomputes them identically, so metrics.jsonl and the W&B history keep
     every step exactly once; rows W&B lost in a kill are replayed from metrics.jsonl.
+
+    result.json (RunResult) is this object's alone: the training loop reports events (a train
+    row logged, `epoch_validated`, `checkpoint_saved`, `stopped_early`, `trained`, `tested`)
+    and the fields follow from them. The best value, its epoch and val/acc's best are read
+    from the Monitor given to `open` (the one place that keeps them), when result.json is
+    written.
     """
 
     def __init__(self, run_dir: Path, *, enabled: bool):
@@ -248,12 +202,15 @@ class RunLogger:
         self._warned: set[str] = set()
         self._file = None
         self._started = time.time()
+        self._monitor: Any = None  # components.monitor.Monitor: the run's bests
+        self._rates: list[float] = []  # samples_per_s of this attempt's train rows
 
     def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, _kind, error, _tb) -> bool:
         self.result.status, self.result.error = ending(error)
+        self._read_bests()
         self.result.wall_time_s = round(time.time() - self._started, 3)
         if self.enabled:
             write_result(self.run_dir, self.result)
@@ -290,25 +247,43 @@ class RunLogger:
 
         self._guarded("profile artifact", log_artifact)
 
-    def record_epoch(
+    def _read_bests(self) -> None:
+        """result.json's bests, as the monitor keeps them."""
+        m = self._monitor
+        if m is None:
+            return
+        r = self.result
+        r.best, r.best_epoch, r.best_val_acc = m.best, m.best_epoch, m.best_val_acc
+
+    def epoch_validated(
         self,
         epoch: int,
+        step: int,
         val: dict[str, Any],
-        *,
-        best: float | None,
-        best_epoch: int | None,
-        best_val_acc: float | None,
-        saved: bool = True,
+        media: Callable[[], dict] | None = None,
     ) -> None:
-        """result.json's view of the epoch just validated (written at the end of the run):
-        `best` is the monitored metric's best value (result.monitor, result.mode); `saved`:
-        whether checkpoints are written (trainer.save_checkpoints)."""
+        """Event: epoch `epoch` (1-based) was validated at optimizer step `step`: its val row
+        (metrics.jsonl, W&B with `media`) and result.json's final metrics."""
+        self.log({"step": step, "epoch": epoch, **val}, media=media)
         r = self.result
         r.epochs, r.final = epoch, {"epoch": epoch, **val}
         r.final_val_acc, r.final_val_loss = val.get("val/acc"), val.get("val/loss")
-        r.best, r.best_val_acc = best, best_val_acc
-        r.best_epoch = best_epoch
-        r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if best_epoch and saved else None
+
+    def stopped_early(self) -> None:
+        """Event: early stopping ended the run (trainer.early_stopping)."""
+        self.result.stopped_early = True
+
+    def trained(self, time_to_first_step_s: float | None, peak_memory_mb: list[float]) -> None:
+        """Event: the training loop is over (every epoch, or stopped early)."""
+        self.result.time_to_first_step_s = time_to_first_step_s
+        self.result.peak_memory_mb_per_rank = peak_memory_mb
+
+    def tested(self, step: int, epoch: int, test: dict[str, float]) -> None:
+        """Event: best.pt was evaluated on the test split (`test`: test/* metrics; {}: none)."""
+        self.result.test = test
+        if test:
+            best_epoch = self._monitor.best_epoch if self._monitor is not None else None
+            self.log({"step": step, "epoch": epoch, "best_epoch": best_epoch, **test})
 
     def open(
         self,
@@ -318,10 +293,22 @@ class RunLogger:
         resuming: bool,
         wandb_run_id: str | None,
         model: torch.nn.Module | None = None,
+        monitor: Any = None,
+        epochs_done: int = 0,
     ) -> str | None:
         """Write repro/ (components/repro.py), start metrics.jsonl and the W&B run (continuing
         `wandb_run_id`; with the repro files, and wandb.watch on `model` if asked); returns the
-        W&B id."""
+        W&B id. `facts` with `params` and `flops_per_sample` go to result.json too; `monitor`
+        (components.monitor.Monitor) keeps the bests result.json reports; `epochs_done`: the
+        epochs a resumed checkpoint had completed."""
+        self._monitor = monitor
+        r = self.result
+        r.params, r.flops_per_sample = facts.get("params"), facts.get("flops_per_sample")
+        if monitor is not None:
+            r.monitor, r.mode = monitor.metric, monitor.mode
+            if resuming and epochs_done:  # what the earlier attempts reached
+                r.epochs = epochs_done
+                r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if monitor.best_epoch else None
         if not self.enabled:
             return None
         repro = write_repro(self.run_dir, task_overrides())
@@ -422,10 +409,14 @@ class RunLogger:
     def checkpoint_saved(self, path: Path, progress: dict[str, Any], is_best: bool) -> None:
         """Checkpointer's `on_save` (rank 0): the checkpoint as a W&B artifact when
         wandb.log_checkpoints asks, with its progress and its epoch's val metrics."""
+        if is_best:
+            self.result.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt"
         if self.wandb is None or self.artifacts is None:
             return
         meta = {k: v for k, v in progress.items() if not k.startswith("wandb_")}
         meta.update(file=path.name, monitor=self.result.monitor)
+        if self._monitor is not None:
+            meta.update(best=self._monitor.best, best_val_acc=self._monitor.best_val_acc)
         val = self._last_val
         if val is not None and val["step"] == progress.get("step"):
             meta.update({k: v for k, v in val.items() if k.startswith("val/")})
@@ -444,6 +435,9 @@ class RunLogger:
         same step, called only when W&B logs the row."""
         if self.enabled and row_kind(row) == "val":
             self._last_val = row
+        if self.enabled and row_kind(row) == "train" and row.get("samples_per_s") is not None:
+            self._rates.append(row["samples_per_s"])  # result.json: their mean
+            self.result.samples_per_s = sum(self._rates) / len(self._rates)
         if not self.enabled or (row["step"], row_kind(row)) in self.logged:
             return
         now = time.time()

@@ -2,6 +2,9 @@
 sweepers and ranks the sweep summary; early stopping (`trainer.early_stopping`) watches it too.
 
 Its state is saved in every checkpoint, so a resumed run keeps its best and its patience count.
+It is the one place the run's bests live: best.pt's value and epoch, and val/acc's best whatever
+the monitored metric is (result.json's best_val_acc); the console, result.json and the W&B
+checkpoint artifacts read them here.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class Monitor:
         self.best_epoch: int | None = None
         self.reference: float | None = None  # early stopping's: the last value that improved
         self.stale = 0  # validations in a row without an improvement by more than min_delta
+        self.best_val_acc: float | None = None  # val/acc's best, whatever `metric` is
 
     def better(self, value: float, than: float | None, margin: float = 0.0) -> bool:
         if not math.isfinite(value):
@@ -45,6 +49,8 @@ class Monitor:
                 f"of this run: use one of {known}"
             )
         value = float(metrics[self.metric])
+        if "val/acc" in metrics:
+            self.best_val_acc = max(self.best_val_acc or 0.0, float(metrics["val/acc"]))
         is_best = self.better(value, self.best)
         if is_best:
             self.best, self.best_epoch = value, epoch
@@ -53,6 +59,13 @@ class Monitor:
         else:
             self.stale += 1
         return is_best
+
+    def describe_stop(self) -> str:
+        """Why early stopping stops, in words (for its log line)."""
+        return (
+            f"{self.metric} has not improved by more than {self.min_delta:g} for {self.stale} "
+            f"epochs (best {self.best:.4f} at epoch {self.best_epoch})"
+        )
 
     @property
     def should_stop(self) -> bool:
@@ -64,9 +77,12 @@ class Monitor:
             "best_epoch": self.best_epoch,
             "reference": self.reference,
             "stale": self.stale,
+            "best_val_acc": self.best_val_acc,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A key the checkpoint lacks (an older run's) keeps this monitor's fresh value."""
         for key in self.state_dict():
-            setattr(self, key, state.get(key))
+            if key in state:
+                setattr(self, key, state[key])
         self.stale = int(self.stale or 0)

@@ -110,7 +110,6 @@ class Speed:
     ):
         self.timer = StepTimer()
         self.samples_per_step = samples_per_step
-        self.rates: list[float] = []
         self.first_step_s: float | None = None
         self.flops_per_sample = flops_per_sample  # of a train step (forward + backward)
         self.peak_flops = peak_flops(device, precision)
@@ -130,13 +129,9 @@ class Speed:
         seconds, wait_pct, steps = self.timer.window()
         self.timer.reset()
         rate = steps * self.samples_per_step / seconds
-        self.rates.append(rate)
         return rate, 1000 * seconds / max(steps, 1), wait_pct
 
     def mfu(self, rate: float, world_size: int) -> float | None:
         if not self.flops_per_sample or not self.peak_flops:
             return None
         return self.flops_per_sample * rate / (self.peak_flops * world_size)
-
-    def mean_rate(self) -> float | None:
-        return sum(self.rates) / len(self.rates) if self.rates else None

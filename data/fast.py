@@ -202,22 +202,6 @@ class _Normalize:
         return images.to(torch.float32).mul_(1.0 / 255).sub_(self.mean).div_(self.std)
 
 
-def augment_batch(
-    images: torch.Tensor,
-    epochs: torch.Tensor,
-    indices: torch.Tensor,
-    *,
-    seed: int,
-    recipe: FastAugment,
-) -> torch.Tensor:
-    """The train crop/flip of uint8 ``images`` (the samples ``indices`` of ``epochs``);
-    erasing comes after normalisation (``erase``)."""
-    if recipe.padding == 0 and not recipe.flip:
-        return images
-    dy, dx, flip = crop_flip_params(seed, epochs, indices, recipe)
-    return crop_flip(images, dy, dx, flip, recipe.padding)
-
-
 def _on(device: torch.device, images: torch.Tensor, labels: torch.Tensor):
     return images.to(device).contiguous(), labels.to(device=device, dtype=torch.int64)
 

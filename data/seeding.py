@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 _MASK64 = (1 << 64) - 1
 
@@ -26,12 +26,23 @@ def splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def mix_seed(*values: int) -> int:
-    """A 63-bit seed that depends on every value and their order (valid for torch.manual_seed)."""
+def mix_state(*values: int) -> int:
+    """The 64-bit hash state after `values`: mix_seed(*a, *b) == mix_seed_from(mix_state(*a), *b),
+    so a constant prefix (seed, epoch) is hashed once, not once per sample."""
     h = 0
     for value in values:
         h = splitmix64(h ^ (int(value) & _MASK64))
-    return h >> 1
+    return h
+
+
+def mix_seed_from(state: int, value: int) -> int:
+    """mix_seed of the values behind `state` (mix_state) followed by `value`."""
+    return splitmix64(state ^ (int(value) & _MASK64)) >> 1
+
+
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed that depends on every value and their order (valid for torch.manual_seed)."""
+    return mix_state(*values) >> 1
 
 
 class EpochSeededDataset(Dataset):
@@ -43,16 +54,20 @@ class EpochSeededDataset(Dataset):
     ``random=False`` (a transform that draws no random number, see
     data.transforms.is_random) items are loaded as they are, without touching the RNG.
 
-    Seeding goes straight to ``torch.default_generator`` (what v2 transforms draw from):
-    ``torch.manual_seed`` also queues a lazy seed for every CUDA device, formatting the Python
-    stack each time (~0.3 ms, more than the whole transform of a small image), and
-    ``fork_rng`` adds ~10 us of context-manager overhead.
+    Seeding goes straight to ``torch.default_generator`` (what v2 transforms draw from; they
+    take no generator argument): ``torch.manual_seed`` also queues a lazy seed for every CUDA
+    device, formatting the Python stack each time (~0.3 ms, more than the whole transform of a
+    small image), and ``fork_rng`` adds ~10 us of context-manager overhead. Per sample the
+    (seed, epoch) part of the hash is cached (one SplitMix64 round per sample), and in a
+    DataLoader worker the generator's state is not saved and restored: every draw a worker
+    makes is seeded per sample, so nothing else reads that state.
     """
 
     def __init__(self, dataset: Dataset, seed: int, random: bool = True) -> None:
         self.dataset = dataset
         self.seed = int(seed)
         self.random = bool(random)
+        self._epoch_state: tuple[int, int] = (0, mix_state(self.seed, 0))  # (epoch, its state)
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -62,10 +77,16 @@ class EpochSeededDataset(Dataset):
         index = int(index)
         if not self.random:
             return self.dataset[index]
-        # seeded(), inlined: this runs for every sample
+        if self._epoch_state[0] != epoch:
+            self._epoch_state = (epoch, mix_state(self.seed, epoch))
+        seed = mix_seed_from(self._epoch_state[1], index)  # == mix_seed(self.seed, epoch, index)
         generator = torch.default_generator
+        if get_worker_info() is not None:  # a worker: only seeded draws read this generator
+            generator.manual_seed(seed)
+            return self.dataset[index]
+        # seeded(), inlined: this runs for every sample
         state = generator.get_state()
-        generator.manual_seed(mix_seed(self.seed, epoch, index))
+        generator.manual_seed(seed)
         try:
             return self.dataset[index]
         finally:

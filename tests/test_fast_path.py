@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from torchvision import datasets as tvd
 
 from data import FastEvalLoader, FastTrainLoader, build_datasets, build_loaders
-from data.fast import augment_batch, crop_flip, crop_flip_params, mix_seed_tensor
+from data.fast import crop_flip, crop_flip_params, mix_seed_tensor
 from data.seeding import mix_seed
 from data.transforms import NORMALIZATION, FastAugment
 from tests import helpers as fx
@@ -302,13 +302,12 @@ def test_augmentation_depends_only_on_seed_epoch_and_index(make_splits):
     everything = torch.arange(len(mem.train_labels))
 
     def reference(memory, ep):
-        images = augment_batch(
-            memory.train_images,
-            torch.full_like(everything, ep),
-            everything,
-            seed=memory.seed,
-            recipe=memory.augment,
+        # The loader's own two steps (data/fast.py): per-sample draws, then one gather.
+        recipe = memory.augment
+        dy, dx, flip = crop_flip_params(
+            memory.seed, torch.full_like(everything, ep), everything, recipe
         )
+        images = crop_flip(memory.train_images, dy, dx, flip, recipe.padding)
         mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (memory.mean, memory.std))
         return images.float().mul_(1 / 255).sub_(mean).div_(std)
 

@@ -286,3 +286,55 @@ def test_nan_stops_naming_step_and_rank_or_is_skipped(tmp_path):
     logged = [r for r in rows(skip_dir) if "train/loss" in r]
     assert logged[-1]["train/skipped_steps"] == 1
     assert all(r["train/loss"] == r["train/loss"] for r in logged)  # no NaN reached the log
+
+
+# Resuming at another world size. No dropout here: the model's own draws come from each rank's
+# RNG, which a checkpoint from another world size cannot hand over; every draw of the data path
+# (augment=shift's crops, MixUp/CutMix pairs, weights and boxes) depends on (seed, epoch, sample
+# index or global batch) only.
+ELASTIC_JOB = [x for x in JOB if not x.startswith(("model.dropout", "wandb.mode"))]
+ELASTIC = {
+    "shift": ["wandb.mode=disabled"],  # digits' default augmentation
+    "mixup": [
+        "wandb.mode=disabled",
+        "trainer.mixup.mixup_alpha=0.2",
+        "trainer.mixup.cutmix_alpha=1.0",
+    ],
+}
+
+
+def elastic_cmd(run_dir: Path, recipe: str, nproc: int, *extra: str) -> list[str]:
+    overrides = [*ELASTIC_JOB, *ELASTIC[recipe], f"hydra.run.dir={run_dir}", *extra]
+    return train_cmd(*overrides, nproc=None if nproc == 1 else nproc)
+
+
+@pytest.fixture(scope="module")
+def elastic_reference(tmp_path_factory):
+    """Each recipe's uninterrupted run on 1 rank."""
+    refs = {}
+    for recipe in ELASTIC:
+        run_dir = tmp_path_factory.mktemp("elastic") / recipe
+        proc = run(elastic_cmd(run_dir, recipe, 1))
+        assert proc.returncode == 0, output(proc)
+        refs[recipe] = run_dir
+    return refs
+
+
+@pytest.mark.parametrize("recipe", list(ELASTIC))
+@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
+def test_resumed_at_another_world_size_ends_where_the_uninterrupted_run_ends(
+    tmp_path, elastic_reference, rng, recipe, before, after
+):
+    run_dir, step = tmp_path / "run", kill_step(rng, "mid_epoch")
+    killed = run(elastic_cmd(run_dir, recipe, before), HYDRA_DDP_FAULT=f"kill@{step}:{before - 1}")
+    assert killed.returncode != 0, f"step {step}: the kill did not happen\n{output(killed)}"
+    resumed = run(elastic_cmd(run_dir, recipe, after, "resume=auto"))
+    assert resumed.returncode == 0, output(resumed)
+    log = (run_dir / "train.log").read_text()
+    assert "resumed from" in log and f"checkpoint from world size {before}" in log
+    ref = load_checkpoint(elastic_reference[recipe] / "checkpoints" / "last.pt")
+    got = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert got["progress"]["step"] == ref["progress"]["step"] == TOTAL
+    diff = max((ref["model"][k] - got["model"][k]).abs().max().item() for k in ref["model"])
+    print(f"{recipe}: {before} -> {after} ranks, killed at step {step}: max |dw| {diff:.2e}")
+    assert diff <= 1e-4

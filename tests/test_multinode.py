@@ -132,3 +132,75 @@ def test_torchrun_launcher_runs_one_job_on_two_nodes(tmp_path: Path) -> None:
     with_result = [n for n in ("node0", "node1") if (job / ".torchrun" / n / "result.pkl").exists()]
     assert len(with_result) == 1, with_result
     assert sum("rank 0 ran on another node" in out for out in outs) == 1, outs
+
+
+@pytest.mark.parametrize("second_copy", ["none", "torn"])
+def test_two_agents_resume_from_rank0s_checkpoint_though_run_dirs_differ(
+    tmp_path: Path, second_copy: str
+) -> None:
+    """Two agents (c10d, one rank each) whose hydra.run.dir differ, killed after a checkpoint,
+    restarted with resume=auto. Node 1's run dir holds no checkpoint (or a torn copy of rank
+    0's newest): rank 0 chooses, rank 1 receives rank 0's file, and both finish from the same
+    step (before, rank 1 started fresh and the first collective aborted)."""
+    dirs = [tmp_path / f"node{n}" / "run" for n in (0, 1)]
+    job = [
+        "trainer.max_epochs=2",
+        "trainer.batch_size=128",
+        "trainer.checkpoint_every_n_steps=3",
+        "trainer.progress_bar=false",
+        "wandb.mode=disabled",
+    ]
+
+    def attempt(*extra: str, **env: str) -> list[subprocess.CompletedProcess]:
+        endpoint = f"127.0.0.1:{free_port()}"
+        procs = []
+        for node_rank in (0, 1):
+            dirs[node_rank].parent.mkdir(exist_ok=True)
+            argv = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}",
+                f"--rdzv-id=resume-{len(extra)}",
+                f"--node-rank={node_rank}",
+                f"--local-addr={('127.0.0.1', 'localhost')[node_rank]}",
+                str(REPO / "train.py"),
+                *job,
+                f"hydra.run.dir={dirs[node_rank]}",
+                *extra,
+            ]
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=dirs[node_rank].parent,
+                    env=run_env(**env),
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        nodes = [(d.parent, p) for d, p in zip(dirs, procs, strict=True)]
+        return wait_all(nodes, timeout=900), procs  # two agents on a busy machine: slow
+
+    outs, procs = attempt(HYDRA_DDP_FAULT="kill@7:1")  # after the step-6 checkpoint
+    assert all(p.returncode != 0 for p in procs), outs
+    newest = sorted((dirs[0] / "checkpoints").glob("step-*.pt"))[-1]
+    assert not (dirs[1] / "checkpoints").exists()  # rank 1 writes nothing
+    if second_copy == "torn":
+        (dirs[1] / "checkpoints").mkdir(parents=True)
+        (dirs[1] / "checkpoints" / newest.name).write_bytes(newest.read_bytes()[:1000])
+    outs, procs = attempt("resume=auto")
+    for proc, out in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, out[-5000:]
+    log = (dirs[0] / "train.log").read_text()
+    assert f"resumed from {newest}" in log
+    problem = "cannot be read" if second_copy == "none" else "differs from rank 0's"
+    assert f"resume: {newest.name}: rank 1 on " in log and problem in log
+    result = json.loads((dirs[0] / "result.json").read_text())
+    assert result["status"] == "completed" and result["epochs"] == 2
+    steps = [json.loads(x)["step"] for x in (dirs[0] / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and max(steps) == 22  # 11 steps per epoch, in order
+    assert "Traceback" not in outs[1], outs[1][-3000:]

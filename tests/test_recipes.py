@@ -301,10 +301,11 @@ def test_mixup_cutmix_soft_targets_seeded_by_epoch_and_batch():
     torch.manual_seed(1)
     mix(x.clone(), y, epoch=0, batch=0)
     assert torch.equal(torch.rand(2), before)
-    # switch_prob: 1 -> always CutMix (a box of one image pasted: pixels from exactly 2 images)
+    # switch_prob: 1 -> always CutMix (a box of one image pasted: pixels from exactly 2 images;
+    # the partner: the other half's sample, j + 3 of 6)
     cut = mixer(mixup_alpha=0.4, cutmix_alpha=1.0, switch_prob=1.0)
     xc, yc = cut(x.clone(), y, epoch=0, batch=3)
-    from_self, from_prev = xc == x, xc == x.roll(1, 0)
+    from_self, from_prev = xc == x, xc == x.roll(3, 0)
     assert (from_self | from_prev).all()
     lam = from_self[0].float().mean()
     assert yc[0, y[0]] == pytest.approx(lam.item(), abs=1e-6)  # area-adjusted weight
@@ -313,6 +314,22 @@ def test_mixup_cutmix_soft_targets_seeded_by_epoch_and_batch():
         assert not off.enabled
         xo, yo = off(x, y, epoch=0, batch=0)
         assert xo is x and yo is y
+
+
+def test_mix_pairs_are_the_same_at_any_world_size():
+    """A global batch of 8 mixed on 1 rank, or split over 2 or 4 ranks as a DistributedSampler
+    splits it (rank r: global positions r, r + W, ...): every sample gets the same partner,
+    weight and box, so 1 rank == N ranks with mixing on."""
+    x, y = torch.rand(8, 3, 6, 6), torch.arange(8) % 4
+    for switch in (0.0, 1.0):  # MixUp, CutMix
+        mix = mixer(mixup_alpha=0.4, cutmix_alpha=1.0, switch_prob=switch)
+        x1, y1 = mix(x.clone(), y, epoch=1, batch=2)
+        assert not torch.equal(x1, x)
+        for world in (2, 4):
+            for rank in range(world):
+                xr, yr = mix(x[rank::world].clone(), y[rank::world], epoch=1, batch=2)
+                assert torch.equal(xr, x1[rank::world]), (switch, world, rank)
+                assert torch.equal(yr, y1[rank::world]), (switch, world, rank)
 
 
 def test_soft_target_loss_is_the_mixed_cross_entropy():
