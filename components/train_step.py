@@ -18,10 +18,10 @@ from omegaconf import DictConfig
 
 from components import faults
 from components.distributed import DistEnv
-from components.errors import UserError
 from components.loss_window import LossWindow
 from components.precision import memory_format, precision_context
 from components.speed import Speed, peak_memory_mb
+from core.errors import UserError
 from data.mixing import BatchMix
 
 
