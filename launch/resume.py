@@ -52,7 +52,7 @@ from core.run_dir import (
     write_json_atomic,
     write_result,
 )
-from launch.jobs import job_return
+from ranks.job_spec import job_return
 
 log = logging.getLogger(__name__)
 

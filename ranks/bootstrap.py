@@ -1,17 +1,17 @@
 """How a rank starts: the one bootstrap for the ranks a launcher starts, and the entry point of
 a script whose ranks something else starts (plain `torchrun train.py`, `srun python train.py`).
 
-* **Ranks a launcher started** (:func:`run_rank`): torchrun ranks run
-  `python -m launch.rank <job dir>/.torchrun/job.pkl` (launch/torchrun.py writes the pickled
-  JobSpec: task function, composed config, Hydra's singleton state), SLURM tasks call it from
-  launch/slurm.py. Rank 0 runs the job as the Hydra job (job dir, `.hydra/`, log, callbacks);
-  the other ranks run it with `hydra.output_subdir=null`, errors-only logging and no callbacks,
-  so they write nothing. A failure is reported here, once: one line (a traceback only for an
-  error that is not the user's), the error left in torchrun's error file for the launcher, and
-  the exit status UserError.exit_code (2) or 1. Torchrun's rank 0 also writes its JobReturn
-  (result.pkl) and a record of the run (job.json: pid, rendezvous address, times). A rank of
-  the torchrun launcher dies with its agent (:func:`die_with_parent`), as the agent does with
-  the launcher: nothing of a sweep outlives a SIGKILLed launcher.
+* **Ranks a launcher started** (:func:`run_rank`): torchrun ranks run `python -m ranks.bootstrap
+  <job dir>/.torchrun/job.pkl` (launch/torchrun.py writes the pickled JobSpec: task function,
+  composed config, Hydra's singleton state), SLURM tasks call it from ranks/slurm_task.py. Rank
+  0 runs the job as the Hydra job (job dir, `.hydra/`, log, callbacks); the other ranks run it
+  with `hydra.output_subdir=null`, errors-only logging and no callbacks, so they write nothing.
+  A failure is reported here, once: one line (a traceback only for an error that is not the
+  user's), the error left in torchrun's error file for the launcher, and the exit status
+  UserError.exit_code (2) or 1. Torchrun's rank 0 also writes its JobReturn (result.pkl) and a
+  record of the run (job.json: pid, rendezvous address, times). A rank of the torchrun launcher
+  dies with its agent (:func:`die_with_parent`), as the agent does with the launcher: nothing of
+  a sweep outlives a SIGKILLed launcher.
 * **The entry point** (:func:`entry_point`, `entry_point(main)` under a script's
   `if __name__ == "__main__":`): every rank of a plain torchrun run agrees on one start instant,
   so `${now:}` names one run dir, and ranks other than 0 write nothing (:func:`prepare_argv`).
@@ -39,7 +39,7 @@ from hydra.errors import CompactHydraException
 from core.errors import UserError, describe, find_user_error, job_value
 from core.run_dir import process_start_time
 
-log = logging.getLogger("launch.rank")  # also when run as `python -m launch.rank`
+log = logging.getLogger("ranks.bootstrap")  # also when run as `python -m ranks.bootstrap`
 
 # The torchrun launcher's hand-off files, in <job dir>/.torchrun/ (core/run_dir.py's
 # LAUNCHER_DIR; a multi-node job keeps one folder per node below it).
@@ -257,7 +257,7 @@ def die_with_parent(environ=os.environ) -> bool:
 
 
 def run_rank(spec: Any, rank: int) -> Any:
-    """Run one rank of a job (a launch.jobs.JobSpec); return its JobReturn. A failure is
+    """Run one rank of a job (a ranks.job_spec.JobSpec); return its JobReturn. A failure is
     reported here (:func:`report_failure`); a SystemExit of the task (75: requeue me) passes."""
     # Hydra's only way to an empty callback list for HydraContext (no public constructor).
     from hydra._internal.callbacks import Callbacks
