@@ -17,9 +17,9 @@ import cloudpickle
 import pytest
 from hydra.core.utils import JobStatus
 
+from core.run_dir import read_launch_record
 from launch.jobs import Job, compose_jobs, failed_job_return
 from launch.lifecycle import run_jobs
-from launch.resume import read_launch_record
 from launch.torchrun import read_job_return
 from ranks.bootstrap import RESULT_PKL
 

@@ -26,13 +26,19 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from core.errors import UserError
-from core.run_dir import RunResult, read_result, write_result
+from core.run_dir import (
+    Attempt,
+    LaunchRecord,
+    RunResult,
+    read_launch_record,
+    read_result,
+    write_launch_record,
+    write_result,
+)
 from launch.jobs import Interrupted, Job, failed_job_return, stop_signals
 from launch.optuna_sweeper import plan_trials
 from launch.resume import (
     LOCK_FILE,
-    Attempt,
-    LaunchRecord,
     check_job_dir,
     check_overrides,
     check_sweeper,
@@ -40,10 +46,8 @@ from launch.resume import (
     decide,
     hold_sweep_lock,
     prepare_job,
-    read_launch_record,
     should_retry,
     start_attempt,
-    write_launch_record,
 )
 from ranks.job_spec import JobSpec
 from tests.helpers import (

@@ -35,9 +35,8 @@ from hydra.version import VersionBase
 
 from components.checkpoint import load_checkpoint
 from core.errors import UserError
-from core.run_dir import read_result
+from core.run_dir import read_launch_record, read_result
 from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
-from launch.resume import read_launch_record
 from launch.slurm import DDPSlurmQueueConf, job_resources
 from launch.slurm_queue import gpus_in_gres
 from ranks.slurm_task import expand_nodelist, expand_tasks_per_node, master_port, torch_env
