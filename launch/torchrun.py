@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import os
 import signal
@@ -58,8 +57,16 @@ from launch.jobs import (
     settings_from,
 )
 from launch.lifecycle import launch_batch, run_jobs
-from ranks.agent import describe_failure
-from ranks.bootstrap import FAILURES_JSON, JOB_JSON, JOB_PKL, PARENT_PID_ENV, RESULT_PKL
+from ranks.bootstrap import PARENT_PID_ENV
+from ranks.handoff import (
+    FAILURES_JSON,
+    JOB_JSON,
+    JOB_PKL,
+    RESULT_PKL,
+    describe_failure,
+    read_failures,
+    read_job_return,
+)
 from ranks.job_spec import JobSpec, job_return
 
 log = logging.getLogger(__name__)
@@ -379,25 +386,3 @@ def signal_group(process: subprocess.Popen, sig: int) -> None:
     """Signal the agent's process group (the agent: its ranks are in sessions of their own)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
-
-
-def read_job_return(path: Path, job: Job) -> Any:
-    """Rank 0's JobReturn (result.pkl), or None."""
-    import cloudpickle
-
-    if not path.exists():
-        return None
-    try:
-        with open(path, "rb") as f:
-            return cloudpickle.load(f)
-    except Exception as e:  # noqa: BLE001 - e.g. a class the launcher cannot import
-        log.warning("#%d: unreadable %s (%s: %s)", job.num, path, type(e).__name__, e)
-        return None
-
-
-def read_failures(path: Path) -> list[dict]:
-    try:
-        failures = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return []
-    return failures if isinstance(failures, list) else []

@@ -8,6 +8,8 @@ launcher; launch/ imports it, it imports only core/):
   args>`): torch's elastic agent, which writes down which ranks failed and how;
 * slurm_task.py: each SLURM task of a job (SLURM -> torch variables, the rank, stop handlers;
   `srun python -m ranks.slurm_task env` prints a task's mapping);
+* handoff.py: the torchrun launcher's hand-off files (job.pkl, result.pkl, job.json,
+  failures.json): names, writers, readers;
 * job_spec.py: what a launcher hands the ranks of a job (JobSpec, pickled) and what comes back
   when none of them returned (Stopped, job_return).
 """

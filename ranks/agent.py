@@ -7,14 +7,13 @@ its ranks with it (ranks/bootstrap.py's :func:`die_with_parent`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from core.errors import one_line
 from ranks.bootstrap import PARENT_PID_ENV, die_with_parent
+from ranks.handoff import describe_failure, write_failures
 
 
 def agent_main(argv: list[str]) -> int:
@@ -41,9 +40,7 @@ def agent_main(argv: list[str]) -> int:
             (rank_failure(rank, failure) for rank, failure in e.failures.items()),
             key=lambda f: f["timestamp"],
         )
-        tmp = failures_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(failures, indent=2))
-        os.replace(tmp, failures_path)
+        write_failures(failures, failures_path)
         for i, failure in enumerate(failures):
             what = "first failure" if i == 0 else "then"
             print(f"torchrun: {what}: {describe_failure(failure)}", file=sys.stderr, flush=True)
@@ -66,15 +63,6 @@ def rank_failure(rank: int, failure: Any) -> dict:
         "error": str(message) if has_error_file and message else None,
         "timestamp": failure.timestamp,
     }
-
-
-def describe_failure(failure: dict) -> str:
-    rank, pid = failure.get("rank"), failure.get("pid")
-    if failure.get("signal"):
-        return f"rank {rank} (pid {pid}) was killed by {failure['signal']}"
-    if failure.get("error"):
-        return f"rank {rank} failed: {one_line(failure['error'])}"
-    return f"rank {rank} (pid {pid}) exited with code {failure.get('exitcode')}"
 
 
 if __name__ == "__main__":

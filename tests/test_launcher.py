@@ -49,7 +49,8 @@ from launch.jobs import (
 )
 from launch.lifecycle import finish, place, run_jobs
 from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
-from ranks.bootstrap import FAILURES_JSON, RESULT_PKL, TaskExit, exits_as_errors
+from ranks.bootstrap import TaskExit, exits_as_errors
+from ranks.handoff import FAILURES_JSON, RESULT_PKL
 from ranks.job_spec import JobSpec, Stopped
 from tests.helpers import (
     QUICK,

@@ -20,8 +20,7 @@ from hydra.core.utils import JobStatus
 from core.run_dir import read_launch_record
 from launch.jobs import Job, compose_jobs, failed_job_return
 from launch.lifecycle import run_jobs
-from launch.torchrun import read_job_return
-from ranks.bootstrap import RESULT_PKL
+from ranks.handoff import RESULT_PKL, read_job_return
 
 REPO = Path(__file__).resolve().parent.parent
 POOL_DIR = ".pool"  # in each job dir: the pickled job and rank 0's JobReturn
