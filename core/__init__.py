@@ -4,7 +4,7 @@ components/, the scripts), importing none of them:
 * errors.py: UserError (one line naming the fix, exit status 2), one-line descriptions, the
   Hydra callback that reports a user error once, JobReturn's value (job_value);
 * world.py: world-size rules (nproc, nnodes, GPUs, per-rank batch, data workers);
-* run_dir.py: a run dir's contract: file names, RunResult (result.json), launch.json's name;
+* run_dir.py: a run dir's contract: file names, RunResult (result.json), LaunchRecord (launch.json);
 * naming.py: how sweep jobs are told apart (swept keys, short names, values, W&B group);
 * wandb_mode.py: W&B's mode from `wandb.mode` (credentials, offline, disabled);
 * requeue.py: `scontrol requeue` of this SLURM job (preemption, and a SLURM task's stop handler).

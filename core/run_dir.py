@@ -13,7 +13,7 @@ summary and the benchmark (readers).
       repro/                  command.txt, requirements.txt, git.diff (components/repro.py)
       wandb/                  the W&B run
       launch.json             a sweep job's launcher record: its overrides and every attempt
-                              (launch/resume.py; written by the launcher only)
+                              (LaunchRecord; written by the launcher only, launch/resume.py)
       .torchrun/              the torchrun launcher's hand-off files (launch/torchrun.py)
 
     <eval run dir>/          what eval.py writes (its own dir, never the training run's)
@@ -121,6 +121,59 @@ class EvalReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class Attempt:
+    """One attempt at a job: what its backend started once (a torchrun agent, a SLURM job: a
+    SLURM requeue is the same attempt)."""
+
+    attempt: int
+    started: float
+    ended: float | None = None
+    status: str = "running"  # running | completed | failed | preempted | interrupted
+    error: str | None = None
+    continued: bool = False  # started with resume=auto from the job dir's checkpoints
+    backend: dict | None = (
+        None  # what its backend needs to find it again (launch/lifecycle.py: opaque)
+    )
+
+
+@dataclass
+class LaunchRecord:
+    job_num: int
+    overrides: list[str]
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def last(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LaunchRecord:
+        known = {f.name for f in fields(Attempt)}
+        attempts = [
+            Attempt(**{k: v for k, v in a.items() if k in known})
+            for a in data.get("attempts") or []
+        ]
+        return cls(int(data["job_num"]), [str(o) for o in data["overrides"]], attempts)
+
+
+def read_launch_record(job_dir: Path) -> LaunchRecord | None:
+    """The job dir's launch.json; None when absent or unreadable (it is written atomically, so
+    unreadable means not ours)."""
+    try:
+        return LaunchRecord.from_json(json.loads((Path(job_dir) / LAUNCH_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_launch_record(job_dir: Path, record: LaunchRecord) -> None:
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(job_dir) / LAUNCH_FILE, record.to_json())
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -1,5 +1,5 @@
-"""How sweeps and ranks start (the launcher side; the in-rank services are in components/, the
-sweep report in report/).
+"""How sweeps start (the launcher side; how each rank process starts is ranks/, the in-rank
+services are components/, the sweep report is report/).
 
 The lifecycle, written once (lifecycle.py): compose a job (jobs.py) -> place it (its world size
 where the backend runs it) -> prepare it from its launch.json (resume.py: done earlier, re-attach
@@ -14,10 +14,9 @@ reattach. Two backends:
 * torchrun.py (`hydra/launcher=torchrun`, and `python train.py dist.nproc_per_node=N`): a job is
   a torchrun agent on this machine; GPU jobs packed onto disjoint GPU sets, `max_parallel` jobs;
 * slurm.py (`hydra/launcher=slurm`): a job is a SLURM job (submitit arrays), one task per rank;
-  slurm_queue.py asks SLURM's commands, slurm_task.py runs in each task (SLURM -> torch env).
+  slurm_queue.py asks SLURM's commands; ranks/slurm_task.py runs in each task.
 
-Also: rank.py (the one rank bootstrap, and the entry point of train.py/eval.py),
-optuna_sweeper.py (`hydra/sweeper=ddp_optuna`, resumable). Hydra instantiates the Launcher and
-Sweeper classes from their thin subclasses in hydra_plugins/. Imports flow one way:
-hydra_plugins -> launch -> report -> the torch-free core (tests/test_imports.py checks it).
+Also: optuna_sweeper.py (`hydra/sweeper=ddp_optuna`, resumable). Hydra instantiates the
+Launcher and Sweeper classes from their thin subclasses in hydra_plugins/. Imports flow one way:
+hydra_plugins -> launch -> report, ranks -> the torch-free core (tests/test_imports.py checks it).
 """

@@ -49,20 +49,9 @@ from core.naming import (
 )
 from core.run_dir import RunResult, read_result, write_result
 from core.world import per_rank_batch, requested_world, uses_gpus
+from ranks.job_spec import JobSpec, Stopped, job_return
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class JobSpec:
-    """What every rank of one job needs to run it (pickled to the ranks)."""
-
-    task_function: Any
-    config: DictConfig  # the job's composed config, hydra node included, output dirs resolved
-    singleton_state: Any
-    hydra_context: Any = None  # None: the job dir and .hydra/ already exist (`python train.py`)
-    job_dir_key: str = "hydra.sweep.dir"
-    job_subdir_key: str | None = "hydra.sweep.subdir"
 
 
 @dataclass
@@ -135,11 +124,6 @@ def stop_signals(signums: Sequence[int]) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-class Stopped(CompactHydraException):
-    """A rank stopped from outside (a signal) before it could finish: not its own error; the
-    cause is in the record of the ranks that died, when there is one."""
 
 
 def settings_from(schema: type, launcher_cfg: Any) -> dict[str, Any]:
@@ -266,16 +250,6 @@ def failure_reason(
     if dead_ranks:
         return dead_ranks[0] + (f" (rank 0: {text(rank0_error)})" if rank0_error else "")
     return text(rank0_error) if rank0_error is not None else otherwise
-
-
-def job_return(job: Job, status: Any, value: Any) -> Any:
-    """A JobReturn made by the launcher (rank 0 returned none)."""
-    from hydra.core.utils import JobReturn
-
-    ret = JobReturn(overrides=job.overrides, cfg=job.spec.config, hydra_cfg=job.spec.config)
-    ret.working_dir = str(job.job_dir)
-    ret.return_value, ret.status = value, status
-    return ret
 
 
 def failed_job_return(

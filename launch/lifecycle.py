@@ -84,7 +84,7 @@ class Backend(Protocol):
         """Stop the running attempts as preemption does (they checkpoint) and wait for them."""
 
     def earlier_return(self, job: Job, attempt: Any) -> Any:
-        """Rank 0's JobReturn of an earlier attempt (launch/resume.py's Attempt), or None."""
+        """Rank 0's JobReturn of an earlier attempt (core/run_dir.py's Attempt), or None."""
 
     def reattach(self, job: Job, attempt: Any) -> Any:
         """A handle to an earlier attempt that still runs without its launcher, or None."""

@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +44,17 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from core.errors import UserError, describe, find_user_error, job_value
 from core.run_dir import (
     CHECKPOINT_DIR,
-    LAUNCH_FILE,
     OVERRIDES_FILE,
     RESULT_FILE,
+    Attempt,
+    LaunchRecord,
     RunResult,
+    read_launch_record,
     read_result,
-    write_json_atomic,
+    write_launch_record,
     write_result,
 )
-from launch.jobs import job_return
+from ranks.job_spec import job_return
 
 log = logging.getLogger(__name__)
 
@@ -60,63 +62,6 @@ LOCK_FILE = ".launcher.lock"  # in the sweep dir: one launcher per sweep dir at 
 # What `hydra/sweeper=optuna` instantiates: it would start its study over (hydra/sweeper=ddp_optuna
 # continues it).
 HYDRA_OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
-
-
-# ---------------------------------------------------------------------------------------------
-# launch.json
-
-
-@dataclass
-class Attempt:
-    """One attempt at a job: what its backend started once (a torchrun agent, a SLURM job: a
-    SLURM requeue is the same attempt)."""
-
-    attempt: int
-    started: float
-    ended: float | None = None
-    status: str = "running"  # running | completed | failed | preempted | interrupted
-    error: str | None = None
-    continued: bool = False  # started with resume=auto from the job dir's checkpoints
-    backend: dict | None = None  # what its backend needs to find it again (launch/lifecycle.py)
-
-
-@dataclass
-class LaunchRecord:
-    job_num: int
-    overrides: list[str]
-    attempts: list[Attempt] = field(default_factory=list)
-
-    @property
-    def last(self) -> Attempt | None:
-        return self.attempts[-1] if self.attempts else None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LaunchRecord:
-        known = {f.name for f in fields(Attempt)}
-        attempts = [
-            Attempt(**{k: v for k, v in a.items() if k in known})
-            for a in data.get("attempts") or []
-        ]
-        return cls(int(data["job_num"]), [str(o) for o in data["overrides"]], attempts)
-
-
-def read_launch_record(job_dir: Path) -> LaunchRecord | None:
-    """The job dir's launch.json; None when absent or unreadable (it is written atomically, so
-    unreadable means not ours)."""
-    import json
-
-    try:
-        return LaunchRecord.from_json(json.loads((Path(job_dir) / LAUNCH_FILE).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def write_launch_record(job_dir: Path, record: LaunchRecord) -> None:
-    Path(job_dir).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(Path(job_dir) / LAUNCH_FILE, record.to_json())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@
   dead launcher left queued or running instead of submitting them twice. SIGINT/SIGTERM of the
   launcher cancel the sweep's jobs (their ranks checkpoint on SLURM's SIGTERM) and record them;
   SIGHUP (a dropped SSH session) leaves them running, for a resumed sweep to collect.
-* **In each task**: launch/slurm_task.py (SLURM -> torch variables, the rank bootstrap,
-  preemption and requeue); `python -m launch.slurm env` prints a task's mapping.
+* **In each task**: ranks/slurm_task.py (SLURM -> torch variables, the rank bootstrap,
+  preemption and requeue); `python -m ranks.slurm_task env` prints a task's mapping.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from launch.slurm_queue import (
     slurm_states,
     submission_env,
 )
-from launch.slurm_task import in_slurm_task, run_task
+from ranks.slurm_task import in_slurm_task, run_task
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ ConfigStore.instance().store(group="hydra/launcher", name="ddp_slurm", node=DDPS
 
 class DDPSlurmLauncherBase(SlurmLauncher):
     """hydra-submitit-launcher's SlurmLauncher with one SLURM task per rank: launch() runs the
-    sweep on :class:`SlurmBackend`; __call__ runs in every task (launch/slurm_task.py)."""
+    sweep on :class:`SlurmBackend`; __call__ runs in every task (ranks/slurm_task.py)."""
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -484,9 +484,3 @@ def other_task_failures(s: Submitted) -> list[str]:
 def _span(part: str) -> list[int]:
     low, _, high = part.partition("-")
     return list(range(int(low), int(high or low) + 1))
-
-
-if __name__ == "__main__":  # `srun python -m launch.slurm env`: a task's torch variables
-    from launch.slurm_task import main
-
-    sys.exit(main(sys.argv[1:]))

@@ -3,9 +3,9 @@ dist.nproc_per_node=N` (:func:`run_in_torchrun`).
 
 Each job is one torchrun process (torch's elastic agent, torch.distributed.run: it starts,
 supervises and restarts the ranks; we write no process manager), run as
-`python -m launch.torchrun <failures.json> <torchrun args>` so that when ranks fail, which ones
+`python -m ranks.agent <failures.json> <torchrun args>` so that when ranks fail, which ones
 and how (exit code, signal, error) is written down for the launcher rather than only printed.
-Its ranks run launch/rank.py's bootstrap on the pickled job (launch/jobs.py's JobSpec:
+Its ranks run ranks/bootstrap.py on the pickled job (ranks/job_spec.py's JobSpec:
 cloudpickle, as Hydra's submitit launcher does); rank 0 hands back its JobReturn in result.pkl.
 
 A scheduler (:func:`schedule`) starts jobs in order as resources allow: on a GPU node each job
@@ -15,7 +15,7 @@ at once. Every single-node job gets its own rendezvous port (torchrun --standalo
 sweep (`resume`) runs only what is unfinished (launch/resume.py).
 
 Nothing outlives the launcher: each agent, and each rank of it, asks the kernel for SIGKILL when
-its parent dies (prctl PR_SET_PDEATHSIG, launch/rank.py's :func:`die_with_parent`), so a
+its parent dies (prctl PR_SET_PDEATHSIG, ranks/bootstrap.py's :func:`die_with_parent`), so a
 SIGKILLed launcher takes its agents and their ranks with it; SIGINT, SIGTERM or SIGHUP of the
 launcher stop the running jobs as preemption does (checkpoint, exit 75, result.json
 `preempted`) before it exits. The options are :class:`TorchrunLauncherConf`; the Launcher class
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import os
 import signal
@@ -43,31 +42,32 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 
-from core.errors import UserError, job_value, one_line
+from core.errors import UserError, job_value
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from core.world import visible_gpus
 from launch.jobs import (
     Job,
-    JobSpec,
     check_gpus,
     configure_sweep_logging,
     failed_job_return,
     failure_reason,
-    job_return,
     job_world,
     launcher_errors,
     resolve_output_dirs,
     settings_from,
 )
 from launch.lifecycle import launch_batch, run_jobs
-from launch.rank import (
+from ranks.bootstrap import PARENT_PID_ENV
+from ranks.handoff import (
     FAILURES_JSON,
     JOB_JSON,
     JOB_PKL,
-    PARENT_PID_ENV,
     RESULT_PKL,
-    die_with_parent,
+    describe_failure,
+    read_failures,
+    read_job_return,
 )
+from ranks.job_spec import JobSpec, job_return
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ class TorchrunBackend:
         cmd = [
             sys.executable,
             "-m",
-            "launch.torchrun",
+            "ranks.agent",
             str(files / FAILURES_JSON),
             f"--nproc-per-node={job.nproc}",
             f"--nnodes={job.nnodes}",
@@ -269,7 +269,7 @@ class TorchrunBackend:
             ]
             if s.node_rank is not None:
                 cmd.append(f"--node-rank={s.node_rank}")
-        return [*cmd, "-m", "launch.rank", str(files / JOB_PKL)]
+        return [*cmd, "-m", "ranks.bootstrap", str(files / JOB_PKL)]
 
     def start(self, batch: list[tuple[Job, list[int]]]) -> list[subprocess.Popen]:
         return [self.start_one(job, gpus) for job, gpus in batch]
@@ -386,93 +386,3 @@ def signal_group(process: subprocess.Popen, sig: int) -> None:
     """Signal the agent's process group (the agent: its ranks are in sessions of their own)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
-
-
-def read_job_return(path: Path, job: Job) -> Any:
-    """Rank 0's JobReturn (result.pkl), or None."""
-    import cloudpickle
-
-    if not path.exists():
-        return None
-    try:
-        with open(path, "rb") as f:
-            return cloudpickle.load(f)
-    except Exception as e:  # noqa: BLE001 - e.g. a class the launcher cannot import
-        log.warning("#%d: unreadable %s (%s: %s)", job.num, path, type(e).__name__, e)
-        return None
-
-
-def read_failures(path: Path) -> list[dict]:
-    try:
-        failures = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return []
-    return failures if isinstance(failures, list) else []
-
-
-def describe_failure(failure: dict) -> str:
-    rank, pid = failure.get("rank"), failure.get("pid")
-    if failure.get("signal"):
-        return f"rank {rank} (pid {pid}) was killed by {failure['signal']}"
-    if failure.get("error"):
-        return f"rank {rank} failed: {one_line(failure['error'])}"
-    return f"rank {rank} (pid {pid}) exited with code {failure.get('exitcode')}"
-
-
-# ---------------------------------------------------------------------------------------------
-# the agent: `python -m launch.torchrun FAILURES_JSON [torchrun args]`
-
-
-def agent_main(argv: list[str]) -> int:
-    """Run torchrun (torch.distributed.run) with the given arguments. When ranks
-    fail, write who failed and how to FAILURES_JSON, earliest first, and print one line per
-    failed rank instead of torchrun's 40-line traceback; the ranks' own errors are above it.
-    The agent dies with the launcher, and its ranks with it (:func:`die_with_parent`)."""
-    die_with_parent()
-    os.environ[PARENT_PID_ENV] = str(os.getpid())  # what each rank checks (torchrun copies env)
-    from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
-    failures_path, args = Path(argv[0]), argv[1:]
-    try:
-        run(parse_args(args))  # torchrun's main() minus @record, which would only log noise
-    except SignalException as e:  # torchrun has stopped the ranks (SIGTERM, then SIGKILL)
-        print(f"torchrun: stopped by {e.sigval.name}", file=sys.stderr, flush=True)
-        return 128 + int(e.sigval)
-    except ChildFailedError as e:
-        # In the order torch observed them (ranks it stopped itself come last); the earliest
-        # first, as torch picks its root cause (timestamps have 1 s resolution: ties keep order).
-        failures = sorted(
-            (rank_failure(rank, failure) for rank, failure in e.failures.items()),
-            key=lambda f: f["timestamp"],
-        )
-        tmp = failures_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(failures, indent=2))
-        os.replace(tmp, failures_path)
-        for i, failure in enumerate(failures):
-            what = "first failure" if i == 0 else "then"
-            print(f"torchrun: {what}: {describe_failure(failure)}", file=sys.stderr, flush=True)
-        return 1
-    return 0
-
-
-def rank_failure(rank: int, failure: Any) -> dict:
-    """A JSON view of torch's ProcessFailure; `error` only when the rank recorded one."""
-    message = failure.message
-    if isinstance(message, dict):  # torch's ErrorHandler format: {"message": ..., "extraInfo"}
-        message = message.get("message")
-    has_error_file = bool(failure.error_file) and os.path.isfile(failure.error_file)
-    return {
-        "rank": rank,
-        "local_rank": failure.local_rank,
-        "pid": failure.pid,
-        "exitcode": failure.exitcode,
-        "signal": failure.signal_name() if failure.exitcode < 0 else None,
-        "error": str(message) if has_error_file and message else None,
-        "timestamp": failure.timestamp,
-    }
-
-
-if __name__ == "__main__":
-    sys.exit(agent_main(sys.argv[1:]))

@@ -22,11 +22,11 @@ from core.naming import (
 )
 from core.run_dir import (
     EVAL_FILE,
-    LAUNCH_FILE,
     METRICS_FILE,
     OVERRIDES_FILE,
     RESULT_FILE,
     RunResult,
+    read_launch_record,
     read_metrics,
 )
 
@@ -236,19 +236,15 @@ def read_eval_job(job_dir: Path, evaluation: dict[str, Any]) -> JobSummary:
 
 
 def _attempts(job_dir: Path) -> int | None:
-    """How many times the launcher started the job (launch.json's attempts; None: no record).
-    Read here, not through launch/resume.py: the report sits below the launchers."""
-    try:
-        return len(json.loads((job_dir / LAUNCH_FILE).read_text(encoding="utf-8"))["attempts"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    """How many times the launcher started the job (launch.json's attempts; None: no record)."""
+    record = read_launch_record(job_dir)
+    return len(record.attempts) if record is not None else None
 
 
 def read_job(job_dir: str | os.PathLike) -> JobSummary:
     """Summarise one job dir: result.json first (core/run_dir.py's RunResult), gaps filled
     from metrics.jsonl (a job killed before its result.json still has its curves); an eval.py
     job from its eval.json."""
-    import json
 
     job_dir = Path(job_dir)
     if not (job_dir / RESULT_FILE).is_file() and (job_dir / EVAL_FILE).is_file():

@@ -126,7 +126,7 @@ def test_launch_and_report_import_no_torch() -> None:
                 break
     # Lazily, in their own processes only: torchrun's agent, a rank's bootstrap; and the GPU
     # count, only where a GPU driver is present.
-    assert set(with_torch) <= {"launch.torchrun", "launch.rank", "core.world"}, with_torch
+    assert set(with_torch) <= {"ranks.agent", "ranks.bootstrap", "core.world"}, with_torch
 
 
 def test_the_cycle_finder_finds_one() -> None:

@@ -1,4 +1,4 @@
-"""The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/jobs.py, launch/rank.py).
+"""The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/jobs.py, ranks/).
 
 First the launcher's logic without processes: the scheduler with fake processes, world sizes,
 failure reasons, composing jobs. Then real processes (marked slow): Hydra's own launcher suites
@@ -38,8 +38,6 @@ from launch import slurm
 from launch.jobs import (
     Job,
     JobFailed,
-    JobSpec,
-    Stopped,
     check_batch_size,
     compose_jobs,
     failed_job_return,
@@ -50,8 +48,10 @@ from launch.jobs import (
     record_failure,
 )
 from launch.lifecycle import finish, place, run_jobs
-from launch.rank import FAILURES_JSON, RESULT_PKL, TaskExit, exits_as_errors
 from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
+from ranks.bootstrap import TaskExit, exits_as_errors
+from ranks.handoff import FAILURES_JSON, RESULT_PKL
+from ranks.job_spec import JobSpec, Stopped
 from tests.helpers import (
     QUICK,
     Sweep,

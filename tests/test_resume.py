@@ -26,13 +26,19 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from core.errors import UserError
-from core.run_dir import RunResult, read_result, write_result
-from launch.jobs import Interrupted, Job, JobSpec, failed_job_return, stop_signals
+from core.run_dir import (
+    Attempt,
+    LaunchRecord,
+    RunResult,
+    read_launch_record,
+    read_result,
+    write_launch_record,
+    write_result,
+)
+from launch.jobs import Interrupted, Job, failed_job_return, stop_signals
 from launch.optuna_sweeper import plan_trials
 from launch.resume import (
     LOCK_FILE,
-    Attempt,
-    LaunchRecord,
     check_job_dir,
     check_overrides,
     check_sweeper,
@@ -40,11 +46,10 @@ from launch.resume import (
     decide,
     hold_sweep_lock,
     prepare_job,
-    read_launch_record,
     should_retry,
     start_attempt,
-    write_launch_record,
 )
+from ranks.job_spec import JobSpec
 from tests.helpers import (
     REPO,
     assert_same_training,
@@ -283,7 +288,7 @@ def test_optuna_trial_plan() -> None:
 # prints the child's pid, then waits.
 PARENT = """
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import sys, time; from launch.rank import "
+child = subprocess.Popen([sys.executable, "-c", "import sys, time; from ranks.bootstrap import "
                           "die_with_parent; die_with_parent(); open(sys.argv[1], 'w').close(); "
                           "time.sleep(120)", sys.argv[1]],
                          env={**os.environ, "HYDRA_DDP_PARENT_PID": str(os.getpid())})
@@ -294,7 +299,7 @@ time.sleep(120)
 
 @pytest.mark.slow
 def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
-    """die_with_parent (launch/rank.py): a SIGKILLed parent takes the child with it; a child
+    """die_with_parent (ranks/bootstrap.py): a SIGKILLed parent takes the child with it; a child
     whose parent is already gone (it names another pid) ends itself at once."""
     tag, ready = f"pdeathsig-{os.getpid()}", tmp_path / "ready"
     parent = subprocess.Popen(
@@ -318,7 +323,7 @@ def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from launch.rank import die_with_parent; die_with_parent(); print('still alive')",
+            "from ranks.bootstrap import die_with_parent; die_with_parent(); print('still alive')",
         ],
         cwd=REPO,
         capture_output=True,

@@ -35,12 +35,11 @@ from hydra.version import VersionBase
 
 from components.checkpoint import load_checkpoint
 from core.errors import UserError
-from core.run_dir import read_result
+from core.run_dir import read_launch_record, read_result
 from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
-from launch.resume import read_launch_record
 from launch.slurm import DDPSlurmQueueConf, job_resources
 from launch.slurm_queue import gpus_in_gres
-from launch.slurm_task import expand_nodelist, expand_tasks_per_node, master_port, torch_env
+from ranks.slurm_task import expand_nodelist, expand_tasks_per_node, master_port, torch_env
 from tests.helpers import (
     REPO,
     Sweep,
@@ -615,7 +614,7 @@ def test_failed_jobs_are_reported(idle_cluster: SlurmCluster, tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
-    """`srun -n2 python -m launch.slurm env`: ranks 0 and 1 of 2, one rendezvous address."""
+    """`srun -n2 python -m ranks.slurm_task env`: ranks 0 and 1 of 2, one rendezvous address."""
     proc = idle_cluster.run(
         "srun",
         "--nodes=1",
@@ -623,7 +622,7 @@ def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
         "--cpus-per-task=1",
         sys.executable,
         "-m",
-        "launch.slurm",
+        "ranks.slurm_task",
         "env",
         timeout=120,
         cwd=REPO,

@@ -348,7 +348,7 @@ def test_format_table_lists_failures(sweep: Path) -> None:
 def test_attempts_come_from_launch_json(sweep: Path) -> None:
     """How often a launcher started each job (launch/resume.py's launch.json: retries,
     resumed sweeps) is a column; a job dir without the record has none."""
-    from launch.resume import Attempt, LaunchRecord, write_launch_record
+    from core.run_dir import Attempt, LaunchRecord, write_launch_record
 
     tries = [Attempt(1, 1.0, 2.0, "failed"), Attempt(2, 3.0, 4.0, "failed", continued=True)]
     write_launch_record(sweep / "3", LaunchRecord(3, ["optim.lr=3.0"], tries))

@@ -1,17 +1,17 @@
 """How a rank starts: the one bootstrap for the ranks a launcher starts, and the entry point of
 a script whose ranks something else starts (plain `torchrun train.py`, `srun python train.py`).
 
-* **Ranks a launcher started** (:func:`run_rank`): torchrun ranks run
-  `python -m launch.rank <job dir>/.torchrun/job.pkl` (launch/torchrun.py writes the pickled
-  JobSpec: task function, composed config, Hydra's singleton state), SLURM tasks call it from
-  launch/slurm.py. Rank 0 runs the job as the Hydra job (job dir, `.hydra/`, log, callbacks);
-  the other ranks run it with `hydra.output_subdir=null`, errors-only logging and no callbacks,
-  so they write nothing. A failure is reported here, once: one line (a traceback only for an
-  error that is not the user's), the error left in torchrun's error file for the launcher, and
-  the exit status UserError.exit_code (2) or 1. Torchrun's rank 0 also writes its JobReturn
-  (result.pkl) and a record of the run (job.json: pid, rendezvous address, times). A rank of
-  the torchrun launcher dies with its agent (:func:`die_with_parent`), as the agent does with
-  the launcher: nothing of a sweep outlives a SIGKILLed launcher.
+* **Ranks a launcher started** (:func:`run_rank`): torchrun ranks run `python -m ranks.bootstrap
+  <job dir>/.torchrun/job.pkl` (launch/torchrun.py writes the pickled JobSpec: task function,
+  composed config, Hydra's singleton state), SLURM tasks call it from ranks/slurm_task.py. Rank
+  0 runs the job as the Hydra job (job dir, `.hydra/`, log, callbacks); the other ranks run it
+  with `hydra.output_subdir=null`, errors-only logging and no callbacks, so they write nothing.
+  A failure is reported here, once: one line (a traceback only for an error that is not the
+  user's), the error left in torchrun's error file for the launcher, and the exit status
+  UserError.exit_code (2) or 1. Torchrun's rank 0 also writes its JobReturn (result.pkl) and a
+  record of the run (job.json: pid, rendezvous address, times). A rank of the torchrun launcher
+  dies with its agent (:func:`die_with_parent`), as the agent does with the launcher: nothing of
+  a sweep outlives a SIGKILLed launcher.
 * **The entry point** (:func:`entry_point`, `entry_point(main)` under a script's
   `if __name__ == "__main__":`): every rank of a plain torchrun run agrees on one start instant,
   so `${now:}` names one run dir, and ranks other than 0 write nothing (:func:`prepare_argv`).
@@ -38,15 +38,9 @@ from hydra.errors import CompactHydraException
 
 from core.errors import UserError, describe, find_user_error, job_value
 from core.run_dir import process_start_time
+from ranks.handoff import JOB_JSON, RESULT_PKL, JobRecord, write_job_return
 
-log = logging.getLogger("launch.rank")  # also when run as `python -m launch.rank`
-
-# The torchrun launcher's hand-off files, in <job dir>/.torchrun/ (core/run_dir.py's
-# LAUNCHER_DIR; a multi-node job keeps one folder per node below it).
-JOB_PKL = "job.pkl"  # the JobSpec, written by the launcher
-RESULT_PKL = "result.pkl"  # rank 0's JobReturn
-JOB_JSON = "job.json"  # rank 0's record: pid, rendezvous address, start and end times
-FAILURES_JSON = "failures.json"  # the agent's record of the ranks that failed, first first
+log = logging.getLogger("ranks.bootstrap")  # also when run as `python -m ranks.bootstrap`
 
 # Set by the torchrun launcher for its agents, and by each agent for its ranks: the pid of the
 # parent the process must die with (:func:`die_with_parent`).
@@ -257,7 +251,7 @@ def die_with_parent(environ=os.environ) -> bool:
 
 
 def run_rank(spec: Any, rank: int) -> Any:
-    """Run one rank of a job (a launch.jobs.JobSpec); return its JobReturn. A failure is
+    """Run one rank of a job (a ranks.job_spec.JobSpec); return its JobReturn. A failure is
     reported here (:func:`report_failure`); a SystemExit of the task (75: requeue me) passes."""
     # Hydra's only way to an empty callback list for HydraContext (no public constructor).
     from hydra._internal.callbacks import Callbacks
@@ -362,52 +356,6 @@ def exits_as_errors(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]
             raise TaskExit(str(e.code)) from e
 
     return task
-
-
-class JobRecord:
-    """Rank 0's <job dir>/.torchrun/job.json: when the job ran, as which process, and the
-    rendezvous address of its ranks (each single-node job has its own free port)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        env = os.environ
-        self.data = {
-            "pid": os.getpid(),
-            "world_size": int(env.get("WORLD_SIZE", "1")),
-            "local_world_size": int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
-            "master_addr": env.get("MASTER_ADDR"),
-            "master_port": int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None,
-            "run_id": env.get("TORCHELASTIC_RUN_ID"),
-            "started": time.time(),
-            "finished": None,
-            "status": "running",
-        }
-        self.write()
-
-    def finish(self, status: str) -> None:
-        self.data.update(finished=time.time(), status=status)
-        self.write()
-
-    def write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2))
-        os.replace(tmp, self.path)
-
-
-def write_job_return(ret: Any, path: Path) -> None:
-    import cloudpickle
-    from hydra.core.utils import JobStatus
-
-    try:
-        data = cloudpickle.dumps(ret)
-    except Exception:  # noqa: BLE001 - an unpicklable return value still reports its status
-        value = job_value(ret)
-        failed = ret.status == JobStatus.FAILED
-        ret.return_value = RuntimeError(repr(value)) if failed else repr(value)
-        data = cloudpickle.dumps(ret)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def main(payload: Path) -> int:

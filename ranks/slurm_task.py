@@ -5,9 +5,9 @@
   LOCAL_RANK = SLURM_LOCALID, WORLD_SIZE = tasks of the step, LOCAL_WORLD_SIZE = tasks on this
   node, MASTER_ADDR = the step's first node, MASTER_PORT = a port derived from the job id and
   restart count (the same in every task, a different one for every job and every requeue).
-  No torchrun runs inside a task. `python -m launch.slurm env` prints the mapping of the task it
-  runs in; launch/sbatch_example.sh does the same mapping in bash for `srun python train.py`.
-* **The rank** (:func:`run_task`): launch/rank.py's rank bootstrap, as in a torchrun rank:
+  No torchrun runs inside a task. `python -m ranks.slurm_task env` prints the mapping of the task
+  it runs in; launch/sbatch_example.sh does the same mapping in bash for `srun python train.py`.
+* **The rank** (:func:`run_task`): ranks/bootstrap.py's rank bootstrap, as in a torchrun rank:
   rank 0 runs the job as the Hydra job (`.hydra/`, log, callbacks) and returns its JobReturn
   (submitit's result); the other ranks write nothing and return None.
 * **Preemption and time limits**: sbatch `--signal=USR1@<signal_delay_s>` and `--requeue`.
@@ -35,8 +35,8 @@ from omegaconf import open_dict
 
 from core.errors import UserError
 from core.run_dir import ATTEMPT_ENV, REQUEUE_EXIT_CODE
-from launch.jobs import Job, Stopped, job_return
-from launch.rank import report_failure, run_rank
+from ranks.bootstrap import report_failure, run_rank
+from ranks.job_spec import Stopped, job_return
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +139,10 @@ def export_torch_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 # in each SLURM task
 
 
-def run_task(job: Job) -> Any:
-    """One task of a sweep job: one rank, through launch/rank.py's bootstrap. Rank 0 returns
-    the job's JobReturn (submitit pickles it for the launcher); the other ranks return None."""
+def run_task(job: Any) -> Any:
+    """One task of a sweep job (a launch.jobs.Job): one rank, through ranks/bootstrap.py. Rank 0
+    returns the job's JobReturn (submitit pickles it for the launcher); the other ranks return
+    None."""
     rank = int(export_torch_env()["RANK"])
     install_stop_handlers(rank)
     os.environ[ATTEMPT_ENV] = str(job.attempt)
@@ -206,13 +207,13 @@ def install_stop_handlers(rank: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# CLI: `python -m launch.slurm env` in a task prints its mapping (launch/slurm.py runs it)
+# CLI: `srun python -m ranks.slurm_task env` in a task prints its mapping
 
 
 def main(argv: Sequence[str]) -> int:
     if list(argv) != ["env"]:
         print(
-            "usage: srun python -m launch.slurm env   (prints this task's torch variables)",
+            "usage: srun python -m ranks.slurm_task env   (prints this task's torch variables)",
             file=sys.stderr,
         )
         return 2
@@ -223,3 +224,7 @@ def main(argv: Sequence[str]) -> int:
         return e.exit_code
     print(" ".join(f"{k}={v}" for k, v in values.items()), flush=True)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
