@@ -86,8 +86,8 @@ from data import (
 from data.catalog import folder_augment
 from data.mixing import BatchMix
 from data.transforms import build_recipe
-from launch.rank import PARENT_PID_ENV
 from models import build_model
+from ranks.bootstrap import PARENT_PID_ENV
 
 log = logging.getLogger("train")
 
