@@ -55,6 +55,7 @@ from components.optim import build_optimizer, lr_schedule
 from components.precision import grad_scaler, memory_format, precision_context
 from components.preemption import Preempted, StopRequest, cpu_group, requeue_on_slurm
 from components.profiling import StepProfiler
+from components.pruning import Pruned, check_prune, pruner_for
 from components.speed import Speed, model_facts, peak_memory_mb
 from components.wandb_media import ValMedia
 from components.world import (
@@ -90,6 +91,8 @@ def main(cfg: DictConfig) -> float | None:
 
             return run_in_torchrun(cfg, train)  # `train` below, in each of the N ranks
         return train(cfg)
+    except Pruned as e:  # the sweeper's pruner stopped the trial: a result, not an error
+        return e.best
     except Preempted as e:
         log.warning("%s", e)
         if int(os.environ.get("RANK", "0")) == 0:
@@ -178,6 +181,7 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
         tc.monitor.metric, tc.monitor.mode, tc.early_stopping.patience, tc.early_stopping.min_delta
     )
     progress, window = Progress(max_epochs=tc.max_epochs), LossWindow(env.device)
+    trial = pruner_for(env.rank)  # rank 0's Optuna trial when the sweeper prunes (else None)
     state = TrainingState(
         shared={
             "model": model,
@@ -349,6 +353,8 @@ def fit(cfg: DictConfig, run: RunLogger, env: DistEnv, run_dir: Path, micro_batc
                 best_val_acc=progress.best_val_acc,
                 saved=tc.save_checkpoints,
             )
+            # An Optuna trial with a pruner: rank 0 reports, every rank stops together.
+            check_prune(trial, epoch + 1, val, monitor, env.device)
 
     run.result.time_to_first_step_s = speed.first_step_s
     run.result.peak_memory_mb_per_rank = gather_floats(peak_memory_mb(env.device))

@@ -32,6 +32,7 @@ from components.naming import (
     swept_values,
 )
 from components.preemption import Preempted
+from components.pruning import Pruned
 from components.repro import REPRO_DIR, write_repro
 from components.run_dir import (
     CHECKPOINT_DIR,
@@ -170,6 +171,8 @@ def ending(error: BaseException | None) -> tuple[str, str | None]:
         return "completed", None
     if isinstance(error, Preempted):
         return "preempted", str(error)
+    if isinstance(error, Pruned):  # the sweeper's pruner stopped it (components/pruning.py)
+        return "pruned", str(error)
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", "interrupted (Ctrl-C)"
     return "failed", describe(error)
@@ -465,6 +468,10 @@ class RunLogger:
         try:
             if status == "preempted":
                 self.wandb.mark_preempting()
-            self.wandb.finish(exit_code={"completed": 0, "preempted": 75}.get(status, 1))
+            if status == "pruned":  # W&B has no pruned state: a finished run, tagged
+                self.wandb.tags = (*self.wandb.tags, "pruned")
+                self.wandb.summary["status"] = "pruned"
+            exit_code = {"completed": 0, "pruned": 0, "preempted": 75}.get(status, 1)
+            self.wandb.finish(exit_code=exit_code)
         except Exception as e:  # noqa: BLE001
             log.warning("W&B finish failed: %s", e)

@@ -10,8 +10,6 @@
   variables; sbatch_example.sh does the same by hand;
 * resume.py: what a job dir's records say (launch.json: overrides and every attempt), and what
   a resumed sweep (`hydra.launcher.resume=true`) or a retry does with the job;
-* optuna_sweeper.py: `hydra/sweeper=ddp_optuna`, hydra-optuna-sweeper's sweeper continuing its
-  stored study on resume;
 * summary.py: the sweep summary (a Hydra callback and `python -m launch.summary`).
 
 The Launcher (and Sweeper) classes Hydra instantiates are thin subclasses in hydra_plugins/
