@@ -66,6 +66,8 @@ def build_pruner(pruner: Any) -> Any:
     n_warmup_steps: 2}), or a pruner object (a `_target_` Hydra instantiated)."""
     import optuna
 
+    if OmegaConf.is_config(pruner):
+        pruner = OmegaConf.to_container(pruner, resolve=True)
     if pruner is None:
         return optuna.pruners.NopPruner()
     if hasattr(pruner, "prune"):

@@ -306,7 +306,7 @@ class Trials:
         from optuna.trial import TrialState
 
         trial = self.running.pop(num)
-        job_dir = Path(ret.working_dir) if getattr(ret, "working_dir", None) else None
+        job_dir = job_dir_of(ret)
         if job_dir is not None:
             self.job_dirs[num] = job_dir
         result = read_result(job_dir) if job_dir is not None else None
@@ -337,6 +337,17 @@ class Trials:
     def counts(self) -> str:
         told = ", ".join(f"{n} {state}" for state, n in sorted(self.states.items()))
         return f"{self.told} trial(s) this run ({told or 'none'})"
+
+
+def job_dir_of(ret: Any) -> Path | None:
+    """The job dir of a JobReturn (its working_dir is the launch dir unless Hydra chdirs)."""
+    hydra = OmegaConf.select(ret.hydra_cfg or {}, "hydra", default=None)
+    if hydra is None:
+        return None
+    output_dir = OmegaConf.select(hydra, "runtime.output_dir", default=None)
+    if output_dir:
+        return Path(str(output_dir))
+    return Path(str(hydra.sweep.dir)) / str(hydra.sweep.subdir)
 
 
 def objective_values(value: Any, n_objectives: int) -> list[float] | None:
