@@ -31,6 +31,13 @@ def find_user_error(error: BaseException | None) -> UserError | None:
     return None
 
 
+def job_value(ret: Any) -> Any:
+    """A JobReturn's value, or a failed job's exception, without raising it. Hydra's public
+    `JobReturn.return_value` raises a failed job's exception (after printing a line to stderr)
+    and offers no other getter: this is the one place that reads the private field."""
+    return ret._return_value
+
+
 def one_line(text: object) -> str:
     """The first non-empty line of `text`, stripped ("" for none)."""
     for line in str(text).strip().splitlines():
@@ -81,7 +88,7 @@ class ReportUserError(Callback):
 
         if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN:
             return
-        error = find_user_error(job_return._return_value)
+        error = find_user_error(job_value(job_return))
         if error is not None:
             logging.getLogger("train").error("%s", error)
             raise SystemExit(error.exit_code)

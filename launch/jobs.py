@@ -28,7 +28,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,7 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from components.errors import UserError, describe, one_line
+from components.errors import UserError, describe, job_value, one_line
 from components.naming import (
     SWEPT_KEYS_ENV,
     fmt_duration,
@@ -86,7 +86,6 @@ class Job:
     attempt: int = 0  # attempts so far, earlier launches of the sweep included
     retries_left: int = 0  # hydra.launcher.retries, counted down in this launch
     continues: bool = False  # its next attempt continues from the job dir's checkpoints
-    attach: Any = None  # SLURM: an earlier attempt (resume.Attempt) still queued or running
 
 
 class JobFailed(CompactHydraException):
@@ -293,8 +292,8 @@ def failed_job_return(
     verdict = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}): {reason}")
     verdict.reason = reason
     verdict.__cause__ = cause
-    if isinstance(ret, JobReturn) and isinstance(ret._return_value, BaseException):
-        verdict.__cause__ = ret._return_value
+    if isinstance(ret, JobReturn) and isinstance(job_value(ret), BaseException):
+        verdict.__cause__ = job_value(ret)
     if not isinstance(ret, JobReturn):
         return job_return(job, JobStatus.FAILED, verdict)
     ret.return_value, ret.status = verdict, JobStatus.FAILED
@@ -343,7 +342,7 @@ def job_done(job: Job, ret: Any) -> Any:
     if completed:
         log.info("%s", line)
     else:
-        error = ret._return_value
+        error = job_value(ret)
         log.error("%s: %s", line, getattr(error, "reason", "") or describe(error))
     return ret
 
@@ -370,44 +369,3 @@ def launcher_errors() -> Iterator[None]:
     except UserError as e:
         log.error("%s", describe(e))
         raise SystemExit(e.exit_code) from None
-
-
-def launch_batch(
-    launcher: Any,
-    job_overrides: Sequence[Sequence[str]],
-    initial_idx: int,
-    name: str,
-    run: Callable[[list[Job]], list[Any]],
-    *,
-    resume: bool = False,
-    stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
-    lock: bool = True,
-) -> list[Any]:
-    """Hydra's Launcher.launch for both launchers: compose the batch's jobs and `run` them (the
-    launcher's part: one JobReturn per job, in order, each reported by :func:`job_done`). With
-    `lock`, one launcher per sweep dir (launch/resume.py). A stop signal (`stop_on`) ends the
-    sweep with SweepStopped once `run` has stopped and recorded its jobs."""
-    from hydra.core.utils import filter_overrides, setup_globals
-
-    from launch.resume import check_sweeper, hold_sweep_lock
-
-    setup_globals()
-    configure_sweep_logging(launcher.config)
-    check_sweeper(launcher.config, resume)
-    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    if lock:
-        hold_sweep_lock(sweep_dir)
-    if initial_idx == 0:  # Optuna hands out trials a few at a time: one line per sweep
-        log.info("%s: sweep dir %s%s", name, sweep_dir, " (resuming)" if resume else "")
-    for idx, overrides in enumerate(job_overrides):
-        log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
-    try:
-        with stop_signals(stop_on):
-            return run(compose_jobs(launcher, job_overrides, initial_idx))
-    except KeyboardInterrupt as e:
-        raise SweepStopped(
-            f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
-            f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
-            f"{sweep_dir} hydra.launcher.resume=true to continue it"
-        ) from None

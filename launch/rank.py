@@ -36,7 +36,7 @@ from typing import Any
 
 from hydra.errors import CompactHydraException
 
-from components.errors import UserError, describe, find_user_error
+from components.errors import UserError, describe, find_user_error, job_value
 from components.run_dir import process_start_time
 
 log = logging.getLogger("launch.rank")  # also when run as `python -m launch.rank`
@@ -288,7 +288,7 @@ def run_rank(spec: Any, rank: int) -> Any:
         job_subdir_key=spec.job_subdir_key,
     )
     if ret.status == JobStatus.FAILED:
-        report_failure(ret._return_value)
+        report_failure(job_value(ret))
     return ret
 
 
@@ -403,9 +403,9 @@ def write_job_return(ret: Any, path: Path) -> None:
     try:
         data = cloudpickle.dumps(ret)
     except Exception:  # noqa: BLE001 - an unpicklable return value still reports its status
-        value = ret._return_value
+        value = job_value(ret)
         failed = ret.status == JobStatus.FAILED
-        ret._return_value = RuntimeError(repr(value)) if failed else repr(value)
+        ret.return_value = RuntimeError(repr(value)) if failed else repr(value)
         data = cloudpickle.dumps(ret)
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(data)
@@ -424,7 +424,7 @@ def main(payload: Path) -> int:
     if record is not None:
         write_job_return(ret, payload.parent / RESULT_PKL)
         record.finish(ret.status.name.lower())
-    return 0 if ret.status.name == "COMPLETED" else exit_status(ret._return_value)
+    return 0 if ret.status.name == "COMPLETED" else exit_status(job_value(ret))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from components.errors import UserError, describe, find_user_error
+from components.errors import UserError, describe, find_user_error, job_value
 from components.run_dir import (
     CHECKPOINT_DIR,
     LAUNCH_FILE,
@@ -52,6 +52,7 @@ from components.run_dir import (
     write_json_atomic,
     write_result,
 )
+from launch.jobs import job_return
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,8 @@ HYDRA_OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.Optuna
 
 @dataclass
 class Attempt:
-    """One attempt at a job: a torchrun agent the launcher started, or a SLURM job it submitted
-    (a SLURM requeue is the same attempt)."""
+    """One attempt at a job: what its backend started once (a torchrun agent, a SLURM job: a
+    SLURM requeue is the same attempt)."""
 
     attempt: int
     started: float
@@ -79,8 +80,7 @@ class Attempt:
     status: str = "running"  # running | completed | pruned | failed | preempted | interrupted
     error: str | None = None
     continued: bool = False  # started with resume=auto from the job dir's checkpoints
-    slurm_job_id: str | None = None
-    slurm_folder: str | None = None  # submitit's folder pattern (%j = the job id)
+    backend: dict | None = None  # what its backend needs to find it again (launch/lifecycle.py)
 
 
 @dataclass
@@ -163,7 +163,7 @@ def check_overrides(
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "done": completed earlier | "attach": wait for its SLURM job | "run"
+    action: str  # "done": completed earlier | "attach": wait for the attempt still running | "run"
     why: str  # for the log
 
 
@@ -172,13 +172,14 @@ def decide(
     rank0_completed: bool,
     result: RunResult | None,
     last: Attempt | None,
-    slurm_active: bool = False,
+    attachable: bool = False,
 ) -> Decision:
-    """What a resumed sweep does with a job, from its records (see the module docstring)."""
+    """What a resumed sweep does with a job, from its records (see the module docstring);
+    `attachable`: its last attempt still runs without a launcher (its backend says so)."""
     if rank0_completed:
         return Decision("done", "completed")
-    if last is not None and last.slurm_job_id and slurm_active:
-        return Decision("attach", f"SLURM job {last.slurm_job_id} is still queued or running")
+    if last is not None and attachable:
+        return Decision("attach", f"attempt {last.attempt} is still queued or running")
     if result is not None and result.status in ENDED:
         return Decision("done", result.status)
     if result is not None and result.status != "running":
@@ -212,88 +213,82 @@ def has_checkpoints(job_dir: Path) -> bool:
     return ckpt.is_dir() and any(ckpt.glob("*.pt"))
 
 
-def prepare(
-    jobs: Sequence[Any],
-    *,
-    resume: bool,
-    retries: int,
-    earlier_return: Callable[[Any, Attempt | None], Any],
-    slurm_active: Callable[[list[str]], set[str]] | None = None,
-) -> dict[int, Any]:
-    """Read each sweep job's records before anything runs: check its dir holds this job (else a
-    UserError, before any job starts), give it its attempt count and retries, and with `resume`
-    decide what to do with it. Returns {num: JobReturn} of the jobs completed earlier (not to be
-    run again); a job whose SLURM job is still queued or running gets `job.attach` (its attempt).
-    `earlier_return(job, attempt)` reads rank 0's JobReturn of an attempt (None if none);
-    `slurm_active(ids)` says which of those SLURM job ids are still queued or running."""
-    from hydra.core.utils import JobStatus
+def check_job_dir(job: Any) -> LaunchRecord | None:
+    """The job dir's launch record, after checking the dir holds this job (else a UserError)."""
+    record = read_launch_record(job.job_dir)
+    check_overrides(job.num, job.overrides, job.job_dir, recorded_overrides(job.job_dir, record))
+    return record
 
-    records = {}
+
+def prepare(jobs: Sequence[Any], backend: Any, *, resume: bool, retries: int) -> dict[int, Any]:
+    """:func:`prepare_job` for each job, every job dir checked first (a UserError before any job
+    starts). Returns {num: JobReturn} of the jobs completed earlier (not to be run again)."""
     for job in jobs:
-        job.retries_left = retries
-        if not job.in_sweep:
-            continue
-        record = read_launch_record(job.job_dir)
-        check_overrides(
-            job.num, job.overrides, job.job_dir, recorded_overrides(job.job_dir, record)
-        )
-        records[job.num] = record
-        job.attempt = len(record.attempts) if record is not None else 0
-    active: set[str] = set()
-    if resume and slurm_active is not None:
-        ids = [
-            r.last.slurm_job_id
-            for r in records.values()
-            if r and r.last and r.last.slurm_job_id and r.last.ended is None
-        ]
-        active = slurm_active(ids) if ids else set()
-
+        if job.in_sweep:
+            check_job_dir(job)
     done = {}
     for job in jobs:
-        if job.num not in records:
-            continue
-        record, result = records[job.num], read_result(job.job_dir)
-        last = record.last if record is not None else None
-        if not resume:
-            if last is not None and last.ended is None:
-                settle(job.job_dir, record, completed=False)
-            if record is not None or result is not None:
-                log.warning(
-                    "#%d: %s already holds a run of this job: it runs again from the "
-                    "start (hydra.launcher.resume=true would continue it)",
-                    job.num,
-                    job.job_dir,
-                )
-            continue
-        ret = earlier_return(job, last)
-        completed = ret is not None and ret.status == JobStatus.COMPLETED
-        attachable = last is not None and last.slurm_job_id in active
-        decision = decide(
-            rank0_completed=completed, result=result, last=last, slurm_active=attachable
-        )
-        if last is not None and last.ended is None and decision.action != "attach":
-            settle(job.job_dir, record, completed)
-        label = f"#{job.num} {' '.join(job.overrides) or '(no overrides)'}"
-        if decision.action == "done":
-            if not completed:  # no JobReturn of rank 0 left: result.json's value
-                from launch.jobs import job_return
-
-                ret = job_return(job, JobStatus.COMPLETED, result.best if result else None)
-            log.info("%s: completed earlier, not run again (value %s)", label, ret.return_value)
+        ret, _ = prepare_job(job, backend, resume=resume, retries=retries)
+        if ret is not None:
             done[job.num] = ret
-            continue
-        job.continues = True
-        if decision.action == "attach":
-            job.attach = last
-            log.info("%s: %s: waiting for it", label, decision.why)
-        elif record is not None or result is not None:
-            log.info(
-                "%s: %s: runs again%s",
-                label,
-                decision.why,
-                " from its checkpoints" if has_checkpoints(job.job_dir) else "",
-            )
     return done
+
+
+def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[Any, Any]:
+    """Read a sweep job's records before it runs: check its dir holds this job, give it its
+    attempt count and retries, and with `resume` decide what to do with it. Returns (rank 0's
+    JobReturn when it completed earlier, else None; the backend's handle of an earlier attempt
+    still running, to wait for, else None). `backend` (launch/lifecycle.py) reads an earlier
+    attempt's JobReturn and re-attaches to an attempt that still runs."""
+    from hydra.core.utils import JobStatus
+
+    job.retries_left = retries
+    if not job.in_sweep:
+        return None, None
+    record = check_job_dir(job)
+    job.attempt = len(record.attempts) if record is not None else 0
+    result = read_result(job.job_dir)
+    last = record.last if record is not None else None
+    if not resume:
+        if last is not None and last.ended is None:
+            settle(job.job_dir, record, completed=False)
+        if record is not None or result is not None:
+            log.warning(
+                "#%d: %s already holds a run of this job: it runs again from the "
+                "start (hydra.launcher.resume=true would continue it)",
+                job.num,
+                job.job_dir,
+            )
+        return None, None
+    ret = backend.earlier_return(job, last)
+    completed = ret is not None and ret.status == JobStatus.COMPLETED
+    handle = None
+    if not completed and last is not None and last.ended is None:
+        handle = backend.reattach(job, last)
+    decision = decide(
+        rank0_completed=completed, result=result, last=last, attachable=handle is not None
+    )
+    if last is not None and last.ended is None and decision.action != "attach":
+        settle(job.job_dir, record, completed)
+    label = f"#{job.num} {' '.join(job.overrides) or '(no overrides)'}"
+    if decision.action == "done":
+        if not completed:  # no JobReturn of rank 0 left: result.json's value
+            ret = job_return(job, JobStatus.COMPLETED, result.best if result else None)
+        log.info("%s: completed earlier, not run again (value %s)", label, ret.return_value)
+        return ret, None
+    job.continues = True
+    if decision.action == "attach":
+        job.started = last.started
+        log.info("%s: %s: waiting for it", label, decision.why)
+        return None, handle
+    if record is not None or result is not None:
+        log.info(
+            "%s: %s: runs again%s",
+            label,
+            decision.why,
+            " from its checkpoints" if has_checkpoints(job.job_dir) else "",
+        )
+    return None, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +339,7 @@ def attempt_outcome(job: Any, ret: Any) -> tuple[str, str | None]:
         return ("pruned", result.error) if pruned else ("completed", None)
     if result is not None and result.status in ("failed", "preempted", "interrupted"):
         return result.status, result.error
-    return "failed", describe(ret._return_value)
+    return "failed", describe(job_value(ret))
 
 
 def close_attempt(job: Any, ret: Any) -> None:
@@ -382,7 +377,7 @@ def should_retry(job: Any, ret: Any) -> bool:
     same way every time). Counts the retry and says so."""
     if ret.status.name == "COMPLETED" or job.retries_left <= 0:
         return False
-    if find_user_error(ret._return_value) is not None:
+    if find_user_error(job_value(ret)) is not None:
         log.info("#%d: not retried: a user error fails the same way again", job.num)
         return False
     job.retries_left -= 1

@@ -34,8 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,26 +43,23 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 
-from components.errors import UserError, one_line
+from components.errors import UserError, job_value, one_line
 from components.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from components.world import visible_gpus
 from launch.jobs import (
     Job,
     JobSpec,
-    check_batch_size,
     check_gpus,
     configure_sweep_logging,
     failed_job_return,
     failure_reason,
-    job_done,
     job_return,
     job_world,
-    launch_batch,
     launcher_errors,
     resolve_output_dirs,
     settings_from,
-    stop_reason,
 )
+from launch.lifecycle import launch_batch, run_jobs
 from launch.rank import (
     FAILURES_JSON,
     JOB_JSON,
@@ -72,7 +68,6 @@ from launch.rank import (
     RESULT_PKL,
     die_with_parent,
 )
-from launch.resume import close_attempt, prepare, record_stopped, should_retry, start_attempt
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +144,9 @@ class TorchrunLauncherBase(Launcher):
                 job_overrides,
                 initial_job_idx,
                 "torchrun launcher",
-                lambda jobs: run_jobs(jobs, s),
+                TorchrunBackend(s),
                 resume=s.resume,
+                retries=s.retries,
                 stop_on=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
                 lock=s.rdzv_endpoint is None,
             )
@@ -181,117 +177,51 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     settings = TorchrunLauncherConf.from_config(hydra_cfg.launcher)
     if settings.tee is None:
         settings.tee = "3"  # one run: its ranks' output is what the user watches
-    (ret,) = run_jobs([job], settings)
+    (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
     if ret.status.name == "FAILED":  # (JobReturn.return_value would log it first: no)
-        raise ret._return_value
-    return ret._return_value
+        raise job_value(ret)
+    return ret.return_value
 
 
 # ---------------------------------------------------------------------------------------------
-# planning: world size and GPUs
+# the backend: one torchrun agent process per job (per node)
 
 
-def run_jobs(jobs: list[Job], settings: TorchrunLauncherConf) -> list[Any]:
-    """Run every job, as many at once as resources allow; return their JobReturns in order.
-    A resumed sweep returns the recorded JobReturn of a job completed earlier instead."""
-    gpus = list(settings.gpus) if settings.gpus is not None else list(range(visible_gpus()))
-    agents = Agents(settings)
-    for job in jobs:
-        if not job.error:  # else its config did not compose
-            plan(job, settings, gpus)
-    results = prepare(
-        jobs, resume=settings.resume, retries=settings.retries, earlier_return=agents.earlier_return
-    )
-    todo = [job for job in jobs if job.num not in results]
-    results.update(
-        {
-            job.num: job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
-            for job in todo
-            if job.error
-        }
-    )
-    results.update(
-        schedule([job for job in todo if not job.error], gpus, settings.max_parallel, agents)
-    )
-    return [results[job.num] for job in jobs]
+class TorchrunBackend:
+    """launch/lifecycle.py's Backend on this machine: a job's attempt is a torchrun agent; a GPU
+    job takes one GPU per rank, a set disjoint from every running job's (CUDA_VISIBLE_DEVICES);
+    at most `max_parallel` jobs at once (null: one per GPU, 1 on CPU)."""
 
+    poll_s = POLL_S
 
-def plan(job: Job, settings: TorchrunLauncherConf, gpus: list[int]) -> None:
-    """Set the job's world size from its own config, or job.error when it cannot run here (its
-    world size, or a batch size its ranks cannot split)."""
-    job.error = None
-    try:
+    def __init__(self, settings: TorchrunLauncherConf, gpus: list[int] | None = None) -> None:
+        self.settings = settings
+        if gpus is None:
+            gpus = list(settings.gpus) if settings.gpus is not None else list(range(visible_gpus()))
+        self.gpus, self.free, self.running = list(gpus), list(gpus), 0
+        self.limit = settings.max_parallel or max(len(gpus), 1)
+
+    def place(self, job: Job) -> None:
+        gpus, s = self.gpus, self.settings
         job.nproc, job.nnodes, job.uses_gpus = job_world(job.spec.config, len(gpus))
         check_gpus(job.nproc, job.uses_gpus, len(gpus), f"the launcher has {len(gpus)} ({gpus})")
-        check_batch_size(job.spec.config, job.nproc * job.nnodes)
-        if job.nnodes > 1 and not settings.rdzv_endpoint:
+        if job.nnodes > 1 and not s.rdzv_endpoint:
             raise UserError(
                 f"dist.nnodes={job.nnodes} needs a rendezvous point every node can reach: set "
                 "hydra.launcher.rdzv_endpoint=HOST:PORT and start the same job on each node"
             )
-    except UserError as e:
-        job.error = str(e)
 
+    def reserve(self, job: Job) -> list[int] | None:
+        need = job.nproc if job.uses_gpus else 0
+        if self.running >= self.limit or need > len(self.free):
+            return None
+        mine, self.free = self.free[:need], self.free[need:]
+        self.running += 1
+        return mine
 
-# ---------------------------------------------------------------------------------------------
-# the scheduler
-
-
-def schedule(
-    jobs: Sequence[Job],
-    gpus: Sequence[int],
-    max_parallel: int | None,
-    agents: Any,
-    poll_s: float = POLL_S,
-    sleep: Callable[[float], Any] = time.sleep,
-) -> dict[int, Any]:
-    """Run `jobs` in order (strict FIFO: no job is starved), as many at once as resources allow:
-    a GPU job takes one GPU per rank, a set of `gpus` disjoint from every running job's; at
-    most `max_parallel` jobs at once (null: one per GPU, 1 on CPU). `agents` does the rest:
-    start(job, gpus) -> a process (poll() -> None while it runs), finish(job, process) -> the
-    job's result, retry(job, result) -> whether the job goes back to the head of the queue,
-    stop([(job, process)], why) on the way out (Ctrl-C, a stop signal, an error here).
-    Returns {num: result}."""
-    limit = max_parallel or max(len(gpus), 1)
-    free = list(gpus)
-    pending, running, results = deque(jobs), [], {}
-    try:
-        while pending or running:
-            while pending and len(running) < limit:
-                job = pending[0]
-                need = job.nproc if job.uses_gpus else 0
-                if need > len(free):
-                    if not running:
-                        raise ValueError(f"job #{job.num} needs {need} of {len(gpus)} GPUs")
-                    break
-                pending.popleft()
-                mine, free = free[:need], free[need:]
-                running.append((job, mine, agents.start(job, mine)))
-            sleep(poll_s)
-            for entry in [r for r in running if r[2].poll() is not None]:
-                running.remove(entry)
-                job, mine, process = entry
-                free = sorted(free + mine)
-                result = agents.finish(job, process)
-                if agents.retry(job, result):
-                    pending.appendleft(job)  # next in line: it was started before the others
-                else:
-                    results[job.num] = result
-    except BaseException as e:
-        agents.stop([(job, process) for job, _, process in running], stop_reason(e))
-        raise
-    return results
-
-
-# ---------------------------------------------------------------------------------------------
-# one job: a torchrun agent process
-
-
-class Agents:
-    """The scheduler's real processes: one torchrun agent per job (per node)."""
-
-    def __init__(self, settings: TorchrunLauncherConf) -> None:
-        self.settings = settings
+    def release(self, job: Job, gpus: list[int]) -> None:
+        self.free = sorted(self.free + gpus)
+        self.running -= 1
 
     def node(self, job: Job) -> str:
         """A multi-node job runs in the same (shared) job dir on every node: each node's
@@ -339,10 +269,12 @@ class Agents:
                 cmd.append(f"--node-rank={s.node_rank}")
         return [*cmd, "-m", "launch.rank", str(files / JOB_PKL)]
 
-    def start(self, job: Job, gpus: list[int]) -> subprocess.Popen:
+    def start(self, batch: list[tuple[Job, list[int]]]) -> list[subprocess.Popen]:
+        return [self.start_one(job, gpus) for job, gpus in batch]
+
+    def start_one(self, job: Job, gpus: list[int]) -> subprocess.Popen:
         import cloudpickle
 
-        start_attempt(job)  # resume=auto when it continues; launch.json
         files = self.files(job)
         files.mkdir(parents=True, exist_ok=True)
         for stale in (RESULT_PKL, JOB_JSON, FAILURES_JSON):  # from an earlier run into this dir
@@ -380,20 +312,21 @@ class Agents:
             if out is not None:
                 out.close()  # the agent holds its own copy
 
-    def finish(self, job: Job, process: subprocess.Popen) -> Any:
-        """The JobReturn of a finished job (:meth:`outcome`), its attempt recorded and reported
-        in one line."""
-        ret = self.outcome(job, process)
-        close_attempt(job, ret)
-        return job_done(job, ret)
+    @staticmethod
+    def record(_process: subprocess.Popen) -> None:
+        return None  # an agent does not outlive its launcher: nothing to find again
 
     @staticmethod
-    def retry(job: Job, result: Any) -> bool:
-        return should_retry(job, result)
+    def ended(processes: list[subprocess.Popen]) -> list[subprocess.Popen]:
+        return [p for p in processes if p.poll() is not None]
 
     def earlier_return(self, job: Job, _attempt: Any) -> Any:
         """Rank 0's JobReturn of the job's last attempt (a resumed sweep asks)."""
         return read_job_return(self.files(job) / RESULT_PKL, job)
+
+    @staticmethod
+    def reattach(_job: Job, _attempt: Any) -> None:
+        return None  # its agent died with the launcher that started it
 
     def outcome(self, job: Job, process: subprocess.Popen) -> Any:
         """The JobReturn of a finished job: rank 0's own, or a failed one saying why."""
@@ -409,7 +342,7 @@ class Agents:
             log.info("#%d: done on this node; rank 0 ran on another node", job.num)
             return job_return(job, JobStatus.COMPLETED, None)
         rank_logs = job.job_dir / self.settings.log_dir
-        rank0 = ret._return_value if ret is not None and ret.status == JobStatus.FAILED else None
+        rank0 = job_value(ret) if ret is not None and ret.status == JobStatus.FAILED else None
         dead = [
             f"{describe_failure(f)}; rank logs in {rank_logs}"
             for f in read_failures(files / FAILURES_JSON)
@@ -424,13 +357,13 @@ class Agents:
 
     @staticmethod
     def stop(
-        entries: list[tuple[Job, subprocess.Popen]], why: str, grace_s: float = STOP_GRACE_S
+        running: list[tuple[Job, subprocess.Popen]], why: str, grace_s: float = STOP_GRACE_S
     ) -> None:
         """Stop running jobs as preemption does, all at once: SIGTERM to each agent (torchrun
         forwards it to its ranks: they agree on a step, checkpoint, exit 75), then wait up to
         `grace_s` for all of them; past it, or at a second Ctrl-C, SIGKILL (the ranks die with
-        their agent). Each stopped job is recorded (result.json, launch.json)."""
-        alive = [process for _, process in entries if process.poll() is None]
+        their agent)."""
+        alive = [process for _, process in running if process.poll() is None]
         if alive:
             log.warning("%s: stopping %d running job(s): they checkpoint and exit", why, len(alive))
         for process in alive:
@@ -445,8 +378,6 @@ class Agents:
                 signal_group(process, signal.SIGKILL)
             for process in alive:
                 process.wait()
-        for job, _ in entries:
-            record_stopped(job, why)
 
 
 def signal_group(process: subprocess.Popen, sig: int) -> None:

@@ -49,8 +49,9 @@ from launch.jobs import (
     launcher_errors,
     record_failure,
 )
+from launch.lifecycle import finish, place, run_jobs
 from launch.rank import FAILURES_JSON, RESULT_PKL, TaskExit, exits_as_errors
-from launch.torchrun import Agents, TorchrunLauncherConf, plan, run_jobs, schedule
+from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
 from tests.helpers import (
     QUICK,
     Sweep,
@@ -120,42 +121,57 @@ class FakeProcess:
         return self.returncode
 
 
-class FakeAgents:
-    """Records what the scheduler asks for and checks no GPU is used twice at any time."""
+class FakeAgents(TorchrunBackend):
+    """The torchrun backend's GPU packing with fake processes: records what the lifecycle asks
+    for and checks no GPU is used twice at any time."""
+
+    poll_s = 0
 
     def __init__(self, polls: dict[int, int] | None = None) -> None:
         self.polls = polls or {}
         self.started: list[tuple[int, list[int]]] = []  # (job num, its GPUs), in start order
-        self.running: dict[int, list[int]] = {}
+        self.holding: dict[int, list[int]] = {}
         self.most_at_once = 0
         self.stopped: list[int] = []
 
-    def start(self, job: Job, gpus: list[int]) -> FakeProcess:
-        in_use = [g for held in self.running.values() for g in held]
+    def setup(self, gpus: list[int], max_parallel: int | None) -> FakeAgents:
+        super().__init__(TorchrunLauncherConf(max_parallel=max_parallel), gpus)
+        return self
+
+    def place(self, job: Job) -> None:
+        pass  # the fake job's world size is set by fake_job()
+
+    def start_one(self, job: Job, gpus: list[int]) -> FakeProcess:
+        in_use = [g for held in self.holding.values() for g in held]
         assert not set(gpus) & set(in_use), f"#{job.num} got GPUs {gpus} in use: {in_use}"
         assert len(gpus) == (job.nproc if job.uses_gpus else 0), (job, gpus)
         self.started.append((job.num, gpus))
-        self.running[job.num] = gpus
-        self.most_at_once = max(self.most_at_once, len(self.running))
+        self.holding[job.num] = gpus
+        self.most_at_once = max(self.most_at_once, len(self.holding))
         process = FakeProcess(self.polls.get(job.num, 2))
         process.num = job.num
         return process
 
-    def finish(self, job: Job, process: FakeProcess) -> str:
-        del self.running[job.num]
-        return f"done {job.num}"
+    def outcome(self, job: Job, process: FakeProcess) -> JobReturn:
+        del self.holding[job.num]
+        return rank0_return(f"done {job.num}")
 
-    def retry(self, job: Job, result: str) -> bool:
-        return False
-
-    def stop(self, entries: list[tuple[Job, FakeProcess]], why: str) -> None:
-        self.stopped += [process.num for _, process in entries]
+    def stop(self, running: list[tuple[Job, FakeProcess]], why: str) -> None:
+        self.stopped += [process.num for _, process in running]
 
 
 def run_schedule(
-    jobs: list[Job], gpus: list[int], max_parallel: int | None, agents: FakeAgents
+    jobs: list[Job],
+    gpus: list[int],
+    max_parallel: int | None,
+    agents: FakeAgents,
+    sleep=lambda _: None,
+    retries: int = 0,
 ) -> dict:
-    return schedule(jobs, gpus, max_parallel, agents, poll_s=0, sleep=lambda _: None)
+    for job in jobs:
+        job.in_sweep = False  # no launch.json in the fake job dirs
+    results = run_jobs(jobs, agents.setup(gpus, max_parallel), sleep=sleep, retries=retries)
+    return {num: ret.return_value for num, ret in results.items()}
 
 
 def test_scheduler_packs_gpu_jobs_onto_disjoint_gpu_sets_in_order() -> None:
@@ -176,7 +192,7 @@ def test_scheduler_packs_gpu_jobs_onto_disjoint_gpu_sets_in_order() -> None:
         [6, 7],
         [4, 5],
     )
-    assert agents.most_at_once == 3 and not agents.running
+    assert agents.most_at_once == 3 and not agents.holding
 
 
 def test_scheduler_never_runs_more_than_max_parallel() -> None:
@@ -198,16 +214,19 @@ def test_scheduler_starts_a_retried_job_next() -> None:
     jobs that had not started yet, and its result is its last attempt's."""
 
     class Retrying(FakeAgents):
-        def retry(self, job: Job, result: str) -> bool:
-            return job.num == 0 and [num for num, _ in self.started].count(0) == 1
+        def outcome(self, job: Job, process: FakeProcess) -> JobReturn:
+            ret = super().outcome(job, process)
+            if job.num == 0 and [num for num, _ in self.started].count(0) == 1:
+                ret = rank0_return(RuntimeError("first attempt"))
+            return ret
 
     agents = Retrying(polls={0: 1, 1: 5})
-    results = run_schedule([fake_job(n) for n in range(3)], [], 2, agents)
+    results = run_schedule([fake_job(n) for n in range(3)], [], 2, agents, retries=1)
     assert [num for num, _ in agents.started] == [0, 1, 0, 2]
     assert results == {n: f"done {n}" for n in range(3)} and agents.most_at_once == 2
 
 
-def test_scheduler_stops_running_jobs_when_interrupted() -> None:
+def test_scheduler_stops_running_jobs_when_interrupted(tmp_path: Path) -> None:
     agents = FakeAgents(polls={0: 100, 1: 100})
 
     def interrupt(_: float) -> None:
@@ -215,7 +234,8 @@ def test_scheduler_stops_running_jobs_when_interrupted() -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        schedule([fake_job(n) for n in range(3)], [], 2, agents, poll_s=0, sleep=interrupt)
+        jobs = [fake_job(n, job_dir=tmp_path / str(n)) for n in range(3)]
+        run_schedule(jobs, [], 2, agents, sleep=interrupt)
     assert sorted(agents.stopped) == [0, 1]
 
 
@@ -263,7 +283,7 @@ def test_plan_fails_only_the_job_that_cannot_run() -> None:
         )
     ]
     for job in jobs:
-        plan(job, settings, gpus=list(range(8)))
+        place(job, TorchrunBackend(settings, gpus=list(range(8))))
     assert (jobs[0].nproc, jobs[0].uses_gpus, jobs[0].error) == (8, True, None)
     assert jobs[1].error.startswith(
         "dist.nproc_per_node=16 asks for 16 GPUs per node but the launcher has 8"
@@ -271,7 +291,8 @@ def test_plan_fails_only_the_job_that_cannot_run() -> None:
     assert jobs[2].error.startswith("dist.nproc_per_node=x is not valid")
     assert "hydra.launcher.rdzv_endpoint=HOST:PORT" in jobs[3].error
     assert (jobs[4].nproc, jobs[4].uses_gpus, jobs[4].error) == (4, False, None)
-    plan(jobs[3], TorchrunLauncherConf(rdzv_endpoint="node1:29400"), gpus=[])
+    jobs[3].error = None  # placed again, with a rendezvous point
+    place(jobs[3], TorchrunBackend(TorchrunLauncherConf(rdzv_endpoint="node1:29400"), gpus=[]))
     assert jobs[3].error is None and (jobs[3].nproc, jobs[3].nnodes) == (1, 2)
 
 
@@ -334,7 +355,7 @@ def rank0_return(value: object) -> JobReturn:
 def test_torchrun_job_result_from_rank_0_then_the_agent_then_the_exit_code(tmp_path: Path) -> None:
     """Agents.finish: rank 0's JobReturn (completed: as is; failed: its error), else the
     agent's failures.json, else the exit code; a failed job's JobReturn holds the verdict."""
-    agents = Agents(TorchrunLauncherConf())
+    agents = TorchrunBackend(TorchrunLauncherConf())
     job = fake_job(7, nproc=2, job_dir=tmp_path / "7")
     job.started = time.time()
     files = agents.files(job)
@@ -343,20 +364,20 @@ def test_torchrun_job_result_from_rank_0_then_the_agent_then_the_exit_code(tmp_p
         {"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None},
         {"rank": 0, "pid": 10, "exitcode": -15, "signal": "SIGTERM", "error": None},
     ]
-    assert "torchrun exited with code 1" in str(agents.finish(job, Exited(1))._return_value)
-    assert "torchrun was killed by SIGKILL" in str(agents.finish(job, Exited(-9))._return_value)
+    assert "torchrun exited with code 1" in str(finish(job, Exited(1), agents)._return_value)
+    assert "torchrun was killed by SIGKILL" in str(finish(job, Exited(-9), agents)._return_value)
     (files / FAILURES_JSON).write_text(json.dumps(failures))
-    ret = agents.finish(job, Exited(1))
+    ret = finish(job, Exited(1), agents)
     assert ret.status == JobStatus.FAILED and isinstance(ret._return_value, JobFailed)
     assert str(ret._return_value).startswith(
         "job #7 (n=7): rank 1 (pid 11) was killed by SIGKILL; rank logs in "
     )
     (files / RESULT_PKL).write_bytes(cloudpickle.dumps(rank0_return(UserError("bad batch"))))
-    ret = agents.finish(job, Exited(1))
+    ret = finish(job, Exited(1), agents)
     assert str(ret._return_value) == "job #7 (n=7): bad batch"
     assert ret._return_value.__cause__.__class__ is UserError  # a user error stays findable
     (files / RESULT_PKL).write_bytes(cloudpickle.dumps(rank0_return(0.9)))
-    assert agents.finish(job, Exited(0)).return_value == 0.9
+    assert finish(job, Exited(0), agents).return_value == 0.9
 
 
 def test_result_json_only_when_the_run_left_none(tmp_path: Path) -> None:
@@ -456,7 +477,8 @@ def test_every_way_a_job_fails_before_its_ranks_leaves_a_result_json(
     ]
     jobs = compose_jobs(launcher, batch, 0)
     caplog.set_level("INFO", logger="launch.jobs")
-    results = run_jobs(jobs, TorchrunLauncherConf())
+    done = run_jobs(jobs, TorchrunBackend(TorchrunLauncherConf()))
+    results = [done[job.num] for job in jobs]
     assert [r.status for r in results] == [JobStatus.FAILED] * 4
     errors = [result_json(job.job_dir)["error"] for job in jobs]
     assert "trainer.max_epochs" in errors[0]
@@ -479,24 +501,26 @@ def test_every_way_a_job_fails_before_its_ranks_leaves_a_result_json(
 def test_failures_outside_train_py_leave_a_result_json(tmp_path: Path) -> None:
     """The torchrun agent killed, ranks killed, a SLURM job that never ran (cancelled while
     pending): each job's result.json in RunResult's schema, with the reason."""
-    agents = Agents(TorchrunLauncherConf())
+    agents = TorchrunBackend(TorchrunLauncherConf())
     crashed, killed = (fake_job(n, nproc=2, job_dir=tmp_path / str(n)) for n in (0, 1))
     for job in (crashed, killed):
         job.started = time.time()
         agents.files(job).mkdir(parents=True)
-    agents.finish(crashed, Exited(-9))
+    finish(crashed, Exited(-9), agents)
     assert result_json(crashed.job_dir)["error"] == "torchrun was killed by SIGKILL"
     (agents.files(killed) / FAILURES_JSON).write_text(
         json.dumps([{"rank": 1, "pid": 11, "exitcode": -9, "signal": "SIGKILL", "error": None}])
     )
-    agents.finish(killed, Exited(1))
+    finish(killed, Exited(1), agents)
     assert result_json(killed.job_dir)["error"].startswith("rank 1 (pid 11) was killed by SIGKILL")
 
     never = fake_job(2, nproc=2, job_dir=tmp_path / "2")
     never.started = time.time()
     paths = SimpleNamespace(result_pickle=tmp_path / "none.pkl", stderr=tmp_path / "none.err")
     slurm_job = SimpleNamespace(job_id="77", task=lambda _: SimpleNamespace(paths=paths))
-    ret = slurm.finish(slurm.Submitted(never, slurm=slurm_job, state="CANCELLED"))
+    ret = slurm.SlurmBackend.outcome(
+        never, slurm.Submitted(never, slurm=slurm_job, state="CANCELLED")
+    )
     assert ret.status == JobStatus.FAILED
     data = result_json(never.job_dir)
     assert data["error"].startswith("SLURM job 77 ended (CANCELLED) without rank 0's result")

@@ -84,11 +84,11 @@ def checkpoint(job_dir: Path, step: int = 5) -> None:
 def test_decide_from_a_job_dirs_records() -> None:
     """Completed (rank 0's JobReturn, or result.json for a run that left no JobReturn): done;
     an earlier attempt's SLURM job still queued or running: attach; anything else: run."""
-    ran, on_slurm = Attempt(1, 1.0), Attempt(1, 1.0, slurm_job_id="7_1", slurm_folder="/s/%j")
+    ran, on_slurm = Attempt(1, 1.0), Attempt(1, 1.0, backend={"slurm_job_id": "7_1"})
 
     def action(*, completed=False, status=None, last=ran, active=False) -> tuple[str, str]:
         result = RunResult(status=status, error="boom") if status else None
-        d = decide(rank0_completed=completed, result=result, last=last, slurm_active=active)
+        d = decide(rank0_completed=completed, result=result, last=last, attachable=active)
         return d.action, d.why
 
     assert action(last=None) == ("run", "never started")
@@ -133,16 +133,24 @@ def test_prepare_decides_per_job_from_its_dir(tmp_path: Path, caplog) -> None:
     (jobs[3].job_dir / ".hydra" / "overrides.yaml").write_text("- a=3\n")
     write_launch_record(jobs[4].job_dir, LaunchRecord(4, ["a=4"], [Attempt(1, time.time())]))
 
-    def earlier_return(job: Job, _attempt: Attempt | None) -> JobReturn | None:
-        return returned(33.0) if job.num == 3 else None
+    class Backend:  # what prepare asks a backend (launch/lifecycle.py)
+        @staticmethod
+        def earlier_return(job: Job, _attempt: Attempt | None) -> JobReturn | None:
+            return returned(33.0) if job.num == 3 else None
+
+        @staticmethod
+        def reattach(_job: Job, _attempt: Attempt) -> None:
+            return None
+
+    backend = Backend()
 
     caplog.set_level("INFO")
-    done = prepare(jobs, resume=True, retries=2, earlier_return=earlier_return)
+    done = prepare(jobs, resume=True, retries=2, backend=backend)
     assert {n: r.return_value for n, r in done.items()} == {0: 0.7, 3: 33.0}
     assert done[0].status == JobStatus.COMPLETED and done[0].overrides == ["a=0"]
     assert [j.attempt for j in jobs] == [1, 1, 0, 0, 1]
     assert all(j.retries_left == 2 for j in jobs)
-    assert all(jobs[n].continues for n in (1, 2, 4)) and jobs[1].attach is None
+    assert all(jobs[n].continues for n in (1, 2, 4)) and "waiting for it" not in caplog.text
     assert "#1 a=1: preempted: runs again from its checkpoints" in caplog.text
     assert "#4 a=4: stopped without a result (killed?): runs again" in caplog.text
     settled = [read_launch_record(jobs[n].job_dir).last for n in (0, 1, 4)]
@@ -154,14 +162,14 @@ def test_prepare_decides_per_job_from_its_dir(tmp_path: Path, caplog) -> None:
 
     # Without resume every job runs again, with a warning for the dirs already used.
     fresh = [job_at(tmp_path / str(n), n, (f"a={n}",)) for n in range(5)]
-    assert prepare(fresh, resume=False, retries=0, earlier_return=earlier_return) == {}
+    assert prepare(fresh, resume=False, retries=0, backend=backend) == {}
     assert not any(j.continues for j in fresh)
     assert "#0: " in caplog.text and "already holds a run of this job" in caplog.text
 
     # Another sweep's jobs: an error before anything runs.
     other = [job_at(tmp_path / str(n), n, (f"a={n + 1}",)) for n in range(5)]
     with pytest.raises(UserError, match="holds another job"):
-        prepare(other, resume=True, retries=0, earlier_return=earlier_return)
+        prepare(other, resume=True, retries=0, backend=backend)
 
 
 def test_attempts_and_retries_are_recorded(tmp_path: Path) -> None:

@@ -1,0 +1,237 @@
+"""A job's life, written once for every backend (launch/torchrun.py, launch/slurm.py):
+
+    compose (launch/jobs.py) -> place -> prepare (launch/resume.py: done earlier, re-attach to
+    an earlier attempt, or run) -> start an attempt -> wait -> outcome -> close the attempt ->
+    retry (back to the head of the queue) or report (one line, launch/jobs.py's job_done)
+
+A :class:`Backend` implements only what differs between places a job can run; this module names
+none of them. Jobs start in order (strict FIFO: none is starved) as soon as the backend has room
+for the next one, so a caller may hand jobs over lazily (:func:`run_jobs` takes any iterable and
+asks for the next job only when it could start now). Any error, Ctrl-C or stop signal on the way
+stops the running attempts through the backend and records each (result.json, launch.json).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from components.errors import UserError
+from launch.jobs import (
+    Job,
+    SweepStopped,
+    check_batch_size,
+    compose_jobs,
+    configure_sweep_logging,
+    failed_job_return,
+    job_done,
+    stop_reason,
+    stop_signals,
+)
+from launch.resume import (
+    check_job_dir,
+    check_sweeper,
+    close_attempt,
+    hold_sweep_lock,
+    prepare_job,
+    record_stopped,
+    should_retry,
+    start_attempt,
+    update_attempt,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    """Where and how a job's attempts run. A handle is the backend's own object for one
+    running attempt; `record(handle)` is what launch.json keeps of it (opaque JSON), handed back
+    as `attempt.backend` to `earlier_return` and `reattach` when a sweep resumes."""
+
+    poll_s: float  # how often the lifecycle asks `ended`
+
+    def place(self, job: Job) -> None:
+        """Set job.nproc, job.nnodes, job.uses_gpus from its config (its world size here);
+        UserError when it cannot run on this backend."""
+
+    def reserve(self, job: Job) -> Any:
+        """The resources the job gets if it can start now (e.g. its GPUs), else None."""
+
+    def release(self, job: Job, slot: Any) -> None:
+        """Give a finished attempt's resources back."""
+
+    def start(self, batch: list[tuple[Job, Any]]) -> list[Any]:
+        """Start one attempt of each (job, slot) (all at once: SLURM makes job arrays of them);
+        return their handles in order."""
+
+    def record(self, handle: Any) -> dict | None:
+        """What launch.json keeps of a started attempt to find it again (None: nothing)."""
+
+    def ended(self, handles: list[Any]) -> list[Any]:
+        """Those of the running attempts' handles that have ended."""
+
+    def outcome(self, job: Job, handle: Any) -> Any:
+        """The ended attempt's JobReturn: rank 0's own, or a failed one saying why
+        (launch/jobs.py's failed_job_return)."""
+
+    def stop(self, running: list[tuple[Job, Any]], why: str) -> None:
+        """Stop the running attempts as preemption does (they checkpoint) and wait for them."""
+
+    def earlier_return(self, job: Job, attempt: Any) -> Any:
+        """Rank 0's JobReturn of an earlier attempt (launch/resume.py's Attempt), or None."""
+
+    def reattach(self, job: Job, attempt: Any) -> Any:
+        """A handle to an earlier attempt that still runs without its launcher, or None."""
+
+
+def place(job: Job, backend: Backend) -> None:
+    """Read the job's world size where the backend runs it, or job.error (it fails alone) when it
+    cannot run there or its ranks cannot split its batch."""
+    if job.error:  # its config did not compose
+        return
+    try:
+        backend.place(job)
+        check_batch_size(job.spec.config, job.nproc * job.nnodes)
+    except UserError as e:
+        job.error = str(e)
+
+
+def finish(job: Job, handle: Any, backend: Backend) -> Any:
+    """An ended attempt: its JobReturn, the attempt closed in launch.json, one line said."""
+    ret = backend.outcome(job, handle)
+    close_attempt(job, ret)
+    return job_done(job, ret)
+
+
+def run_jobs(
+    jobs: Iterable[Job],
+    backend: Backend,
+    *,
+    resume: bool = False,
+    retries: int = 0,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> dict[int, Any]:
+    """Run `jobs` through their whole life on `backend`; return {job num: final JobReturn}.
+    The next job is taken from `jobs` only when the backend has room to start it now."""
+    if isinstance(jobs, Sequence):  # every job dir checked before any job starts
+        for job in jobs:
+            if job.in_sweep:
+                check_job_dir(job)
+    results: dict[int, Any] = {}
+    pending: deque[tuple[Job, Any]] = deque()  # (job, handle of an earlier attempt or None)
+    running: list[tuple[Job, Any, Any]] = []  # (job, slot, handle)
+    supply: Iterator[Job] = iter(jobs)
+
+    def next_job() -> bool:
+        """Place and prepare the next job; queue it unless it is done already."""
+        job = next(supply, None)
+        if job is None:
+            return False
+        place(job, backend)
+        ret, attach = prepare_job(job, backend, resume=resume, retries=retries)
+        if ret is None and job.error:
+            ret = job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
+        if ret is not None:
+            results[job.num] = ret
+        elif attach is not None:
+            running.append((job, None, attach))
+        else:
+            pending.append((job, None))
+        return True
+
+    try:
+        while True:
+            batch = []
+            while pending or next_job():
+                if not pending:
+                    continue
+                job = pending[0][0]
+                slot = backend.reserve(job)
+                if slot is None:
+                    if not running and not batch:
+                        raise ValueError(f"job #{job.num} can never start here ({job.nproc} ranks)")
+                    break
+                pending.popleft()
+                batch.append((job, slot))
+            if batch:
+                for job, _ in batch:
+                    start_attempt(job)  # resume=auto when it continues; launch.json
+                try:
+                    handles = backend.start(batch)
+                except BaseException as e:
+                    for job, _ in batch:
+                        update_attempt(
+                            job, ended=time.time(), status="failed", error=f"not started: {e}"
+                        )
+                    raise
+                for (job, slot), handle in zip(batch, handles, strict=True):
+                    running.append((job, slot, handle))
+                    update_attempt(job, backend=backend.record(handle))
+            if not running:
+                break
+            sleep(backend.poll_s)
+            ended = backend.ended([handle for _, _, handle in running])
+            for entry in [r for r in running if any(r[2] is h for h in ended)]:
+                running.remove(entry)
+                job, slot, handle = entry
+                if slot is not None:
+                    backend.release(job, slot)
+                ret = finish(job, handle, backend)
+                if should_retry(job, ret):
+                    pending.appendleft((job, None))  # next in line: it started before the others
+                else:
+                    results[job.num] = ret
+    except BaseException as e:
+        why = stop_reason(e)
+        backend.stop([(job, handle) for job, _, handle in running], why)
+        for job, _, _ in running:
+            record_stopped(job, why)
+        raise
+    return results
+
+
+def launch_batch(
+    launcher: Any,
+    job_overrides: Sequence[Sequence[str]],
+    initial_idx: int,
+    name: str,
+    backend: Backend,
+    *,
+    resume: bool = False,
+    retries: int = 0,
+    stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+    lock: bool = True,
+) -> list[Any]:
+    """Hydra's Launcher.launch for every backend: compose the batch's jobs and run them
+    (:func:`run_jobs`); one JobReturn per job, in order, failed ones included. With `lock`, one
+    launcher per sweep dir (launch/resume.py). A stop signal (`stop_on`) ends the sweep with
+    SweepStopped once the running jobs are stopped and recorded."""
+    from hydra.core.utils import filter_overrides, setup_globals
+
+    setup_globals()
+    configure_sweep_logging(launcher.config)
+    check_sweeper(launcher.config, resume)
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if lock:
+        hold_sweep_lock(sweep_dir)
+    if initial_idx == 0:  # Optuna hands out trials a few at a time: one line per sweep
+        log.info("%s: sweep dir %s%s", name, sweep_dir, " (resuming)" if resume else "")
+    for idx, overrides in enumerate(job_overrides):
+        log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
+    try:
+        with stop_signals(stop_on):
+            jobs = compose_jobs(launcher, job_overrides, initial_idx)
+            results = run_jobs(jobs, backend, resume=resume, retries=retries)
+            return [results[job.num] for job in jobs]
+    except KeyboardInterrupt as e:
+        raise SweepStopped(
+            f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
+            f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
+            f"{sweep_dir} hydra.launcher.resume=true to continue it"
+        ) from None

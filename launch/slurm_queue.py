@@ -1,0 +1,132 @@
+"""What SLURM's own commands say, for launch/slurm.py: the GPUs of a partition (sinfo), job
+states (squeue, else sacct), sbatch's refusal as one line, and the environment sbatch gets."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from components.errors import UserError
+
+# SLURM job states after which a job may still run (squeue/sacct spellings).
+_ACTIVE = (
+    "PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING SUSPENDED "
+    "STOPPED SIGNALING STAGE_OUT RESV_DEL_HOLD PREEMPTED SPECIAL_EXIT"
+)
+ACTIVE_STATES = frozenset(_ACTIVE.split())
+
+
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
+
+
+def gpus_in_gres(text: str) -> int:
+    """The most GPUs of any node in `sinfo --format=%G` output: gpu:8, gpu:a100:8(S:0-1)."""
+    counts = [int(m) for line in text.splitlines() for m in _GPU_GRES.findall(line.strip())]
+    return max(counts, default=0)
+
+
+def cluster_gpus_per_node(partition: str | None) -> int:
+    """GPUs per node of `partition` (the default partition when None) as `sinfo` reports
+    them in the nodes' generic resources; 0 when none or unknown (a CPU cluster)."""
+    cmd = ["sinfo", "--noheader", "--format=%G"]
+    if partition:
+        cmd.append(f"--partition={partition}")
+    try:
+        return gpus_in_gres(subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+
+
+def require_slurm() -> None:
+    """Before anything is composed or submitted: SLURM's sbatch must be here."""
+    if shutil.which("sbatch") is None:
+        raise UserError(
+            "hydra/launcher=slurm needs SLURM, but `sbatch` is not on PATH here: run the sweep "
+            "on a SLURM login node, or use hydra/launcher=torchrun"
+        )
+
+
+@contextmanager
+def sbatch_errors() -> Iterator[None]:
+    """sbatch refusing a submission (no controller, a bad partition or account) is the user's
+    to fix: one line with sbatch's own words, instead of submitit's traceback and its copy of
+    sbatch's stderr."""
+    import io
+    from contextlib import redirect_stderr
+
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    with redirect_stderr(io.StringIO()) as printed:
+        try:
+            yield
+        except (FailedJobError, FailedSubmissionError, OSError) as e:
+            lines = [x.strip() for x in f"{printed.getvalue()}\n{e}".splitlines() if x.strip()]
+            said = lines[-1] if lines else type(e).__name__  # sbatch's last word: fatal: ...
+            raise UserError(
+                f"SLURM did not take the jobs ({said}): check that `sinfo` and `sbatch` work "
+                "here, or use hydra/launcher=torchrun"
+            ) from None
+
+
+@contextmanager
+def submission_env() -> Iterator[None]:
+    """Submitting from inside a SLURM job (salloc, a batch script): hide that job's own
+    variables from sbatch and the new job (its SLURM_* but SLURM_CONF; SLURMD_*, SRUN_*,
+    SUBMITIT_*, torch's rank variables), as submitit.helpers.clean_env does; SBATCH_* (the
+    user's sbatch defaults) are kept."""
+    torch_names = {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+    }
+    hidden = {
+        k: os.environ.pop(k)
+        for k in list(os.environ)
+        if (k.startswith(("SLURM_", "SLURMD_", "SRUN_", "SUBMITIT_")) and k != "SLURM_CONF")
+        or k in torch_names
+    }
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
+
+
+def slurm_states(job_ids: Sequence[str]) -> dict[str, str]:
+    """Job id -> SLURM state, from squeue (jobs the controller still holds), else sacct (jobs
+    accounting remembers). Ids neither knows are left out."""
+    if not job_ids:
+        return {}
+    states: dict[str, str] = {}
+    base = ",".join(sorted({j.split("_")[0] for j in job_ids}))
+    for cmd in (
+        ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T", f"--jobs={base}"],
+        [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            "--format=JobID,State",
+            f"--jobs={base}",
+        ],
+    ):
+        if all(j in states for j in job_ids):
+            break
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if proc.returncode != 0:
+            continue
+        for line in proc.stdout.splitlines():
+            job_id, _, state = line.strip().partition("|")
+            if job_id and state and job_id not in states:
+                states[job_id] = state.split()[0].rstrip("+").upper()  # "CANCELLED by 0"
+    return states
