@@ -18,6 +18,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -115,9 +116,12 @@ def run_jobs(
     resume: bool = False,
     retries: int = 0,
     sleep: Callable[[float], Any] = time.sleep,
+    on_result: Callable[[Job, Any], Any] | None = None,
 ) -> dict[int, Any]:
     """Run `jobs` through their whole life on `backend`; return {job num: final JobReturn}.
-    The next job is taken from `jobs` only when the backend has room to start it now."""
+    The next job is taken from `jobs` only when the backend has room to start it now;
+    `on_result(job, ret)` hears of each job's final JobReturn as soon as it is known (a sweeper
+    that supplies jobs lazily decides the next one from it)."""
     if isinstance(jobs, Sequence):  # every job dir checked before any job starts
         for job in jobs:
             if job.in_sweep:
@@ -126,6 +130,11 @@ def run_jobs(
     pending: deque[tuple[Job, Any]] = deque()  # (job, handle of an earlier attempt or None)
     running: list[tuple[Job, Any, Any]] = []  # (job, slot, handle)
     supply: Iterator[Job] = iter(jobs)
+
+    def done(job: Job, ret: Any) -> None:
+        results[job.num] = ret
+        if on_result is not None:
+            on_result(job, ret)
 
     def next_job() -> bool:
         """Place and prepare the next job; queue it unless it is done already."""
@@ -137,7 +146,7 @@ def run_jobs(
         if ret is None and job.error:
             ret = job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
         if ret is not None:
-            results[job.num] = ret
+            done(job, ret)
         elif attach is not None:
             running.append((job, None, attach))
         else:
@@ -185,7 +194,7 @@ def run_jobs(
                 if should_retry(job, ret):
                     pending.appendleft((job, None))  # next in line: it started before the others
                 else:
-                    results[job.num] = ret
+                    done(job, ret)
     except BaseException as e:
         why = stop_reason(e)
         backend.stop([(job, handle) for job, _, handle in running], why)
@@ -211,7 +220,81 @@ def launch_batch(
     (:func:`run_jobs`); one JobReturn per job, in order, failed ones included. With `lock`, one
     launcher per sweep dir (launch/resume.py). A stop signal (`stop_on`) ends the sweep with
     SweepStopped once the running jobs are stopped and recorded."""
-    from hydra.core.utils import filter_overrides, setup_globals
+    from hydra.core.utils import filter_overrides
+
+    with sweep_session(launcher, name, resume, stop_on, lock, first=initial_idx == 0):
+        for idx, overrides in enumerate(job_overrides):
+            log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
+        jobs = compose_jobs(launcher, job_overrides, initial_idx)
+        results = run_jobs(jobs, backend, resume=resume, retries=retries)
+        return [results[job.num] for job in jobs]
+
+
+class JobFeed:
+    """Jobs composed one at a time, when fewer than `slots` of them run: `next_overrides()`
+    gives the next (job number, overrides) or None (nothing to start now). An iterator that
+    may end and go on again: :func:`run_jobs` asks it again whenever a job has ended."""
+
+    def __init__(
+        self,
+        launcher: Any,
+        next_overrides: Callable[[], tuple[int, Sequence[str]] | None],
+        slots: int,
+    ) -> None:
+        self.launcher, self.next_overrides, self.slots = launcher, next_overrides, slots
+        self.running = 0
+
+    def __iter__(self) -> JobFeed:
+        return self
+
+    def __next__(self) -> Job:
+        item = self.next_overrides() if self.running < self.slots else None
+        if item is None:
+            raise StopIteration
+        num, overrides = item
+        (job,) = compose_jobs(self.launcher, [list(overrides)], num)
+        self.running += 1
+        return job
+
+    def ended(self) -> None:
+        self.running -= 1
+
+
+def launch_stream(
+    launcher: Any,
+    next_overrides: Callable[[], tuple[int, Sequence[str]] | None],
+    on_result: Callable[[int, Any], Any],
+    slots: int,
+    name: str,
+    backend: Backend,
+    *,
+    resume: bool = False,
+    retries: int = 0,
+    stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+    lock: bool = True,
+) -> None:
+    """Jobs supplied one at a time (a sweeper that decides each job from the results so far):
+    whenever fewer than `slots` of them run, `next_overrides()` gives the next one's (job
+    number, overrides), or None when there is none to start now; `on_result(num, ret)` hears of
+    each job's final JobReturn as soon as it ends. No slot waits for a batch to end."""
+    feed = JobFeed(launcher, next_overrides, slots)
+
+    def ended(job: Job, ret: Any) -> None:
+        feed.ended()
+        on_result(job.num, ret)
+
+    with sweep_session(launcher, name, resume, stop_on, lock, first=True):
+        run_jobs(feed, backend, resume=resume, retries=retries, on_result=ended)
+
+
+@contextmanager
+def sweep_session(
+    launcher: Any, name: str, resume: bool, stop_on: Sequence[int], lock: bool, first: bool
+) -> Iterator[None]:
+    """Around a launch: Hydra's globals and the sweep's logging, the sweeper checked, the sweep
+    dir made (and locked, with `lock`); a stop signal (`stop_on`) ends the sweep with
+    SweepStopped once the running jobs are stopped and recorded."""
+    from hydra.core.utils import setup_globals
 
     setup_globals()
     configure_sweep_logging(launcher.config)
@@ -220,15 +303,11 @@ def launch_batch(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     if lock:
         hold_sweep_lock(sweep_dir)
-    if initial_idx == 0:  # Optuna hands out trials a few at a time: one line per sweep
+    if first:  # Optuna hands out trials a few at a time: one line per sweep
         log.info("%s: sweep dir %s%s", name, sweep_dir, " (resuming)" if resume else "")
-    for idx, overrides in enumerate(job_overrides):
-        log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
     try:
         with stop_signals(stop_on):
-            jobs = compose_jobs(launcher, job_overrides, initial_idx)
-            results = run_jobs(jobs, backend, resume=resume, retries=retries)
-            return [results[job.num] for job in jobs]
+            yield
     except KeyboardInterrupt as e:
         raise SweepStopped(
             f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "

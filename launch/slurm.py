@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from launch.jobs import (
     launcher_errors,
     settings_from,
 )
-from launch.lifecycle import launch_batch
+from launch.lifecycle import launch_batch, launch_stream
 from launch.slurm_queue import (
     ACTIVE_STATES,
     cluster_gpus_per_node,
@@ -134,21 +134,35 @@ class DDPSlurmLauncherBase(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
         with launcher_errors():
-            if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
-                raise UserError(
-                    "a sweep cannot start in every task of an srun step: run "
-                    "`python train.py -m ...` once"
-                )
-            require_slurm()
+            self.check_can_launch()
             return launch_batch(
-                self,
-                job_overrides,
-                initial_job_idx,
-                "SLURM launcher",
-                SlurmBackend(self),
-                resume=bool(self.params.get("resume")),
-                retries=int(self.params.get("retries") or 0),
-            )  # SIGHUP is not a stop signal here: the SLURM jobs outlive a dropped SSH session
+                self, job_overrides, initial_job_idx, "SLURM launcher", **self.options()
+            )
+
+    def launch_stream(self, next_overrides: Callable, on_result: Callable, slots: int) -> None:
+        """Jobs one at a time, as a sweeper decides them (launch/lifecycle.py's launch_stream)."""
+        with launcher_errors():
+            self.check_can_launch()
+            launch_stream(
+                self, next_overrides, on_result, slots, "SLURM launcher", **self.options()
+            )
+
+    def options(self) -> dict[str, Any]:
+        # SIGHUP is not a stop signal here: the SLURM jobs outlive a dropped SSH session.
+        return {
+            "backend": SlurmBackend(self),
+            "resume": bool(self.params.get("resume")),
+            "retries": int(self.params.get("retries") or 0),
+        }
+
+    @staticmethod
+    def check_can_launch() -> None:
+        if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
+            raise UserError(
+                "a sweep cannot start in every task of an srun step: run "
+                "`python train.py -m ...` once"
+            )
+        require_slurm()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ from launch.jobs import (
     resolve_output_dirs,
     settings_from,
 )
-from launch.lifecycle import launch_batch, run_jobs
+from launch.lifecycle import launch_batch, launch_stream, run_jobs
 from launch.rank import (
     FAILURES_JSON,
     JOB_JSON,
@@ -134,21 +134,34 @@ class TorchrunLauncherBase(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
         with launcher_errors():
-            if os.environ.get("RANK") is not None:
-                raise UserError(
-                    "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
-                )
-            s = self.settings
+            self.check_not_in_rank()
             return launch_batch(
-                self,
-                job_overrides,
-                initial_job_idx,
-                "torchrun launcher",
-                TorchrunBackend(s),
-                resume=s.resume,
-                retries=s.retries,
-                stop_on=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
-                lock=s.rdzv_endpoint is None,
+                self, job_overrides, initial_job_idx, "torchrun launcher", **self.options()
+            )
+
+    def launch_stream(self, next_overrides: Callable, on_result: Callable, slots: int) -> None:
+        """Jobs one at a time, as a sweeper decides them (launch/lifecycle.py's launch_stream)."""
+        with launcher_errors():
+            self.check_not_in_rank()
+            launch_stream(
+                self, next_overrides, on_result, slots, "torchrun launcher", **self.options()
+            )
+
+    def options(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "backend": TorchrunBackend(s),
+            "resume": s.resume,
+            "retries": s.retries,
+            "stop_on": (signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
+            "lock": s.rdzv_endpoint is None,
+        }
+
+    @staticmethod
+    def check_not_in_rank() -> None:
+        if os.environ.get("RANK") is not None:
+            raise UserError(
+                "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
             )
 
 

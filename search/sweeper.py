@@ -75,6 +75,9 @@ class OptunaSweeperConf:
     custom_search_space: str | None = None  # a callable(config, trial) adding to the space
     # median | percentile | hyperband | successive_halving | none, or {type: NAME, args...}
     pruner: Any = None
+    # true: a new trial starts whenever one ends (with a launcher that can: launch_stream);
+    # false: batches of n_jobs trials, each batch waiting for its slowest (hydra-optuna-sweeper)
+    stream: bool = True
 
 
 ConfigStore.instance().store(
@@ -114,6 +117,7 @@ class OptunaSweeperBase(Sweeper):
         params: Any = None,
         custom_search_space: str | None = None,
         pruner: Any = None,
+        stream: bool = True,
         search_space: Any = None,
     ) -> None:
         if search_space:
@@ -128,7 +132,7 @@ class OptunaSweeperBase(Sweeper):
         self.sampler, self.direction, self.storage = sampler, direction, storage
         self.study_name, self.n_trials, self.n_jobs = study_name, n_trials, n_jobs
         self.max_failure_rate, self.params, self.pruner = max_failure_rate, params, pruner
-        self.custom_search_space = custom_search_space
+        self.custom_search_space, self.stream = custom_search_space, stream
         self.job_idx = 0  # the next new job's number (trial numbers, when this sweep owns it)
         self.resume = False
         self.config: DictConfig | None = None
@@ -192,7 +196,7 @@ class OptunaSweeperBase(Sweeper):
             extend = get_method(self.custom_search_space)
         trials = Trials(self, study, space, fixed, extend)
         usage = SlotUsage(self.n_jobs)
-        stream = getattr(self.launcher, "launch_stream", None)
+        stream = getattr(self.launcher, "launch_stream", None) if self.stream else None
         if stream is not None:
             stream(trials.next_overrides, trials.tell, self.n_jobs)
         else:
