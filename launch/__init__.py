@@ -1,17 +1,24 @@
-"""How ranks and sweeps start, and nothing else (the in-rank services are in components/):
+"""How sweeps and ranks start (the launcher side; the in-rank services are in components/, the
+sweep report in report/).
 
-* jobs.py: the job model both launchers share: composing a sweep's jobs, their world size,
-  the one-line reason a job failed and its failed JobReturn, a sweep batch;
-* rank.py: how a rank starts: the one bootstrap for torchrun ranks and SLURM tasks, and the
-  entry point of train.py (one run dir for the ranks of a plain torchrun or srun run);
-* torchrun.py: `hydra/launcher=torchrun` and `python train.py dist.nproc_per_node=N`: jobs as
-  torchrun jobs, a FIFO scheduler over GPUs, the agent that records which ranks failed;
-* slurm.py: `hydra/launcher=slurm`: jobs as SLURM jobs, one task per rank; SLURM -> torch
-  variables; sbatch_example.sh does the same by hand;
-* resume.py: what a job dir's records say (launch.json: overrides and every attempt), and what
-  a resumed sweep (`hydra.launcher.resume=true`) or a retry does with the job;
-* summary.py: the sweep summary (a Hydra callback and `python -m launch.summary`).
+The lifecycle, written once (lifecycle.py): compose a job (jobs.py) -> place it (its world size
+where the backend runs it) -> prepare it from its launch.json (resume.py: done earlier, re-attach
+to an attempt still running, or run) -> start an attempt -> wait -> outcome -> close the attempt
+-> retry, or report it in one line. Jobs start in order as soon as the backend has room, and may
+be handed over lazily (launch_stream: a sweeper starts a job whenever a slot frees). Stop
+signals stop the running attempts, which are recorded.
 
-The Launcher (and Sweeper) classes Hydra instantiates are thin subclasses in hydra_plugins/
-(Hydra's rule); imports flow one way: hydra_plugins -> launch -> components.
+A backend implements only what differs (lifecycle.Backend): place, reserve/release room, start,
+record (what launch.json keeps of an attempt, opaque), ended, outcome, stop, earlier_return,
+reattach. Two backends:
+
+* torchrun.py (`hydra/launcher=torchrun`, and `python train.py dist.nproc_per_node=N`): a job is
+  a torchrun agent on this machine; GPU jobs packed onto disjoint GPU sets, `max_parallel` jobs;
+* slurm.py (`hydra/launcher=slurm`): a job is a SLURM job (submitit arrays), one task per rank;
+  slurm_queue.py asks SLURM's commands, slurm_task.py runs in each task (SLURM -> torch env).
+
+Also: rank.py (the one rank bootstrap, and the entry point of train.py/eval.py). The Optuna
+sweeper (`hydra/sweeper=optuna`) is search/. Hydra instantiates the Launcher and Sweeper classes
+from their thin subclasses in hydra_plugins/. Imports flow one way:
+hydra_plugins -> search -> launch -> report -> components (torch-free modules only).
 """

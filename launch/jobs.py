@@ -13,7 +13,7 @@ starts, :func:`check_batch_size`), a crash, killed ranks, a SLURM job that never
 
 What a sweep prints (the launching process): one line when the sweep starts, one line per
 finished job (:func:`job_done`: number, status, monitored metric, wall time, swept values), and
-the summary table at the end (launch/summary.py); the ranks' own output goes to their log files.
+the summary table at the end (report/); the ranks' own output goes to their log files.
 A bad input found by the launcher itself is one line and exit status 2 (:func:`launcher_errors`).
 
 A sweep job's attempts, and what a resumed sweep does with it, are launch/resume.py's.

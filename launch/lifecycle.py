@@ -45,6 +45,7 @@ from launch.resume import (
     start_attempt,
     update_attempt,
 )
+from report.callback import report_unfinished
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,10 @@ def launch_batch(
             log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
         jobs = compose_jobs(launcher, job_overrides, initial_idx)
         results = run_jobs(jobs, backend, resume=resume, retries=retries)
-        return [results[job.num] for job in jobs]
+    returns = [results[job.num] for job in jobs]
+    if any(ret.status.name == "FAILED" for ret in returns):  # Hydra's sweeper may raise now
+        report_unfinished(launcher.config, " (a job failed)")
+    return returns
 
 
 class JobFeed:
@@ -284,7 +288,9 @@ def launch_stream(
         on_result(job.num, ret)
 
     with sweep_session(launcher, name, resume, stop_on, lock, first=True):
-        run_jobs(feed, backend, resume=resume, retries=retries, on_result=ended)
+        results = run_jobs(feed, backend, resume=resume, retries=retries, on_result=ended)
+    if any(ret.status.name == "FAILED" for ret in results.values()):  # the sweeper may raise
+        report_unfinished(launcher.config, " (a job failed)")
 
 
 @contextmanager
@@ -309,6 +315,7 @@ def sweep_session(
         with stop_signals(stop_on):
             yield
     except KeyboardInterrupt as e:
+        report_unfinished(launcher.config, f" (the sweep was stopped: {stop_reason(e)})")
         raise SweepStopped(
             f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
             f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="

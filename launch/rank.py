@@ -121,12 +121,6 @@ def entry_point(script: str, task: str, config_name: str) -> None:
                 file=sys.stderr,
             )
         raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
-    finally:
-        # A multirun whose sweeper raised: its summary now, not at exit (launch/summary.py).
-        # Loaded only if a multirun set up its summary callback.
-        summary = sys.modules.get("launch.summary")
-        if summary is not None:
-            summary.finish_unfinished_sweeps()
     raise SystemExit(0)
 
 
@@ -263,6 +257,7 @@ def die_with_parent(environ=os.environ) -> bool:
 def run_rank(spec: Any, rank: int) -> Any:
     """Run one rank of a job (a launch.jobs.JobSpec); return its JobReturn. A failure is
     reported here (:func:`report_failure`); a SystemExit of the task (75: requeue me) passes."""
+    # Hydra's only way to an empty callback list for HydraContext (no public constructor).
     from hydra._internal.callbacks import Callbacks
     from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job
@@ -334,9 +329,10 @@ def record_rank_error(error: BaseException) -> None:
 
 class TaskExit(UserError):
     """A task function ended itself with sys.exit(n), n not 0 and not 75 (requeue me): it has
-    said what went wrong, so the job fails with that one line and the rank exits with n."""
+    said what went wrong, so the job fails with that one line and the rank exits with n
+    (sys.exit("message"): a user error's 2)."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+    def __init__(self, message: str, exit_code: int = UserError.exit_code) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 

@@ -69,8 +69,6 @@ STOP_GRACE_S = 120.0
 SLURM_KEYS = (
     "partition qos comment constraint exclude gres cpus_per_gpu mem_per_gpu mem_per_cpu account"
 )
-# ---------------------------------------------------------------------------------------------
-# the launcher's options, and the Launcher
 
 
 @dataclass
@@ -165,10 +163,6 @@ class DDPSlurmLauncherBase(SlurmLauncher):
         require_slurm()
 
 
-# ---------------------------------------------------------------------------------------------
-# per-job resources
-
-
 def launcher_count(settings: DDPSlurmQueueConf, key: str, minimum: int = 1) -> int | None:
     """hydra.launcher.<key>: None for auto (or null), else its count."""
     value = getattr(settings, key)
@@ -240,10 +234,6 @@ def python_path_setup() -> list[str]:
     repo = str(Path(__file__).resolve().parent.parent)
     dirs = list(dict.fromkeys(d for d in (sys.path[0], repo) if d and os.path.isdir(d)))
     return [f"export PYTHONPATH={shlex.quote(os.pathsep.join(dirs))}${{PYTHONPATH:+:$PYTHONPATH}}"]
-
-
-# ---------------------------------------------------------------------------------------------
-# the backend
 
 
 @dataclass

@@ -175,7 +175,9 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     from hydra.core.singleton import Singleton
 
     hydra_cfg = HydraConfig.get()
-    config = copy.deepcopy(hydra_cfg._get_parent())  # the job's whole config, hydra node too
+    # The job's whole config, hydra node too: HydraConfig keeps it only as the hydra node's
+    # parent (no public getter).
+    config = copy.deepcopy(hydra_cfg._get_parent())
     resolve_output_dirs(config, ("hydra.run.dir", "hydra.runtime.output_dir"))
     spec = JobSpec(
         task_function,

@@ -314,7 +314,7 @@ def test_task_exit_only_for_a_failing_sys_exit() -> None:
     assert requeue.value.code == 75
     with pytest.raises(TaskExit) as e:
         wrapped("failing on purpose")
-    assert str(e.value) == "failing on purpose" and e.value.exit_code == 1
+    assert str(e.value) == "failing on purpose" and e.value.exit_code == 2  # a user error
     with pytest.raises(TaskExit) as e:
         wrapped(3)
     assert str(e.value) == "the task exited with code 3" and e.value.exit_code == 3
@@ -773,7 +773,7 @@ def test_job_files(sweep_2x2: Sweep) -> None:
 
 @pytest.mark.slow
 def test_sweep_summary(sweep_2x2: Sweep, tmp_path: Path) -> None:
-    """The multirun wrote summary.csv/.md/.png; `python -m launch.summary` rebuilds them."""
+    """The multirun wrote summary.csv/.md/.png; `python -m report` rebuilds them."""
     rows = summary_rows(sweep_2x2.dir)
     assert sorted(r["job"] for r in rows) == ["0", "1", "2", "3"]
     assert all(r["status"] == "completed" and r["error"] == "" for r in rows), rows
@@ -787,7 +787,7 @@ def test_sweep_summary(sweep_2x2: Sweep, tmp_path: Path) -> None:
     )
     for name in SUMMARY_FILES:
         (copy / name).unlink()
-    proc = run([sys.executable, "-m", "launch.summary", str(copy)], timeout=120)
+    proc = run([sys.executable, "-m", "report", str(copy)], timeout=120)
     assert proc.returncode == 0, output(proc)
     for name in SUMMARY_FILES:
         assert (copy / name).stat().st_size > 0

@@ -1,4 +1,4 @@
-"""launch/summary.py: sweep summary files, plot, W&B summary run, CLI and Hydra callback, on real
+"""report/: sweep summary files, plot, W&B summary run, CLI and Hydra callback, on real
 files in tmp_path; components/naming.py: swept keys, short names, values to 4 digits."""
 
 from __future__ import annotations
@@ -22,17 +22,12 @@ from components.naming import (
     swept_keys,
     swept_values,
 )
-from launch.summary import (
-    JOB_TYPE,
-    PANELS,
-    SweepSummaryCallback,
-    collect_jobs,
-    format_table,
-    log_to_wandb,
-    read_sweep,
-    summary_figure,
-    write_summary,
-)
+from report.callback import SweepSummaryCallback
+from report.figure import summary_figure
+from report.jobs import JOB_TYPE, PANELS, collect_jobs, read_sweep
+from report.sweep import write_summary
+from report.tables import format_table
+from report.wandb_run import log_to_wandb
 from tests.helpers import offline_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -529,7 +524,7 @@ def test_wandb_failure_is_a_warning(sweep: Path, monkeypatch, caplog) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "launch.summary", *args],
+        [sys.executable, "-m", "report", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -601,7 +596,7 @@ hydra:
     chdir: false
   callbacks:
     sweep_summary:
-      _target_: launch.summary.SweepSummaryCallback
+      _target_: report.callback.SweepSummaryCallback
 """
 
 
@@ -660,12 +655,9 @@ def test_callback_never_raises_and_skips_empty_sweeps(tmp_path: Path) -> None:
     cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
     cb = SweepSummaryCallback()
     cb.on_multirun_start(cfg)
-    fallback = cb._fallback
-    assert callable(fallback)
-    fallback()  # at exit with no sweep dir / no jobs: nothing written, nothing raised
+    cb.report(cfg, " (the multirun did not finish)")  # no sweep dir / no jobs: nothing written
     assert not (tmp_path / "sweep").exists()
     cb.on_multirun_end(cfg)  # no jobs: a warning, not an exception
-    assert cb._fallback is None  # unregistered from atexit
     assert not (tmp_path / "sweep").exists()
 
     bad = SweepSummaryCallback(metric="no_such_metric")
