@@ -2,28 +2,38 @@
 
 The Optuna sweeper runs each trial as a DDP job in other processes (torchrun agents, SLURM
 tasks), so the trial is reached through the study's shared storage: the sweeper exports the
-storage and the study's name (:data:`STORAGE_ENV`, :data:`STUDY_ENV`, inherited by every rank
-under either launcher) and tags each trial with its sweep dir and job number, which each job
-reads from its own Hydra config. After every validation rank 0 reports the monitored metric to
-its trial (`Trial.report`) and asks the pruner (`Trial.should_prune`); one broadcast hands the
-answer to every rank, so all of them stop at the same epoch. train.py then raises
+storage, the study's name and its pruner (:data:`STORAGE_ENV`, :data:`STUDY_ENV`,
+:data:`PRUNER_ENV`, inherited by every rank under either launcher) and tags each trial with its
+sweep dir and job number, which each job reads from its own Hydra config. After every
+validation rank 0 reports the monitored metric to its trial (`Trial.report`) and asks the pruner
+(`Trial.should_prune`); one broadcast hands the answer to every rank, so all of them stop at
+the same epoch. train.py then raises
 :class:`Pruned` after the epoch's checkpoint: result.json says `pruned`, and the sweeper tells
 the study TrialState.PRUNED.
 
-Torch-free at import (the storage helpers are the launcher's too); torch only for the broadcast.
+Torch-free at import (the storage and pruner helpers are the sweeper's too); torch only for the
+broadcast.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from components.errors import UserError
 
 log = logging.getLogger(__name__)
 
 STORAGE_ENV = "HYDRA_DDP_OPTUNA_STORAGE"  # an RDB URL, or journal:<path> (a journal file)
 STUDY_ENV = "HYDRA_DDP_OPTUNA_STUDY"
+# The pruner's config as JSON: a study loaded elsewhere gets Optuna's default pruner, not the
+# sweep's (the storage keeps no pruner), so each trial's rank 0 builds the sweep's own.
+PRUNER_ENV = "HYDRA_DDP_OPTUNA_PRUNER"
+PRUNERS = ("median", "percentile", "hyperband", "successive_halving", "none")
 JOURNAL_PREFIX = "journal:"
 # Trial user attributes that name the trial's job (the sweeper sets them when it asks).
 SWEEP_DIR_ATTR = "sweep_dir"
@@ -36,6 +46,41 @@ class Pruned(Exception):  # noqa: N818 - a verdict, like Preempted, not an error
     def __init__(self, epoch: int, value: float, best: float | None) -> None:
         super().__init__(f"pruned by the sweeper after epoch {epoch} ({value:.6g})")
         self.epoch, self.value, self.best = epoch, value, best
+
+
+def build_pruner(pruner: Any) -> Any:
+    """`hydra.sweeper.pruner`: a name (median, percentile, hyperband, successive_halving,
+    none), a mapping with `type` and the pruner's own arguments (e.g. {type: median,
+    n_warmup_steps: 2}), or one with a `_target_` (any Optuna pruner, instantiated)."""
+    import optuna
+
+    if pruner is None:
+        return optuna.pruners.NopPruner()
+    if hasattr(pruner, "prune"):
+        return pruner
+    if isinstance(pruner, Mapping):
+        pruner = {str(k): v for k, v in pruner.items()}
+    if isinstance(pruner, dict) and "_target_" in pruner:
+        from hydra.utils import instantiate
+
+        return instantiate(pruner)
+    args = dict(pruner) if isinstance(pruner, dict) else {"type": pruner}
+    kind = str(args.pop("type", "none"))
+    classes = {
+        "median": optuna.pruners.MedianPruner,
+        "percentile": optuna.pruners.PercentilePruner,
+        "hyperband": optuna.pruners.HyperbandPruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "none": optuna.pruners.NopPruner,
+    }
+    if kind not in classes:
+        raise UserError(f"hydra.sweeper.pruner={kind}: use one of {', '.join(PRUNERS)}")
+    if kind == "percentile" and "percentile" not in args:
+        args["percentile"] = 25.0  # the quarter of the best trials goes on
+    try:
+        return classes[kind](**args)
+    except TypeError as e:
+        raise UserError(f"hydra.sweeper.pruner: {kind}: {e}") from None
 
 
 def open_storage(spec: str) -> Any:
@@ -67,7 +112,8 @@ class TrialLink:
         import optuna
         from optuna.trial import TrialState
 
-        study = optuna.load_study(study_name=study_name, storage=open_storage(spec))
+        pruner = build_pruner(json.loads(os.environ.get(PRUNER_ENV) or "null"))
+        study = optuna.load_study(study_name=study_name, storage=open_storage(spec), pruner=pruner)
         here = str(Path(sweep_dir).resolve())
         for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             attrs = frozen.user_attrs

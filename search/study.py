@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 STUDY_DB = "optuna.db"  # in the sweep dir: the study on one machine
 STUDY_JOURNAL = "optuna.journal"  # in the sweep dir: the study of a SLURM sweep
 OPEN_STATES = ("RUNNING", "WAITING")  # optuna.trial.TrialState names of unfinished trials
-PRUNERS = ("median", "percentile", "hyperband", "successive_halving", "none")
 
 
 def on_slurm(config: DictConfig) -> bool:
@@ -58,37 +57,6 @@ def shown(spec: str) -> str:
     scheme, rest = spec.split("://", 1)
     credentials, host = rest.rsplit("@", 1)
     return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
-
-
-def build_pruner(pruner: Any) -> Any:
-    """`hydra.sweeper.pruner`: a name (median, percentile, hyperband, successive_halving,
-    none), or a mapping with `type` and the pruner's own arguments (e.g. {type: median,
-    n_warmup_steps: 2}), or a pruner object (a `_target_` Hydra instantiated)."""
-    import optuna
-
-    if OmegaConf.is_config(pruner):
-        pruner = OmegaConf.to_container(pruner, resolve=True)
-    if pruner is None:
-        return optuna.pruners.NopPruner()
-    if hasattr(pruner, "prune"):
-        return pruner
-    args = dict(pruner) if isinstance(pruner, dict) else {"type": pruner}
-    kind = str(args.pop("type", "none"))
-    classes = {
-        "median": optuna.pruners.MedianPruner,
-        "percentile": optuna.pruners.PercentilePruner,
-        "hyperband": optuna.pruners.HyperbandPruner,
-        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-        "none": optuna.pruners.NopPruner,
-    }
-    if kind not in classes:
-        raise UserError(f"hydra.sweeper.pruner={kind}: use one of {', '.join(PRUNERS)}")
-    if kind == "percentile" and "percentile" not in args:
-        args["percentile"] = 25.0  # the quarter of the best trials goes on
-    try:
-        return classes[kind](**args)
-    except TypeError as e:
-        raise UserError(f"hydra.sweeper.pruner: {kind}: {e}") from None
 
 
 def directions(direction: Any) -> list[str]:

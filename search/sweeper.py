@@ -24,6 +24,7 @@ The Sweeper class Hydra instantiates is hydra_plugins/hydra_ddp_optuna_sweeper's
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -36,10 +37,17 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
 from components.errors import UserError
-from components.pruning import JOB_NUM_ATTR, STORAGE_ENV, STUDY_ENV, SWEEP_DIR_ATTR
+from components.pruning import (
+    JOB_NUM_ATTR,
+    PRUNER_ENV,
+    STORAGE_ENV,
+    STUDY_ENV,
+    SWEEP_DIR_ATTR,
+    build_pruner,
+)
 from components.run_dir import LAUNCH_FILE, read_result
 from search.space import search_space, trial_overrides
-from search.study import build_pruner, continue_study, directions, shown, storage_spec
+from search.study import continue_study, directions, shown, storage_spec
 from search.usage import SlotUsage
 
 log = logging.getLogger(__name__)
@@ -177,11 +185,12 @@ class OptunaSweeperBase(Sweeper):
             for choices in grid.values():
                 n_grid *= len(choices)
             self.n_trials = min(self.n_trials, n_grid)
+        pruner = self.pruner_config()
         study = optuna.create_study(
             study_name=self.study_name,
             storage=open_storage(self.storage_spec),
             sampler=sampler,
-            pruner=build_pruner(self.pruner),
+            pruner=build_pruner(pruner),
             directions=directions(self.direction),
             load_if_exists=True,
         )
@@ -189,6 +198,7 @@ class OptunaSweeperBase(Sweeper):
             self.job_idx = len(study.trials)
         # The ranks reach their trials through the storage (components/pruning.py).
         os.environ[STORAGE_ENV], os.environ[STUDY_ENV] = self.storage_spec, study.study_name
+        os.environ[PRUNER_ENV] = json.dumps(pruner)
         extend = None
         if self.custom_search_space:
             from hydra.utils import get_method
@@ -217,6 +227,14 @@ class OptunaSweeperBase(Sweeper):
             trials.counts(),
             usage.line(),
         )
+
+    def pruner_config(self) -> Any:
+        """`hydra.sweeper.pruner` as plain data, as written (a `_target_` not yet instantiated):
+        the ranks build the same pruner from it."""
+        node = OmegaConf.select(self.config or {}, "hydra.sweeper.pruner", default=None)
+        if node is None:
+            return None if hasattr(self.pruner, "prune") else self.pruner
+        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
     def serialize(self, study: Any) -> None:
         """optimization_results.yaml: the best trial (or the Pareto front), as Hydra's sweeper
