@@ -114,6 +114,8 @@ class TrialLink:
 
         pruner = build_pruner(json.loads(os.environ.get(PRUNER_ENV) or "null"))
         study = optuna.load_study(study_name=study_name, storage=open_storage(spec), pruner=pruner)
+        if len(study.directions) > 1:
+            return None  # Optuna prunes single-objective studies only
         here = str(Path(sweep_dir).resolve())
         for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             attrs = frozen.user_attrs
