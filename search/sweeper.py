@@ -141,7 +141,7 @@ class OptunaSweeperBase(Sweeper):
         self.study_name, self.n_trials, self.n_jobs = study_name, n_trials, n_jobs
         self.max_failure_rate, self.params, self.pruner = max_failure_rate, params, pruner
         self.custom_search_space, self.stream = custom_search_space, stream
-        self.job_idx = 0  # the next new job's number (trial numbers, when this sweep owns it)
+        self.job_idx = 0  # a resumed study's first job to run (search/study.py's plan_trials)
         self.resume = False
         self.config: DictConfig | None = None
         self.launcher: Any = None
@@ -194,8 +194,6 @@ class OptunaSweeperBase(Sweeper):
             directions=directions(self.direction),
             load_if_exists=True,
         )
-        if not self.resume:  # new trials get new job dirs: job number = trial number
-            self.job_idx = len(study.trials)
         # The ranks reach their trials through the storage (components/pruning.py).
         os.environ[STORAGE_ENV], os.environ[STUDY_ENV] = self.storage_spec, study.study_name
         os.environ[PRUNER_ENV] = json.dumps(pruner)
