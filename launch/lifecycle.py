@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from components.errors import UserError
+from components.errors import UserError, describe
 from launch.jobs import (
     Job,
     SweepStopped,
@@ -128,7 +128,7 @@ def run_jobs(
             if job.in_sweep:
                 check_job_dir(job)
     results: dict[int, Any] = {}
-    pending: deque[tuple[Job, Any]] = deque()  # (job, handle of an earlier attempt or None)
+    pending: deque[Job] = deque()  # placed and prepared, waiting for room, in order
     running: list[tuple[Job, Any, Any]] = []  # (job, slot, handle)
     supply: Iterator[Job] = iter(jobs)
 
@@ -151,7 +151,7 @@ def run_jobs(
         elif attach is not None:
             running.append((job, None, attach))
         else:
-            pending.append((job, None))
+            pending.append(job)
         return True
 
     try:
@@ -160,7 +160,7 @@ def run_jobs(
             while pending or next_job():
                 if not pending:
                     continue
-                job = pending[0][0]
+                job = pending[0]
                 slot = backend.reserve(job)
                 if slot is None:
                     if not running and not batch:
@@ -175,9 +175,8 @@ def run_jobs(
                     handles = backend.start(batch)
                 except BaseException as e:
                     for job, _ in batch:
-                        update_attempt(
-                            job, ended=time.time(), status="failed", error=f"not started: {e}"
-                        )
+                        error = f"not submitted: {describe(e)}"
+                        update_attempt(job, ended=time.time(), status="failed", error=error)
                     raise
                 for (job, slot), handle in zip(batch, handles, strict=True):
                     running.append((job, slot, handle))
@@ -193,7 +192,7 @@ def run_jobs(
                     backend.release(job, slot)
                 ret = finish(job, handle, backend)
                 if should_retry(job, ret):
-                    pending.appendleft((job, None))  # next in line: it started before the others
+                    pending.appendleft(job)  # next in line: it started before the others
                 else:
                     done(job, ret)
     except BaseException as e:

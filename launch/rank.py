@@ -176,10 +176,12 @@ def prepare_argv(argv: list[str]) -> list[str]:
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return argv
     if MULTIRUN_FLAGS & set(argv):
-        sys.exit(
+        print(
             "error: -m/--multirun under torchrun would start a sweep in every rank: run "
-            "`python train.py -m ...` instead (each sweep job is started with torchrun)"
+            "`python train.py -m ...` instead (each sweep job is started with torchrun)",
+            file=sys.stderr,
         )
+        raise SystemExit(UserError.exit_code)
     if INFO_FLAGS & set(argv):
         return argv
     pin_now(agreed_start_time())

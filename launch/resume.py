@@ -220,20 +220,6 @@ def check_job_dir(job: Any) -> LaunchRecord | None:
     return record
 
 
-def prepare(jobs: Sequence[Any], backend: Any, *, resume: bool, retries: int) -> dict[int, Any]:
-    """:func:`prepare_job` for each job, every job dir checked first (a UserError before any job
-    starts). Returns {num: JobReturn} of the jobs completed earlier (not to be run again)."""
-    for job in jobs:
-        if job.in_sweep:
-            check_job_dir(job)
-    done = {}
-    for job in jobs:
-        ret, _ = prepare_job(job, backend, resume=resume, retries=retries)
-        if ret is not None:
-            done[job.num] = ret
-    return done
-
-
 def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[Any, Any]:
     """Read a sweep job's records before it runs: check its dir holds this job, give it its
     attempt count and retries, and with `resume` decide what to do with it. Returns (rank 0's

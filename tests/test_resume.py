@@ -32,12 +32,13 @@ from launch.resume import (
     LOCK_FILE,
     Attempt,
     LaunchRecord,
+    check_job_dir,
     check_overrides,
     check_sweeper,
     close_attempt,
     decide,
     hold_sweep_lock,
-    prepare,
+    prepare_job,
     read_launch_record,
     should_retry,
     start_attempt,
@@ -143,6 +144,17 @@ def test_prepare_decides_per_job_from_its_dir(tmp_path: Path, caplog) -> None:
             return None
 
     backend = Backend()
+
+    def prepare(jobs: list[Job], backend: Backend, resume: bool, retries: int) -> dict:
+        """What run_jobs does first: every job dir checked, then each job prepared."""
+        for job in jobs:
+            check_job_dir(job)
+        done = {}
+        for job in jobs:
+            ret, _ = prepare_job(job, backend, resume=resume, retries=retries)
+            if ret is not None:
+                done[job.num] = ret
+        return done
 
     caplog.set_level("INFO")
     done = prepare(jobs, resume=True, retries=2, backend=backend)
