@@ -113,6 +113,7 @@ def check_pruned(sweep_dir: Path, out: str, storage: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two sweeps of 4 trials of 2 ranks
 def test_a_pruned_trial_stops_every_rank_and_says_so(tmp_path: Path) -> None:
     """Under hydra/launcher=torchrun (the study in <sweep dir>/optuna.db). Both ranks stop at
     the same epoch (else the job would hang or fail in a collective: it ends cleanly); a

@@ -611,6 +611,7 @@ def test_failed_jobs_are_reported(idle_cluster: SlurmCluster, tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_pruning_across_slurm_jobs(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
     """tests/test_pruning.py's search as SLURM jobs of 2 tasks each: the study is a journal
     file on the shared sweep dir (no database), the pruned trial says so everywhere."""
