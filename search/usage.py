@@ -43,6 +43,8 @@ class SlotUsage:
         return self.busy_s / (self.slots * self.wall_s)
 
     def line(self) -> str:
+        if self.busy_s == 0:
+            return "no trial ran: no slot utilisation"
         return (
             f"slot utilisation {self.utilisation:.0%} ({self.busy_s:.0f} busy slot-s / "
             f"{self.slots} slot(s) x {self.wall_s:.0f} s)"
