@@ -34,7 +34,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from components.errors import UserError
 from components.pruning import (
@@ -70,7 +70,9 @@ class OptunaSweeperConf:
 
     _target_: str = TARGET
     defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}])
-    sampler: Any = None  # {_target_: optuna.samplers.TPESampler, seed: ...}
+    # {_target_: optuna.samplers.TPESampler, seed: ...}; MISSING: the defaults' group config
+    # (hydra/sweeper/sampler=tpe) stays unless this is set (None here would replace it)
+    sampler: Any = MISSING
     direction: Any = "minimize"  # or maximize, or a list of them
     # auto (null): SQLite in the sweep dir, a journal file there under SLURM; sqlite, journal,
     # journal:<file>, or a database URL (search/study.py)
