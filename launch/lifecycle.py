@@ -31,6 +31,7 @@ from launch.jobs import (
     configure_sweep_logging,
     failed_job_return,
     job_done,
+    launcher_errors,
     stop_reason,
     stop_signals,
 )
@@ -231,6 +232,40 @@ def launch_batch(
     if any(ret.status.name == "FAILED" for ret in returns):  # Hydra's sweeper may raise now
         report_unfinished(launcher.config, " (a job failed)")
     return returns
+
+
+class LifecycleLauncher:
+    """Hydra's `Launcher.launch` (a batch) and `launch_stream` (jobs one at a time, for a
+    sweeper that decides each from the results so far) for a launcher that runs its jobs
+    through this lifecycle: it names itself (`launcher_name`), says whether it can launch here
+    (`check`: a UserError if not) and with what (`options`: backend, resume, retries, ...)."""
+
+    launcher_name = "launcher"
+
+    def check(self) -> None:
+        pass
+
+    def options(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
+        with launcher_errors():
+            self.check()
+            return launch_batch(
+                self, job_overrides, initial_job_idx, self.launcher_name, **self.options()
+            )
+
+    def launch_stream(
+        self,
+        next_overrides: Callable[[], tuple[int, Sequence[str]] | None],
+        on_result: Callable[[int, Any], Any],
+        slots: int,
+    ) -> None:
+        with launcher_errors():
+            self.check()
+            launch_stream(
+                self, next_overrides, on_result, slots, self.launcher_name, **self.options()
+            )
 
 
 class JobFeed:

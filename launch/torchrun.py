@@ -34,7 +34,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,11 +54,10 @@ from launch.jobs import (
     failure_reason,
     job_return,
     job_world,
-    launcher_errors,
     resolve_output_dirs,
     settings_from,
 )
-from launch.lifecycle import launch_batch, launch_stream, run_jobs
+from launch.lifecycle import LifecycleLauncher, run_jobs
 from launch.rank import (
     FAILURES_JSON,
     JOB_JSON,
@@ -117,8 +115,10 @@ class TorchrunLauncherConf:
 ConfigStore.instance().store(group="hydra/launcher", name="torchrun", node=TorchrunLauncherConf)
 
 
-class TorchrunLauncherBase(Launcher):
-    """Hydra's Launcher for `hydra/launcher=torchrun`: one batch of sweep jobs at a time."""
+class TorchrunLauncherBase(LifecycleLauncher, Launcher):
+    """Hydra's Launcher for `hydra/launcher=torchrun` (launch and launch_stream: lifecycle)."""
+
+    launcher_name = "torchrun launcher"
 
     def __init__(self, **settings: Any) -> None:
         self.settings = TorchrunLauncherConf.from_config(settings)
@@ -132,21 +132,6 @@ class TorchrunLauncherBase(Launcher):
         self.hydra_context = hydra_context
         configure_sweep_logging(config)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
-        with launcher_errors():
-            self.check_not_in_rank()
-            return launch_batch(
-                self, job_overrides, initial_job_idx, "torchrun launcher", **self.options()
-            )
-
-    def launch_stream(self, next_overrides: Callable, on_result: Callable, slots: int) -> None:
-        """Jobs one at a time, as a sweeper decides them (launch/lifecycle.py's launch_stream)."""
-        with launcher_errors():
-            self.check_not_in_rank()
-            launch_stream(
-                self, next_overrides, on_result, slots, "torchrun launcher", **self.options()
-            )
-
     def options(self) -> dict[str, Any]:
         s = self.settings
         return {
@@ -157,8 +142,7 @@ class TorchrunLauncherBase(Launcher):
             "lock": s.rdzv_endpoint is None,
         }
 
-    @staticmethod
-    def check_not_in_rank() -> None:
+    def check(self) -> None:
         if os.environ.get("RANK") is not None:
             raise UserError(
                 "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
