@@ -41,7 +41,6 @@ PRUNED_SWEEP = [
     "hparams_search=lht_optuna",
     "hydra.sweeper.pruner={type: median, n_startup_trials: 2}",
     "dist.nproc_per_node=2",
-    "hydra.launcher.max_parallel=2",
     "trainer.max_epochs=3",
     "trainer.batch_size=64",
     "trainer.progress_bar=false",
@@ -118,7 +117,7 @@ def test_a_pruned_trial_stops_every_rank_and_says_so(tmp_path: Path) -> None:
     """Under hydra/launcher=torchrun (the study in <sweep dir>/optuna.db). Both ranks stop at
     the same epoch (else the job would hang or fail in a collective: it ends cleanly); a
     resumed sweep keeps the pruned trial and runs nothing."""
-    cmd, sweep_dir, out = pruned_sweep(tmp_path)
+    cmd, sweep_dir, out = pruned_sweep(tmp_path, "hydra.launcher.max_parallel=2")
     check_pruned(sweep_dir, out, "optuna.db")
     for log in sorted((sweep_dir / "2").glob("rank_logs/**/stderr.log")):
         assert "Traceback" not in log.read_text()

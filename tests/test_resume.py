@@ -648,7 +648,8 @@ def test_optuna_resume_keeps_the_trial_count(tmp_path: Path) -> None:
     )
     launcher = start(cmd, tmp_path / "killed.log", tag)
     try:
-        wait_for_rows(sweep_dir / "1" / "metrics.jsonl", 4, launcher)  # step 4: checkpoint 3
+        # step 4: checkpoint 3 (trial #0 runs first: up to minutes on a busy machine)
+        wait_for_rows(sweep_dir / "1" / "metrics.jsonl", 4, launcher, timeout=900)
         launcher.kill()
     finally:
         launcher.kill()
