@@ -19,6 +19,6 @@ reattach. Two backends:
 
 Also: rank.py (the one rank bootstrap, and the entry point of train.py/eval.py). The Optuna
 sweeper (`hydra/sweeper=optuna`) is search/. Hydra instantiates the Launcher and Sweeper classes
-from their thin subclasses in hydra_plugins/. Imports flow one way:
-hydra_plugins -> search -> launch -> report -> components (torch-free modules only).
+from their thin subclasses in hydra_plugins/. Imports flow one way: hydra_plugins -> search ->
+launch -> report -> the torch-free core (tests/test_imports.py checks it).
 """
