@@ -108,7 +108,7 @@ def check_pruned(sweep_dir: Path, out: str, storage: str) -> None:
     assert any(line.startswith("2,") and ",pruned," in line for line in rows)
     assert "#2 pruned" in out and "4 jobs, 3 completed, 1 pruned" in out
     closing = [line for line in out.splitlines() if "Optuna study" in line][-1]
-    assert "4 trial(s) this run (1 pruned, 3 complete); slot utilisation" in closing
+    assert "4 trial(s) this run (3 complete, 1 pruned); slot utilisation" in closing
 
 
 @pytest.mark.slow
