@@ -62,6 +62,7 @@ from components.optim import build_optimizer, lr_schedule
 from components.precision import grad_scaler, memory_format, precision_context
 from components.preemption import Preempted, StopRequest, cpu_group
 from components.profiling import StepProfiler
+from components.pruning import Pruned, TrialLink, check_prune, pruner_for
 from components.speed import Speed, model_facts, peak_memory_mb
 from components.train_step import Progress, TrainStep, train_row
 from components.wandb_media import ValMedia
@@ -103,6 +104,8 @@ def main(cfg: DictConfig) -> float | None:
 
             return run_in_torchrun(cfg, train)  # `train` below, in each of the N ranks
         return train(cfg)
+    except Pruned as e:  # the sweeper's pruner stopped the trial: a result, not an error
+        return e.best
     except Preempted as e:
         log.warning("%s", e)
         if int(os.environ.get("RANK", "0")) == 0:
@@ -159,6 +162,7 @@ class Training:
     media: ValMedia
     speed: Speed
     console: Console
+    trial: TrialLink | None  # rank 0's Optuna trial when the sweeper prunes (else None)
 
 
 def build(
@@ -210,6 +214,7 @@ def build(
         tc.monitor.metric, tc.monitor.mode, tc.early_stopping.patience, tc.early_stopping.min_delta
     )
     progress, window = Progress(max_epochs=tc.max_epochs), LossWindow(env.device)
+    trial = pruner_for(env.rank)  # rank 0's Optuna trial when the sweeper prunes (else None)
     state = TrainingState(
         shared={
             "model": model,
@@ -288,6 +293,7 @@ def build(
         media=media,
         speed=speed,
         console=console,
+        trial=trial,
     )
 
 
@@ -359,6 +365,8 @@ def fit(t: Training) -> float | None:
             )
             # Rank 0 writes the checkpoint; every rank adds its own state and waits.
             t.checkpoints.save(t.state, step=progress.step, is_best=is_best)
+            # An Optuna trial with a pruner: rank 0 reports, every rank stops together.
+            check_prune(t.trial, epoch + 1, val, monitor, env.device)
 
     run.trained(t.speed.first_step_s, gather_floats(peak_memory_mb(env.device)))
     if tc.test_after_fit and tc.save_checkpoints and monitor.best_epoch is not None:

@@ -33,6 +33,7 @@ from core.naming import (
     sweep_group,
     swept_values,
 )
+from components.pruning import Pruned
 from core.run_dir import (
     CHECKPOINT_DIR,
     METRICS_FILE,
@@ -169,6 +170,8 @@ def ending(error: BaseException | None) -> tuple[str, str | None]:
         return "completed", None
     if isinstance(error, Preempted):
         return "preempted", str(error)
+    if isinstance(error, Pruned):  # the sweeper's pruner stopped it (components/pruning.py)
+        return "pruned", str(error)
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", "interrupted (Ctrl-C)"
     return "failed", describe(error)
@@ -459,6 +462,10 @@ class RunLogger:
         try:
             if status == "preempted":
                 self.wandb.mark_preempting()
-            self.wandb.finish(exit_code={"completed": 0, "preempted": 75}.get(status, 1))
+            if status == "pruned":  # W&B has no pruned state: a finished run, tagged
+                self.wandb.tags = (*self.wandb.tags, "pruned")
+                self.wandb.summary["status"] = "pruned"
+            exit_code = {"completed": 0, "pruned": 0, "preempted": 75}.get(status, 1)
+            self.wandb.finish(exit_code=exit_code)
         except Exception as e:  # noqa: BLE001
             log.warning("W&B finish failed: %s", e)

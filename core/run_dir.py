@@ -131,7 +131,7 @@ class Attempt:
     attempt: int
     started: float
     ended: float | None = None
-    status: str = "running"  # running | completed | failed | preempted | interrupted
+    status: str = "running"  # running | completed | pruned | failed | preempted | interrupted
     error: str | None = None
     continued: bool = False  # started with resume=auto from the job dir's checkpoints
     backend: dict | None = (

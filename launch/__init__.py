@@ -5,7 +5,8 @@ The lifecycle, written once (lifecycle.py): compose a job (jobs.py) -> place it 
 where the backend runs it) -> prepare it from its launch.json (resume.py: done earlier, re-attach
 to an attempt still running, or run) -> start an attempt -> wait -> outcome -> close the attempt
 -> retry, or report it in one line. Jobs start in order as soon as the backend has room, and may
-be handed over lazily. Stop signals stop the running attempts, which are recorded.
+be handed over lazily (launch_stream: a sweeper starts a job whenever a slot frees). Stop
+signals stop the running attempts, which are recorded.
 
 A backend implements only what differs (lifecycle.Backend): place, reserve/release room, start,
 record (what launch.json keeps of an attempt, opaque), ended, outcome, stop, earlier_return,
@@ -16,7 +17,8 @@ reattach. Two backends:
 * slurm.py (`hydra/launcher=slurm`): a job is a SLURM job (submitit arrays), one task per rank;
   slurm_queue.py asks SLURM's commands; ranks/slurm_task.py runs in each task.
 
-Also: optuna_sweeper.py (`hydra/sweeper=ddp_optuna`, resumable). Hydra instantiates the
-Launcher and Sweeper classes from their thin subclasses in hydra_plugins/. Imports flow one way:
-hydra_plugins -> launch -> report, ranks -> the torch-free core (tests/test_imports.py checks it).
+Also: the Optuna sweeper (`hydra/sweeper=optuna`: asks a trial whenever a slot frees, prunes)
+is search/. Hydra instantiates the Launcher and Sweeper classes from their thin subclasses in
+hydra_plugins/. Imports flow one way: hydra_plugins -> search -> launch -> report, ranks -> the
+torch-free core (tests/test_imports.py checks it).
 """

@@ -53,6 +53,8 @@ from ranks.job_spec import JobSpec, Stopped, job_return
 
 log = logging.getLogger(__name__)
 
+STOPPED = ("preempted", "interrupted")  # result.json states of a run stopped from outside
+
 
 @dataclass
 class Job:
@@ -299,7 +301,7 @@ def job_done(job: Job, ret: Any) -> Any:
     completed = ret.status.name == "COMPLETED"
     result = read_result(job.job_dir, since=job.started or None)
     status = "completed" if completed else "failed"
-    if not completed and result is not None and result.status in ("preempted", "interrupted"):
+    if result is not None and result.status in (("pruned",) if completed else STOPPED):
         status = result.status
     parts = [f"#{job.num} {status}"]
     if result is not None and result.best is not None:

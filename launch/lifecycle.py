@@ -18,6 +18,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ from launch.jobs import (
     configure_sweep_logging,
     failed_job_return,
     job_done,
+    launcher_errors,
     stop_reason,
     stop_signals,
 )
@@ -220,7 +222,120 @@ def launch_batch(
     (:func:`run_jobs`); one JobReturn per job, in order, failed ones included. With `lock`, one
     launcher per sweep dir (launch/resume.py). A stop signal (`stop_on`) ends the sweep with
     SweepStopped once the running jobs are stopped and recorded."""
-    from hydra.core.utils import filter_overrides, setup_globals
+    from hydra.core.utils import filter_overrides
+
+    with sweep_session(launcher, name, resume, stop_on, lock, first=initial_idx == 0):
+        for idx, overrides in enumerate(job_overrides):
+            log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
+        jobs = compose_jobs(launcher, job_overrides, initial_idx)
+        results = run_jobs(jobs, backend, resume=resume, retries=retries)
+    returns = [results[job.num] for job in jobs]
+    if any(ret.status.name == "FAILED" for ret in returns):  # Hydra's sweeper may raise now
+        report_unfinished(launcher.config, " (a job failed)")
+    return returns
+
+
+class LifecycleLauncher:
+    """Hydra's `Launcher.launch` (a batch) and `launch_stream` (jobs one at a time, for a
+    sweeper that decides each from the results so far) for a launcher that runs its jobs
+    through this lifecycle: it names itself (`launcher_name`), says whether it can launch here
+    (`check`: a UserError if not) and with what (`options`: backend, resume, retries, ...)."""
+
+    launcher_name = "launcher"
+
+    def check(self) -> None:
+        pass
+
+    def options(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
+        with launcher_errors():
+            self.check()
+            return launch_batch(
+                self, job_overrides, initial_job_idx, self.launcher_name, **self.options()
+            )
+
+    def launch_stream(
+        self,
+        next_overrides: Callable[[], tuple[int, Sequence[str]] | None],
+        on_result: Callable[[int, Any], Any],
+        slots: int,
+    ) -> None:
+        with launcher_errors():
+            self.check()
+            launch_stream(
+                self, next_overrides, on_result, slots, self.launcher_name, **self.options()
+            )
+
+
+class JobFeed:
+    """Jobs composed one at a time, when fewer than `slots` of them run: `next_overrides()`
+    gives the next (job number, overrides) or None (nothing to start now). An iterator that
+    may end and go on again: :func:`run_jobs` asks it again whenever a job has ended."""
+
+    def __init__(
+        self,
+        launcher: Any,
+        next_overrides: Callable[[], tuple[int, Sequence[str]] | None],
+        slots: int,
+    ) -> None:
+        self.launcher, self.next_overrides, self.slots = launcher, next_overrides, slots
+        self.running = 0
+
+    def __iter__(self) -> JobFeed:
+        return self
+
+    def __next__(self) -> Job:
+        item = self.next_overrides() if self.running < self.slots else None
+        if item is None:
+            raise StopIteration
+        num, overrides = item
+        (job,) = compose_jobs(self.launcher, [list(overrides)], num)
+        self.running += 1
+        return job
+
+    def ended(self) -> None:
+        self.running -= 1
+
+
+def launch_stream(
+    launcher: Any,
+    next_overrides: Callable[[], tuple[int, Sequence[str]] | None],
+    on_result: Callable[[int, Any], Any],
+    slots: int,
+    name: str,
+    backend: Backend,
+    *,
+    resume: bool = False,
+    retries: int = 0,
+    stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+    lock: bool = True,
+) -> None:
+    """Jobs supplied one at a time (a sweeper that decides each job from the results so far):
+    whenever fewer than `slots` of them run, `next_overrides()` gives the next one's (job
+    number, overrides), or None when there is none to start now; `on_result(num, ret)` hears of
+    each job's final JobReturn as soon as it ends. No slot waits for a batch to end."""
+    feed = JobFeed(launcher, next_overrides, slots)
+
+    def ended(job: Job, ret: Any) -> None:
+        feed.ended()
+        on_result(job.num, ret)
+
+    with sweep_session(launcher, name, resume, stop_on, lock, first=True):
+        results = run_jobs(feed, backend, resume=resume, retries=retries, on_done=ended)
+    if any(ret.status.name == "FAILED" for ret in results.values()):  # the sweeper may raise
+        report_unfinished(launcher.config, " (a job failed)")
+
+
+@contextmanager
+def sweep_session(
+    launcher: Any, name: str, resume: bool, stop_on: Sequence[int], lock: bool, first: bool
+) -> Iterator[None]:
+    """Around a launch: Hydra's globals and the sweep's logging, the sweeper checked, the sweep
+    dir made (and locked, with `lock`); a stop signal (`stop_on`) ends the sweep with
+    SweepStopped once the running jobs are stopped and recorded."""
+    from hydra.core.utils import setup_globals
 
     setup_globals()
     configure_sweep_logging(launcher.config)
@@ -229,14 +344,11 @@ def launch_batch(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     if lock:
         hold_sweep_lock(sweep_dir)
-    if initial_idx == 0:  # Optuna hands out trials a few at a time: one line per sweep
+    if first:  # Optuna hands out trials a few at a time: one line per sweep
         log.info("%s: sweep dir %s%s", name, sweep_dir, " (resuming)" if resume else "")
-    for idx, overrides in enumerate(job_overrides):
-        log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
     try:
         with stop_signals(stop_on):
-            jobs = compose_jobs(launcher, job_overrides, initial_idx)
-            results = run_jobs(jobs, backend, resume=resume, retries=retries)
+            yield
     except KeyboardInterrupt as e:
         report_unfinished(launcher.config, f" (the sweep was stopped: {stop_reason(e)})")
         raise SweepStopped(
@@ -244,7 +356,3 @@ def launch_batch(
             f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
             f"{sweep_dir} hydra.launcher.resume=true to continue it"
         ) from None
-    returns = [results[job.num] for job in jobs]
-    if any(ret.status.name == "FAILED" for ret in returns):  # Hydra's sweeper may raise now
-        report_unfinished(launcher.config, " (a job failed)")
-    return returns

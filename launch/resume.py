@@ -1,7 +1,7 @@
 """Resuming a sweep and retrying its jobs: what a job dir's records say, and what to do next.
 
 Hydra has no resume, but its sweepers make one possible: the same command line gives the same
-jobs in the same order (BasicSweeper), or the same stored study (launch/optuna_sweeper.py), so a
+jobs in the same order (BasicSweeper), or the same stored study (search/sweeper.py), so a
 rerun with `hydra.launcher.resume=true` and the old `hydra.sweep.dir` meets every job in the dir
 it had. What happens to a job is decided from its job dir alone (:func:`decide`):
 
@@ -58,9 +58,12 @@ from ranks.job_spec import job_return
 
 log = logging.getLogger(__name__)
 
+# A run that ended for good: a resumed sweep does not run it again (pruned: the sweeper's
+# pruner stopped it, components/pruning.py).
+ENDED = ("completed", "pruned")
 LOCK_FILE = ".launcher.lock"  # in the sweep dir: one launcher per sweep dir at a time
-# What `hydra/sweeper=optuna` instantiates: it would start its study over (hydra/sweeper=ddp_optuna
-# continues it).
+# hydra-optuna-sweeper's sweeper (a config's `_target_` line may still name it): it would start
+# its study over (the project's hydra/sweeper=optuna continues it).
 HYDRA_OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 
 
@@ -122,8 +125,8 @@ def decide(
         return Decision("done", "completed")
     if last is not None and attachable:
         return Decision("attach", f"attempt {last.attempt} is still queued or running")
-    if result is not None and result.status == "completed":
-        return Decision("done", "completed")
+    if result is not None and result.status in ENDED:
+        return Decision("done", result.status)
     if result is not None and result.status != "running":
         detail = f": {result.error}" if result.error and result.status == "failed" else ""
         return Decision("run", f"{result.status}{detail}")
@@ -138,7 +141,9 @@ def settle(job_dir: Path, record: LaunchRecord, completed: bool) -> None:
     last = record.last
     path = Path(job_dir) / RESULT_FILE
     result = read_result(job_dir, since=last.started)
-    if completed or (result is not None and result.status == "completed"):
+    if result is not None and result.status == "pruned":
+        last.status, last.error = "pruned", result.error
+    elif completed or (result is not None and result.status == "completed"):
         last.status, last.error = "completed", None
     elif result is not None and result.status != "running":
         last.status, last.error = result.status, result.error
@@ -259,9 +264,10 @@ def attempt_outcome(job: Any, ret: Any) -> tuple[str, str | None]:
     """(status, one-line error) of the attempt that just ended with `ret`: the run's own
     result.json status when this attempt wrote one (preempted, interrupted, failed), else the
     JobReturn's."""
-    if ret.status.name == "COMPLETED":
-        return "completed", None
     result = read_result(job.job_dir, since=job.started)
+    if ret.status.name == "COMPLETED":
+        pruned = result is not None and result.status == "pruned"
+        return ("pruned", result.error) if pruned else ("completed", None)
     if result is not None and result.status in ("failed", "preempted", "interrupted"):
         return result.status, result.error
     return "failed", describe(job_value(ret))
@@ -353,10 +359,11 @@ def hold_sweep_lock(sweep_dir: Path) -> None:
 
 
 def check_sweeper(config: DictConfig, resume: bool) -> None:
-    """hydra/sweeper=optuna asks for new trials from 0 on every run: resuming needs ours."""
+    """hydra-optuna-sweeper asks for new trials from 0 on every run: resuming needs ours."""
     target = OmegaConf.select(config, "hydra.sweeper._target_", default=None)
     if resume and target == HYDRA_OPTUNA_SWEEPER:
         raise UserError(
-            "hydra.launcher.resume=true with hydra/sweeper=optuna would start the study over: "
-            "use hydra/sweeper=ddp_optuna (the same options; it continues the study)"
+            "hydra.launcher.resume=true with hydra-optuna-sweeper would start the study over: "
+            "remove the sweeper's _target_ line to use hydra/sweeper=optuna (this project's: "
+            "the same options; it continues the study)"
         )

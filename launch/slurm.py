@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,10 +45,9 @@ from launch.jobs import (
     failed_job_return,
     failure_reason,
     job_world,
-    launcher_errors,
     settings_from,
 )
-from launch.lifecycle import launch_batch
+from launch.lifecycle import LifecycleLauncher
 from launch.slurm_queue import (
     ACTIVE_STATES,
     cluster_gpus_per_node,
@@ -119,9 +117,12 @@ class DDPSlurmQueueConf(SlurmQueueConf):
 ConfigStore.instance().store(group="hydra/launcher", name="ddp_slurm", node=DDPSlurmQueueConf)
 
 
-class DDPSlurmLauncherBase(SlurmLauncher):
-    """hydra-submitit-launcher's SlurmLauncher with one SLURM task per rank: launch() runs the
-    sweep on :class:`SlurmBackend`; __call__ runs in every task (ranks/slurm_task.py)."""
+class DDPSlurmLauncherBase(LifecycleLauncher, SlurmLauncher):
+    """hydra-submitit-launcher's SlurmLauncher with one SLURM task per rank: launch() and
+    launch_stream() run the sweep on :class:`SlurmBackend`; __call__ runs in every task
+    (ranks/slurm_task.py)."""
+
+    launcher_name = "SLURM launcher"
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -130,23 +131,21 @@ class DDPSlurmLauncherBase(SlurmLauncher):
     def __call__(self, job: Job) -> Any:
         return run_task(job)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
-        with launcher_errors():
-            if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
-                raise UserError(
-                    "a sweep cannot start in every task of an srun step: run "
-                    "`python train.py -m ...` once"
-                )
-            require_slurm()
-            return launch_batch(
-                self,
-                job_overrides,
-                initial_job_idx,
-                "SLURM launcher",
-                SlurmBackend(self),
-                resume=bool(self.params.get("resume")),
-                retries=int(self.params.get("retries") or 0),
-            )  # SIGHUP is not a stop signal here: the SLURM jobs outlive a dropped SSH session
+    def options(self) -> dict[str, Any]:
+        # SIGHUP is not a stop signal here: the SLURM jobs outlive a dropped SSH session.
+        return {
+            "backend": SlurmBackend(self),
+            "resume": bool(self.params.get("resume")),
+            "retries": int(self.params.get("retries") or 0),
+        }
+
+    def check(self) -> None:
+        if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
+            raise UserError(
+                "a sweep cannot start in every task of an srun step: run "
+                "`python train.py -m ...` once"
+            )
+        require_slurm()
 
 
 def launcher_count(settings: DDPSlurmQueueConf, key: str, minimum: int = 1) -> int | None:

@@ -33,7 +33,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,11 +51,10 @@ from launch.jobs import (
     failed_job_return,
     failure_reason,
     job_world,
-    launcher_errors,
     resolve_output_dirs,
     settings_from,
 )
-from launch.lifecycle import launch_batch, run_jobs
+from launch.lifecycle import LifecycleLauncher, run_jobs
 from ranks.bootstrap import PARENT_PID_ENV
 from ranks.handoff import (
     FAILURES_JSON,
@@ -117,8 +115,10 @@ class TorchrunLauncherConf:
 ConfigStore.instance().store(group="hydra/launcher", name="torchrun", node=TorchrunLauncherConf)
 
 
-class TorchrunLauncherBase(Launcher):
-    """Hydra's Launcher for `hydra/launcher=torchrun`: one batch of sweep jobs at a time."""
+class TorchrunLauncherBase(LifecycleLauncher, Launcher):
+    """Hydra's Launcher for `hydra/launcher=torchrun` (launch and launch_stream: lifecycle)."""
+
+    launcher_name = "torchrun launcher"
 
     def __init__(self, **settings: Any) -> None:
         self.settings = TorchrunLauncherConf.from_config(settings)
@@ -132,23 +132,20 @@ class TorchrunLauncherBase(Launcher):
         self.hydra_context = hydra_context
         configure_sweep_logging(config)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
-        with launcher_errors():
-            if os.environ.get("RANK") is not None:
-                raise UserError(
-                    "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
-                )
-            s = self.settings
-            return launch_batch(
-                self,
-                job_overrides,
-                initial_job_idx,
-                "torchrun launcher",
-                TorchrunBackend(s),
-                resume=s.resume,
-                retries=s.retries,
-                stop_on=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
-                lock=s.rdzv_endpoint is None,
+    def options(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "backend": TorchrunBackend(s),
+            "resume": s.resume,
+            "retries": s.retries,
+            "stop_on": (signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
+            "lock": s.rdzv_endpoint is None,
+        }
+
+    def check(self) -> None:
+        if os.environ.get("RANK") is not None:
+            raise UserError(
+                "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
             )
 
 

@@ -7,7 +7,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from report.groups import format_groups
 from report.jobs import METRICS, MODES, MULTIRUN_YAML, flat, read_multirun_config
+from report.seeds import DEFAULT_OVER
 from report.sweep import headline, write_summary
 from report.tables import format_table
 from report.wandb_run import log_to_wandb, wandb_settings
@@ -36,17 +38,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also log a W&B sweep-summary run, as the sweep's wandb settings say",
     )
+    parser.add_argument(
+        "--aggregate",
+        default=",".join(DEFAULT_OVER),
+        help="keys whose jobs are aggregated: mean ± std, n, 95%% interval per configuration "
+        "(comma-separated; default: seed; '' for none)",
+    )
     args = parser.parse_args(argv)
+    aggregate = [k for k in args.aggregate.split(",") if k]
     if not args.sweep_dir.is_dir():
         print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
         return 2  # a user error (core/errors.py's policy)
     try:
-        summary = write_summary(args.sweep_dir, args.metric, args.mode)
+        summary = write_summary(args.sweep_dir, args.metric, args.mode, aggregate)
     except FileNotFoundError as e:
         print(f"error: {flat(e)}", file=sys.stderr)
         return 2
     print(headline(summary))
     print(format_table(summary.rows, summary.swept_keys))
+    if summary.groups:
+        print("\n" + format_groups(summary.groups, summary.swept_keys, aggregate))
     if args.wandb:
         found = wandb_settings(read_multirun_config(args.sweep_dir))
         if found is None:

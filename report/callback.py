@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from report.seeds import DEFAULT_OVER
 from report.sweep import report_sweep
 
 log = logging.getLogger(__name__)
@@ -26,8 +28,15 @@ class SweepSummaryCallback(Callback):
     """`hydra.callbacks.sweep_summary: {_target_: report.callback.SweepSummaryCallback}`: the
     sweep's report ranked by `metric` (`mode`), with its W&B run unless `wandb` is false."""
 
-    def __init__(self, metric: str = "best", mode: str | None = None, wandb: bool = True) -> None:
+    def __init__(
+        self,
+        metric: str = "best",
+        mode: str | None = None,
+        wandb: bool = True,
+        aggregate: Sequence[str] = DEFAULT_OVER,
+    ) -> None:
         self.metric, self.mode, self.wandb = metric, mode, wandb
+        self.aggregate = list(aggregate or [])  # keys whose jobs are aggregated (seeds)
         self._pid: int | None = None  # the process that runs the multirun
         self._failed = False
 
@@ -38,7 +47,13 @@ class SweepSummaryCallback(Callback):
             log.warning("sweep summary: no sweep dir (%s: %s)", type(e).__name__, e)
             return
         report_sweep(
-            sweep_dir, config, metric=self.metric, mode=self.mode, wandb=self.wandb, when=when
+            sweep_dir,
+            config,
+            metric=self.metric,
+            mode=self.mode,
+            wandb=self.wandb,
+            when=when,
+            aggregate=self.aggregate,
         )
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:

@@ -100,6 +100,9 @@ class SweepSummary:
     mode: str = "max"
     swept_keys: list[str] = field(default_factory=list)
     monitor: str = "val/acc"
+    # report/groups.py: jobs aggregated over these keys (seeds), best mean first; [] when none
+    aggregate_over: list[str] = field(default_factory=list)
+    groups: list[Any] = field(default_factory=list)
 
     @property
     def ranked_by(self) -> str:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from core.run_dir import METRICS_FILE, RESULT_FILE
 from report.figure import plot_summary
+from report.groups import GROUPS_CSV, format_groups, groups_csv, groups_markdown, seed_groups
 from report.jobs import (
     CSV_NAME,
     MD_NAME,
@@ -22,6 +24,7 @@ from report.jobs import (
     sort_jobs,
     sweep_monitor,
 )
+from report.seeds import DEFAULT_OVER
 from report.tables import csv_text, format_markdown, format_table, write_atomic
 from report.wandb_run import log_to_wandb, wandb_settings
 
@@ -29,9 +32,14 @@ log = logging.getLogger(__name__)
 
 
 def write_summary(
-    sweep_dir: str | os.PathLike, metric: str = "best", mode: str | None = None
+    sweep_dir: str | os.PathLike,
+    metric: str = "best",
+    mode: str | None = None,
+    aggregate: Sequence[str] = DEFAULT_OVER,
 ) -> SweepSummary:
-    """Write summary.csv, summary.md and summary.png into ``sweep_dir``; rows best first.
+    """Write summary.csv, summary.md and summary.png into ``sweep_dir``; rows best first. Jobs
+    that differ only in the `aggregate` keys (seeds) are also aggregated (report/groups.py:
+    summary_groups.csv and a section of summary.md) when some configuration has several.
 
     Raises ValueError for an unknown metric/mode and FileNotFoundError when ``sweep_dir`` has
     no job dirs.
@@ -55,9 +63,18 @@ def write_summary(
         mode or (monitor_mode if metric == "best" else "max"),
         keys,
         monitor,
+        list(aggregate),
+        seed_groups(rows, keys, aggregate),
     )
     write_atomic(summary.csv_path, csv_text(summary))
-    write_atomic(summary.md_path, format_markdown(summary, root.name))
+    markdown = format_markdown(summary, root.name)
+    groups_path = root / GROUPS_CSV
+    if summary.groups:
+        markdown += "\n" + groups_markdown(summary.groups, keys, aggregate)
+        write_atomic(groups_path, groups_csv(summary.groups, keys, aggregate))
+    else:
+        groups_path.unlink(missing_ok=True)  # an earlier report's, of jobs since changed
+    write_atomic(summary.md_path, markdown)
     plot_summary(summary, summary.png_path, root.name)
     return summary
 
@@ -65,9 +82,11 @@ def write_summary(
 def headline(summary: SweepSummary) -> str:
     rows = summary.rows
     done = sum(r.status == "completed" for r in rows)
+    pruned = sum(r.status == "pruned" for r in rows)
     files = f"{summary.sweep_dir}/{{{CSV_NAME},{MD_NAME},{PNG_NAME}}}"
     return (
-        f"Sweep summary: {len(rows)} jobs, {done} completed, ranked by {summary.ranked_by} "
+        f"Sweep summary: {len(rows)} jobs, {done} completed"
+        f"{f', {pruned} pruned' if pruned else ''}, ranked by {summary.ranked_by} "
         f"({summary.mode}); {files}"
     )
 
@@ -80,6 +99,7 @@ def report_sweep(
     mode: str | None = None,
     wandb: bool = True,
     when: str = "",
+    aggregate: Sequence[str] = DEFAULT_OVER,
 ) -> SweepSummary | None:
     """The sweep's whole report, however the sweep ended: the files, the printed table (its
     headline ends with `when`), and the W&B sweep-summary run when `wandb` and the sweep's
@@ -88,7 +108,7 @@ def report_sweep(
     if not find_job_dirs(sweep_dir):
         return None
     try:
-        summary = write_summary(sweep_dir, metric, mode)
+        summary = write_summary(sweep_dir, metric, mode, aggregate)
     except Exception as e:  # noqa: BLE001 - never fail the sweep over its report
         log.warning(
             "sweep summary for %s not written (%s: %s)", sweep_dir, type(e).__name__, flat(e)
@@ -97,6 +117,8 @@ def report_sweep(
     try:
         print(f"\n{headline(summary)}{when}:")
         print(format_table(summary.rows, summary.swept_keys), flush=True)
+        if summary.groups:
+            print("\n" + format_groups(summary.groups, summary.swept_keys, aggregate), flush=True)
     except Exception as e:  # noqa: BLE001 - e.g. a closed stdout
         log.warning("sweep summary written to %s but not printed (%s)", sweep_dir, e)
     if wandb:

@@ -82,7 +82,8 @@ def _cell(col: Column, row: JobSummary) -> str:
 
 
 def _failures(rows: Sequence[JobSummary]) -> list[JobSummary]:
-    return [r for r in rows if r.status != "completed"]
+    """Jobs that did not finish (a pruned one did: the sweeper's pruner ended it early)."""
+    return [r for r in rows if r.status not in ("completed", "pruned")]
 
 
 def job_label(row: JobSummary, keys: Sequence[str], sep: str = " ") -> str:

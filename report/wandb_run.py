@@ -10,6 +10,7 @@ from typing import Any
 from core.naming import (
     sweep_group,
 )
+from report.groups import groups_records
 from report.jobs import JOB_TYPE, SweepSummary, flat
 from report.tables import columns
 
@@ -86,7 +87,11 @@ def log_to_wandb(
             data.append([*(c.get(row) for c in cols), link or None, row.error])
         headers = [*(c.wandb or c.header for c in cols), "run", "error"]
         table = wandb.Table(columns=headers, data=data, allow_mixed_types=True)
-        run.log({"sweep/table": table, "sweep/plot": wandb.Image(str(summary.png_path))})
+        logged = {"sweep/table": table, "sweep/plot": wandb.Image(str(summary.png_path))}
+        if summary.groups:  # seeds aggregated: one row per configuration
+            names, rows = groups_records(summary.groups, summary.swept_keys)
+            logged["sweep/groups"] = wandb.Table(columns=names, data=rows, allow_mixed_types=True)
+        run.log(logged)
         best = summary.rows[0] if summary.rows and summary.rows[0].best is not None else None
         if best is not None:
             run.summary.update({f"best/{summary.monitor}": best.best, "best/job": best.job})

@@ -307,6 +307,7 @@ class OfflineRun:
     artifacts: list[dict] = field(default_factory=list)
     exit_code: int | None = None
     resumed: bool = False
+    tags: list[str] = field(default_factory=list)  # as last set
 
     @property
     def files_dir(self) -> Path:
@@ -368,6 +369,7 @@ def read_run(path: Path) -> OfflineRun:
                 r.display_name,
             )
             run.resumed = bool(r.resumed)
+            run.tags = list(r.tags)
             for item in r.config.update:
                 run.config[item.key] = json.loads(item.value_json)
         elif kind == "config":

@@ -52,6 +52,7 @@ from tests.helpers import (
     train_cmd,
     wait_for_rows,
 )
+from tests.test_pruning import check_pruned, pruned_sweep
 
 if TYPE_CHECKING:
     from tests.slurm_cluster import SlurmCluster
@@ -606,6 +607,16 @@ def test_failed_jobs_are_reported(idle_cluster: SlurmCluster, tmp_path: Path) ->
     assert "#1 failed  " in out and "  fail=exit: failing on purpose on rank 0" in out, out
     assert "  fail=kill: rank 1 on" in out
     assert "Traceback" not in out, out[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_pruning_across_slurm_jobs(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """tests/test_pruning.py's search as SLURM jobs of 2 tasks each: the study is a journal
+    file on the shared sweep dir (no database), the pruned trial says so everywhere."""
+    _, sweep_dir, out = pruned_sweep(tmp_path, *SLURM, **idle_cluster.env)
+    assert not (sweep_dir / "optuna.db").exists()
+    check_pruned(sweep_dir, out, "optuna.journal")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,2 +1,2 @@
-"""Hydra sweeper plugin `hydra/sweeper=ddp_optuna`: hydra-optuna-sweeper's Optuna sweeper, able
-to resume a sweep's study (launch/optuna_sweeper.py)."""
+"""Hydra sweeper plugin `hydra/sweeper=optuna`: the project's Optuna sweeper on current Optuna,
+with pruning across DDP jobs and no idle slots (search/sweeper.py)."""

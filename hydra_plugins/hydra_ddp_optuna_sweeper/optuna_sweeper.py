@@ -1,14 +1,12 @@
-"""Hydra sweeper plugin `hydra/sweeper=ddp_optuna`: the Optuna sweeper that continues a sweep's
-study when `hydra.launcher.resume=true`.
+"""Hydra sweeper plugin `hydra/sweeper=optuna` (also `ddp_optuna`, its earlier name).
 
 Hydra discovers sweepers only inside the `hydra_plugins` namespace package (and instantiates
 only classes defined there), so this shim holds the Sweeper class and nothing else; the schema
-(`DDPOptunaSweeperConf`, registered as `hydra/sweeper=ddp_optuna`) and the work are in
-launch/optuna_sweeper.py.
+(`OptunaSweeperConf`) and the work are in search/sweeper.py.
 """
 
-from launch import optuna_sweeper  # registers the `hydra/sweeper=ddp_optuna` schema
+from search import sweeper  # registers the `hydra/sweeper=optuna` schema
 
 
-class DDPOptunaSweeper(optuna_sweeper.DDPOptunaSweeperBase):
-    """`hydra/sweeper=ddp_optuna` (launch/optuna_sweeper.py): defined here, where Hydra looks."""
+class OptunaSweeper(sweeper.OptunaSweeperBase):
+    """`hydra/sweeper=optuna` (search/sweeper.py): defined here, where Hydra looks."""

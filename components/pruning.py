@@ -1,0 +1,155 @@
+"""Pruning a sweep's trial from inside its ranks (`hydra.sweeper.pruner`, search/).
+
+The Optuna sweeper runs each trial as a DDP job in other processes (torchrun agents, SLURM
+tasks), so the trial is reached through the study's shared storage: the sweeper exports the
+storage, the study's name and its pruner (:data:`STORAGE_ENV`, :data:`STUDY_ENV`,
+:data:`PRUNER_ENV`, inherited by every rank under either launcher) and tags each trial with its
+sweep dir and job number, which each job reads from its own Hydra config. After every
+validation rank 0 reports the monitored metric to its trial (`Trial.report`) and asks the pruner
+(`Trial.should_prune`); one broadcast hands the answer to every rank, so all of them stop at
+the same epoch. train.py then raises
+:class:`Pruned` after the epoch's checkpoint: result.json says `pruned`, and the sweeper tells
+the study TrialState.PRUNED.
+
+Torch-free at import (the storage and pruner helpers are the sweeper's too); torch only for the
+broadcast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from components.errors import UserError
+
+log = logging.getLogger(__name__)
+
+STORAGE_ENV = "HYDRA_DDP_OPTUNA_STORAGE"  # an RDB URL, or journal:<path> (a journal file)
+STUDY_ENV = "HYDRA_DDP_OPTUNA_STUDY"
+# The pruner's config as JSON: a study loaded elsewhere gets Optuna's default pruner, not the
+# sweep's (the storage keeps no pruner), so each trial's rank 0 builds the sweep's own.
+PRUNER_ENV = "HYDRA_DDP_OPTUNA_PRUNER"
+PRUNERS = ("median", "percentile", "hyperband", "successive_halving", "none")
+JOURNAL_PREFIX = "journal:"
+# Trial user attributes that name the trial's job (the sweeper sets them when it asks).
+SWEEP_DIR_ATTR = "sweep_dir"
+JOB_NUM_ATTR = "job_num"
+
+
+class Pruned(Exception):  # noqa: N818 - a verdict, like Preempted, not an error
+    """The sweeper's pruner stopped this trial after a validation (its checkpoint is saved)."""
+
+    def __init__(self, epoch: int, value: float, best: float | None) -> None:
+        super().__init__(f"pruned by the sweeper after epoch {epoch} ({value:.6g})")
+        self.epoch, self.value, self.best = epoch, value, best
+
+
+def build_pruner(pruner: Any) -> Any:
+    """`hydra.sweeper.pruner`: a name (median, percentile, hyperband, successive_halving,
+    none), a mapping with `type` and the pruner's own arguments (e.g. {type: median,
+    n_warmup_steps: 2}), or one with a `_target_` (any Optuna pruner, instantiated)."""
+    import optuna
+
+    if pruner is None:
+        return optuna.pruners.NopPruner()
+    if hasattr(pruner, "prune"):
+        return pruner
+    if isinstance(pruner, Mapping):
+        pruner = {str(k): v for k, v in pruner.items()}
+    if isinstance(pruner, dict) and "_target_" in pruner:
+        from hydra.utils import instantiate
+
+        return instantiate(pruner)
+    args = dict(pruner) if isinstance(pruner, dict) else {"type": pruner}
+    kind = str(args.pop("type", "none"))
+    classes = {
+        "median": optuna.pruners.MedianPruner,
+        "percentile": optuna.pruners.PercentilePruner,
+        "hyperband": optuna.pruners.HyperbandPruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "none": optuna.pruners.NopPruner,
+    }
+    if kind not in classes:
+        raise UserError(f"hydra.sweeper.pruner={kind}: use one of {', '.join(PRUNERS)}")
+    if kind == "percentile" and "percentile" not in args:
+        args["percentile"] = 25.0  # the quarter of the best trials goes on
+    try:
+        return classes[kind](**args)
+    except TypeError as e:
+        raise UserError(f"hydra.sweeper.pruner: {kind}: {e}") from None
+
+
+def open_storage(spec: str) -> Any:
+    """The Optuna storage `spec` names: `journal:<path>` is a journal file (no database server;
+    safe on NFS-like file systems, Optuna's file-lock backend), anything else a database URL
+    (SQLite waits for a lock rather than failing at once: trials report concurrently)."""
+    import optuna
+
+    if spec.startswith(JOURNAL_PREFIX):
+        path = spec[len(JOURNAL_PREFIX) :]
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
+    engine_kwargs = {"connect_args": {"timeout": 60}} if spec.startswith("sqlite:") else None
+    return optuna.storages.RDBStorage(spec, engine_kwargs=engine_kwargs)
+
+
+class TrialLink:
+    """Rank 0's handle on its Optuna trial (None when the job is no pruned trial)."""
+
+    def __init__(self, trial: Any) -> None:
+        self.trial = trial
+
+    @classmethod
+    def from_env(cls, sweep_dir: str | None, job_num: int | None) -> TrialLink | None:
+        """The running trial of this job (sweep dir, job number), when the Optuna sweeper
+        started it with a pruner; else None."""
+        spec, study_name = os.environ.get(STORAGE_ENV), os.environ.get(STUDY_ENV)
+        if not spec or not study_name or sweep_dir is None or job_num is None:
+            return None
+        import optuna
+        from optuna.trial import TrialState
+
+        pruner = build_pruner(json.loads(os.environ.get(PRUNER_ENV) or "null"))
+        study = optuna.load_study(study_name=study_name, storage=open_storage(spec), pruner=pruner)
+        if len(study.directions) > 1:
+            return None  # Optuna prunes single-objective studies only
+        here = str(Path(sweep_dir).resolve())
+        for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            attrs = frozen.user_attrs
+            if attrs.get(SWEEP_DIR_ATTR) == here and attrs.get(JOB_NUM_ATTR) == int(job_num):
+                return cls(optuna.trial.Trial(study, frozen._trial_id))
+        log.warning("no running Optuna trial for job #%s of %s: not pruned", job_num, here)
+        return None
+
+    def should_prune(self, epoch: int, value: float) -> bool:
+        self.trial.report(float(value), step=epoch)
+        return self.trial.should_prune()
+
+
+def pruner_for(rank: int) -> TrialLink | None:
+    """Rank 0's trial of a job the Optuna sweeper runs with a pruner; None elsewhere."""
+    if rank != 0:
+        return None
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode is None or hydra_cfg.mode.name != "MULTIRUN":
+        return None
+    return TrialLink.from_env(str(hydra_cfg.sweep.dir), hydra_cfg.job.num)
+
+
+def check_prune(link: TrialLink | None, epoch: int, val: dict[str, float], monitor: Any, device):
+    """After a validation: rank 0 reports the monitored metric (`monitor`, components/monitor.py)
+    to its trial and asks the pruner; every rank gets the answer in one broadcast (always, so all
+    ranks call the same collectives). Raises :class:`Pruned` on every rank when the trial is to
+    stop."""
+    from components.distributed import rank0_decides
+
+    metric, pruned = monitor.metric, False
+    if link is not None and metric in val:
+        pruned = link.should_prune(epoch, val[metric])
+    if rank0_decides(pruned, device):
+        raise Pruned(epoch, float(val.get(metric, float("nan"))), monitor.best)
