@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from components.console import end_line
 from components.preemption import Preempted
+from components.pruning import Pruned
 from components.repro import REPRO_DIR, write_repro
 from components.wandb_media import CheckpointArtifacts, save_files
 from core.errors import describe
@@ -33,7 +34,6 @@ from core.naming import (
     sweep_group,
     swept_values,
 )
-from components.pruning import Pruned
 from core.run_dir import (
     CHECKPOINT_DIR,
     METRICS_FILE,

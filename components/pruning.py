@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components.errors import UserError
+from core.errors import UserError
 
 log = logging.getLogger(__name__)
 

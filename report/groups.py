@@ -9,7 +9,7 @@ import csv
 import io
 from collections.abc import Sequence
 
-from components.naming import fmt_value, label, short_keys
+from core.naming import fmt_value, label, short_keys
 from report.jobs import JobSummary
 from report.seeds import DEFAULT_OVER, Group, aggregates, group_jobs, rank_groups
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from components.errors import UserError
+from core.errors import UserError
 
 CHOICE_TYPES = (str, int, float, bool, type(None))
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from components.errors import UserError
 from components.pruning import JOURNAL_PREFIX
+from core.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from components.errors import UserError
 from components.pruning import (
     JOB_NUM_ATTR,
     PRUNER_ENV,
@@ -45,7 +44,8 @@ from components.pruning import (
     SWEEP_DIR_ATTR,
     build_pruner,
 )
-from components.run_dir import LAUNCH_FILE, read_result
+from core.errors import UserError
+from core.run_dir import LAUNCH_FILE, read_result
 from search.space import search_space, trial_overrides
 from search.study import continue_study, directions, shown, storage_spec
 from search.usage import SlotUsage

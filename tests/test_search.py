@@ -19,7 +19,6 @@ from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from components.errors import UserError
 from components.pruning import (
     JOB_NUM_ATTR,
     PRUNER_ENV,
@@ -30,9 +29,11 @@ from components.pruning import (
     build_pruner,
     open_storage,
 )
-from launch.jobs import Job, job_return
+from core.errors import UserError
+from launch.jobs import Job
 from launch.lifecycle import JobFeed, run_jobs
 from launch.resume import Attempt, LaunchRecord, write_launch_record
+from ranks.job_spec import job_return
 from search.space import search_space, trial_overrides
 from search.study import directions, shown, storage_spec
 from search.usage import SlotUsage
