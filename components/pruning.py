@@ -2,8 +2,8 @@
 
 The Optuna sweeper runs each trial as a DDP job in other processes (torchrun agents, SLURM
 tasks), so the trial is reached through the study's shared storage: the sweeper exports the
-storage, the study's name and its pruner (:data:`STORAGE_ENV`, :data:`STUDY_ENV`,
-:data:`PRUNER_ENV`, inherited by every rank under either launcher) and tags each trial with its
+storage, the study's name and its pruner (core/trials.py's STORAGE_ENV, STUDY_ENV,
+PRUNER_ENV, inherited by every rank under either launcher) and tags each trial with its
 sweep dir and job number, which each job reads from its own Hydra config. After every
 validation rank 0 reports the monitored metric to its trial (`Trial.report`) and asks the pruner
 (`Trial.should_prune`); one broadcast hands the answer to every rank, so all of them stop at
@@ -11,8 +11,8 @@ the same epoch. train.py then raises
 :class:`Pruned` after the epoch's checkpoint: result.json says `pruned`, and the sweeper tells
 the study TrialState.PRUNED.
 
-Torch-free at import (the storage and pruner helpers are the sweeper's too); torch only for the
-broadcast.
+Torch-free at import; torch only for the broadcast. What the sweeper shares with this module
+(variable names, storage, pruner) is in core/trials.py.
 """
 
 from __future__ import annotations
@@ -20,24 +20,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.errors import UserError
+from core.trials import (
+    JOB_NUM_ATTR,
+    PRUNER_ENV,
+    STORAGE_ENV,
+    STUDY_ENV,
+    SWEEP_DIR_ATTR,
+    build_pruner,
+    open_storage,
+)
 
 log = logging.getLogger(__name__)
-
-STORAGE_ENV = "HYDRA_DDP_OPTUNA_STORAGE"  # an RDB URL, or journal:<path> (a journal file)
-STUDY_ENV = "HYDRA_DDP_OPTUNA_STUDY"
-# The pruner's config as JSON: a study loaded elsewhere gets Optuna's default pruner, not the
-# sweep's (the storage keeps no pruner), so each trial's rank 0 builds the sweep's own.
-PRUNER_ENV = "HYDRA_DDP_OPTUNA_PRUNER"
-PRUNERS = ("median", "percentile", "hyperband", "successive_halving", "none")
-JOURNAL_PREFIX = "journal:"
-# Trial user attributes that name the trial's job (the sweeper sets them when it asks).
-SWEEP_DIR_ATTR = "sweep_dir"
-JOB_NUM_ATTR = "job_num"
 
 
 class Pruned(Exception):  # noqa: N818 - a verdict, like Preempted, not an error
@@ -46,54 +42,6 @@ class Pruned(Exception):  # noqa: N818 - a verdict, like Preempted, not an error
     def __init__(self, epoch: int, value: float, best: float | None) -> None:
         super().__init__(f"pruned by the sweeper after epoch {epoch} ({value:.6g})")
         self.epoch, self.value, self.best = epoch, value, best
-
-
-def build_pruner(pruner: Any) -> Any:
-    """`hydra.sweeper.pruner`: a name (median, percentile, hyperband, successive_halving,
-    none), a mapping with `type` and the pruner's own arguments (e.g. {type: median,
-    n_warmup_steps: 2}), or one with a `_target_` (any Optuna pruner, instantiated)."""
-    import optuna
-
-    if pruner is None:
-        return optuna.pruners.NopPruner()
-    if hasattr(pruner, "prune"):
-        return pruner
-    if isinstance(pruner, Mapping):
-        pruner = {str(k): v for k, v in pruner.items()}
-    if isinstance(pruner, dict) and "_target_" in pruner:
-        from hydra.utils import instantiate
-
-        return instantiate(pruner)
-    args = dict(pruner) if isinstance(pruner, dict) else {"type": pruner}
-    kind = str(args.pop("type", "none"))
-    classes = {
-        "median": optuna.pruners.MedianPruner,
-        "percentile": optuna.pruners.PercentilePruner,
-        "hyperband": optuna.pruners.HyperbandPruner,
-        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-        "none": optuna.pruners.NopPruner,
-    }
-    if kind not in classes:
-        raise UserError(f"hydra.sweeper.pruner={kind}: use one of {', '.join(PRUNERS)}")
-    if kind == "percentile" and "percentile" not in args:
-        args["percentile"] = 25.0  # the quarter of the best trials goes on
-    try:
-        return classes[kind](**args)
-    except TypeError as e:
-        raise UserError(f"hydra.sweeper.pruner: {kind}: {e}") from None
-
-
-def open_storage(spec: str) -> Any:
-    """The Optuna storage `spec` names: `journal:<path>` is a journal file (no database server;
-    safe on NFS-like file systems, Optuna's file-lock backend), anything else a database URL
-    (SQLite waits for a lock rather than failing at once: trials report concurrently)."""
-    import optuna
-
-    if spec.startswith(JOURNAL_PREFIX):
-        path = spec[len(JOURNAL_PREFIX) :]
-        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
-    engine_kwargs = {"connect_args": {"timeout": 60}} if spec.startswith("sqlite:") else None
-    return optuna.storages.RDBStorage(spec, engine_kwargs=engine_kwargs)
 
 
 class TrialLink:

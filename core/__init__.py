@@ -7,5 +7,6 @@ components/, the scripts), importing none of them:
 * run_dir.py: a run dir's contract: file names, RunResult (result.json), LaunchRecord (launch.json);
 * naming.py: how sweep jobs are told apart (swept keys, short names, values, W&B group);
 * wandb_mode.py: W&B's mode from `wandb.mode` (credentials, offline, disabled);
+* trials.py: how an Optuna trial and its job's rank 0 find each other (storage, pruner, env);
 * requeue.py: `scontrol requeue` of this SLURM job (preemption, and a SLURM task's stop handler).
 """

@@ -1,5 +1,6 @@
-"""World-size rules, shared by the ranks (components/distributed.py) and both launchers
-(launch/jobs.py). Imports no torch unless a GPU driver is present: launchers use it too.
+"""World-size rules, shared by the ranks (components/distributed.py) and the launchers
+(launch/: a job's world from its config, checked before any rank starts). Imports no torch
+unless a GPU driver is present: launchers use it too.
 
 `dist.nproc_per_node` and `dist.nnodes` are `auto` or a positive integer. `auto` nproc means
 every usable GPU of a node, or 1 where the job uses no GPU (none visible, or dist.backend=gloo);
@@ -12,7 +13,10 @@ from __future__ import annotations
 import glob
 import os
 import sys
+from types import SimpleNamespace
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from core.errors import UserError
 
@@ -102,3 +106,39 @@ def data_workers(value: Any, local_world_size: int) -> int:
     the one its own process trains on (none where a rank has a single core)."""
     workers = parse_count(value, "dataset.num_workers", minimum=0)
     return cores_per_rank(local_world_size) - 1 if workers is None else workers
+
+
+def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
+    """(ranks per node, nodes, whether its ranks use GPUs) a job asks for in its `dist` node,
+    `auto` resolved against `n_gpus` usable GPUs per node. An app without a `dist` node (or
+    without a key of it) runs 1 rank on 1 node."""
+    dist = OmegaConf.select(config, "dist")
+    if not isinstance(dist, DictConfig):
+        return 1, 1, False
+    request = SimpleNamespace(
+        nproc_per_node=OmegaConf.select(dist, "nproc_per_node", default=1),
+        nnodes=OmegaConf.select(dist, "nnodes", default=1),
+        backend=OmegaConf.select(dist, "backend", default="auto"),
+    )
+    nproc, nnodes = requested_world(request, n_gpus)
+    return nproc, nnodes, uses_gpus(request.backend, n_gpus)
+
+
+def check_batch_size(config: DictConfig, world_size: int) -> None:
+    """A job's global `trainer.batch_size` must split evenly over its ranks (and accumulation
+    steps): checked here, before any rank starts (core/world.py's rule, as in the ranks).
+    Apps without a `trainer` node are not checked."""
+    trainer = OmegaConf.select(config, "trainer")
+    if not isinstance(trainer, DictConfig) or "batch_size" not in trainer:
+        return
+    accumulate = OmegaConf.select(trainer, "accumulate_grad_batches", default=1)
+    per_rank_batch(int(trainer.batch_size), world_size, int(accumulate))
+
+
+def check_gpus(nproc: int, gpu_job: bool, n_gpus: int, what: str) -> None:
+    """A GPU job takes one GPU per rank: it cannot ask for more than a node has (`what`)."""
+    if gpu_job and nproc > n_gpus:
+        raise UserError(
+            f"dist.nproc_per_node={nproc} asks for {nproc} GPUs per node but {what}: "
+            "lower dist.nproc_per_node"
+        )

@@ -32,7 +32,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from hydra.errors import CompactHydraException
@@ -48,7 +47,6 @@ from core.naming import (
     swept_values,
 )
 from core.run_dir import RunResult, read_result, write_result
-from core.world import per_rank_batch, requested_world, uses_gpus
 from ranks.job_spec import JobSpec, Stopped, job_return
 
 log = logging.getLogger(__name__)
@@ -195,42 +193,6 @@ def compose_jobs(
             Job(num, list(overrides), job_dir, spec, label=f"#{num} ", error=error, swept=swept)
         )
     return jobs
-
-
-def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
-    """(ranks per node, nodes, whether its ranks use GPUs) a job asks for in its `dist` node,
-    `auto` resolved against `n_gpus` usable GPUs per node. An app without a `dist` node (or
-    without a key of it) runs 1 rank on 1 node."""
-    dist = OmegaConf.select(config, "dist")
-    if not isinstance(dist, DictConfig):
-        return 1, 1, False
-    request = SimpleNamespace(
-        nproc_per_node=OmegaConf.select(dist, "nproc_per_node", default=1),
-        nnodes=OmegaConf.select(dist, "nnodes", default=1),
-        backend=OmegaConf.select(dist, "backend", default="auto"),
-    )
-    nproc, nnodes = requested_world(request, n_gpus)
-    return nproc, nnodes, uses_gpus(request.backend, n_gpus)
-
-
-def check_batch_size(config: DictConfig, world_size: int) -> None:
-    """A job's global `trainer.batch_size` must split evenly over its ranks (and accumulation
-    steps): checked here, before any rank starts (core/world.py's rule, as in the ranks).
-    Apps without a `trainer` node are not checked."""
-    trainer = OmegaConf.select(config, "trainer")
-    if not isinstance(trainer, DictConfig) or "batch_size" not in trainer:
-        return
-    accumulate = OmegaConf.select(trainer, "accumulate_grad_batches", default=1)
-    per_rank_batch(int(trainer.batch_size), world_size, int(accumulate))
-
-
-def check_gpus(nproc: int, gpu_job: bool, n_gpus: int, what: str) -> None:
-    """A GPU job takes one GPU per rank: it cannot ask for more than a node has (`what`)."""
-    if gpu_job and nproc > n_gpus:
-        raise UserError(
-            f"dist.nproc_per_node={nproc} asks for {nproc} GPUs per node but {what}: "
-            "lower dist.nproc_per_node"
-        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from core.errors import UserError, describe
+from core.world import check_batch_size
 from launch.jobs import (
     Job,
     SweepStopped,
-    check_batch_size,
     compose_jobs,
     configure_sweep_logging,
     failed_job_return,

@@ -37,14 +37,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import UserError, job_value
 from core.run_dir import read_result
-from core.world import parse_count
+from core.world import check_gpus, job_world, parse_count
 from launch.jobs import (
     Job,
-    check_gpus,
     configure_sweep_logging,
     failed_job_return,
     failure_reason,
-    job_world,
     settings_from,
 )
 from launch.lifecycle import LifecycleLauncher

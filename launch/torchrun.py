@@ -43,14 +43,12 @@ from omegaconf import DictConfig
 
 from core.errors import UserError, job_value
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
-from core.world import visible_gpus
+from core.world import check_gpus, job_world, visible_gpus
 from launch.jobs import (
     Job,
-    check_gpus,
     configure_sweep_logging,
     failed_job_return,
     failure_reason,
-    job_world,
     resolve_output_dirs,
     settings_from,
 )

@@ -18,8 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from components.pruning import JOURNAL_PREFIX
 from core.errors import UserError
+from core.trials import JOURNAL_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def continue_study(sweeper: Any) -> bool:
     sampler reseeded (it would otherwise propose its first points again)."""
     from optuna.trial import TrialState
 
-    from components.pruning import open_storage
+    from core.trials import open_storage
 
     storage = open_storage(sweeper.storage_spec)
     try:

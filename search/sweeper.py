@@ -36,7 +36,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from components.pruning import (
+from core.errors import UserError
+from core.run_dir import LAUNCH_FILE, read_result
+from core.trials import (
     JOB_NUM_ATTR,
     PRUNER_ENV,
     STORAGE_ENV,
@@ -44,8 +46,6 @@ from components.pruning import (
     SWEEP_DIR_ATTR,
     build_pruner,
 )
-from core.errors import UserError
-from core.run_dir import LAUNCH_FILE, read_result
 from search.space import search_space, trial_overrides
 from search.study import continue_study, directions, shown, storage_spec
 from search.usage import SlotUsage
@@ -170,7 +170,7 @@ class OptunaSweeperBase(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         import optuna
 
-        from components.pruning import open_storage
+        from core.trials import open_storage
 
         if self.resume and not continue_study(self) and self.ran_before():
             raise UserError(

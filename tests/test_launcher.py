@@ -32,18 +32,16 @@ from omegaconf import OmegaConf
 from core.errors import UserError
 from core.naming import SWEPT_KEYS_ENV
 from core.run_dir import LAUNCHER_DIR, RESULT_FILE, RunResult, read_result, write_result
-from core.world import parse_count
+from core.world import check_batch_size, job_world, parse_count
 from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
 from launch import slurm
 from launch.jobs import (
     Job,
     JobFailed,
-    check_batch_size,
     compose_jobs,
     failed_job_return,
     failure_reason,
     job_done,
-    job_world,
     launcher_errors,
     record_failure,
 )

@@ -52,7 +52,7 @@ def study_trials(sweep_dir: Path, storage: str) -> list:
     """The study of the sweep, from its file in the sweep dir (optuna.db or optuna.journal)."""
     import optuna
 
-    from components.pruning import open_storage
+    from core.trials import open_storage
 
     path = sweep_dir / storage
     assert path.exists(), f"no {path}"

@@ -19,17 +19,17 @@ from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from components.pruning import (
+from components.pruning import TrialLink
+from core.errors import UserError
+from core.trials import (
     JOB_NUM_ATTR,
     PRUNER_ENV,
     STORAGE_ENV,
     STUDY_ENV,
     SWEEP_DIR_ATTR,
-    TrialLink,
     build_pruner,
     open_storage,
 )
-from core.errors import UserError
 from launch.jobs import Job
 from launch.lifecycle import JobFeed, run_jobs
 from launch.resume import Attempt, LaunchRecord, write_launch_record

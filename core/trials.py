@@ -1,0 +1,70 @@
+"""How a sweep's Optuna trial and its job's rank 0 find each other (torch-free; the sweeper in
+search/ and the in-rank pruning in components/pruning.py both use it): the environment the
+sweeper exports to every rank, the trial attributes that name a trial's job, the storage a spec
+names and the pruner `hydra.sweeper.pruner` names. Optuna is imported only when used."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from core.errors import UserError
+
+STORAGE_ENV = "HYDRA_DDP_OPTUNA_STORAGE"  # an RDB URL, or journal:<path> (a journal file)
+STUDY_ENV = "HYDRA_DDP_OPTUNA_STUDY"
+# The pruner's config as JSON: a study loaded elsewhere gets Optuna's default pruner, not the
+# sweep's (the storage keeps no pruner), so each trial's rank 0 builds the sweep's own.
+PRUNER_ENV = "HYDRA_DDP_OPTUNA_PRUNER"
+PRUNERS = ("median", "percentile", "hyperband", "successive_halving", "none")
+JOURNAL_PREFIX = "journal:"
+# Trial user attributes that name the trial's job (the sweeper sets them when it asks).
+SWEEP_DIR_ATTR = "sweep_dir"
+JOB_NUM_ATTR = "job_num"
+
+
+def build_pruner(pruner: Any) -> Any:
+    """`hydra.sweeper.pruner`: a name (median, percentile, hyperband, successive_halving,
+    none), a mapping with `type` and the pruner's own arguments (e.g. {type: median,
+    n_warmup_steps: 2}), or one with a `_target_` (any Optuna pruner, instantiated)."""
+    import optuna
+
+    if pruner is None:
+        return optuna.pruners.NopPruner()
+    if hasattr(pruner, "prune"):
+        return pruner
+    if isinstance(pruner, Mapping):
+        pruner = {str(k): v for k, v in pruner.items()}
+    if isinstance(pruner, dict) and "_target_" in pruner:
+        from hydra.utils import instantiate
+
+        return instantiate(pruner)
+    args = dict(pruner) if isinstance(pruner, dict) else {"type": pruner}
+    kind = str(args.pop("type", "none"))
+    classes = {
+        "median": optuna.pruners.MedianPruner,
+        "percentile": optuna.pruners.PercentilePruner,
+        "hyperband": optuna.pruners.HyperbandPruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "none": optuna.pruners.NopPruner,
+    }
+    if kind not in classes:
+        raise UserError(f"hydra.sweeper.pruner={kind}: use one of {', '.join(PRUNERS)}")
+    if kind == "percentile" and "percentile" not in args:
+        args["percentile"] = 25.0  # the quarter of the best trials goes on
+    try:
+        return classes[kind](**args)
+    except TypeError as e:
+        raise UserError(f"hydra.sweeper.pruner: {kind}: {e}") from None
+
+
+def open_storage(spec: str) -> Any:
+    """The Optuna storage `spec` names: `journal:<path>` is a journal file (no database server;
+    safe on NFS-like file systems, Optuna's file-lock backend), anything else a database URL
+    (SQLite waits for a lock rather than failing at once: trials report concurrently)."""
+    import optuna
+
+    if spec.startswith(JOURNAL_PREFIX):
+        path = spec[len(JOURNAL_PREFIX) :]
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
+    engine_kwargs = {"connect_args": {"timeout": 60}} if spec.startswith("sqlite:") else None
+    return optuna.storages.RDBStorage(spec, engine_kwargs=engine_kwargs)
