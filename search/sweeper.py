@@ -36,7 +36,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from core.errors import UserError
+from core.errors import UserError, job_value
 from core.run_dir import LAUNCH_FILE, read_result
 from core.trials import (
     JOB_NUM_ATTR,
@@ -337,7 +337,7 @@ class Trials:
             if result is not None and result.status == "pruned":
                 state = TrialState.PRUNED
             else:
-                values = objective_values(ret._return_value, len(self.study.directions))
+                values = objective_values(job_value(ret), len(self.study.directions))
                 state = TrialState.COMPLETE if values is not None else TrialState.FAIL
         if state == TrialState.FAIL:
             self.failures.append(ret)
