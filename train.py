@@ -59,7 +59,7 @@ from components.loss_window import LossWindow
 from components.metrics import RunLogger, run_facts
 from components.monitor import Monitor
 from components.optim import build_optimizer, lr_schedule
-from components.precision import grad_scaler, memory_format, precision_context
+from components.precision import grad_scaler, memory_format, model_dtype, precision_context
 from components.preemption import Preempted, StopRequest, cpu_group
 from components.profiling import StepProfiler
 from components.pruning import Pruned, TrialLink, check_prune, pruner_for
@@ -201,7 +201,8 @@ def build(
     )
 
     # Model, optimizer, schedule, EMA, monitor; everything a resume needs is one TrainingState.
-    model = build_model(cfg.model, splits).to(env.device, memory_format=memory_format(tc))
+    model = build_model(cfg.model, splits)
+    model = model.to(env.device, model_dtype(tc), memory_format=memory_format(tc))
     size = model_facts(
         model,
         torch.zeros(1, splits.in_channels, splits.image_size, splits.image_size, device=env.device),

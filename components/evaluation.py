@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from components.precision import memory_format
+from components.precision import as_model_input, memory_format
 
 TOP_K = 5  # the "top-5" of the metrics (top-min(5, classes) for fewer classes)
 ECE_BINS = 15  # equal-width confidence bins of the expected calibration error
@@ -184,6 +184,7 @@ def evaluate(
     metrics = EvalAccumulator(num_classes, device)
     for x, y in loader:
         x = x.to(device, non_blocking=True, memory_format=memory_format(tc))
+        x = as_model_input(x, model)
         y = y.to(device, non_blocking=True)
         logits = model(x)
         if labelled:

@@ -9,15 +9,29 @@ import torch
 
 from core.errors import UserError
 
-DTYPES = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# "64": the model and its inputs in float64, no autocast: for numerics checks (e.g. that a run
+# resumed at another world size ends where the uninterrupted one ends: in float32 the all-reduce's
+# rounding can flip a ReLU or max-pool near a tie and move the weights by ~1e-3).
+DTYPES = {"32": None, "64": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def precision_context(precision: str, device: torch.device):
     """Autocast for bf16/fp16; a no-op for 32."""
     if str(precision) not in DTYPES:
-        raise UserError(f"trainer.precision={precision} is not valid: use 32, bf16 or fp16")
+        raise UserError(f"trainer.precision={precision} is not valid: use 32, 64, bf16 or fp16")
     dtype = DTYPES[str(precision)]
     return torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+
+
+def model_dtype(trainer_cfg) -> torch.dtype:
+    """The weights' dtype: float64 with precision=64, else float32 (autocast lowers the rest)."""
+    return torch.float64 if str(trainer_cfg.precision) == "64" else torch.float32
+
+
+def as_model_input(x: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    """Floating-point images in the model's own dtype (float64 only with precision=64)."""
+    dtype = next(model.parameters()).dtype
+    return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
 
 
 def memory_format(trainer_cfg) -> torch.memory_format:

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 import torch
 
+from components.precision import as_model_input
+
 # Dense peak throughput per GPU, in FLOP/s, by the precision the matmuls run in.
 # (tf32 is what fp32 matmuls use when torch.backends.cuda.matmul.allow_tf32 is on.)
 PEAK_FLOPS = {
@@ -51,7 +53,7 @@ def forward_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> float:
     model.eval()
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(x[:1])
+            model(as_model_input(x[:1], model))
     finally:
         model.train(was_training)
     return float(counter.get_total_flops())

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from components import faults
 from components.distributed import DistEnv
 from components.loss_window import LossWindow
-from components.precision import memory_format, precision_context
+from components.precision import as_model_input, memory_format, precision_context
 from components.speed import Speed, peak_memory_mb
 from core.errors import UserError
 from data.mixing import BatchMix
@@ -86,6 +86,7 @@ class TrainStep:
             with speed.timer.waiting_for_data():
                 x, y = next(batches)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            x = as_model_input(x, self.plain_model)
             # MixUp/CutMix seeded by (seed, epoch, global batch index): the same on resume
             # and at any world size.
             x, y = self.mix(x, y, progress.epoch, progress.step_in_epoch * accumulate + micro)

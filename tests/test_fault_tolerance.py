@@ -292,7 +292,10 @@ def test_nan_stops_naming_step_and_rank_or_is_skipped(tmp_path):
 # RNG, which a checkpoint from another world size cannot hand over; every draw of the data path
 # (augment=shift's crops, MixUp/CutMix pairs, weights and boxes) depends on (seed, epoch, sample
 # index or global batch) only.
-ELASTIC_JOB = [x for x in JOB if not x.startswith(("model.dropout", "wandb.mode"))]
+ELASTIC_JOB = [
+    *(x for x in JOB if not x.startswith(("model.dropout", "wandb.mode"))),
+    "trainer.precision=64",  # float32 all-reduce rounding can flip a ReLU / max-pool tie
+]
 ELASTIC = {
     "shift": ["wandb.mode=disabled"],  # digits' default augmentation
     "mixup": [
@@ -337,4 +340,4 @@ def test_resumed_at_another_world_size_ends_where_the_uninterrupted_run_ends(
     assert got["progress"]["step"] == ref["progress"]["step"] == TOTAL
     diff = max((ref["model"][k] - got["model"][k]).abs().max().item() for k in ref["model"])
     print(f"{recipe}: {before} -> {after} ranks, killed at step {step}: max |dw| {diff:.2e}")
-    assert diff <= 1e-4
+    assert diff <= 1e-9  # float64 (ELASTIC_JOB): a correct handover ends ~1e-16 away

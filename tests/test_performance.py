@@ -21,8 +21,8 @@ def result(run_dir: Path) -> dict:
     return json.loads((run_dir / "result.json").read_text())
 
 
-# fp16 on a CPU is emulated: 3 epochs take 10+ s
-@pytest.mark.parametrize("precision", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])
+# fp16 on a CPU is emulated: 3 epochs take 10+ s. 64: float64 weights and inputs (numerics checks)
+@pytest.mark.parametrize("precision", ["bf16", "64", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_mixed_precision_and_channels_last_train(tmp_path, precision):
     run_dir = tmp_path / precision
     train_in_process(
@@ -37,6 +37,8 @@ def test_mixed_precision_and_channels_last_train(tmp_path, precision):
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     # fp16 carries a GradScaler (scale state saved for exact resume); bf16 needs none
     assert bool(state["scaler"]) == (precision == "fp16")
+    dtypes = {w.dtype for w in state["model"].values() if w.is_floating_point()}
+    assert dtypes == {torch.float64 if precision == "64" else torch.float32}
 
 
 def final_weights(run_dir: Path, accumulate: int, nproc: int) -> dict:
