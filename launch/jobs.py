@@ -1,6 +1,6 @@
 """The job model both launchers share (launch/torchrun.py, launch/slurm.py).
 
-A sweep batch goes the same way on either launcher (:func:`launch_batch`): every job's config is
+A sweep goes the same way on either launcher (launch/lifecycle.py): every job's config is
 composed here, in the launching process (:func:`compose_jobs`, as Hydra's own launchers do), its
 world size read from its own `dist` node (:func:`job_world`, core/world.py's rules), then
 the launcher runs the jobs its way and hands back one JobReturn per job: rank 0's own, or a
@@ -38,14 +38,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from core.errors import UserError, describe, job_value, one_line
-from core.naming import (
-    SWEPT_KEYS_ENV,
-    fmt_duration,
-    fmt_value,
-    label,
-    swept_keys,
-    swept_values,
-)
+from core.naming import SWEPT_KEYS_ENV, fmt_duration, fmt_value, label, swept_keys, swept_values
 from core.run_dir import RunResult, read_result, write_result
 from ranks.job_spec import JobSpec, Stopped, job_return
 
@@ -138,10 +131,6 @@ def settings_from(schema: type, launcher_cfg: Any) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# composing jobs
-
-
 def resolve_output_dirs(config: DictConfig, keys: Sequence[str]) -> None:
     """Resolve the output dir keys here, once: ranks are other processes, and `${now:}` resolved
     there would name another directory."""
@@ -193,10 +182,6 @@ def compose_jobs(
             Job(num, list(overrides), job_dir, spec, label=f"#{num} ", error=error, swept=swept)
         )
     return jobs
-
-
-# ---------------------------------------------------------------------------------------------
-# failures
 
 
 def failure_reason(
@@ -281,10 +266,6 @@ def job_done(job: Job, ret: Any) -> Any:
         error = job_value(ret)
         log.error("%s: %s", line, getattr(error, "reason", "") or describe(error))
     return ret
-
-
-# ---------------------------------------------------------------------------------------------
-# a sweep batch
 
 
 def configure_sweep_logging(config: DictConfig) -> None:

@@ -206,40 +206,12 @@ def run_jobs(
     return results
 
 
-def launch_batch(
-    launcher: Any,
-    job_overrides: Sequence[Sequence[str]],
-    initial_idx: int,
-    name: str,
-    backend: Backend,
-    *,
-    resume: bool = False,
-    retries: int = 0,
-    stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
-    lock: bool = True,
-) -> list[Any]:
-    """Hydra's Launcher.launch for every backend: compose the batch's jobs and run them
-    (:func:`run_jobs`); one JobReturn per job, in order, failed ones included. With `lock`, one
-    launcher per sweep dir (launch/resume.py). A stop signal (`stop_on`) ends the sweep with
-    SweepStopped once the running jobs are stopped and recorded."""
-    from hydra.core.utils import filter_overrides
-
-    with sweep_session(launcher, name, resume, stop_on, lock, first=initial_idx == 0):
-        for idx, overrides in enumerate(job_overrides):
-            log.debug("\t#%d : %s", initial_idx + idx, " ".join(filter_overrides(overrides)))
-        jobs = compose_jobs(launcher, job_overrides, initial_idx)
-        results = run_jobs(jobs, backend, resume=resume, retries=retries)
-    returns = [results[job.num] for job in jobs]
-    if any(ret.status.name == "FAILED" for ret in returns):  # Hydra's sweeper may raise now
-        report_unfinished(launcher.config, " (a job failed)")
-    return returns
-
-
 class LifecycleLauncher:
     """Hydra's `Launcher.launch` (a batch) and `launch_stream` (jobs one at a time, for a
     sweeper that decides each from the results so far) for a launcher that runs its jobs
     through this lifecycle: it names itself (`launcher_name`), says whether it can launch here
-    (`check`: a UserError if not) and with what (`options`: backend, resume, retries, ...)."""
+    (`check`: a UserError if not) and with what (`options`: backend, resume, retries, and
+    optionally stop_on, the signals that stop a sweep, and lock, one launcher per sweep dir)."""
 
     launcher_name = "launcher"
 
@@ -250,11 +222,20 @@ class LifecycleLauncher:
         raise NotImplementedError
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
-        with launcher_errors():
-            self.check()
-            return launch_batch(
-                self, job_overrides, initial_job_idx, self.launcher_name, **self.options()
-            )
+        """Compose the batch's jobs and run them; one JobReturn per job, in order, failed ones
+        included (so Hydra's on_multirun_end runs)."""
+        jobs: list[Job] = []
+
+        def compose() -> list[Job]:
+            from hydra.core.utils import filter_overrides
+
+            for idx, overrides in enumerate(job_overrides, initial_job_idx):
+                log.debug("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
+            jobs.extend(compose_jobs(self, job_overrides, initial_job_idx))
+            return jobs
+
+        results = self.run_sweep(compose, first=initial_job_idx == 0)
+        return [results[job.num] for job in jobs]
 
     def launch_stream(
         self,
@@ -262,11 +243,36 @@ class LifecycleLauncher:
         on_result: Callable[[int, Any], Any],
         slots: int,
     ) -> None:
+        """Jobs supplied one at a time: whenever fewer than `slots` of them run,
+        `next_overrides()` gives the next one's (job number, overrides), or None when there is
+        none to start now; `on_result(num, ret)` hears of each job's final JobReturn as soon as
+        it ends. No slot waits for a batch to end."""
+        feed = JobFeed(self, next_overrides, slots)
+
+        def ended(job: Job, ret: Any) -> None:
+            feed.ended()
+            on_result(job.num, ret)
+
+        self.run_sweep(lambda: feed, first=True, on_done=ended)
+
+    def run_sweep(
+        self,
+        jobs: Callable[[], Iterable[Job]],
+        first: bool,
+        on_done: Callable[[Job, Any], Any] | None = None,
+    ) -> dict[int, Any]:
+        """:func:`run_jobs` inside the sweep's session (:func:`sweep_session`); `jobs()` is
+        called there, once Hydra's globals are set. A failed job reports the sweep so far."""
         with launcher_errors():
             self.check()
-            launch_stream(
-                self, next_overrides, on_result, slots, self.launcher_name, **self.options()
-            )
+            opts = self.options()
+            stop_on = opts.pop("stop_on", (signal.SIGINT, signal.SIGTERM))
+            lock = opts.pop("lock", True)
+            with sweep_session(self, self.launcher_name, opts["resume"], stop_on, lock, first):
+                results = run_jobs(jobs(), **opts, on_done=on_done)
+            if any(ret.status.name == "FAILED" for ret in results.values()):  # may raise now
+                report_unfinished(self.config, " (a job failed)")
+            return results
 
 
 class JobFeed:
@@ -297,35 +303,6 @@ class JobFeed:
 
     def ended(self) -> None:
         self.running -= 1
-
-
-def launch_stream(
-    launcher: Any,
-    next_overrides: Callable[[], tuple[int, Sequence[str]] | None],
-    on_result: Callable[[int, Any], Any],
-    slots: int,
-    name: str,
-    backend: Backend,
-    *,
-    resume: bool = False,
-    retries: int = 0,
-    stop_on: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
-    lock: bool = True,
-) -> None:
-    """Jobs supplied one at a time (a sweeper that decides each job from the results so far):
-    whenever fewer than `slots` of them run, `next_overrides()` gives the next one's (job
-    number, overrides), or None when there is none to start now; `on_result(num, ret)` hears of
-    each job's final JobReturn as soon as it ends. No slot waits for a batch to end."""
-    feed = JobFeed(launcher, next_overrides, slots)
-
-    def ended(job: Job, ret: Any) -> None:
-        feed.ended()
-        on_result(job.num, ret)
-
-    with sweep_session(launcher, name, resume, stop_on, lock, first=True):
-        results = run_jobs(feed, backend, resume=resume, retries=retries, on_done=ended)
-    if any(ret.status.name == "FAILED" for ret in results.values()):  # the sweeper may raise
-        report_unfinished(launcher.config, " (a job failed)")
 
 
 @contextmanager

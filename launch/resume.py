@@ -67,10 +67,6 @@ LOCK_FILE = ".launcher.lock"  # in the sweep dir: one launcher per sweep dir at 
 HYDRA_OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 
 
-# ---------------------------------------------------------------------------------------------
-# which job a dir holds
-
-
 def recorded_overrides(job_dir: Path, record: LaunchRecord | None) -> list[str] | None:
     """The overrides of the job that ran in `job_dir`: launch.json's, else Hydra's
     .hydra/overrides.yaml, else result.json's (a launcher's failure record); None if none."""
@@ -100,10 +96,6 @@ def check_overrides(
         f"({' '.join(ours)}): never mix two sweeps in one dir: repeat the first sweep's command "
         "line to resume it, or pass another hydra.sweep.dir"
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# what to do with each job
 
 
 @dataclass(frozen=True)
@@ -222,10 +214,6 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
     return None, None
 
 
-# ---------------------------------------------------------------------------------------------
-# attempts
-
-
 def start_attempt(job: Any) -> None:
     """Before a job's processes start (or its SLURM job is submitted): count the attempt,
     continue from the job dir's checkpoints when this attempt follows another (`resume=auto`,
@@ -323,9 +311,6 @@ def should_retry(job: Any, ret: Any) -> bool:
     )
     return True
 
-
-# ---------------------------------------------------------------------------------------------
-# one launcher per sweep dir
 
 _HELD_LOCKS: dict[str, int] = {}
 

@@ -180,10 +180,6 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     return ret.return_value
 
 
-# ---------------------------------------------------------------------------------------------
-# the backend: one torchrun agent process per job (per node)
-
-
 class TorchrunBackend:
     """launch/lifecycle.py's Backend on this machine: a job's attempt is a torchrun agent; a GPU
     job takes one GPU per rank, a set disjoint from every running job's (CUDA_VISIBLE_DEVICES);
