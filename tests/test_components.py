@@ -24,6 +24,7 @@ from components.preemption import Preempted
 from core import world
 from core.errors import ReportUserError, UserError, describe, find_user_error, instantiate
 from core.run_dir import RunResult, read_result
+from tests.helpers import training_state
 
 
 @pytest.fixture
@@ -124,31 +125,6 @@ def test_resume_choice(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # a requeued SLURM job continues
     assert ck.resume_choice(None) == "auto"
-
-
-class Counter:
-    def __init__(self, n: int = 0):
-        self.n = n
-
-    def state_dict(self) -> dict:
-        return {"n": self.n}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.n = state["n"]
-
-
-def training_state(seed: int) -> tuple[ck.TrainingState, torch.nn.Module, Counter, Counter]:
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(3, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model(torch.ones(1, 3)).sum().backward()
-    optimizer.step()
-    progress, window = Counter(seed), Counter(10 * seed)
-    state = ck.TrainingState(
-        shared={"model": model, "optimizer": optimizer, "progress": progress},
-        per_rank={"window": window},
-    )
-    return state, model, progress, window
 
 
 @pytest.mark.usefixtures("one_rank_group")

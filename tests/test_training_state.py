@@ -13,40 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from components import checkpoint as ck
 from components.ema import EMA
 from components.monitor import Monitor
-from tests.helpers import free_port
-
-
-class Counter:
-    def __init__(self, n: int = 0):
-        self.n = n
-
-    def state_dict(self) -> dict:
-        return {"n": self.n}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.n = state["n"]
-
-
-def training_state(seed: int, rank: int = 0):
-    """A small run's state: shared parts from `seed`, this rank's own window and RNG."""
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(3, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model(torch.ones(1, 3)).sum().backward()
-    optimizer.step()
-    progress, window = Counter(seed), Counter(10 * seed + rank)
-    state = ck.TrainingState(
-        shared={"model": model, "optimizer": optimizer, "progress": progress},
-        per_rank={"window": window},
-        config=OmegaConf.create({"seed": seed}),
-    )
-    torch.manual_seed(1000 * seed + rank)  # each rank's own stream
-    return state, model, progress, window
+from tests.helpers import free_port, training_state
 
 
 def round_trip(rank: int, world_size: int) -> dict:
