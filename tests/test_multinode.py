@@ -21,6 +21,26 @@ pytestmark = pytest.mark.slow
 RUN_FILES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro", "wandb"}
 
 
+def two_node_torchrun(endpoint: str, rdzv_id: str, node_rank: int, *overrides: str) -> list[str]:
+    """`torchrun --nnodes=2 --nproc-per-node=1` (c10d) for node `node_rank` of a two-node job
+    on this machine; --local-addr names each node (c10d orders nodes by it: 127.0.0.1 <
+    localhost)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--node-rank={node_rank}",
+        f"--local-addr={('127.0.0.1', 'localhost')[node_rank]}",
+        str(REPO / "train.py"),
+        *overrides,
+    ]
+
+
 def start_nodes(tmp_path: Path, argv_for_node) -> list[tuple[Path, subprocess.Popen]]:
     """One process per node, each in its own directory (its own `outputs/`)."""
     nodes = []
@@ -59,26 +79,11 @@ def files_under(root: Path) -> list[Path]:
 
 def test_two_torchrun_agents_form_one_job(tmp_path: Path) -> None:
     """`torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d` on two nodes: one job of
-    world size 2; node 0's rank (global rank 0) writes the only run dir, node 1's writes nothing.
-    --local-addr names each node (c10d orders nodes by it: 127.0.0.1 < localhost)."""
+    world size 2; node 0's rank (global rank 0) writes the only run dir, node 1's writes nothing."""
     endpoint = f"127.0.0.1:{free_port()}"
 
     def torchrun(node_rank: int) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint}",
-            "--rdzv-id=two-nodes",
-            f"--node-rank={node_rank}",
-            f"--local-addr={('127.0.0.1', 'localhost')[node_rank]}",
-            str(REPO / "train.py"),
-            *QUICK,
-            "trainer.batch_size=64",
-        ]
+        return two_node_torchrun(endpoint, "two-nodes", node_rank, *QUICK, "trainer.batch_size=64")
 
     nodes = start_nodes(tmp_path, torchrun)
     outs = wait_all(nodes)
@@ -156,22 +161,10 @@ def test_two_agents_resume_from_rank0s_checkpoint_though_run_dirs_differ(
         procs = []
         for node_rank in (0, 1):
             dirs[node_rank].parent.mkdir(exist_ok=True)
-            argv = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                "--nproc-per-node=1",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={endpoint}",
-                f"--rdzv-id=resume-{len(extra)}",
-                f"--node-rank={node_rank}",
-                f"--local-addr={('127.0.0.1', 'localhost')[node_rank]}",
-                str(REPO / "train.py"),
-                *job,
-                f"hydra.run.dir={dirs[node_rank]}",
-                *extra,
-            ]
+            run_dir = f"hydra.run.dir={dirs[node_rank]}"
+            argv = two_node_torchrun(
+                endpoint, f"resume-{len(extra)}", node_rank, *job, run_dir, *extra
+            )
             procs.append(
                 subprocess.Popen(
                     argv,
