@@ -120,3 +120,40 @@ def test_workload_e_runs_both_sides_to_a_target_on_generated_data(tmp_path):
         assert res["vals"][0]["val_acc"] >= 0.0
     assert row["speed_ratio"] == pytest.approx(row["seconds"]["seed"] / row["seconds"]["train.py"])
     assert "| mnist" in tta.table(rows)
+
+
+def test_a_side_that_never_reaches_the_target_is_a_bound_not_a_failure():
+    def run(seconds, ran_s, epochs):
+        vals = [{"epoch": e + 1, "val_acc": 0.5, "time": 0.0} for e in range(epochs)]
+        return {"seconds": seconds, "ran_s": ran_s, "epoch": seconds and epochs, "vals": vals}
+
+    def row(train, seed):
+        seconds, exact = {}, {}
+        for side, runs in (("train.py", train), ("seed", seed)):
+            seconds[side], exact[side] = tta.side_seconds(runs)
+        return {
+            "dataset": "mnist",
+            "target": 0.99,
+            "world_size": 2,
+            "seconds": seconds,
+            "exact": exact,
+            "epochs": {"train.py": 4, "seed": 10},
+            "speed_ratio": seconds["seed"] / seconds["train.py"],
+        }
+
+    # the seed ran 10 epochs (500 s) without getting there; train.py got there in 300 s
+    seed_bound = row([run(300.0, 310.0, 4)], [run(None, 500.0, 10)])
+    assert seed_bound["exact"] == {"train.py": True, "seed": False}
+    assert seed_bound["seconds"]["seed"] == 500.0 and tta.verdict(seed_bound) == "PASS"
+    cells = [c.strip() for c in tta.table([seed_bound]).splitlines()[-1].split("|")[1:-1]]
+    assert cells[3:] == ["300.0", ">500.0", ">1.67", "4 / >10", "PASS"], cells
+    # train.py never got there: a MISS, whatever the ratio says
+    train_bound = row([run(None, 900.0, 5)], [run(400.0, 400.0, 3)])
+    cells = [c.strip() for c in tta.table([train_bound]).splitlines()[-1].split("|")[1:-1]]
+    assert tta.verdict(train_bound) == "MISS" and cells[3:6] == [">900.0", "400.0", "<0.44"]
+    # a bound in one repeat of three makes the median a bound
+    assert tta.side_seconds([run(100.0, 1, 1), run(None, 300.0, 2), run(200.0, 1, 1)]) == (
+        200.0,
+        False,
+    )
+    assert tta.side_seconds([run(100.0, 1, 1), run(300.0, 1, 1)]) == (200.0, True)
