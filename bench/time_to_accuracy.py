@@ -142,7 +142,6 @@ def run_side(r: Run, side: str, run_dir: Path) -> dict:
         "seconds": None if reached is None else reached["time"] - started,
         "epoch": None if reached is None else reached["epoch"],
         "ran_s": ran_s,  # with seconds None: the time to accuracy is longer than this
-        "best_val_acc": max((v["val_acc"] for v in seen), default=None),
     }
     if reached is None and proc.returncode != 0 and ran_s < r.timeout_s:
         tail = "\n".join(err_path.read_text().strip().splitlines()[-10:])
@@ -153,7 +152,8 @@ def run_side(r: Run, side: str, run_dir: Path) -> dict:
 def side_seconds(runs: list[dict]) -> tuple[float | None, bool]:
     """The median time to accuracy over repeats, and whether it is exact: where a repeat never
     got there, its run time stands in, and the median is a lower bound."""
-    seconds = median(x["seconds"] if x["seconds"] is not None else x["ran_s"] for x in runs)
+    # ran_s: None in files saved before bounds existed
+    seconds = median(x["seconds"] if x["seconds"] is not None else x.get("ran_s") for x in runs)
     return seconds, all(x["seconds"] is not None for x in runs)
 
 
@@ -180,6 +180,11 @@ def bench_cell(r: Run, repeats: int, work: Path) -> dict:
                     f"(epoch {res['epoch']}; val {accs})",
                     flush=True,
                 )
+    return summarize(r, runs)
+
+
+def summarize(r: Run, runs: dict[str, list[dict]]) -> dict:
+    """One cell's row from its runs by side (run_side's results): medians, bounds, the ratio."""
     seconds, exact = {}, {}
     for side in SIDES:
         seconds[side], exact[side] = side_seconds(runs[side])
@@ -200,13 +205,27 @@ def bench_cell(r: Run, repeats: int, work: Path) -> dict:
     }
 
 
+def bounds(row: dict) -> dict[str, str]:
+    """By side: ">" where its seconds are a lower bound (it never got there), else ""."""
+    exact = row.get("exact", dict.fromkeys(SIDES, True))  # rows saved before bounds existed
+    return {side: "" if exact[side] or row["seconds"][side] is None else ">" for side in SIDES}
+
+
 def verdict(row: dict) -> str:
     """PASS when train.py got there no later than the seed did, or than the seed stopped
     without getting there; MISS when train.py never got there or the seed was sooner."""
-    speed, exact = row["speed_ratio"], row.get("exact", {side: True for side in SIDES})
-    if speed is None:
+    if row["speed_ratio"] is None:
         return "n/a"
-    return "PASS" if exact["train.py"] and speed >= 1.0 else "MISS"
+    return "PASS" if not bounds(row)["train.py"] and row["speed_ratio"] >= 1.0 else "MISS"
+
+
+def speed_cell(row: dict) -> str:
+    """The ratio, as a lower bound (">") where only the seed never got there, an upper bound
+    ("<") where only train.py never did; no ratio where neither did."""
+    bound = bounds(row)
+    if row["speed_ratio"] is None or (bound["train.py"] and bound["seed"]):
+        return "n/a"
+    return ("<" if bound["train.py"] else bound["seed"]) + fmt(row["speed_ratio"], ".2f")
 
 
 def table(rows: list[dict]) -> str:
@@ -214,12 +233,7 @@ def table(rows: list[dict]) -> str:
     head = "dataset|target val/acc|world|train.py s|seed s|seed/train.py (speed)"
     lines = [[*head.split("|"), "epochs train.py / seed", "target"]]
     for row in rows:
-        s, e, speed = row["seconds"], row["epochs"], row["speed_ratio"]
-        exact = row.get("exact", {side: True for side in SIDES})  # runs saved before bounds
-        bound = {side: "" if exact[side] or s[side] is None else ">" for side in SIDES}
-        # a seed bound makes the ratio a lower bound, a train.py bound an upper one
-        speed_mark = bound["seed"] if not bound["train.py"] else "<" if not bound["seed"] else None
-        speed = speed if speed_mark is not None else None  # both bounds: no ratio
+        s, e, bound = row["seconds"], row["epochs"], bounds(row)
         lines.append(
             [
                 row["dataset"],
@@ -227,7 +241,7 @@ def table(rows: list[dict]) -> str:
                 str(row["world_size"]),
                 bound["train.py"] + fmt(s["train.py"], ".1f"),
                 bound["seed"] + fmt(s["seed"], ".1f"),
-                ("" if speed is None else speed_mark) + fmt(speed, ".2f"),
+                speed_cell(row),
                 " / ".join(bound[side] + fmt(e[side], "g") for side in SIDES),
                 verdict(row),
             ]
