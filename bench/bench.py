@@ -375,12 +375,19 @@ def overrides_for(workload: str, given: list[str]) -> tuple[str, ...]:
 
 
 def print_report(report: dict) -> None:
-    rows = report["rows"]
-    print(table(rows))
-    print("\nBest window of any repeat (the least disturbed by other load):")
-    print(best_table(rows))
-    print()
-    print(legend(rows, report["repeats"], report["cores"]))
+    """The tables of a run, or of an --out file: workloads A-D's, then E's, each if it ran."""
+    rows, e_rows = report["rows"], report.get("time_to_accuracy") or []
+    if rows:
+        print(table(rows))
+        print("\nBest window of any repeat (the least disturbed by other load):")
+        print(best_table(rows))
+        print()
+        print(legend(rows, report["repeats"], report["cores"]))
+    if e_rows:
+        from bench import time_to_accuracy
+
+        print(("\n" if rows else "") + time_to_accuracy.table(e_rows))
+        print("\n" + time_to_accuracy.legend(report["repeats"], report["cores"]))
 
 
 def resummarize(report: dict) -> dict:
@@ -398,7 +405,18 @@ def resummarize(report: dict) -> dict:
             workers=row.get("workers"),
         )
         rows.append(summarize(setup, row["runs"], row["imports_s"]))
-    return {**report, "rows": rows, "table": table(rows)}
+    e_rows = report.get("time_to_accuracy") or []
+    if e_rows:
+        from bench import time_to_accuracy as tta
+
+        e_rows = [
+            tta.summarize(
+                tta.Run(e["dataset"], e["world_size"], Path(), e["omp_num_threads"], e["target"]),
+                e["runs"],
+            )
+            for e in e_rows
+        ]
+    return {**report, "rows": rows, "table": table(rows), "time_to_accuracy": e_rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -464,13 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "time_to_accuracy": e_rows,
     }
-    if rows:
-        print_report(report)
-    if e_rows:
-        from bench import time_to_accuracy
-
-        print(("\n" if rows else "") + time_to_accuracy.table(e_rows))
-        print("\n" + time_to_accuracy.legend(args.repeats, cores))
+    print_report(report)
     failed = sum(row["failed_runs"] for row in (*rows, *e_rows))
     if failed:
         print(f"\n{failed} run(s) failed: see the messages above", file=sys.stderr)

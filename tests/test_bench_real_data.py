@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 
 import pytest
@@ -128,18 +129,10 @@ def test_a_side_that_never_reaches_the_target_is_a_bound_not_a_failure():
         return {"seconds": seconds, "ran_s": ran_s, "epoch": seconds and epochs, "vals": vals}
 
     def row(train, seed):
-        seconds, exact = {}, {}
-        for side, runs in (("train.py", train), ("seed", seed)):
-            seconds[side], exact[side] = tta.side_seconds(runs)
-        return {
-            "dataset": "mnist",
-            "target": 0.99,
-            "world_size": 2,
-            "seconds": seconds,
-            "exact": exact,
-            "epochs": {"train.py": 4, "seed": 10},
-            "speed_ratio": seconds["seed"] / seconds["train.py"],
-        }
+        return tta.summarize(
+            tta.Run("mnist", 2, fx.REPO / "d", threads=1, target=0.99),
+            {"train.py": train, "seed": seed},
+        )
 
     # the seed ran 10 epochs (500 s) without getting there; train.py got there in 300 s
     seed_bound = row([run(300.0, 310.0, 4)], [run(None, 500.0, 10)])
@@ -157,3 +150,19 @@ def test_a_side_that_never_reaches_the_target_is_a_bound_not_a_failure():
         False,
     )
     assert tta.side_seconds([run(100.0, 1, 1), run(300.0, 1, 1)]) == (200.0, True)
+
+
+def test_report_reprints_workload_e_from_the_saved_runs(tmp_path, capsys):
+    runs = {
+        "train.py": [{"seconds": 300.0, "ran_s": 310.0, "epoch": 4, "vals": []}],
+        "seed": [{"seconds": None, "ran_s": 500.0, "epoch": None, "vals": [{}] * 10}],
+    }
+    row = tta.summarize(tta.Run("mnist", 2, fx.REPO / "d", threads=1, target=0.99), runs)
+    saved = {"rows": [], "repeats": 1, "cores": 2, "time_to_accuracy": [{**row, "seconds": {}}]}
+    (tmp_path / "r.json").write_text(json.dumps(saved))
+    assert bench.main(["--report", str(tmp_path / "r.json")]) == 0
+    printed = capsys.readouterr().out
+    assert tta.table([row]) in printed  # summarised again from the runs, not the saved figures
+    (line,) = [x for x in printed.splitlines() if x.startswith("| mnist")]
+    assert [c.strip() for c in line.split("|")[4:7]] == ["300.0", ">500.0", ">1.67"], line
+    assert "E = time to accuracy" in printed
