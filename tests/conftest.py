@@ -33,6 +33,17 @@ def train_config():
         yield composer
 
 
+@pytest.fixture(scope="session")
+def two_ranks(wandb_data_dir):
+    """Two ranks for the whole run (tests/rank_pool.py): a gloo group of two processes
+    without starting them for each test."""
+    from tests.rank_pool import RankPool
+
+    pool = RankPool(world_size=2)
+    yield pool
+    pool.close(wait=30)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def wandb_data_dir(tmp_path_factory):
     """W&B's staging copies of logged artifacts (checkpoints, tables' images), which offline
@@ -47,3 +58,19 @@ def wandb_data_dir(tmp_path_factory):
         os.environ.pop("WANDB_DATA_DIR", None)
     else:
         os.environ["WANDB_DATA_DIR"] = saved
+
+
+@pytest.fixture(autouse=True, scope="session")
+def wandb_off_by_default():
+    """W&B's service costs every run seconds: runs in this process are disabled unless a test
+    asks for wandb.mode=offline (tests/helpers.py's OFFLINE), as run_env makes them in the
+    processes tests start. (conf/wandb/default.yaml: mode ${oc.env:WANDB_MODE,auto}.)"""
+    import os
+
+    saved = os.environ.get("WANDB_MODE")
+    os.environ["WANDB_MODE"] = "disabled"
+    yield
+    if saved is None:
+        os.environ.pop("WANDB_MODE", None)
+    else:
+        os.environ["WANDB_MODE"] = saved

@@ -1,11 +1,6 @@
 """Helpers shared by the tests: run train.py as a user does, read what a run wrote (metrics,
 results, checkpoints, W&B's offline records), and write small datasets in the real on-disk
-formats torchvision reads (no network needed).
-
-Also runnable under torchrun as the worker of the download-once test:
-    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/helpers.py \
-        download-once <root> <mirror url> <md5 json> <log file>
-"""
+formats torchvision reads (no network needed)."""
 
 from __future__ import annotations
 
@@ -32,14 +27,14 @@ import yaml
 from PIL import Image
 from torch.utils.data import Dataset
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script (the download-once worker)
-    sys.path.insert(0, str(REPO))
+from core.run_dir import read_metrics
 
-from core.run_dir import read_metrics  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 # Quick settings for tests that only need a run to happen; each test adds what it checks.
-QUICK = ["trainer.max_epochs=1", "wandb.mode=offline", "trainer.progress_bar=false"]
+# W&B is off unless a test reads what W&B wrote (OFFLINE): its service costs each run seconds.
+QUICK = ["trainer.max_epochs=1", "wandb.mode=disabled", "trainer.progress_bar=false"]
+OFFLINE = "wandb.mode=offline"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,6 +48,7 @@ def run_env(**extra: str) -> dict:
         if not k.startswith(("WANDB_", "HYDRA_")) or k == "WANDB_DATA_DIR"
     }
     env.update(
+        WANDB_MODE="disabled",  # wandb.mode's default (auto) in processes; OFFLINE to read W&B
         WANDB_SILENT="true",
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
@@ -553,8 +549,19 @@ def make_imagenet(
     )
 
 
-def _download_once_worker(root: str, mirror: str, sums_json: str, log: str) -> None:
-    """One torchrun rank: build MNIST with download=true through build_datasets."""
+def download_once_rank(rank: int, root: str, mirror: str, sums_json: str, log: str) -> None:
+    """One rank (tests/rank_pool.py): build MNIST with download=true through build_datasets,
+    from `mirror`; what it patched in torchvision is restored after."""
+    from torchvision.datasets import mnist
+
+    saved = (mnist.MNIST.mirrors, mnist.MNIST.resources, mnist.download_and_extract_archive)
+    try:
+        _download_once(rank, root, mirror, sums_json, log)
+    finally:
+        mnist.MNIST.mirrors, mnist.MNIST.resources, mnist.download_and_extract_archive = saved
+
+
+def _download_once(rank: int, root: str, mirror: str, sums_json: str, log: str) -> None:
     import torch.distributed as dist
     from torchvision.datasets import mnist
 
@@ -563,7 +570,6 @@ def _download_once_worker(root: str, mirror: str, sums_json: str, log: str) -> N
     sums = json.loads(sums_json)
     mnist.MNIST.mirrors = [mirror]
     mnist.MNIST.resources = [(name, sums[name]) for name, _ in mnist.MNIST.resources]
-    rank = int(os.environ["RANK"])
     real_download = mnist.download_and_extract_archive
 
     def logged_download(url, *args, **kwargs):  # spy: records who fetched what, then fetches
@@ -595,13 +601,6 @@ class IndexDataset(Dataset):
 
     def __getitem__(self, key):
         return key[1] if isinstance(key, tuple) else key
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "download-once":
-        _download_once_worker(*sys.argv[2:6])
-    else:
-        raise SystemExit(f"unknown command {sys.argv[1]!r}")
 
 
 # ---------------------------------------------------------------------------------------------

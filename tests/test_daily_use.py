@@ -42,7 +42,8 @@ def assert_result_schema(run_dir: Path) -> dict:
 # ------------------------------------------------------------------------------ debug presets
 
 
-def test_fast_dev_run_is_a_few_steps_and_writes_no_checkpoints_nor_wandb(tmp_path):
+def test_fast_dev_run_is_a_few_steps_and_writes_no_checkpoints_nor_wandb(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE")  # a user's default (auto): the preset turns W&B off
     run_dir = tmp_path / "r"
     train_in_process(run_dir, "debug=fast_dev_run")
     assert [r["step"] for r in train_rows(run_dir)] == [1, 2, 3]  # 3 steps, each logged
@@ -206,22 +207,8 @@ def test_without_a_tty_progress_is_a_plain_line(tmp_path, caplog):
 # ------------------------------------------------------------------------------ the console
 
 
-def console_lines(proc) -> list[str]:
-    return [line for line in output(proc).splitlines() if line.strip()]
-
-
-# The default job's console: tests/test_train.py's test_the_default_job.
-
-
-@pytest.mark.slow
-def test_a_sweep_prints_a_line_per_job_and_the_table(tmp_path):
-    sweep_dir = tmp_path / "s"
-    proc = run(train_cmd("-m", *QUICK, "optim.lr=0.05,0.1", f"hydra.sweep.dir={sweep_dir}"))
-    assert proc.returncode == 0, output(proc)
-    lines = console_lines(proc)
-    assert len(lines) <= 10, "\n".join(lines)
-    assert sum(bool(re.search(r"#\d completed ", x)) for x in lines) == 2
-    assert any(x.startswith("job ") and " lr " in x for x in lines)  # the table's header
+# The default job's console: tests/test_train.py's test_the_default_job. A sweep's (a line
+# per job, then the table): tests/test_launcher.py's test_sweep_console, on its 2x2 sweep.
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -563,7 +562,9 @@ class SlowMirror(SimpleHTTPRequestHandler):
 
 
 @pytest.mark.slow
-def test_download_happens_once_per_node_under_torchrun(tmp_path):
+def test_download_happens_once_per_node_under_torchrun(two_ranks, tmp_path):
+    """Two ranks of one node (tests/rank_pool.py, torchrun's variables): rank 0 downloads,
+    rank 1 waits at the barrier, then both load."""
     mirror = tmp_path / "mirror"
     mirror.mkdir()
     sums = fx.make_mnist_mirror(mirror)
@@ -571,26 +572,12 @@ def test_download_happens_once_per_node_under_torchrun(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/"
     log = tmp_path / "log.txt"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.update(no_proxy="127.0.0.1,localhost", NO_PROXY="127.0.0.1,localhost")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        fx.__file__,
-        "download-once",
-        str(tmp_path / "data"),
-        url,
-        json.dumps(sums),
-        str(log),
-    ]
+    no_proxy = "127.0.0.1,localhost"
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        args = (str(tmp_path / "data"), url, json.dumps(sums), str(log))
+        two_ranks.run(fx.download_once_rank, *args, no_proxy=no_proxy, NO_PROXY=no_proxy)
     finally:
         server.shutdown()
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = log.read_text().splitlines()
     fetches = sorted(line for line in lines if "loaded" not in line)
     assert fetches == sorted(f"0 {url}{name}" for name in sums)  # rank 0 only, each file once

@@ -21,6 +21,7 @@ from components.checkpoint import atomic_save, load_checkpoint
 from core.errors import UserError
 from data import FastEvalLoader, build_datasets
 from tests.helpers import (
+    OFFLINE,
     QUICK,
     dataset_cfg,
     eval_cmd,
@@ -43,7 +44,7 @@ NO_WANDB = ["wandb.mode=disabled"]
 def trained(tmp_path_factory) -> Path:
     """A 2-epoch digits run (fast path, offline W&B in a group), trained in this process."""
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    train_in_process(run_dir, *QUICK, "trainer.max_epochs=2", "wandb.group=digits-eval")
+    train_in_process(run_dir, *QUICK, OFFLINE, "trainer.max_epochs=2", "wandb.group=digits-eval")
     return run_dir
 
 

@@ -18,6 +18,7 @@ import pytest
 from components.checkpoint import load_checkpoint, step_files, verify
 from components.preemption import REQUEUE_EXIT_CODE
 from tests.helpers import (
+    OFFLINE,
     REPO,
     assert_same_training,
     offline_runs,
@@ -38,7 +39,6 @@ JOB = [
     "trainer.log_every_n_steps=2",
     "trainer.checkpoint_every_n_steps=3",
     "trainer.progress_bar=false",
-    "wandb.mode=offline",
     "model.dropout=0.1",  # dropout draws from the RNG: its state must be restored too
     "seed=7",
 ]
@@ -53,6 +53,11 @@ def rng():
 
 def job(run_dir: Path, *extra: str) -> list[str]:
     return [*JOB, f"hydra.run.dir={run_dir}", *extra]
+
+
+def job_with_wandb(run_dir: Path, *extra: str) -> list[str]:
+    """A run whose W&B records assert_same_run checks (the references run without W&B)."""
+    return job(run_dir, OFFLINE, *extra)
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -113,10 +118,11 @@ def kill_and_resume(run_dir: Path, step: int, nproc: int, *extra: str) -> None:
     """The job killed at `step` (on the last rank), then resumed to the end."""
     launch = None if nproc == 1 else nproc
     killed = run(
-        train_cmd(*job(run_dir, *extra), nproc=launch), HYDRA_DDP_FAULT=f"kill@{step}:{nproc - 1}"
+        train_cmd(*job_with_wandb(run_dir, *extra), nproc=launch),
+        HYDRA_DDP_FAULT=f"kill@{step}:{nproc - 1}",
     )
     assert killed.returncode != 0, f"step {step}: the kill did not happen\n{output(killed)}"
-    resumed = run(train_cmd(*job(run_dir, *extra, "resume=auto"), nproc=launch))
+    resumed = run(train_cmd(*job_with_wandb(run_dir, *extra, "resume=auto"), nproc=launch))
     assert resumed.returncode == 0, output(resumed)
     assert "resumed from" in (run_dir / "train.log").read_text()
 
@@ -150,7 +156,7 @@ def test_killed_then_resumed_with_ema_and_mixup_equals_uninterrupted(
 def test_elastic_restart_after_a_killed_rank(tmp_path, reference, rng):
     step = kill_step(rng, "mid_epoch")
     run_dir = tmp_path / "run"
-    cmd = train_cmd(*job(run_dir), nproc=2)
+    cmd = train_cmd(*job_with_wandb(run_dir), nproc=2)
     cmd.insert(cmd.index("--standalone"), "--max-restarts=1")
     proc = run(cmd, HYDRA_DDP_FAULT=f"kill@{step}:1")
     assert proc.returncode == 0, output(proc)
@@ -161,7 +167,7 @@ def test_elastic_restart_after_a_killed_rank(tmp_path, reference, rng):
 def test_sigkill_during_saves_never_leaves_a_wrong_checkpoint(tmp_path, reference, rng):
     run_dir = tmp_path / "run"
     # A checkpoint every step: most of the time is spent saving, so the kill lands in one.
-    cmd = train_cmd(*job(run_dir, "trainer.checkpoint_every_n_steps=1"))
+    cmd = train_cmd(*job_with_wandb(run_dir, "trainer.checkpoint_every_n_steps=1"))
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,
@@ -179,7 +185,7 @@ def test_sigkill_during_saves_never_leaves_a_wrong_checkpoint(tmp_path, referenc
     for path in step_files(run_dir / "checkpoints"):
         assert verify(path) is None, f"{path.name} does not match its digest"
         load_checkpoint(path)
-    resumed = run(train_cmd(*job(run_dir, "resume=auto")))
+    resumed = run(train_cmd(*job_with_wandb(run_dir, "resume=auto")))
     assert resumed.returncode == 0, output(resumed)
     assert_same_run(run_dir, reference[1])
 
@@ -212,7 +218,9 @@ def test_sigterm_preemption_checkpoints_then_resumes_exactly(tmp_path, reference
     run_dir = tmp_path / "run"
     launch = None if nproc == 1 else nproc
     # Check every step so the stop lands before the run would end on its own.
-    cmd = train_cmd(*job(run_dir, "trainer.preemption_check_every_n_steps=1"), nproc=launch)
+    cmd = train_cmd(
+        *job_with_wandb(run_dir, "trainer.preemption_check_every_n_steps=1"), nproc=launch
+    )
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -227,7 +235,7 @@ def test_sigterm_preemption_checkpoints_then_resumes_exactly(tmp_path, reference
     last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert 0 < last["progress"]["step"] < TOTAL
     assert f"preempted at step {last['progress']['step']}" in out
-    resumed = run(train_cmd(*job(run_dir, "resume=auto"), nproc=launch))
+    resumed = run(train_cmd(*job_with_wandb(run_dir, "resume=auto"), nproc=launch))
     assert resumed.returncode == 0, output(resumed)
     assert_same_run(run_dir, reference[nproc])
 
@@ -293,7 +301,7 @@ def test_nan_stops_naming_step_and_rank_or_is_skipped(tmp_path):
 # (augment=shift's crops, MixUp/CutMix pairs, weights and boxes) depends on (seed, epoch, sample
 # index or global batch) only.
 ELASTIC_JOB = [
-    *(x for x in JOB if not x.startswith(("model.dropout", "wandb.mode"))),
+    *(x for x in JOB if not x.startswith("model.dropout")),
     "trainer.precision=64",  # float32 all-reduce rounding can flip a ReLU / max-pool tie
 ]
 ELASTIC = {

@@ -8,13 +8,14 @@ same, empty, run dir there: both nodes agreed on `${now:}` through the rendezvou
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import QUICK, REPO, free_port, offline_runs, run_env
+from tests.helpers import OFFLINE, QUICK, REPO, free_port, offline_runs, run_env
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +84,9 @@ def test_two_torchrun_agents_form_one_job(tmp_path: Path) -> None:
     endpoint = f"127.0.0.1:{free_port()}"
 
     def torchrun(node_rank: int) -> list[str]:
-        return two_node_torchrun(endpoint, "two-nodes", node_rank, *QUICK, "trainer.batch_size=64")
+        return two_node_torchrun(
+            endpoint, "two-nodes", node_rank, *QUICK, OFFLINE, "trainer.batch_size=64"
+        )
 
     nodes = start_nodes(tmp_path, torchrun)
     outs = wait_all(nodes)
@@ -139,53 +142,66 @@ def test_torchrun_launcher_runs_one_job_on_two_nodes(tmp_path: Path) -> None:
     assert sum("rank 0 ran on another node" in out for out in outs) == 1, outs
 
 
+RESUME_JOB = [
+    "trainer.max_epochs=2",
+    "trainer.batch_size=128",
+    "trainer.checkpoint_every_n_steps=3",
+    "trainer.progress_bar=false",
+    "wandb.mode=disabled",
+]
+
+
+def two_agents(dirs: list[Path], *extra: str, **env: str) -> tuple[list[str], list]:
+    """Both agents (c10d, one rank each) of a job whose nodes' hydra.run.dir are `dirs`."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = []
+    for node_rank in (0, 1):
+        dirs[node_rank].parent.mkdir(parents=True, exist_ok=True)
+        run_dir = f"hydra.run.dir={dirs[node_rank]}"
+        argv = two_node_torchrun(
+            endpoint, f"resume-{len(extra)}", node_rank, *RESUME_JOB, run_dir, *extra
+        )
+        procs.append(
+            subprocess.Popen(
+                argv,
+                cwd=dirs[node_rank].parent,
+                env=run_env(**env),
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    nodes = [(d.parent, p) for d, p in zip(dirs, procs, strict=True)]
+    return wait_all(nodes, timeout=900), procs  # two agents on a busy machine: slow
+
+
+@pytest.fixture(scope="module")
+def killed_two_node_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-node job killed (rank 1, step 7) after its step-6 checkpoint; the tests resume
+    copies of it."""
+    root = tmp_path_factory.mktemp("killed")
+    dirs = [root / f"node{n}" / "run" for n in (0, 1)]
+    outs, procs = two_agents(dirs, HYDRA_DDP_FAULT="kill@7:1")
+    assert all(p.returncode != 0 for p in procs), outs
+    assert not (dirs[1] / "checkpoints").exists()  # rank 1 writes nothing
+    return root
+
+
 @pytest.mark.parametrize("second_copy", ["none", "torn"])
 def test_two_agents_resume_from_rank0s_checkpoint_though_run_dirs_differ(
-    tmp_path: Path, second_copy: str
+    tmp_path: Path, killed_two_node_job: Path, second_copy: str
 ) -> None:
     """Two agents (c10d, one rank each) whose hydra.run.dir differ, killed after a checkpoint,
     restarted with resume=auto. Node 1's run dir holds no checkpoint (or a torn copy of rank
     0's newest): rank 0 chooses, rank 1 receives rank 0's file, and both finish from the same
     step (before, rank 1 started fresh and the first collective aborted)."""
+    shutil.copytree(killed_two_node_job, tmp_path, dirs_exist_ok=True)
     dirs = [tmp_path / f"node{n}" / "run" for n in (0, 1)]
-    job = [
-        "trainer.max_epochs=2",
-        "trainer.batch_size=128",
-        "trainer.checkpoint_every_n_steps=3",
-        "trainer.progress_bar=false",
-        "wandb.mode=disabled",
-    ]
-
-    def attempt(*extra: str, **env: str) -> list[subprocess.CompletedProcess]:
-        endpoint = f"127.0.0.1:{free_port()}"
-        procs = []
-        for node_rank in (0, 1):
-            dirs[node_rank].parent.mkdir(exist_ok=True)
-            run_dir = f"hydra.run.dir={dirs[node_rank]}"
-            argv = two_node_torchrun(
-                endpoint, f"resume-{len(extra)}", node_rank, *job, run_dir, *extra
-            )
-            procs.append(
-                subprocess.Popen(
-                    argv,
-                    cwd=dirs[node_rank].parent,
-                    env=run_env(**env),
-                    text=True,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        nodes = [(d.parent, p) for d, p in zip(dirs, procs, strict=True)]
-        return wait_all(nodes, timeout=900), procs  # two agents on a busy machine: slow
-
-    outs, procs = attempt(HYDRA_DDP_FAULT="kill@7:1")  # after the step-6 checkpoint
-    assert all(p.returncode != 0 for p in procs), outs
     newest = sorted((dirs[0] / "checkpoints").glob("step-*.pt"))[-1]
-    assert not (dirs[1] / "checkpoints").exists()  # rank 1 writes nothing
     if second_copy == "torn":
         (dirs[1] / "checkpoints").mkdir(parents=True)
         (dirs[1] / "checkpoints" / newest.name).write_bytes(newest.read_bytes()[:1000])
-    outs, procs = attempt("resume=auto")
+    outs, procs = two_agents(dirs, "resume=auto")
     for proc, out in zip(procs, outs, strict=True):
         assert proc.returncode == 0, out[-5000:]
     log = (dirs[0] / "train.log").read_text()

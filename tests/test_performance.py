@@ -2,7 +2,7 @@
 the per-step speed metrics. (Speed itself is shown by `python -m bench`, not asserted.)
 
 Runs are in this process (world size 1) where no second rank is needed; the 2-rank
-accumulation check and compilation run as real processes (marked slow).
+accumulation check (in tests/rank_pool.py's two ranks) and compilation are marked slow.
 """
 
 import json
@@ -41,20 +41,20 @@ def test_mixed_precision_and_channels_last_train(tmp_path, precision):
     assert dtypes == {torch.float64 if precision == "64" else torch.float32}
 
 
-def final_weights(run_dir: Path, accumulate: int, nproc: int) -> dict:
+def final_weights(run_dir: Path, accumulate: int, two_ranks=None) -> dict:
     overrides = [*QUICK, "trainer.batch_size=128", f"trainer.accumulate_grad_batches={accumulate}"]
-    if nproc == 1:
+    if two_ranks is None:
         train_in_process(run_dir, *overrides)
     else:
-        proc = run(train_cmd(*overrides, f"hydra.run.dir={run_dir}", nproc=nproc))
-        assert proc.returncode == 0, output(proc)
+        two_ranks.train(run_dir, *overrides)
     return load_checkpoint(run_dir / "checkpoints" / "last.pt")
 
 
 @pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_accumulation_equals_the_bigger_batch(tmp_path, nproc):
+def test_accumulation_equals_the_bigger_batch(request, tmp_path, nproc):
     """batch 128 in 2 micro-batches (no_sync on the first) == batch 128 in one go."""
-    one, two = (final_weights(tmp_path / f"acc{a}", a, nproc) for a in (1, 2))
+    ranks = request.getfixturevalue("two_ranks") if nproc == 2 else None  # tests/rank_pool.py
+    one, two = (final_weights(tmp_path / f"acc{a}", a, ranks) for a in (1, 2))
     # 1437 samples // 128: the same optimizer steps
     assert one["progress"]["step"] == two["progress"]["step"] == 11
     for key in one["model"]:

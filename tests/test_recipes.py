@@ -5,7 +5,6 @@ defaults for every shipped dataset config."""
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 from pathlib import Path
@@ -526,7 +525,7 @@ def test_monitor_min_picks_best_pt_and_is_returned(tmp_path):
     assert best_ckpt["monitor"]["best"] == min(losses)
 
 
-def _agree_worker(rank: int, port: int, out: str) -> None:
+def _agree_worker(rank: int, port: int) -> list[bool]:
     import torch.distributed as dist
 
     from components.distributed import rank0_decides
@@ -537,16 +536,16 @@ def _agree_worker(rank: int, port: int, out: str) -> None:
             rank0_decides(rank == 0, torch.device("cpu")),
             rank0_decides(rank == 1, torch.device("cpu")),
         ]
-        Path(out, f"{rank}.json").write_text(json.dumps(decisions))
+        return decisions
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_rank0_decides_for_every_rank(tmp_path):
+def test_rank0_decides_for_every_rank(two_ranks):
     """Early stopping's agreement: whatever a rank's own view, every rank takes rank 0's."""
-    torch.multiprocessing.spawn(_agree_worker, args=(fx.free_port(), str(tmp_path)), nprocs=2)
-    assert [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)] == [[True, False]] * 2
+    got = two_ranks.run(_agree_worker, fx.free_port())
+    assert got == [[True, False]] * 2
 
 
 # ------------------------------------------------------------------------- params and FLOPs
@@ -635,71 +634,48 @@ def test_every_dataset_config_trains_stably_at_its_defaults(
 
 
 @pytest.mark.slow
-def test_two_ranks_augment_like_one_and_mix_on_both(tmp_path):
+def test_two_ranks_augment_like_one_and_mix_on_both(two_ranks, tmp_path):
     """A DataLoader-path recipe (TrivialAugment + erasing) draws per sample, so 2 ranks train
     the 1-rank run's weights; MixUp/CutMix + EMA + label smoothing runs on 2 ranks too."""
     recipe = [*QUICK, "augment=trivial_augment", "augment.random_erasing=0.25", "seed=4"]
     fx.train_in_process(tmp_path / "one", *recipe)
-    two = fx.run(fx.train_cmd(*recipe, f"hydra.run.dir={tmp_path / 'two'}", nproc=2))
-    assert two.returncode == 0, fx.output(two)
+    two_ranks.train(tmp_path / "two", *recipe)
     one_w, two_w = fx.weights(tmp_path / "one"), fx.weights(tmp_path / "two")
     for key in one_w:
         torch.testing.assert_close(one_w[key], two_w[key], rtol=1e-4, atol=1e-5, msg=key)
     mixed = tmp_path / "mixed"
-    proc = fx.run(
-        fx.train_cmd(
-            *QUICK,
-            *MIX,
-            "trainer.ema.decay=0.99",
-            "trainer.label_smoothing=0.1",
-            "trainer.log_every_n_steps=2",
-            f"hydra.run.dir={mixed}",
-            nproc=2,
-        )
+    two_ranks.train(
+        mixed,
+        *QUICK,
+        *MIX,
+        "trainer.ema.decay=0.99",
+        "trainer.label_smoothing=0.1",
+        "trainer.log_every_n_steps=2",
     )
-    assert proc.returncode == 0, fx.output(proc)
     assert all("train/acc" not in r for r in fx.train_rows(mixed))
     assert "val_ema/acc" in fx.val_rows(mixed)[-1]
 
 
 @pytest.mark.slow
-def test_early_stopping_every_rank_stops_at_the_same_epoch(tmp_path):
+def test_early_stopping_every_rank_stops_at_the_same_epoch(two_ranks, tmp_path):
     """val/acc must improve by more than 0.5 each epoch: after epoch 1 it cannot, so with
     patience 1 both ranks stop after epoch 2 and the job ends cleanly (a rank that went on
     would wait in a collective until the step timeout)."""
     run_dir = tmp_path / "r"
-    proc = fx.run(
-        fx.train_cmd(
-            "trainer.max_epochs=6",
-            "wandb.mode=disabled",
-            "trainer.progress_bar=false",
-            "trainer.early_stopping.patience=1",
-            "trainer.early_stopping.min_delta=0.5",
-            "dist.step_timeout_s=60",
-            f"hydra.run.dir={run_dir}",
-            nproc=2,
-        ),
-        timeout=300,
-    )
-    assert proc.returncode == 0, fx.output(proc)
+    stopping = [
+        "trainer.max_epochs=6",
+        "wandb.mode=disabled",
+        "trainer.early_stopping.patience=1",
+        "trainer.early_stopping.min_delta=0.5",
+        "dist.step_timeout_s=60",
+    ]
+    two_ranks.train(run_dir, *stopping)
     assert [v["epoch"] for v in fx.val_rows(run_dir)] == [1, 2]
     result = fx.read_json(run_dir / "result.json")
     assert result["stopped_early"] is True and result["epochs"] == 2
     assert "early stopping before epoch 3" in (run_dir / "train.log").read_text()
     # resuming a stopped run trains no further
-    again = fx.run(
-        fx.train_cmd(
-            "trainer.max_epochs=6",
-            "wandb.mode=disabled",
-            "resume=auto",
-            "trainer.early_stopping.patience=1",
-            "trainer.early_stopping.min_delta=0.5",
-            f"hydra.run.dir={run_dir}",
-            nproc=2,
-        ),
-        timeout=300,
-    )
-    assert again.returncode == 0, fx.output(again)
+    two_ranks.train(run_dir, *stopping, "resume=auto")
     assert [v["epoch"] for v in fx.val_rows(run_dir)] == [1, 2]
     assert os.path.exists(run_dir / "checkpoints" / "best.pt")
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
@@ -677,6 +678,16 @@ def test_optuna_resume_keeps_the_trial_count(tmp_path: Path) -> None:
         overrides = read_launch_record(sweep_dir / str(trial.number)).overrides
         assert {f"{k}={v}" for k, v in trial.params.items()} <= set(overrides), trial.number
         assert trial.value == pytest.approx(read_result(sweep_dir / str(trial.number)).best)
+
+    # the sweeper got each job's return value (rank 0's best val/acc) and reports the best
+    best_accs = [read_result(sweep_dir / str(n)).best_val_acc for n in range(3)]
+    optimization = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert optimization["best_value"] == pytest.approx(max(best_accs))
+    best = read_launch_record(sweep_dir / str(best_accs.index(max(best_accs)))).overrides
+    for key, value in optimization["best_params"].items():
+        (given,) = [o.split("=", 1)[1] for o in best if o.split("=", 1)[0] == key]
+        assert float(given) == pytest.approx(float(value)), key
+    assert len(summary_rows(sweep_dir)) == 3
 
     again = run(cmd)
     assert again.returncode == 0, output(again)[-5000:]

@@ -41,6 +41,7 @@ from launch.slurm import DDPSlurmQueueConf, job_resources
 from launch.slurm_queue import gpus_in_gres
 from ranks.slurm_task import expand_nodelist, expand_tasks_per_node, master_port, torch_env
 from tests.helpers import (
+    OFFLINE,
     REPO,
     Sweep,
     offline_runs,
@@ -67,7 +68,6 @@ JOB = [
     "trainer.checkpoint_every_n_steps=40",
     "model.dropout=0.1",
     "seed=7",
-    "wandb.mode=offline",
     "trainer.progress_bar=false",
 ]
 SLURM = [
@@ -263,6 +263,7 @@ def sweep(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
         *SLURM,
         f"hydra.sweep.dir={sweep_dir}",
         *JOB,
+        OFFLINE,  # the jobs' W&B runs are read back
         "dist.nproc_per_node=2",
         f"optim.lr={','.join(LRS)}",
     )
@@ -370,6 +371,7 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(
         *SLURM,
         f"hydra.sweep.dir={sweep_dir}",
         *JOB,
+        OFFLINE,
         "dist.nproc_per_node=2",
         f"optim.lr={LRS[0]}",
         "trainer.preemption_check_every_n_steps=1",

@@ -19,6 +19,7 @@ import conf.schema  # noqa: F401 - registers the schema for compose()
 from components.checkpoint import load_checkpoint
 from core.errors import UserError
 from tests.helpers import (
+    OFFLINE,
     QUICK,
     REPO,
     offline_runs,
@@ -131,11 +132,10 @@ N_VAL = 129
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """The same 2-epoch job on 1 rank (python train.py) and 2 ranks (torchrun)."""
+    """The same 2-epoch job on 1 rank (in this process) and 2 ranks (torchrun)."""
     root = tmp_path_factory.mktemp("runs")
-    common = [*QUICK, *FAKE_ODD, "trainer.max_epochs=2", "seed=3"]
-    one = run(train_cmd(*common, f"hydra.run.dir={root / 'one'}"))
-    assert one.returncode == 0, output(one)
+    common = [*QUICK, OFFLINE, *FAKE_ODD, "trainer.max_epochs=2", "seed=3"]
+    train_in_process(root / "one", *common)
     # ${now:} with microseconds: without the rank agreement every rank picks its own dir.
     two = run(train_cmd(*common, f"hydra.run.dir={root / 'two'}/${{now:%H-%M-%S-%f}}", nproc=2))
     assert two.returncode == 0, output(two)
@@ -235,6 +235,7 @@ def test_resume_auto_continues_from_last(two_runs, tmp_path):
     proc = run(
         train_cmd(
             *QUICK,
+            OFFLINE,
             "trainer.max_epochs=3",
             f"hydra.run.dir={run_dir}",
             "resume=auto",
@@ -369,7 +370,7 @@ def test_wandb_environment_is_honoured(tmp_path, monkeypatch):
     train_in_process(tmp_path / "off", *QUICK[:1], "trainer.log_every_n_steps=100")
     assert not (tmp_path / "off" / "wandb").exists()  # no offline run written
     # an explicit override wins over the environment
-    train_in_process(tmp_path / "on", *QUICK, "trainer.log_every_n_steps=100")
+    train_in_process(tmp_path / "on", *QUICK, OFFLINE, "trainer.log_every_n_steps=100")
     assert len(offline_runs(tmp_path / "on")) == 1
     monkeypatch.setenv("WANDB_MODE", "bogus")
     env_value = r"wandb.mode: from '\$\{oc.env:WANDB_MODE,auto\}': Invalid value 'bogus'"
@@ -407,7 +408,7 @@ def test_full_disk_while_saving_is_one_error_and_resume_continues(tmp_path, monk
 def test_non_finite_loss_keeps_what_was_written(tmp_path):
     run_dir = tmp_path / "nan"
     with pytest.raises(UserError, match="non-finite loss"):
-        train_in_process(run_dir, *QUICK, "optim.lr=1e12", "trainer.log_every_n_steps=1")
+        train_in_process(run_dir, *QUICK, OFFLINE, "optim.lr=1e12", "trainer.log_every_n_steps=1")
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "failed" and "non-finite loss" in result["error"]
     (wb,) = offline_runs(run_dir)
@@ -526,7 +527,9 @@ def test_wandb_agent_run_is_rank_0s_and_other_ranks_stay_silent(tmp_path):
     run_dir = tmp_path / "r"
     env = agent_env(tmp_path, **{"optim.lr": 0.05})
     proc = run(
-        train_cmd(*QUICK, "optim.lr=0.05", "dist.nproc_per_node=2", f"hydra.run.dir={run_dir}"),
+        train_cmd(
+            *QUICK, OFFLINE, "optim.lr=0.05", "dist.nproc_per_node=2", f"hydra.run.dir={run_dir}"
+        ),
         **env,
     )
     assert proc.returncode == 0, output(proc)[-5000:]
@@ -545,11 +548,11 @@ def test_wandb_agent_run_wins_over_a_checkpoints_run(tmp_path, monkeypatch):
     """A run resumed under the agent logs into the agent's run (W&B would ignore the
     checkpoint's id anyway), with the earlier epochs replayed from metrics.jsonl."""
     run_dir = tmp_path / "r"
-    train_in_process(run_dir, *QUICK)
+    train_in_process(run_dir, *QUICK, OFFLINE)
     (first,) = offline_runs(run_dir)
     for key, value in agent_env(tmp_path, seed=0).items():
         monkeypatch.setenv(key, value)
-    train_in_process(run_dir, *QUICK, "trainer.max_epochs=2", "resume=auto")
+    train_in_process(run_dir, *QUICK, OFFLINE, "trainer.max_epochs=2", "resume=auto")
     runs = {r.run_id: r for r in offline_runs(run_dir)}
     assert set(runs) == {first.run_id, AGENT_RUN_ID}
     agent = runs[AGENT_RUN_ID]

@@ -1,7 +1,7 @@
 """TrainingState owns the checkpoint format (load_state_dict(state_dict()) round-trips, on 1 and
 2 ranks), says which component a resume lacks or no longer uses, and Checkpointer.restore
 follows rank 0's choice on every rank (a rank without the file, or with a torn copy, gets rank
-0's bytes). The 2-rank tests run a real gloo group of two processes."""
+0's bytes). The 2-rank tests run in a real gloo group of two processes (tests/rank_pool.py)."""
 
 from __future__ import annotations
 
@@ -86,20 +86,20 @@ def _worker(rank: int, port: int, out: str, task: str) -> None:
                 "weight": model.weight.flatten().tolist(),
                 "window": window.n,
             }
-        Path(out, f"{rank}.json").write_text(json.dumps(result))
+        return json.loads(json.dumps(result))  # what a file between processes would hold
     finally:
         dist.destroy_process_group()
 
 
-def spawn(tmp_path: Path, task: str) -> list[dict]:
-    torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path), task), nprocs=2)
-    return [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+def spawn(two_ranks, tmp_path: Path, task: str) -> list[dict]:
+    """`task` on the two ranks of tests/rank_pool.py (a gloo group of two processes)."""
+    return two_ranks.run(_worker, free_port(), str(tmp_path), task)
 
 
 @pytest.mark.slow
-def test_state_dict_round_trips_on_two_ranks(tmp_path):
+def test_state_dict_round_trips_on_two_ranks(two_ranks, tmp_path):
     """Each rank gets its own window and RNG back; world size and config travel along."""
-    got = spawn(tmp_path, "round_trip")
+    got = spawn(two_ranks, tmp_path, "round_trip")
     for rank, result in enumerate(got):
         assert result == {
             "world_size": 2,
@@ -126,7 +126,7 @@ def two_rank_checkpoint(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("copy", ["missing", "torn"])
-def test_every_rank_resumes_from_rank0s_choice(tmp_path, copy):
+def test_every_rank_resumes_from_rank0s_choice(two_ranks, tmp_path, copy):
     """Rank 1's run dir has no checkpoints, or a torn copy of rank 0's newest: both ranks
     resume from rank 0's step-7 file, rank 1 with its own per-rank state from it."""
     path = two_rank_checkpoint(tmp_path)
@@ -135,7 +135,7 @@ def test_every_rank_resumes_from_rank0s_choice(tmp_path, copy):
     if copy == "torn":
         shutil.copy(ck.digest_path(path), mine)
         (mine / path.name).write_bytes(path.read_bytes()[:200])
-    got = spawn(tmp_path, "restore")
+    got = spawn(two_ranks, tmp_path, "restore")
     expected = training_state(1)[1].weight.flatten().tolist()
     assert [r["used"] for r in got] == [path.name] * 2
     assert [r["progress"] for r in got] == [1, 1]
@@ -144,12 +144,12 @@ def test_every_rank_resumes_from_rank0s_choice(tmp_path, copy):
 
 
 @pytest.mark.slow
-def test_no_checkpoint_on_rank0_means_every_rank_starts_fresh(tmp_path):
+def test_no_checkpoint_on_rank0_means_every_rank_starts_fresh(two_ranks, tmp_path):
     """Only rank 1 sees a checkpoint: rank 0 decides, so neither resumes (before, rank 1
     resumed alone and the first collective aborted)."""
     path = two_rank_checkpoint(tmp_path)
     shutil.move(path.parent, tmp_path / "rank1" / "checkpoints")
-    got = spawn(tmp_path, "restore")
+    got = spawn(two_ranks, tmp_path, "restore")
     assert [r["used"] for r in got] == [None, None]
     assert [r["progress"] for r in got] == [2, 2]
 

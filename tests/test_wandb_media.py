@@ -21,19 +21,18 @@ from components import repro
 from components.wandb_media import CheckpointArtifacts, pick_samples
 from data.digits import Digits
 from tests.helpers import (
+    OFFLINE,
     QUICK,
     eval_in_process,
     offline_runs,
-    output,
     read_json,
-    run,
-    train_cmd,
     train_in_process,
     val_rows,
 )
 
 SAMPLE_COLUMNS = ["sample", "image", "label", "predicted", "confidence", "correct"]
-QUIET = ["trainer.test_after_fit=false", "trainer.log_every_n_steps=100"]
+# Every run here is read back from W&B's offline records.
+QUIET = [OFFLINE, "trainer.test_after_fit=false", "trainer.log_every_n_steps=100"]
 
 
 @pytest.fixture(scope="module")
@@ -308,12 +307,11 @@ def test_pick_samples_is_fixed_sorted_and_takes_classes_in_turn():
 
 
 @pytest.mark.slow
-def test_two_ranks_gather_the_samples_exactly(tmp_path, scans):
+def test_two_ranks_gather_the_samples_exactly(two_ranks, tmp_path, scans):
     """2 ranks on the DataLoader path: each sample's row comes from the rank that holds it,
     images are the stored scans, and eval.py (one rank) predicts the same with best.pt."""
     run_dir = tmp_path / "r"
-    proc = run(train_cmd(*QUICK, *QUIET, "dataset.fast=false", f"hydra.run.dir={run_dir}", nproc=2))
-    assert proc.returncode == 0, output(proc)[-3000:]
+    two_ranks.train(run_dir, *QUICK, *QUIET, "dataset.fast=false")
     (wb,) = offline_runs(run_dir)
     check_images(wb, scans, n=1)
     eval_in_process(
