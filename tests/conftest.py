@@ -49,15 +49,9 @@ def wandb_data_dir(tmp_path_factory):
     """W&B's staging copies of logged artifacts (checkpoints, tables' images), which offline
     runs keep until `wandb sync`, go to a temporary dir, not the user's ~/.local/share/wandb
     (tests/helpers.py's run_env passes WANDB_DATA_DIR on to processes)."""
-    import os
-
-    saved = os.environ.get("WANDB_DATA_DIR")
-    os.environ["WANDB_DATA_DIR"] = str(tmp_path_factory.mktemp("wandb_data"))
-    yield
-    if saved is None:
-        os.environ.pop("WANDB_DATA_DIR", None)
-    else:
-        os.environ["WANDB_DATA_DIR"] = saved
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WANDB_DATA_DIR", str(tmp_path_factory.mktemp("wandb_data")))
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -65,12 +59,6 @@ def wandb_off_by_default():
     """W&B's service costs every run seconds: runs in this process are disabled unless a test
     asks for wandb.mode=offline (tests/helpers.py's OFFLINE), as run_env makes them in the
     processes tests start. (conf/wandb/default.yaml: mode ${oc.env:WANDB_MODE,auto}.)"""
-    import os
-
-    saved = os.environ.get("WANDB_MODE")
-    os.environ["WANDB_MODE"] = "disabled"
-    yield
-    if saved is None:
-        os.environ.pop("WANDB_MODE", None)
-    else:
-        os.environ["WANDB_MODE"] = saved
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WANDB_MODE", "disabled")
+        yield

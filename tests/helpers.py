@@ -552,41 +552,32 @@ def make_imagenet(
 def download_once_rank(rank: int, root: str, mirror: str, sums_json: str, log: str) -> None:
     """One rank (tests/rank_pool.py): build MNIST with download=true through build_datasets,
     from `mirror`; what it patched in torchvision is restored after."""
-    from torchvision.datasets import mnist
-
-    saved = (mnist.MNIST.mirrors, mnist.MNIST.resources, mnist.download_and_extract_archive)
-    try:
-        _download_once(rank, root, mirror, sums_json, log)
-    finally:
-        mnist.MNIST.mirrors, mnist.MNIST.resources, mnist.download_and_extract_archive = saved
-
-
-def _download_once(rank: int, root: str, mirror: str, sums_json: str, log: str) -> None:
     import torch.distributed as dist
     from torchvision.datasets import mnist
 
     from data import build_datasets
 
+    saved = (mnist.MNIST.mirrors, mnist.MNIST.resources, mnist.download_and_extract_archive)
     sums = json.loads(sums_json)
-    mnist.MNIST.mirrors = [mirror]
-    mnist.MNIST.resources = [(name, sums[name]) for name, _ in mnist.MNIST.resources]
-    real_download = mnist.download_and_extract_archive
 
     def logged_download(url, *args, **kwargs):  # spy: records who fetched what, then fetches
         with open(log, "a") as f:
             f.write(f"{rank} {url}\n")
-        return real_download(url, *args, **kwargs)
+        return saved[2](url, *args, **kwargs)
 
+    mnist.MNIST.mirrors = [mirror]
+    mnist.MNIST.resources = [(name, sums[name]) for name, _ in mnist.MNIST.resources]
     mnist.download_and_extract_archive = logged_download
-
-    dist.init_process_group("gloo")
     try:
+        dist.init_process_group("gloo")
         cfg = {"_target_": "data.catalog.mnist", "root": root, "download": True}
         splits = build_datasets(cfg, local_rank=int(os.environ["LOCAL_RANK"]), barrier=dist.barrier)
         with open(log, "a") as f:
             f.write(f"{rank} loaded {len(splits.train)} {len(splits.val)} {len(splits.test)}\n")
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        mnist.MNIST.mirrors, mnist.MNIST.resources, mnist.download_and_extract_archive = saved
 
 
 class IndexDataset(Dataset):

@@ -97,14 +97,11 @@ class RankPool:
             except queue.Empty:
                 if time.time() > deadline or not self._alive():
                     self.close()  # a rank is stuck (or gone): the next call starts afresh
-                    missing = {
-                        r: "did not finish (killed the pool)"
-                        for r in range(self.world_size)
-                        if r not in done
-                    }
-                    errors = {r: v for r, (ok, v) in done.items() if not ok} | missing
-                    raise RanksFailed(errors, self.output()) from None
+                    break
         errors = {r: v for r, (ok, v) in done.items() if not ok}
+        errors |= {
+            r: "did not finish (killed the pool)" for r in range(self.world_size) if r not in done
+        }
         if errors:
             raise RanksFailed(errors, self.output())
         return [done[r][1] for r in range(self.world_size)]
@@ -126,15 +123,12 @@ def train_rank(rank: int, run_dir: str, overrides: list[str]) -> Any:
     import train
     from tests.helpers import _in_process
 
-    def task(cfg):
-        return train.train(cfg)
-
     def with_logging(cfg):
         if rank == 0:
             from hydra.core.hydra_config import HydraConfig
 
             configure_log(HydraConfig.get().job_logging, HydraConfig.get().verbose)
-        return task(cfg)
+        return train.train(cfg)
 
     try:
         return _in_process(

@@ -5,7 +5,6 @@ follows rank 0's choice on every rank (a rank without the file, or with a torn c
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -86,7 +85,7 @@ def _worker(rank: int, port: int, out: str, task: str) -> None:
                 "weight": model.weight.flatten().tolist(),
                 "window": window.n,
             }
-        return json.loads(json.dumps(result))  # what a file between processes would hold
+        return result
     finally:
         dist.destroy_process_group()
 
