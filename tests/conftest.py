@@ -44,6 +44,26 @@ def two_ranks(wandb_data_dir):
     pool.close(wait=30)
 
 
+@pytest.fixture(scope="session")
+def sweep_2x2(tmp_path_factory):
+    """One finished 2x2 train.py sweep through the torchrun launcher, read by many tests
+    (test_launcher: job dirs, W&B runs, world sizes, parallel jobs, summary, job files;
+    test_eval: test columns, evaluating its 1- and 2-rank runs): dist.nproc_per_node=2,1 x
+    optim.lr (SWEEP_LRS), two jobs at a time, offline W&B."""
+    from tests.helpers import OFFLINE, SWEEP_LRS, SWEEP_SECRET, sweep
+
+    result = sweep(
+        tmp_path_factory.mktemp("sweep_2x2") / "sweep",
+        "dist.nproc_per_node=2,1",
+        f"optim.lr={','.join(SWEEP_LRS)}",
+        "hydra.launcher.max_parallel=2",
+        OFFLINE,  # the jobs' and the sweep summary's W&B runs are read back
+        TEST_LAUNCHER_SECRET=SWEEP_SECRET,  # must not end up in the job files (test_job_files)
+    )
+    assert result.proc.returncode == 0, result.out[-5000:]
+    return result
+
+
 @pytest.fixture(autouse=True, scope="session")
 def wandb_data_dir(tmp_path_factory):
     """W&B's staging copies of logged artifacts (checkpoints, tables' images), which offline

@@ -105,6 +105,18 @@ class Sweep:
         return yaml.safe_load((self.job(num) / ".hydra" / "overrides.yaml").read_text())
 
 
+def sweep(sweep_dir: Path, *overrides: str, timeout: float = 300, **env: str) -> Sweep:
+    """`python train.py -m` with QUICK and `overrides`, run to completion."""
+    cmd = train_cmd("-m", f"hydra.sweep.dir={sweep_dir}", *QUICK, *overrides)
+    return Sweep(sweep_dir, run(cmd, timeout=timeout, **env))
+
+
+# The session's 2x2 sweep (conftest.py: sweep_2x2): dist.nproc_per_node=2,1 x these lrs, and a
+# secret in its environment that must not end up in the job files.
+SWEEP_LRS = ("0.05", "0.1")
+SWEEP_SECRET = "s3cret-launcher-test-value"
+
+
 def processes_with_env(key: str, value: str) -> list[str]:
     """Live processes (zombies are dead) whose environment holds key=value, as "pid: command
     line": a test tags a launcher with a variable of its own, and every process started under

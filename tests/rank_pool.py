@@ -4,6 +4,7 @@ both of them instead of starting two fresh processes (each pays ~5 s of imports)
 
     results = two_ranks.run(fn, *args)        # fn(rank, *args) in ranks 0 and 1
     two_ranks.train(run_dir, *overrides)      # train.py's train(cfg) on 2 ranks
+    two_ranks.train(run_dir, *overrides, world_size=1)  # on rank 0 alone, as `python train.py`
 
 Each call gets torch's rank variables (RANK, WORLD_SIZE, MASTER_ADDR, a fresh MASTER_PORT...)
 as torchrun would set them, so `init_process_group()` (env://) and train.py work unchanged; a
@@ -24,6 +25,18 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# What torchrun sets for each rank; a call with world_size=1 runs without them, as a process
+# started without torchrun (`python train.py`).
+TORCHRUN_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 class RanksFailed(AssertionError):
@@ -51,7 +64,7 @@ class RankPool:
             ctx.Process(
                 target=_serve,
                 args=(rank, self.world_size, self._inboxes[rank], self._results, str(self.log)),
-                daemon=True,
+                daemon=False,  # a rank may start DataLoader workers; it ends with pytest (_serve)
             )
             for rank in range(self.world_size)
         ]
@@ -77,20 +90,34 @@ class RankPool:
 
     # -- calls
 
-    def run(self, fn: Callable, *args: Any, timeout: float = 300, **env: str) -> list[Any]:
+    def run(
+        self,
+        fn: Callable,
+        *args: Any,
+        timeout: float = 300,
+        world_size: int | None = None,
+        **env: str,
+    ) -> list[Any]:
         """fn(rank, *args) on every rank (fn importable: a module-level function), with `env`
-        added to the rank's environment for the call; each rank's return value, by rank."""
+        added to the rank's environment for the call; each rank's return value, by rank.
+        `world_size=1`: on rank 0 alone, without torchrun's variables."""
         from tests.helpers import free_port
 
         if not self._alive():
             self.close()
             self._start()
-        task = (fn.__module__, fn.__qualname__, args, {**env, "MASTER_PORT": str(free_port())})
-        for inbox in self._inboxes:
+        world_size = world_size or self.world_size
+        if world_size == 1:
+            env = {**dict.fromkeys(TORCHRUN_VARS), **env}
+        else:
+            world = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
+            env = {**world, **env, "MASTER_PORT": str(free_port())}
+        task = (fn.__module__, fn.__qualname__, args, env)
+        for inbox in self._inboxes[:world_size]:
             inbox.put(task)
         done: dict[int, tuple[bool, Any]] = {}
         deadline = time.time() + timeout
-        while len(done) < self.world_size:
+        while len(done) < world_size:
             try:
                 rank, ok, value = self._results.get(timeout=1)
                 done[rank] = (ok, value)
@@ -100,16 +127,30 @@ class RankPool:
                     break
         errors = {r: v for r, (ok, v) in done.items() if not ok}
         errors |= {
-            r: "did not finish (killed the pool)" for r in range(self.world_size) if r not in done
+            r: "did not finish (killed the pool)" for r in range(world_size) if r not in done
         }
         if errors:
             raise RanksFailed(errors, self.output())
-        return [done[r][1] for r in range(self.world_size)]
+        return [done[r][1] for r in range(world_size)]
 
-    def train(self, run_dir: Path, *overrides: str, timeout: float = 300, **env: str) -> list:
-        """train.py's train(cfg) on every rank, one run dir (rank 0 writes it, train.log too);
-        each rank's returned value."""
-        return self.run(train_rank, str(run_dir), list(overrides), timeout=timeout, **env)
+    def train(
+        self,
+        run_dir: Path,
+        *overrides: str,
+        timeout: float = 300,
+        world_size: int | None = None,
+        **env: str,
+    ) -> list:
+        """train.py's train(cfg) on every rank (or `world_size` of them), one run dir (rank 0
+        writes it, train.log too); each rank's returned value."""
+        return self.run(
+            train_rank,
+            str(run_dir),
+            list(overrides),
+            timeout=timeout,
+            world_size=world_size,
+            **env,
+        )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -145,8 +186,20 @@ def train_rank(rank: int, run_dir: str, overrides: list[str]) -> Any:
             logging.getLogger().removeHandler(handler)
 
 
+def next_task(inbox, parent: int) -> tuple | None:
+    """The next task; None to stop: asked to, or pytest is gone (a rank is no daemon process,
+    so nothing else ends it)."""
+    while True:
+        try:
+            return inbox.get(timeout=5)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
+
+
 def _serve(rank: int, world_size: int, inbox, results, log: str) -> None:
     """A rank's loop: run each task with torch's rank variables set, report what it returned."""
+    parent = os.getppid()  # pytest
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(out, 1)
     os.dup2(out, 2)
@@ -171,10 +224,14 @@ def _serve(rank: int, world_size: int, inbox, results, log: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    while (task := inbox.get()) is not None:
+    while (task := next_task(inbox, parent)) is not None:
         module, name, args, env = task
         saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         try:
             fn = importlib.import_module(module)
             for part in name.split("."):

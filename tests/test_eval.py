@@ -249,30 +249,20 @@ def test_bad_input_is_one_user_error_and_writes_nothing(
 # ------------------------------------------------------------------------------ processes
 
 
-@pytest.fixture(scope="module")
-def train_sweep(tmp_path_factory) -> Path:
-    """A training sweep of a 1-rank and a 2-rank job (1 epoch each, test_after_fit on)."""
-    sweep_dir = tmp_path_factory.mktemp("train_sweep") / "sweep"
-    proc = run(
-        train_cmd(
-            "-m",
-            "dist.nproc_per_node=1,2",
-            *QUICK[:1],
-            *NO_WANDB,
-            "trainer.progress_bar=false",
-            f"hydra.sweep.dir={sweep_dir}",
-        )
-    )
-    assert proc.returncode == 0, output(proc)
-    return sweep_dir
+@pytest.fixture(scope="session")
+def train_sweep(sweep_2x2) -> Path:
+    """A training sweep with 1-rank and 2-rank jobs (1 epoch each, test_after_fit on): the
+    session's 2x2 sweep (conftest.py), jobs #0 and #1 on 2 ranks, #2 and #3 on 1."""
+    return sweep_2x2.dir
 
 
 @pytest.mark.slow
 def test_a_training_sweep_summary_has_test_columns(train_sweep):
     table = summary_rows(train_sweep)
-    assert len(table) == 2
+    jobs = [p for p in train_sweep.iterdir() if p.name.isdigit()]
+    assert len(table) == len(jobs)  # a row per job
     # ranked by val (what sweepers optimise), test reported beside it
-    assert [r["monitor"] for r in table] == ["val/acc"] * 2
+    assert [r["monitor"] for r in table] == ["val/acc"] * len(jobs)
     assert [float(r["best"]) for r in table] == sorted(
         (float(r["best"]) for r in table), reverse=True
     )
@@ -287,7 +277,7 @@ def test_eval_sweep_on_two_ranks_is_exact(train_sweep, tmp_path):
     """`eval.py -m run=a,b split=val,test` through the torchrun launcher, 2 ranks per job, on
     the DataLoader path: the 2-rank-trained run's logged val and test metrics exactly; the
     1-rank-trained run evaluated as on 1 rank (predictions too)."""
-    one, two = train_sweep / "0", train_sweep / "1"
+    one, two = train_sweep / "2", train_sweep / "0"  # trained on 1 rank, on 2 ranks
     sweep_dir = tmp_path / "evals"
     proc = run(
         eval_cmd(
@@ -307,22 +297,22 @@ def test_eval_sweep_on_two_ranks_is_exact(train_sweep, tmp_path):
         report = read_json(job / "eval.json")
         assert report["world_size"] == 2
         jobs[(Path(report["checkpoint"]).parents[1].name, report["split"])] = job
-    assert set(jobs) == {(r, s) for r in ("0", "1") for s in ("val", "test")}
+    assert set(jobs) == {(r.name, s) for r in (one, two) for s in ("val", "test")}
 
     # Trained on 2 ranks (fast path), evaluated on 2 ranks (DataLoader path): exact.
     (val_row,) = val_rows(two)
-    assert metrics_of(jobs["1", "val"], "val") == logged(val_row, "val")
-    assert metrics_of(jobs["1", "test"], "test") == read_json(two / "result.json")["test"]
+    assert metrics_of(jobs[two.name, "val"], "val") == logged(val_row, "val")
+    assert metrics_of(jobs[two.name, "test"], "test") == read_json(two / "result.json")["test"]
 
     # Trained on 1 rank: 2-rank eval = 1-rank eval (counts exact; sums of floats to rounding).
     for split in ("val", "test"):
         single = tmp_path / f"single-{split}"
         eval_in_process(single, f"run={one}", f"split={split}", "predictions=true", *NO_WANDB)
-        a, b = read_json(single / "eval.json"), read_json(jobs["0", split] / "eval.json")
+        a, b = read_json(single / "eval.json"), read_json(jobs[one.name, split] / "eval.json")
         assert a["confusion_matrix"] == b["confusion_matrix"] and a["per_class"] == b["per_class"]
         for key, value in a["metrics"].items():
             assert b["metrics"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
-        rows_a, rows_b = predictions(single), predictions(jobs["0", split])
+        rows_a, rows_b = predictions(single), predictions(jobs[one.name, split])
         assert [(r["sample"], r["label"], r["predicted"]) for r in rows_a] == [
             (r["sample"], r["label"], r["predicted"]) for r in rows_b
         ]

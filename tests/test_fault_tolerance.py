@@ -84,20 +84,21 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert final == expected
 
 
-def uninterrupted(root: Path, *extra: str, worlds: tuple[int, ...] = (1, 2)) -> dict[int, Path]:
-    """The job's uninterrupted runs on 1 and 2 ranks (`worlds`), by world size."""
+def uninterrupted(
+    pool, root: Path, *extra: str, worlds: tuple[int, ...] = (1, 2)
+) -> dict[int, Path]:
+    """The job's uninterrupted runs on 1 and 2 ranks (`worlds`), by world size: references, run
+    in the session's ranks (tests/rank_pool.py), not as processes of their own."""
     refs = {}
     for nproc in worlds:
-        run_dir = root / f"ranks{nproc}"
-        proc = run(train_cmd(*job(run_dir, *extra), nproc=None if nproc == 1 else nproc))
-        assert proc.returncode == 0, output(proc)
-        refs[nproc] = run_dir
+        refs[nproc] = root / f"ranks{nproc}"
+        pool.train(refs[nproc], *job(refs[nproc], *extra), world_size=nproc)
     return refs
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return uninterrupted(tmp_path_factory.mktemp("reference"))
+def reference(tmp_path_factory, two_ranks):
+    return uninterrupted(two_ranks, tmp_path_factory.mktemp("reference"))
 
 
 def kill_step(rng, where: str) -> int:
@@ -139,8 +140,10 @@ RECIPE = [
 
 
 @pytest.fixture(scope="module")
-def recipe_reference(tmp_path_factory):
-    return uninterrupted(tmp_path_factory.mktemp("recipe_reference"), *RECIPE, worlds=(2,))
+def recipe_reference(tmp_path_factory, two_ranks):
+    return uninterrupted(
+        two_ranks, tmp_path_factory.mktemp("recipe_reference"), *RECIPE, worlds=(2,)
+    )
 
 
 # On 2 ranks: the recipe's state is saved by rank 0 as at 1 rank (test above: 1 rank).
@@ -320,14 +323,13 @@ def elastic_cmd(run_dir: Path, recipe: str, nproc: int, *extra: str) -> list[str
 
 
 @pytest.fixture(scope="module")
-def elastic_reference(tmp_path_factory):
-    """Each recipe's uninterrupted run on 1 rank."""
+def elastic_reference(tmp_path_factory, two_ranks):
+    """Each recipe's uninterrupted run on 1 rank (in the session's ranks, as `reference`)."""
     refs = {}
     for recipe in ELASTIC:
-        run_dir = tmp_path_factory.mktemp("elastic") / recipe
-        proc = run(elastic_cmd(run_dir, recipe, 1))
-        assert proc.returncode == 0, output(proc)
-        refs[recipe] = run_dir
+        refs[recipe] = tmp_path_factory.mktemp("elastic") / recipe
+        overrides = [*ELASTIC_JOB, *ELASTIC[recipe], f"hydra.run.dir={refs[recipe]}"]
+        two_ranks.train(refs[recipe], *overrides, world_size=1)
     return refs
 
 

@@ -53,30 +53,26 @@ from ranks.job_spec import JobSpec, Stopped
 from tests.helpers import (
     OFFLINE,
     QUICK,
+    SWEEP_LRS,
+    SWEEP_SECRET,
     Sweep,
     offline_runs,
     output,
     read_json,
     run,
     summary_rows,
+    sweep,
     train_cmd,
 )
 
 REPO = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "launcher_apps"
 SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
-LRS = ("0.05", "0.1")
-SECRET = "s3cret-launcher-test-value"
 NO_WANDB = "wandb.mode=disabled"  # for sweeps whose W&B runs no test reads (saves ~2 s a job)
 
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def sweep(sweep_dir: Path, *overrides: str, timeout: float = 300, **env: str) -> Sweep:
-    cmd = train_cmd("-m", f"hydra.sweep.dir={sweep_dir}", *QUICK, *overrides)
-    return Sweep(sweep_dir, run(cmd, timeout=timeout, **env))
 
 
 def override_value(overrides: list[str], key: str) -> str:
@@ -586,8 +582,13 @@ def test_discovery() -> None:
     assert TorchrunLauncher.__name__ in [x.__name__ for x in Plugins.instance().discover(Launcher)]
 
 
+# Two jobs at a time: the suites' sweeps of 2+ jobs take the time of one (each job is a process
+# start), and the contract is checked with the scheduler running jobs side by side.
+PARALLEL = "hydra.launcher.max_parallel=2"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher_name, overrides", [("torchrun", [])])
+@pytest.mark.parametrize("launcher_name, overrides", [("torchrun", [PARALLEL])])
 class TestTorchrunLauncher(LauncherTestSuite):
     """Hydra's launcher suite: in-process sweeps of hydra.test_utils apps."""
 
@@ -604,6 +605,7 @@ class TestTorchrunLauncher(LauncherTestSuite):
                 "hydra/job_logging=hydra_debug",
                 "hydra/job_logging=disabled",
                 "hydra/launcher=torchrun",
+                PARALLEL,
             ],
         )
     ],
@@ -613,23 +615,10 @@ class TestTorchrunLauncherIntegration(IntegrationTestSuite):
 
 
 # ---------------------------------------------------------------------------------------------
-# a 2x2 train.py sweep: dist.nproc_per_node=2,1 x optim.lr=0.05,0.1, two jobs at a time.
-# Jobs in Hydra's order: #0 (2 ranks, lr 0.05), #1 (2 ranks, lr 0.1), #2 (1 rank, lr 0.05),
-# #3 (1 rank, lr 0.1): #0 and #1 are two 2-rank jobs started together.
-
-
-@pytest.fixture(scope="module")
-def sweep_2x2(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
-    result = sweep(
-        tmp_path_factory.mktemp("sweep_2x2") / "sweep",
-        "dist.nproc_per_node=2,1",
-        f"optim.lr={','.join(LRS)}",
-        "hydra.launcher.max_parallel=2",
-        OFFLINE,  # the jobs' and the sweep summary's W&B runs are read back
-        TEST_LAUNCHER_SECRET=SECRET,  # must not end up in the job files (test_job_files)
-    )
-    assert result.proc.returncode == 0, result.out[-5000:]
-    return result
+# the session's 2x2 train.py sweep (conftest.py: sweep_2x2): dist.nproc_per_node=2,1 x
+# optim.lr=0.05,0.1, two jobs at a time. Jobs in Hydra's order: #0 (2 ranks, lr 0.05), #1 (2
+# ranks, lr 0.1), #2 (1 rank, lr 0.05), #3 (1 rank, lr 0.1): #0 and #1 are two 2-rank jobs
+# started together.
 
 
 @pytest.mark.slow
@@ -651,7 +640,7 @@ def test_sweep_job_dirs(sweep_2x2: Sweep) -> None:
         assert (job / ".torchrun" / "result.pkl").is_file()
     # Hydra's order: the first override varies slowest.
     assert [sweep_2x2.overrides(n)[-2:] for n in range(4)] == [
-        [f"dist.nproc_per_node={n}", f"optim.lr={lr}"] for n in (2, 1) for lr in LRS
+        [f"dist.nproc_per_node={n}", f"optim.lr={lr}"] for n in (2, 1) for lr in SWEEP_LRS
     ]
 
 
@@ -768,7 +757,7 @@ def test_job_files(sweep_2x2: Sweep) -> None:
             "result.pkl",
         ]
         for path in files.iterdir():
-            assert SECRET.encode() not in path.read_bytes(), path
+            assert SWEEP_SECRET.encode() not in path.read_bytes(), path
 
 
 @pytest.mark.slow
