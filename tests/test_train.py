@@ -226,15 +226,24 @@ def test_world_size_invariance(two_runs):
 
 
 @pytest.mark.slow
-def test_resume_auto_continues_from_last(two_runs, tmp_path, two_ranks):
+def test_resume_auto_continues_from_last(two_runs, tmp_path):
     one_dir, _, _ = two_runs
     run_dir = tmp_path / "resumed"
     shutil.copytree(one_dir, run_dir)
     before = rows(run_dir)
     run_id = load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["wandb_run_id"]
-    # As `python train.py ... resume=auto` (one of the session's ranks, alone; train.log too).
-    resume = [*QUICK, OFFLINE, "trainer.max_epochs=3", "resume=auto", *FAKE_ODD, "seed=3"]
-    two_ranks.train(run_dir, *resume, world_size=1)
+    proc = run(
+        train_cmd(
+            *QUICK,
+            OFFLINE,
+            "trainer.max_epochs=3",
+            f"hydra.run.dir={run_dir}",
+            "resume=auto",
+            *FAKE_ODD,
+            "seed=3",
+        )
+    )
+    assert proc.returncode == 0, output(proc)
     assert "resumed from" in (run_dir / "train.log").read_text()
     after = rows(run_dir)
     assert after[: len(before)] == before  # nothing written before is lost
