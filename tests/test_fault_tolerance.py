@@ -317,9 +317,12 @@ ELASTIC = {
 }
 
 
+def elastic_job(run_dir: Path, recipe: str, *extra: str) -> list[str]:
+    return [*ELASTIC_JOB, *ELASTIC[recipe], f"hydra.run.dir={run_dir}", *extra]
+
+
 def elastic_cmd(run_dir: Path, recipe: str, nproc: int, *extra: str) -> list[str]:
-    overrides = [*ELASTIC_JOB, *ELASTIC[recipe], f"hydra.run.dir={run_dir}", *extra]
-    return train_cmd(*overrides, nproc=None if nproc == 1 else nproc)
+    return train_cmd(*elastic_job(run_dir, recipe, *extra), nproc=None if nproc == 1 else nproc)
 
 
 @pytest.fixture(scope="module")
@@ -328,8 +331,7 @@ def elastic_reference(tmp_path_factory, two_ranks):
     refs = {}
     for recipe in ELASTIC:
         refs[recipe] = tmp_path_factory.mktemp("elastic") / recipe
-        overrides = [*ELASTIC_JOB, *ELASTIC[recipe], f"hydra.run.dir={refs[recipe]}"]
-        two_ranks.train(refs[recipe], *overrides, world_size=1)
+        two_ranks.train(refs[recipe], *elastic_job(refs[recipe], recipe), world_size=1)
     return refs
 
 
