@@ -118,6 +118,7 @@ def test_every_preset_in_a_sweep_of_2_rank_jobs(tmp_path):
             "-m",
             "debug=fast_dev_run,overfit,profile,anomaly",
             "dist.nproc_per_node=2",
+            "hydra.launcher.max_parallel=2",  # two jobs at a time: each job's files its own
             "wandb.mode=disabled",
             "trainer.max_epochs=1",
             "trainer.progress_bar=false",

@@ -274,9 +274,9 @@ def test_a_training_sweep_summary_has_test_columns(train_sweep):
 
 @pytest.mark.slow
 def test_eval_sweep_on_two_ranks_is_exact(train_sweep, tmp_path):
-    """`eval.py -m run=a,b split=val,test` through the torchrun launcher, 2 ranks per job, on
-    the DataLoader path: the 2-rank-trained run's logged val and test metrics exactly; the
-    1-rank-trained run evaluated as on 1 rank (predictions too)."""
+    """`eval.py -m run=a,b split=val,test` through the torchrun launcher, 2 ranks per job (two
+    jobs at a time), on the DataLoader path: the 2-rank-trained run's logged val and test
+    metrics exactly; the 1-rank-trained run evaluated as on 1 rank (predictions too)."""
     one, two = train_sweep / "2", train_sweep / "0"  # trained on 1 rank, on 2 ranks
     sweep_dir = tmp_path / "evals"
     proc = run(
@@ -285,6 +285,7 @@ def test_eval_sweep_on_two_ranks_is_exact(train_sweep, tmp_path):
             f"run={one},{two}",
             "split=val,test",
             "dist.nproc_per_node=2",
+            "hydra.launcher.max_parallel=2",
             "dataset.fast=false",
             "predictions=true",
             *NO_WANDB,
