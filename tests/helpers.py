@@ -4,7 +4,9 @@ formats torchvision reads (no network needed)."""
 
 from __future__ import annotations
 
+import copy
 import csv
+import functools
 import gzip
 import hashlib
 import json
@@ -630,12 +632,24 @@ def compose(config_name: str, run_dir: Path, *overrides: str):
     return cfg
 
 
+@functools.cache
+def _train_config(overrides: tuple[str, ...]):
+    return compose("train", Path("unused"), *overrides)
+
+
+def train_config(*overrides: str):
+    """train.py's config for these overrides (no run dir of its own): each distinct override
+    list is composed once per pytest run (a compose costs ~0.3 s; many tests ask for the same
+    config), and each call gets its own copy to change."""
+    return copy.deepcopy(_train_config(overrides))
+
+
 def recipe(*overrides: str):
     """The augmentation recipe (data.transforms.Recipe) train.py builds for these overrides,
     e.g. recipe("dataset=cifar10") is CIFAR's default, recipe("augment=trivial_augment")."""
     from data.transforms import build_recipe
 
-    return build_recipe(compose("train", Path("unused"), *overrides).augment)
+    return build_recipe(train_config(*overrides).augment)
 
 
 def compose_train(run_dir: Path, *overrides: str):
@@ -645,15 +659,13 @@ def compose_train(run_dir: Path, *overrides: str):
 def dataset_cfg(name: str, **keys):
     """The `dataset` node as Hydra hands it to train.py for `dataset=<name> dataset.<key>=...`."""
     overrides = [f"dataset={name}", *(f"dataset.{k}={v}" for k, v in keys.items())]
-    return compose("train", Path("unused"), *overrides).dataset
+    return train_config(*overrides).dataset
 
 
 def _in_process(config_name: str, run_dir: Path, task, overrides) -> object:
     """Run `task(cfg)` here with world size 1, as Hydra's run_job would (config and run dir set
     up, no logging configured): errors propagate as raised, nothing is reported. W&B's service
     is shut down at the end, so its offline records are complete on disk."""
-    import copy
-
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
