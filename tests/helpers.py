@@ -633,15 +633,15 @@ def compose(config_name: str, run_dir: Path, *overrides: str):
 
 
 @functools.cache
-def _train_config(overrides: tuple[str, ...]):
+def _composed_train_config(overrides: tuple[str, ...]):
     return compose("train", Path("unused"), *overrides)
 
 
-def train_config(*overrides: str):
+def composed_train_config(*overrides: str):
     """train.py's config for these overrides (no run dir of its own): each distinct override
     list is composed once per pytest run (a compose costs ~0.3 s; many tests ask for the same
     config), and each call gets its own copy to change."""
-    return copy.deepcopy(_train_config(overrides))
+    return copy.deepcopy(_composed_train_config(overrides))
 
 
 def recipe(*overrides: str):
@@ -649,7 +649,7 @@ def recipe(*overrides: str):
     e.g. recipe("dataset=cifar10") is CIFAR's default, recipe("augment=trivial_augment")."""
     from data.transforms import build_recipe
 
-    return build_recipe(train_config(*overrides).augment)
+    return build_recipe(composed_train_config(*overrides).augment)
 
 
 def compose_train(run_dir: Path, *overrides: str):
@@ -659,7 +659,7 @@ def compose_train(run_dir: Path, *overrides: str):
 def dataset_cfg(name: str, **keys):
     """The `dataset` node as Hydra hands it to train.py for `dataset=<name> dataset.<key>=...`."""
     overrides = [f"dataset={name}", *(f"dataset.{k}={v}" for k, v in keys.items())]
-    return train_config(*overrides).dataset
+    return composed_train_config(*overrides).dataset
 
 
 def _in_process(config_name: str, run_dir: Path, task, overrides) -> object:

@@ -701,7 +701,7 @@ def test_imagefolder_picks_its_default_recipe_by_image_size(size, overrides, exp
     from data.transforms import build_recipe
 
     given = ["dataset=imagefolder", "dataset.root=x", f"dataset.image_size={size}", *overrides]
-    cfg = fx.train_config(*given)
+    cfg = fx.composed_train_config(*given)
     HydraConfig.instance().set_config(cfg)
     augment, line = folder_augment(cfg)
     chosen, composed = build_recipe(augment), fx.recipe(f"augment={expected}", *overrides)
@@ -716,7 +716,7 @@ def test_imagefolder_picks_its_default_recipe_by_image_size(size, overrides, exp
     else:
         assert said in line and f"at {size} px" in line and "augment=<choice>" in line
     # no other dataset's recipe depends on its data
-    cfg = fx.train_config("dataset=cifar10")
+    cfg = fx.composed_train_config("dataset=cifar10")
     HydraConfig.instance().set_config(cfg)
     assert folder_augment(cfg) == (cfg.augment, None)
 
