@@ -38,7 +38,6 @@ from components.evaluation import Predictions, evaluate
 from components.precision import memory_format, precision_context
 from components.trained import find_checkpoint, load_trained, load_weights, trained_config
 from core.run_dir import EvalReport
-from core.world import requested_world, started_as_rank, visible_gpus
 from data import ImageFiles, build_datasets, eval_loader, loader_options, sample_positions
 from data.datasets import SPLITS
 from models import build_model
@@ -48,10 +47,7 @@ log = logging.getLogger("eval")
 
 def main(cfg: DictConfig) -> float | None:
     """Hydra's task function; returns the split's top-1 accuracy (None for a folder)."""
-    if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
-        from launch.torchrun import run_in_torchrun
-
-        return run_in_torchrun(cfg, evaluate_checkpoint)  # in each of the N ranks
+    # (With dist.nproc_per_node=N, ranks/bootstrap.py's run_task has handed this to N ranks.)
     return evaluate_checkpoint(cfg)
 
 

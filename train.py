@@ -39,7 +39,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
@@ -66,15 +65,10 @@ from components.pruning import Pruned, TrialLink, check_prune, pruner_for
 from components.speed import Speed, model_facts, peak_memory_mb
 from components.train_step import Progress, TrainStep, train_row
 from components.wandb_media import ValMedia
+from conf.folder_recipe import folder_augment
 from core.errors import UserError
 from core.requeue import requeue_on_slurm
-from core.world import (
-    per_rank_batch,
-    rank_world_size,
-    requested_world,
-    started_as_rank,
-    visible_gpus,
-)
+from core.world import per_rank_batch, rank_world_size
 from data import (
     DataSplits,
     FirstBatches,
@@ -84,25 +78,20 @@ from data import (
     limited,
     loader_options,
 )
-from data.catalog import folder_augment
 from data.mixing import BatchMix
 from data.transforms import build_recipe
 from models import build_model
-from ranks.bootstrap import PARENT_PID_ENV
 
 log = logging.getLogger("train")
 
 
 def main(cfg: DictConfig) -> float | None:
-    """Hydra's task function; returns the monitored metric's best value (trainer.monitor: what
-    sweepers optimise; never a test metric). A user error propagates to whoever runs the task,
-    which reports it once; preemption exits with 75."""
+    """Hydra's task function, in every rank; returns the monitored metric's best value
+    (trainer.monitor: what sweepers optimise; never a test metric). A user error propagates to
+    whoever runs the task, which reports it once; preemption exits with 75. (With
+    dist.nproc_per_node=N, the process you started hands the job to N ranks before this
+    file is imported: ranks/bootstrap.py's run_task.)"""
     try:
-        announce_recipe(cfg)
-        if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
-            from launch.torchrun import run_in_torchrun
-
-            return run_in_torchrun(cfg, train)  # `train` below, in each of the N ranks
         return train(cfg)
     except Pruned as e:  # the sweeper's pruner stopped the trial: a result, not an error
         return e.best
@@ -111,16 +100,6 @@ def main(cfg: DictConfig) -> float | None:
         if int(os.environ.get("RANK", "0")) == 0:
             requeue_on_slurm()
         sys.exit(e.exit_code)  # 75: "requeue me"
-
-
-def announce_recipe(cfg: DictConfig) -> None:
-    """The run's first line, where the default recipe depends on the data (dataset=imagefolder:
-    its image size): which one it chose and how to override it. Said by the process the user
-    started (a rank only under plain torchrun or in a sweep, where no parent said it)."""
-    line = folder_augment(cfg)[1]
-    relaunched = started_as_rank() and os.environ.get(PARENT_PID_ENV)
-    if line and (not relaunched or HydraConfig.get().mode == RunMode.MULTIRUN):
-        log.info("%s", line)
 
 
 def train(cfg: DictConfig) -> float | None:

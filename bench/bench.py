@@ -61,6 +61,7 @@ from bench.workloads import (
     MODES,
     PLAIN_LR,
     SMOKE_STEPS,
+    STARTUP,
     TARGETS,
     TIME_TO_ACCURACY,
     WARMUP_WINDOWS,
@@ -262,8 +263,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--workloads",
         default=",".join(WORKLOADS),
-        help=f"comma-separated, of: {', '.join(WORKLOADS)} (default), and E (time to accuracy "
-        "on real data: needs --real-data)",
+        help=f"comma-separated, of: {', '.join(WORKLOADS)} (default), E (time to accuracy "
+        "on real data: needs --real-data) and S (start-up costs, bench/startup.py)",
+    )
+    p.add_argument(
+        "--compare",
+        type=Path,
+        metavar="OTHER_TREE",
+        help="workload S: also time another checkout of this repo, in turn, and print ratios",
     )
     p.add_argument(
         "--e-datasets",
@@ -314,9 +321,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = [w for w in args.workloads if w not in (*WORKLOADS, TIME_TO_ACCURACY)]
+    unknown = [w for w in args.workloads if w not in (*WORKLOADS, TIME_TO_ACCURACY, STARTUP)]
     if unknown or not args.workloads:
-        p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}, E")
+        p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}, E, S")
     args.e_datasets = tuple(d.strip() for d in args.e_datasets.split(",") if d.strip())
     if not args.e_datasets or not set(args.e_datasets) <= {"mnist", "fashion_mnist"}:
         p.error("--e-datasets: mnist, fashion_mnist or both")
@@ -383,6 +390,8 @@ def print_report(report: dict) -> None:
         print(best_table(rows))
         print()
         print(legend(rows, report["repeats"], report["cores"]))
+    if report.get("startup"):
+        print("\n" + report["startup"])
     if e_rows:
         from bench import time_to_accuracy
 
@@ -434,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="hydra-ddp-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows, e_rows = [], []
+    rows, e_rows, startup_table = [], [], None
     try:
         if TIME_TO_ACCURACY in args.workloads:
             from bench import time_to_accuracy
@@ -449,7 +458,11 @@ def main(argv: list[str] | None = None) -> int:
                 train_overrides=overrides_for(TIME_TO_ACCURACY, args.train_override),
                 timeout_s=args.timeout,
             )
-        for workload in (w for w in args.workloads if w != TIME_TO_ACCURACY):
+        if STARTUP in args.workloads:
+            from bench import startup
+
+            startup_table = startup.run(args.repeats, work / "startup", args.compare, args.timeout)
+        for workload in (w for w in args.workloads if w not in (TIME_TO_ACCURACY, STARTUP)):
             spec = WORKLOADS[workload]
             steps = args.steps or spec.steps
             log_every = max(1, steps // WINDOWS)
@@ -481,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         "table": table(rows),
         "rows": rows,
         "time_to_accuracy": e_rows,
+        "startup": startup_table,
     }
     print_report(report)
     failed = sum(row["failed_runs"] for row in (*rows, *e_rows))

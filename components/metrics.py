@@ -42,6 +42,7 @@ from core.run_dir import (
     write_result,
 )
 from core.wandb_mode import resolve_wandb_mode
+from core.wandb_service import wait_for_service
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ def init_wandb(
     try:
         import wandb
 
+        wait_for_service()  # one this process or the sweep started early (core/wandb_service.py)
         run = wandb.init(
             project=None if agent else w.project,
             entity=None if agent else w.entity,
@@ -134,7 +136,16 @@ def init_wandb(
             id=run_id,
             resume=resume or ("allow" if run_id else None),
             # No banner or footer: the run's own end line says where the run is.
-            settings=wandb.Settings(init_timeout=w.init_timeout_s, console="off", silent=True),
+            # Off: W&B's own listing of the installed packages and its git capture (repro/
+            # records both); code saving (repro/git.diff has the changes).
+            settings=wandb.Settings(
+                init_timeout=w.init_timeout_s,
+                console="off",
+                silent=True,
+                x_save_requirements=False,
+                disable_git=True,
+                save_code=False,
+            ),
         )
         log.info("W&B run %s (%s mode) in %s", run.id, mode, run.dir)
         return run

@@ -56,12 +56,32 @@ def gpu_driver_present() -> bool:
 
 
 def visible_gpus() -> int:
-    """GPUs this process may use; no torch import (seconds) where no driver is present."""
-    if "torch" not in sys.modules and not gpu_driver_present():
-        return 0
+    """GPUs this process may use. No torch import (seconds) in a process without it: NVIDIA's
+    device nodes, narrowed by CUDA_VISIBLE_DEVICES as CUDA narrows them (the list up to its
+    first invalid entry); only other drivers (ROCm, WSL) ask torch."""
+    if "torch" not in sys.modules:
+        if not gpu_driver_present():
+            return 0
+        nodes = glob.glob("/dev/nvidia[0-9]*")
+        if nodes:
+            return min(len(nodes), len(cuda_visible(os.environ.get("CUDA_VISIBLE_DEVICES"))))
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cuda_visible(value: str | None) -> list[str]:
+    """CUDA_VISIBLE_DEVICES' entries as CUDA reads them: unset is every device (a long list);
+    a negative or empty entry ends the list."""
+    if value is None:
+        return [str(i) for i in range(1024)]
+    kept = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        kept.append(entry)
+    return kept
 
 
 def uses_gpus(backend: Any, n_gpus: int) -> bool:

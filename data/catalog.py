@@ -34,15 +34,6 @@ IMAGENET_FIX = (
 )
 FOLDER_FIX = "point dataset.root at a folder holding train/<class>/* (and optional val/, test/)"
 
-# dataset=imagefolder's default recipe by the size it trains at. conf/dataset/imagefolder.yaml
-# picks ImageNet's (random_resized_crop, for 224 px photos); at <= SMALL_IMAGE_PX its crops
-# of 8-100 % of the area leave a few pixels of a small image (a 32 px folder of digit scans:
-# 81 % val in 10 epochs, 94 % with a padded crop). The padded crop without a flip suits any
-# small image (a flip changes a digit's or a letter's meaning).
-SMALL_IMAGE_PX = 64
-FOLDER_DEFAULT_AUGMENT, FOLDER_SMALL_AUGMENT = "random_resized_crop", "shift"
-AUGMENT_DIR = Path(__file__).resolve().parent.parent / "conf" / "augment"
-
 
 def _one_line(error: BaseException, limit: int = 300) -> str:
     # torchvision's download errors span lines ("Error downloading X:\nTried <url>, got:\n...").
@@ -205,50 +196,6 @@ def imagenet(
         image_size=size,
         classes=names,
         **_file_transforms("imagenet", size, augment),
-    )
-
-
-def _augment_chosen(overrides) -> bool:
-    """Whether a command-line override sets the augment group or any augment.* key."""
-    for item in overrides:
-        key = item.lstrip("+~").split("=", 1)[0].split("@", 1)[0]
-        if key == "augment" or key.startswith("augment."):
-            return True
-    return False
-
-
-def folder_augment(cfg: Any) -> tuple[Any, str | None]:
-    """The `augment` config a run trains with, and for dataset=imagefolder with its default
-    recipe left alone (no augment override, no experiment choosing one) the line that says
-    which recipe its image size picked and how to override it (None otherwise)."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from conf.schema import AugmentConfig
-
-    if not HydraConfig.initialized():
-        return cfg.augment, None
-    hydra_cfg = HydraConfig.get()
-    choices = hydra_cfg.runtime.choices
-    if choices.get("dataset") != "imagefolder" or choices.get("augment") != FOLDER_DEFAULT_AUGMENT:
-        return cfg.augment, None
-    if _augment_chosen(hydra_cfg.overrides.task):
-        return cfg.augment, None
-    size = int(cfg.dataset.image_size)
-    if size > SMALL_IMAGE_PX:
-        return cfg.augment, (
-            f"dataset=imagefolder at {size} px (> {SMALL_IMAGE_PX}): ImageNet's recipe, "
-            f"augment={FOLDER_DEFAULT_AUGMENT}; choose another with augment=<choice> "
-            f"(e.g. augment={FOLDER_SMALL_AUGMENT})"
-        )
-    small = OmegaConf.load(AUGMENT_DIR / f"{FOLDER_SMALL_AUGMENT}.yaml")
-    small.pop("defaults", None)
-    augment = OmegaConf.merge(OmegaConf.structured(AugmentConfig), small)
-    return augment, (
-        f"dataset=imagefolder at {size} px (<= {SMALL_IMAGE_PX}): the small-image recipe, "
-        f"augment={FOLDER_SMALL_AUGMENT} (padded random crop, no flip), not ImageNet's "
-        f"{FOLDER_DEFAULT_AUGMENT}; choose one with augment=<choice> (augment=crop_flip for "
-        "photos, whose flips keep their meaning)"
     )
 
 

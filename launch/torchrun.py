@@ -31,7 +31,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from omegaconf import DictConfig
 
 from core.errors import UserError, job_value
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
+from core.wandb_service import wandb_wanted
 from core.world import check_gpus, job_world, visible_gpus
 from launch.jobs import (
     Job,
@@ -53,7 +53,7 @@ from launch.jobs import (
     settings_from,
 )
 from launch.lifecycle import LifecycleLauncher, run_jobs
-from ranks.bootstrap import PARENT_PID_ENV
+from launch.warm import WarmInterpreter, WarmProcess, import_path, task_modules
 from ranks.handoff import (
     FAILURES_JSON,
     JOB_JSON,
@@ -68,6 +68,7 @@ from ranks.job_spec import JobSpec, job_return
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
+BOOTSTRAP = str(Path(__file__).resolve().parent.parent / "ranks" / "bootstrap.py")  # each rank
 AGENT_LOG = "agent.log"  # in <job dir>/.torchrun/: the torchrun agent's own output in a sweep
 # How long stopped jobs get to checkpoint and exit (torchrun gives its ranks 30 s) before SIGKILL.
 STOP_GRACE_S = 60.0
@@ -123,6 +124,7 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
         self.config: DictConfig | None = None
         self.task_function: Any = None
         self.hydra_context: Any = None
+        self.warm = WarmInterpreter()  # one for the whole sweep: torch is imported once
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         self.config = config
@@ -133,7 +135,7 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
     def options(self) -> dict[str, Any]:
         s = self.settings
         return {
-            "backend": TorchrunBackend(s),
+            "backend": TorchrunBackend(s, warm=self.warm),
             "resume": s.resume,
             "retries": s.retries,
             "stop_on": (signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
@@ -187,8 +189,14 @@ class TorchrunBackend:
 
     poll_s = POLL_S
 
-    def __init__(self, settings: TorchrunLauncherConf, gpus: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        settings: TorchrunLauncherConf,
+        gpus: list[int] | None = None,
+        warm: WarmInterpreter | None = None,
+    ) -> None:
         self.settings = settings
+        self.warm = warm if warm is not None else WarmInterpreter()
         if gpus is None:
             gpus = list(settings.gpus) if settings.gpus is not None else list(range(visible_gpus()))
         self.gpus, self.free, self.running = list(gpus), list(gpus), 0
@@ -237,9 +245,6 @@ class TorchrunBackend:
     def command(self, job: Job) -> list[str]:
         s, files = self.settings, self.files(job)
         cmd = [
-            sys.executable,
-            "-m",
-            "ranks.agent",
             str(files / FAILURES_JSON),
             f"--nproc-per-node={job.nproc}",
             f"--nnodes={job.nnodes}",
@@ -260,12 +265,13 @@ class TorchrunBackend:
             ]
             if s.node_rank is not None:
                 cmd.append(f"--node-rank={s.node_rank}")
-        return [*cmd, "-m", "ranks.bootstrap", str(files / JOB_PKL)]
+        # Ranks forked from the agent, which the warm interpreter forked: nothing to import.
+        return [*cmd, "--start-method=fork", "--run-path", BOOTSTRAP, str(files / JOB_PKL)]
 
-    def start(self, batch: list[tuple[Job, list[int]]]) -> list[subprocess.Popen]:
+    def start(self, batch: list[tuple[Job, list[int]]]) -> list[WarmProcess]:
         return [self.start_one(job, gpus) for job, gpus in batch]
 
-    def start_one(self, job: Job, gpus: list[int]) -> subprocess.Popen:
+    def start_one(self, job: Job, gpus: list[int]) -> WarmProcess:
         import cloudpickle
 
         files = self.files(job)
@@ -284,33 +290,30 @@ class TorchrunBackend:
         )
         env = dict(os.environ)
         # Ranks import the task function's modules by reference: give them our import path.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        env["PYTHONPATH"] = import_path()
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         # One OpenMP thread per rank unless the user chose: N ranks on N cores is the sane default.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, job.nproc))))
-        env[PARENT_PID_ENV] = str(os.getpid())  # the agent dies with this process
         env[ATTEMPT_ENV] = str(job.attempt)
         job.started = time.time()
         # Nothing of a job reaches a quiet sweep's console (the launcher says how it ended):
-        # the agent's own lines go to agent.log beside the ranks' files.
-        out = None if self.tee() != "0" else open(files / AGENT_LOG, "ab")  # noqa: SIM115
-        try:
-            # Its own session: a Ctrl-C in the terminal reaches the launcher only, which stops
-            # the jobs itself (stop()); the agent and its ranks are signalled as one group.
-            return subprocess.Popen(
-                self.command(job), env=env, start_new_session=True, stdout=out, stderr=out
-            )
-        finally:
-            if out is not None:
-                out.close()  # the agent holds its own copy
+        # the agent's own lines go to agent.log beside the ranks' files. The agent has a
+        # session of its own: a Ctrl-C in the terminal reaches the launcher only, which stops
+        # the jobs itself (stop()); the agent and its ranks are signalled as one group.
+        out = None if self.tee() != "0" else str(files / AGENT_LOG)
+        # Started by a sweep's first job, kept for every later one (it has imported torch).
+        self.warm.ensure_running(
+            task_modules(job.spec.task_function), wandb=wandb_wanted(job.spec.config)
+        )
+        return self.warm.start(self.command(job), env, out)
 
     @staticmethod
-    def record(_process: subprocess.Popen) -> None:
+    def record(_process: WarmProcess) -> None:
         return None  # an agent does not outlive its launcher: nothing to find again
 
     @staticmethod
-    def ended(processes: list[subprocess.Popen]) -> list[subprocess.Popen]:
+    def ended(processes: list[WarmProcess]) -> list[WarmProcess]:
         return [p for p in processes if p.poll() is not None]
 
     def earlier_return(self, job: Job, _attempt: Any) -> Any:
@@ -321,7 +324,7 @@ class TorchrunBackend:
     def reattach(_job: Job, _attempt: Any) -> None:
         return None  # its agent died with the launcher that started it
 
-    def outcome(self, job: Job, process: subprocess.Popen) -> Any:
+    def outcome(self, job: Job, process: WarmProcess) -> Any:
         """The JobReturn of a finished job: rank 0's own, or a failed one saying why."""
         from hydra.core.utils import JobStatus
 
@@ -350,7 +353,7 @@ class TorchrunBackend:
 
     @staticmethod
     def stop(
-        running: list[tuple[Job, subprocess.Popen]], why: str, grace_s: float = STOP_GRACE_S
+        running: list[tuple[Job, WarmProcess]], why: str, grace_s: float = STOP_GRACE_S
     ) -> None:
         """Stop running jobs as preemption does, all at once: SIGTERM to each agent (torchrun
         forwards it to its ranks: they agree on a step, checkpoint, exit 75), then wait up to
@@ -373,7 +376,7 @@ class TorchrunBackend:
                 process.wait()
 
 
-def signal_group(process: subprocess.Popen, sig: int) -> None:
+def signal_group(process: WarmProcess, sig: int) -> None:
     """Signal the agent's process group (the agent: its ranks are in sessions of their own)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)

@@ -21,6 +21,7 @@ a script whose ranks something else starts (plain `torchrun train.py`, `srun pyt
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -153,9 +154,24 @@ def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
 
 
 def run_task(task: str, cfg: Any) -> Any:
-    """Import the task's module ("module:function") and run the function on the job's config."""
+    """Import the task's module ("module:function") and run the function on the job's config.
+
+    `python train.py dist.nproc_per_node=N` (not itself a rank): this process only hands the
+    job to N ranks, which run the same task, so it imports neither torch nor the task's module
+    (seconds); a single process that trains starts the W&B service while torch imports."""
     import importlib
 
+    from core.world import requested_world, started_as_rank, visible_gpus
+
+    if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
+        from launch.torchrun import run_in_torchrun
+
+        return run_in_torchrun(cfg, functools.partial(run_task, task))
+    if int(os.environ.get("RANK", "0")) == 0:
+        from core.wandb_service import start_wandb_service, wandb_wanted
+
+        if wandb_wanted(cfg):
+            start_wandb_service(background=True)
     module, _, name = task.partition(":")
     return getattr(importlib.import_module(module), name)(cfg)
 
@@ -358,9 +374,29 @@ def exits_as_errors(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]
     return task
 
 
+def start_like_a_new_process() -> None:
+    """A rank forked from the warm interpreter (ranks/warm.py) starts from state a new
+    interpreter would have: unbuffered-like output (torchrun runs `python -u`), the thread
+    count the launcher chose (OMP_NUM_THREADS is read when OpenMP loads: before this job's
+    environment existed), and numpy's global generator from fresh entropy (`random` reseeds
+    itself after a fork; torch's generator is seeded by the task)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
 def main(payload: Path) -> int:
     """One torchrun rank of a job the torchrun launcher started."""
     import cloudpickle
+
+    start_like_a_new_process()
 
     with open(payload, "rb") as f:
         spec = cloudpickle.load(f)

@@ -697,7 +697,7 @@ def test_early_stopping_every_rank_stops_at_the_same_epoch(two_ranks, tmp_path):
 def test_imagefolder_picks_its_default_recipe_by_image_size(size, overrides, expected, said):
     from hydra.core.hydra_config import HydraConfig
 
-    from data.catalog import folder_augment
+    from conf.folder_recipe import folder_augment
     from data.transforms import build_recipe
 
     given = ["dataset=imagefolder", "dataset.root=x", f"dataset.image_size={size}", *overrides]
