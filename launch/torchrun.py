@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import os
 import signal
@@ -54,6 +55,7 @@ from launch.jobs import (
 )
 from launch.lifecycle import LifecycleLauncher, run_jobs
 from launch.warm import WarmInterpreter, WarmProcess, import_path, task_modules
+from ranks.bootstrap import run_task
 from ranks.handoff import (
     FAILURES_JSON,
     JOB_JSON,
@@ -147,6 +149,18 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
             raise UserError(
                 "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
             )
+
+
+def run_task_or_hand_off(task: str, cfg: DictConfig) -> Any:
+    """The task function of train.py and eval.py ("module:function", ranks/bootstrap.py's
+    run_task runs it). `python train.py dist.nproc_per_node=N` (not itself a rank): this
+    process only hands the job to N ranks, which run the same task, so it imports neither
+    torch nor the task's module (seconds). Everywhere else the task runs here."""
+    from core.world import requested_world, started_as_rank
+
+    if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
+        return run_in_torchrun(cfg, functools.partial(run_task, task))
+    return run_task(task, cfg)
 
 
 def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:

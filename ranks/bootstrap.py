@@ -78,7 +78,9 @@ HELP_FLAGS = {"--help", "-h"}
 START_TIME_KEY = "hydra_ddp/start_time"
 
 
-def entry_point(script: str, task: str, config_name: str) -> None:
+def entry_point(
+    script: str, task: str, config_name: str, hand_off: Callable[[str, Any], Any] | None = None
+) -> None:
     """Run a script (train.py, eval.py) as this process's program: Hydra composes
     `conf/<config_name>.yaml` from the command line, then runs the task function `task`
     ("module:function") as its job (see the module docstring).
@@ -97,7 +99,9 @@ def entry_point(script: str, task: str, config_name: str) -> None:
     if HELP_FLAGS & set(sys.argv[1:]):
         print_help(conf, config_name, [a for a in sys.argv[1:] if not a.startswith("-")])
         raise SystemExit(0)
-    task_function = functools.partial(run_task, task)
+    # `hand_off(task, cfg)` decides where the task runs (launch/torchrun.py's run_task_or_hand_off:
+    # here, or in the N ranks it starts) before anything imports the task's module.
+    task_function = functools.partial(hand_off or run_task, task)
     # Hydra reads the config path and the job's name from the task function's module; the job
     # name is set in the config (hydra.job.name), the config path is the script's conf/.
     task_function.__module__ = __name__
@@ -155,18 +159,9 @@ def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
 
 def run_task(task: str, cfg: Any) -> Any:
     """Import the task's module ("module:function") and run the function on the job's config.
-
-    `python train.py dist.nproc_per_node=N` (not itself a rank): this process only hands the
-    job to N ranks, which run the same task, so it imports neither torch nor the task's module
-    (seconds); a single process that trains starts the W&B service while torch imports."""
+    The process that trains starts the W&B service first: it starts while torch imports."""
     import importlib
 
-    from core.world import requested_world, started_as_rank, visible_gpus
-
-    if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
-        from launch.torchrun import run_in_torchrun
-
-        return run_in_torchrun(cfg, functools.partial(run_task, task))
     if int(os.environ.get("RANK", "0")) == 0:
         from core.wandb_service import start_wandb_service, wandb_wanted
 
