@@ -374,7 +374,15 @@ def start_like_a_new_process() -> None:
     interpreter would have: unbuffered-like output (torchrun runs `python -u`), the thread
     count the launcher chose (OMP_NUM_THREADS is read when OpenMP loads: before this job's
     environment existed), and numpy's global generator from fresh entropy (`random` reseeds
-    itself after a fork; torch's generator is seeded by the task)."""
+    itself after a fork; torch's generator is seeded by the task), and Python's own signal
+    handlers, not the agent's (its SIGTERM handler would turn the agent's stop into an error
+    of this rank's task)."""
+    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_IGN)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(line_buffering=True)
