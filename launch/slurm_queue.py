@@ -42,11 +42,14 @@ def cluster_gpus_per_node(partition: str | None) -> int:
 
 
 def require_slurm() -> None:
-    """Before anything is composed or submitted: SLURM's sbatch must be here."""
-    if shutil.which("sbatch") is None:
+    """Before anything is composed or submitted: the SLURM commands the launcher runs (sbatch
+    submits, submitit looks for srun, sinfo tells the partition's GPUs) must be here."""
+    missing = [cmd for cmd in ("sbatch", "srun", "sinfo") if shutil.which(cmd) is None]
+    if missing:
+        also = f" (nor {', '.join(f'`{cmd}`' for cmd in missing[1:])})" if missing[1:] else ""
         raise UserError(
-            "hydra/launcher=slurm needs SLURM, but `sbatch` is not on PATH here: run the sweep "
-            "on a SLURM login node, or use hydra/launcher=torchrun"
+            f"hydra/launcher=slurm needs SLURM, but `{missing[0]}` is not on PATH here{also}: "
+            "run the sweep on a SLURM login node, or use hydra/launcher=torchrun"
         )
 
 

@@ -881,7 +881,10 @@ echo "sbatch: error: Batch job submission failed: Unable to contact slurm contro
 exit 1
 """
 
-# (what, command-line overrides (-m: a sweep), where: "no-sbatch" | "failing-sbatch" | "",
+NOT_RUN = "#!/bin/sh\nexit 1\n"  # a SLURM command the case only needs to find on PATH
+
+# (what, command-line overrides (-m: a sweep), where: "no-sbatch" | "no-srun" |
+#  "failing-sbatch" | "",
 #  fragments of its one line)
 BAD_LAUNCHER_INPUTS = [
     (
@@ -904,6 +907,12 @@ BAD_LAUNCHER_INPUTS = [
         ["-m", "hydra/launcher=slurm", "optim.lr=0.1,0.2"],
         "no-sbatch",
         ["hydra/launcher=slurm needs SLURM", "`sbatch` is not on PATH", "hydra/launcher=torchrun"],
+    ),
+    (
+        "SLURM without srun",
+        ["-m", "hydra/launcher=slurm", "optim.lr=0.1,0.2"],
+        "no-srun",
+        ["hydra/launcher=slurm needs SLURM", "`srun` is not on PATH here (nor `sinfo`)"],
     ),
     (
         "SLURM not reachable",
@@ -933,9 +942,15 @@ def test_bad_launcher_input_is_one_line_and_exit_2(
     if where == "no-sbatch":
         env["PATH"] = str(bin_dir)  # nothing: no sbatch, no sinfo
     elif where == "failing-sbatch":
+        # A PATH the test controls: whatever SLURM this machine has installed, or not.
+        for cmd, script in (("sbatch", FAILING_SBATCH), ("srun", NOT_RUN), ("sinfo", NOT_RUN)):
+            (bin_dir / cmd).write_text(script)
+            (bin_dir / cmd).chmod(0o755)
+        env["PATH"] = str(bin_dir)
+    elif where == "no-srun":
         (bin_dir / "sbatch").write_text(FAILING_SBATCH)
         (bin_dir / "sbatch").chmod(0o755)
-        env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+        env["PATH"] = str(bin_dir)
     out_dir = tmp_path / "out"
     dirs = [f"hydra.sweep.dir={out_dir}", f"hydra.run.dir={out_dir}"]
     started = time.time()
@@ -953,7 +968,7 @@ def test_bad_launcher_input_is_one_line_and_exit_2(
     elif where:  # SLURM: the sweep stops at its first line; no job ran
         rest = [line for line in text.strip().splitlines() if "launcher: sweep dir" not in line]
         assert rest == lines and len(lines) == 1, text
-        if where == "no-sbatch":  # checked before anything is composed
+        if where in ("no-sbatch", "no-srun"):  # checked before anything is composed
             assert not (out_dir / "0").exists()
         else:  # sbatch refused them: each job's launch.json records the attempt that failed
             for num in (0, 1):
