@@ -48,7 +48,8 @@ log = logging.getLogger("eval")
 
 def main(cfg: DictConfig) -> float | None:
     """Hydra's task function; returns the split's top-1 accuracy (None for a folder)."""
-    # (With dist.nproc_per_node=N, ranks/bootstrap.py's run_task has handed this to N ranks.)
+    # (With dist.nproc_per_node=N, launch/torchrun.py's run_task_or_hand_off has handed
+    # this to N ranks.)
     return evaluate_checkpoint(cfg)
 
 

@@ -91,7 +91,7 @@ def main(cfg: DictConfig) -> float | None:
     (trainer.monitor: what sweepers optimise; never a test metric). A user error propagates to
     whoever runs the task, which reports it once; preemption exits with 75. (With
     dist.nproc_per_node=N, the process you started hands the job to N ranks before this
-    file is imported: ranks/bootstrap.py's run_task.)"""
+    file is imported: launch/torchrun.py's run_task_or_hand_off.)"""
     try:
         return train(cfg)
     except Pruned as e:  # the sweeper's pruner stopped the trial: a result, not an error

@@ -44,7 +44,7 @@ from omegaconf import DictConfig
 from core.errors import UserError, job_value
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from core.wandb_service import wandb_wanted
-from core.world import check_gpus, job_world, visible_gpus
+from core.world import check_gpus, job_world, requested_world, started_as_rank, visible_gpus
 from launch.jobs import (
     Job,
     configure_sweep_logging,
@@ -156,8 +156,6 @@ def run_task_or_hand_off(task: str, cfg: DictConfig) -> Any:
     run_task runs it). `python train.py dist.nproc_per_node=N` (not itself a rank): this
     process only hands the job to N ranks, which run the same task, so it imports neither
     torch nor the task's module (seconds). Everywhere else the task runs here."""
-    from core.world import requested_world, started_as_rank
-
     if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
         return run_in_torchrun(cfg, functools.partial(run_task, task))
     return run_task(task, cfg)
@@ -391,6 +389,7 @@ class TorchrunBackend:
 
 
 def signal_group(process: WarmProcess, sig: int) -> None:
-    """Signal the agent's process group (the agent: its ranks are in sessions of their own)."""
+    """Signal the agent's process group: the agent and the ranks it forked (torchrun also
+    forwards SIGTERM to them itself)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)

@@ -52,8 +52,8 @@ class WarmInterpreter:
         self.process: subprocess.Popen | None = None
         self.conn: socket.socket | None = None
         self.buffer = b""
-        self.started: dict[int, int] = {}  # request id -> pid
-        self.agents: dict[int, WarmProcess] = {}  # pid -> its handle
+        self.started: dict[int, WarmProcess] = {}  # request id -> its agent's handle
+        self.agents: dict[int, WarmProcess] = {}  # pid -> the handle of an agent still running
         self.next_id = 0
 
     def ensure_running(self, modules: list[str] = (), wandb: bool = False) -> None:
@@ -85,9 +85,7 @@ class WarmInterpreter:
         self.conn.sendall(json.dumps(request).encode() + b"\n")
         while self.next_id not in self.started:
             self.pump(block=True)
-        pid = self.started.pop(self.next_id)
-        self.agents[pid] = WarmProcess(self, pid)
-        return self.agents[pid]
+        return self.started.pop(self.next_id)
 
     def pump(self, block: bool = False) -> None:
         """Read what the warm interpreter said: agents started, agents ended."""
@@ -111,8 +109,9 @@ class WarmInterpreter:
             message = json.loads(line)
             if "error" in message:
                 raise RuntimeError(message["error"])
-            if "id" in message:
-                self.started[message["id"]] = message["pid"]
+            if "id" in message:  # its handle exists before its exit can be read (same batch)
+                agent = self.agents[message["pid"]] = WarmProcess(self, message["pid"])
+                self.started[message["id"]] = agent
             elif message["pid"] in self.agents:
                 self.agents.pop(message["pid"]).returncode = message["exit"]
 

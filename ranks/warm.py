@@ -84,7 +84,6 @@ def run_agent(request: dict) -> int:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-    sys.argv = ["ranks.agent", *request["argv"]]
     from ranks.agent import agent_main
 
     return agent_main(request["argv"])

@@ -104,3 +104,22 @@ def test_the_startup_benchmark_reads_fixed_costs_and_ratios_from_medians() -> No
     assert figures[f"{startup.SWEEP_1}-job sweep of 1-rank jobs: per job"] == 2.0
     text = startup.table([Path("new"), Path("old")], [medians, {**medians, "floor": 1.5}])
     assert "python train.py: fixed cost | 4.50 (+1.50) | 4.50 (+3.00) | 1.00" in text
+
+
+def test_an_agent_that_ends_at_once_is_seen_to_end() -> None:
+    """launch/warm.py: the warm interpreter's "started" and "ended" lines for one agent may
+    arrive in one read; the agent's handle still gets its exit status (no wait forever)."""
+    import socket
+    from types import SimpleNamespace
+
+    from launch.warm import WarmInterpreter
+
+    warm = WarmInterpreter()
+    ours, theirs = socket.socketpair()
+    warm.conn = ours
+    warm.process = SimpleNamespace(poll=lambda: None, terminate=lambda: None, wait=lambda: 0)
+    theirs.sendall(b'{"id": 1, "pid": 42}\n{"pid": 42, "exit": 3}\n')
+    agent = warm.start(["--nproc-per-node=1"], {}, None)
+    assert (agent.pid, agent.poll()) == (42, 3)
+    warm.close()
+    theirs.close()
