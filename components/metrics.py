@@ -42,7 +42,7 @@ from core.run_dir import (
     write_result,
 )
 from core.wandb_mode import resolve_wandb_mode
-from core.wandb_service import wait_for_service
+from core.wandb_service import run_settings, wait_for_service
 
 log = logging.getLogger(__name__)
 
@@ -135,17 +135,7 @@ def init_wandb(
             mode=mode,
             id=run_id,
             resume=resume or ("allow" if run_id else None),
-            # No banner or footer: the run's own end line says where the run is.
-            # Off: W&B's own listing of the installed packages and its git capture (repro/
-            # records both); code saving (repro/git.diff has the changes).
-            settings=wandb.Settings(
-                init_timeout=w.init_timeout_s,
-                console="off",
-                silent=True,
-                x_save_requirements=False,
-                disable_git=True,
-                save_code=False,
-            ),
+            settings=run_settings(wandb, mode, w.init_timeout_s),
         )
         log.info("W&B run %s (%s mode) in %s", run.id, mode, run.dir)
         return run

@@ -15,6 +15,7 @@ No torch: cheap to import.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shlex
 import subprocess
@@ -75,6 +76,7 @@ def git_state(run_dir: Path | None = None) -> GitState:
     return GitState(commit, True, head + diff, changed)
 
 
+@functools.cache  # the warm interpreter lists them once for every job it forks (ranks/warm.py)
 def requirements() -> str:
     """`name==version` of every installed distribution, sorted, one per line (pip freeze)."""
     found: dict[str, str] = {}

@@ -63,6 +63,25 @@ def start_wandb_service(background: bool = False) -> None:
     _starting.start()
 
 
+def run_settings(wandb: Any, mode: str, init_timeout_s: float) -> Any:
+    """The wandb.Settings of every run this project opens (a job's, a sweep's summary), for
+    wandb.init in `mode`. No banner or footer: the run's own end line says where the run is.
+    Off: W&B's own listing of the installed packages and its git capture (repro/ records
+    both) and code saving (repro/git.diff has the changes). Offline, W&B is first set up in
+    that mode (wandb.setup): otherwise its own usage telemetry, which it only sends online,
+    still imports its HTTP exporters and starts two export threads in every run's process."""
+    if mode != "online":
+        wandb.setup(settings=wandb.Settings(mode=mode))
+    return wandb.Settings(
+        init_timeout=init_timeout_s,
+        console="off",
+        silent=True,
+        x_save_requirements=False,
+        disable_git=True,
+        save_code=False,
+    )
+
+
 def wait_for_service() -> None:
     """Before wandb.init: let a service being started finish (else init starts a second)."""
     if _starting is not None:

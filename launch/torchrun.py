@@ -136,6 +136,9 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
 
     def options(self) -> dict[str, Any]:
         s = self.settings
+        # The warm interpreter imports torch (on another core) while this process composes
+        # the batch's jobs; later batches (Optuna's) find it running.
+        self.warm.ensure_running(task_modules(self.task_function), wandb=wandb_wanted(self.config))
         return {
             "backend": TorchrunBackend(s, warm=self.warm),
             "resume": s.resume,

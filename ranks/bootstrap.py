@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import logging
 import os
@@ -168,7 +169,11 @@ def run_task(task: str, cfg: Any) -> Any:
         if wandb_wanted(cfg):
             start_wandb_service(background=True)
     module, _, name = task.partition(":")
-    return getattr(importlib.import_module(module), name)(cfg)
+    function = getattr(importlib.import_module(module), name)
+    # What is imported lives as long as the process: out of the garbage collector's sight,
+    # its full collections no longer walk torch's ~360k objects (0.17 s each, here).
+    gc.freeze()
+    return function(cfg)
 
 
 def prepare_argv(argv: list[str]) -> list[str]:

@@ -41,6 +41,7 @@ def log_to_wandb(
     disabled. A W&B failure is a warning."""
     from core.errors import UserError
     from core.wandb_mode import resolve_wandb_mode
+    from core.wandb_service import run_settings
 
     try:
         mode = resolve_wandb_mode(settings.get("mode", "auto"))
@@ -73,9 +74,7 @@ def log_to_wandb(
             },
             dir=str(summary.sweep_dir),
             mode=mode,
-            settings=wandb.Settings(
-                init_timeout=float(settings.get("init_timeout_s", 60)), console="off", silent=True
-            ),
+            settings=run_settings(wandb, mode, float(settings.get("init_timeout_s", 60))),
         )
         runs_url = None if mode == "offline" else (run.url or "").rsplit("/runs/", 1)[0]
         cols = columns(summary.rows, summary.swept_keys)

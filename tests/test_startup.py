@@ -123,3 +123,30 @@ def test_an_agent_that_ends_at_once_is_seen_to_end() -> None:
     assert (agent.pid, agent.poll()) == (42, 3)
     warm.close()
     theirs.close()
+
+
+def test_the_agents_rendezvous_event_names_are_torchs() -> None:
+    """ranks/agent.py's cheap get_method_name gives the name torch's own gives (the method
+    `depth` frames up), also when the stack is too short."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from ranks.agent import cheap_rendezvous_event_names
+
+    torchs = dynamic_rendezvous.get_method_name
+    try:
+        cheap_rendezvous_event_names()
+        cheap = dynamic_rendezvous.get_method_name
+        assert cheap is not torchs
+
+        def record(name_of) -> str:
+            return name_of()  # depth 2: the caller of `record`
+
+        def some_rendezvous_method() -> tuple[str, str]:
+            return record(torchs), record(cheap)
+
+        theirs, ours = some_rendezvous_method()
+        assert ours == theirs == "some_rendezvous_method"
+        assert cheap(depth=10_000) == torchs(depth=10_000) == "no_method_name"
+        assert cheap(depth=0) == "get_method_name" == torchs(depth=0)
+    finally:
+        dynamic_rendezvous.get_method_name = torchs
