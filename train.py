@@ -53,12 +53,13 @@ from components.distributed import (
     tighten_timeout,
     wrap_ddp,
 )
+from components.divergence import DivergenceWatch
 from components.ema import EMA, build_ema
 from components.evaluation import evaluate
 from components.loss_window import LossWindow
 from components.metrics import RunLogger, run_facts
 from components.monitor import Monitor
-from components.optim import build_optimizer, lr_schedule
+from components.optim import build_optimizer, lr_schedule, warmup_steps
 from components.precision import grad_scaler, memory_format, model_dtype, precision_context
 from components.preemption import Preempted, StopRequest, cpu_group
 from components.profiling import StepProfiler
@@ -136,6 +137,7 @@ class Training:
     step: TrainStep  # one optimizer step (forward, backward, update)
     progress: Progress
     window: LossWindow
+    divergence: DivergenceWatch  # says once when the train loss climbs after the warm-up
     monitor: Monitor
     state: TrainingState  # everything a resume needs
     checkpoints: Checkpointer
@@ -252,6 +254,9 @@ def build(
     console = Console(
         env.is_main, bar=tc.progress_bar, every_s=tc.progress_every_s, max_epochs=tc.max_epochs
     )
+    divergence = DivergenceWatch(
+        progress, warmup_steps(tc, steps_per_epoch), cfg.optim.lr, tc.grad_clip
+    )
     return Training(
         cfg=cfg,
         env=env,
@@ -268,6 +273,7 @@ def build(
         step=step,
         progress=progress,
         window=window,
+        divergence=divergence,
         monitor=monitor,
         state=state,
         checkpoints=checkpoints,
@@ -321,6 +327,8 @@ def fit(t: Training) -> float | None:
                 row = train_row(progress, t.window, t.step, env, tc, t.speed) if logged else None
                 if row is not None:
                     run.log(row)
+                    if (found := t.divergence.check(row)) is not None:
+                        run.diverged(found)
                 t.console.step(row)
                 if stop.agreed(progress.step):  # a stop signal on any rank: save, then exit 75
                     t.checkpoints.save(t.state, step=progress.step, is_best=False)

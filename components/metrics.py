@@ -273,6 +273,14 @@ class RunLogger:
         r.epochs, r.final = epoch, {"epoch": epoch, **val}
         r.final_val_acc, r.final_val_loss = val.get("val/acc"), val.get("val/loss")
 
+    def diverged(self, found: dict[str, Any]) -> None:
+        """Event: the train loss climbed after the warm-up (components/divergence.py):
+        result.json's `diverged`, and the W&B run's summary (train/diverged_step, ...)."""
+        self.result.diverged = found
+        if self.wandb is not None:
+            summary = {f"train/diverged_{k.replace('/', '_')}": v for k, v in found.items()}
+            self._guarded("divergence summary", self.wandb.summary.update, summary)
+
     def stopped_early(self) -> None:
         """Event: early stopping ended the run (trainer.early_stopping)."""
         self.result.stopped_early = True

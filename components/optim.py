@@ -80,10 +80,16 @@ def build_optimizer(optim_cfg, model: torch.nn.Module, global_batch: int) -> tor
         ) from None
 
 
+def warmup_steps(trainer_cfg, steps_per_epoch: int) -> int:
+    """Optimizer steps of the linear warm-up (trainer.warmup_epochs, at most the whole run)."""
+    total = max(1, steps_per_epoch * trainer_cfg.max_epochs)
+    return min(int(trainer_cfg.warmup_epochs * steps_per_epoch), total)
+
+
 def lr_schedule(optimizer, trainer_cfg, steps_per_epoch: int):
     """Linear warm-up, then cosine decay to 0 (or constant), stepped once per optimizer step."""
     total = max(1, steps_per_epoch * trainer_cfg.max_epochs)
-    warmup = min(int(trainer_cfg.warmup_epochs * steps_per_epoch), total)
+    warmup = warmup_steps(trainer_cfg, steps_per_epoch)
     if trainer_cfg.lr_schedule not in SCHEDULES:
         raise UserError(f"trainer.lr_schedule={trainer_cfg.lr_schedule}: use cosine or constant")
     if trainer_cfg.warmup_epochs < 0:

@@ -37,6 +37,8 @@ class Progress:
     wandb_run_id: str | None = None
     wandb_group: str | None = None  # eval.py puts its W&B run in this group
     wandb_name: str | None = None
+    first_train_loss: float | None = None  # the first logged window's (components/divergence.py)
+    diverged_step: int | None = None  # where the run warned that it diverges (once per run)
 
     def state_dict(self) -> dict:
         return asdict(self)

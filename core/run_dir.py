@@ -78,6 +78,9 @@ class RunResult:
     samples_per_s: float | None = None  # mean of the logged train windows
     time_to_first_step_s: float | None = None  # from process start
     peak_memory_mb_per_rank: list[float] | None = None
+    # The train loss rose above 1.5x its first window's after the warm-up (where, how much,
+    # what to try: components/divergence.py); None: it did not.
+    diverged: dict[str, Any] | None = None
     git_commit: str | None = None  # the code's commit (None: not a git checkout)
     git_dirty: bool | None = None  # started with uncommitted changes: repro/git.diff holds them
     # Set by a launcher that records a job which left no result of its own.

@@ -354,17 +354,24 @@ class TorchrunBackend:
             return job_return(job, JobStatus.COMPLETED, None)
         rank_logs = job.job_dir / self.settings.log_dir
         rank0 = job_value(ret) if ret is not None and ret.status == JobStatus.FAILED else None
-        dead = [
-            f"{describe_failure(f)}; rank logs in {rank_logs}"
-            for f in read_failures(files / FAILURES_JSON)
-        ]
+        failures = read_failures(files / FAILURES_JSON)
+        dead = [f"{describe_failure(f)}; rank logs in {rank_logs}" for f in failures]
         if code is not None and code < 0:
             otherwise = f"torchrun was killed by {signal.Signals(-code).name}"
         elif code == 0:
             otherwise = "torchrun exited with code 0 but rank 0 left no result"
         else:
             otherwise = f"torchrun exited with code {code}: see {rank_logs} for each rank's output"
-        return failed_job_return(job, failure_reason(rank0, dead, otherwise), ret)
+        # A rank that failed first with a user error (exit 2, its error file says which) can
+        # get rank 0 stopped before rank 0 reports the same error: the job's failure is still
+        # the user's to fix (the sweep exits 2).
+        first = failures[0] if failures else {}
+        user = (
+            UserError(first["error"])
+            if rank0 is None and first.get("exitcode") == UserError.exit_code and first.get("error")
+            else None
+        )
+        return failed_job_return(job, failure_reason(rank0, dead, otherwise), ret, cause=user)
 
     @staticmethod
     def stop(

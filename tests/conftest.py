@@ -1,5 +1,8 @@
-"""Fixtures shared by every test module; helpers live in tests/helpers.py."""
+"""Fixtures shared by every test module; helpers live in tests/helpers.py. Also how the
+suite shares the machine's cores (pytest-xdist, pyproject.toml's `-n auto --dist loadgroup`)
+and the run's last word on SLURM tests that could not run."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -82,3 +85,63 @@ def wandb_off_by_default():
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WANDB_MODE", "disabled")
         yield
+
+
+# Module- and session-scoped fixtures cheap enough to build once per xdist worker; every other
+# such fixture (a trained run, a sweep, the SLURM cluster) is built once per run: the tests
+# that share one go to the same worker (below).
+PER_WORKER = frozenset({"two_ranks", "wandb_data_dir", "wandb_off_by_default", "rng", "digits"})
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core. The tests' processes are what loads the cores (a
+    2-rank job is two of them), so more workers than cores only queue."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests that share an expensive module- or session-scoped fixture, directly or through
+    another test, get one xdist_group: `--dist loadgroup` runs each group on one worker, so
+    the fixture is built once (the SLURM cluster, one per machine, included)."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    shared: dict[int, list[str]] = {}
+    for i, item in enumerate(items):
+        info = getattr(item, "_fixtureinfo", None)
+        keys = []
+        for name, defs in info.name2fixturedefs.items() if info else ():
+            scope = defs[-1].scope
+            if name in PER_WORKER or scope not in ("module", "session"):
+                continue
+            keys.append(f"{item.module.__name__}::{name}" if scope == "module" else name)
+        for key in keys[1:]:
+            parent[find(key)] = find(keys[0])
+        shared[i] = keys
+    for i, keys in shared.items():
+        if keys:
+            items[i].add_marker(pytest.mark.xdist_group(find(keys[0]).replace("::", ".")))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line at the end when SLURM tests skipped: how many, why, how to run them."""
+    from tests.slurm_cluster import INSTALL_ENV, SKIP_REASON
+
+    reasons = []
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        if SKIP_REASON in reason:
+            reasons.append(reason.split(SKIP_REASON, 1)[1].lstrip(": "))
+    if reasons:
+        terminalreporter.write_line(
+            f"{len(reasons)} SLURM tests skipped ({reasons[0]}): run `python -m pytest` as "
+            f"root on a machine with apt-get (and without {INSTALL_ENV}=0), or install "
+            "slurm-wlm and munge, to run them",
+            yellow=True,
+            bold=True,
+        )

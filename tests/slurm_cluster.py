@@ -1,7 +1,7 @@
 """A real one-node SLURM cluster for the tests: Debian's slurm-wlm and munge, started as root.
 
-`slurm_cluster` (session fixture) installs the packages when they are missing and
-HYDRA_DDP_INSTALL_SLURM=1 allows it (.ci/run sets it; otherwise the tests skip), writes a
+`slurm_cluster` (session fixture) installs the packages when they are missing (as root, with
+apt-get; HYDRA_DDP_INSTALL_SLURM=0 forbids it, and the SLURM tests skip), writes a
 slurm.conf for this machine (its real CPUs and memory, proctrack/linuxproc, task/none,
 select/cons_tres, SlurmUser=root, JobRequeue=1) into a temp dir that also holds every state,
 spool, log and pid file, starts munged (its own socket and key), slurmctld and slurmd on free
@@ -10,7 +10,8 @@ the temp dir is touched besides the package installation: commands reach this cl
 `SLURM_CONF` (`cluster.env`), so another cluster on the machine is not disturbed.
 
 The fixture skips (with the reason) when not root, when SLURM is missing and installing it is
-not allowed, or when apt cannot install the packages.
+forbidden, or when apt cannot install the packages; the run's last line says how many SLURM
+tests skipped, why, and how to run them (tests/conftest.py).
 Standalone, for poking at it by hand: `python -m tests.slurm_cluster` starts one and waits.
 """
 
@@ -44,7 +45,8 @@ COMMANDS = (
     "scancel",
 )
 PACKAGES = ("slurm-wlm", "munge")
-INSTALL_ENV = "HYDRA_DDP_INSTALL_SLURM"  # =1: the fixture may apt-get install PACKAGES
+INSTALL_ENV = "HYDRA_DDP_INSTALL_SLURM"  # =0: the fixture must not apt-get install PACKAGES
+SKIP_REASON = "no SLURM test cluster"  # how every skip of a SLURM test starts
 # A requeued job may start once its old credentials have expired (AuthInfo cred_expire, 120 s
 # by default): 10 s here, and a scheduler that looks every second, keep requeue tests short.
 CRED_EXPIRE_S = 10
@@ -108,15 +110,15 @@ class SlurmCluster:
 
 
 def install() -> None:
-    """apt-get install the packages when a command is missing and INSTALL_ENV=1 allows it;
-    ClusterUnavailable otherwise, or if it fails."""
+    """apt-get install the packages when a command is missing, unless INSTALL_ENV=0 forbids
+    it; ClusterUnavailable then, or if it fails."""
     missing = [c for c in COMMANDS if not shutil.which(c)]
     if not missing:
         return
-    if os.environ.get(INSTALL_ENV) != "1":
+    if os.environ.get(INSTALL_ENV) == "0":
         raise ClusterUnavailable(
-            f"SLURM is not installed ({', '.join(missing)} missing): set {INSTALL_ENV}=1 to let "
-            f"the tests apt-get install {' '.join(PACKAGES)}"
+            f"SLURM is not installed ({', '.join(missing)} missing) and {INSTALL_ENV}=0 "
+            f"forbids installing {' '.join(PACKAGES)}"
         )
     if not shutil.which("apt-get"):
         raise ClusterUnavailable("SLURM is not installed and there is no apt-get to install it")
@@ -280,7 +282,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     try:
         cluster = start(tmp_path_factory.mktemp("slurm"))
     except ClusterUnavailable as e:
-        pytest.skip(f"no SLURM test cluster: {e}")
+        pytest.skip(f"{SKIP_REASON}: {e}")
     try:
         yield cluster
     finally:

@@ -5,6 +5,7 @@ digits, the default dataset.
 """
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -24,10 +25,12 @@ from tests.helpers import (
     REPO,
     offline_runs,
     output,
+    read_json,
     rows,
     run,
     train_cmd,
     train_in_process,
+    train_rows,
     val_rows,
 )
 
@@ -156,6 +159,9 @@ def test_the_default_job(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed"
     assert result["best_val_acc"] == max(v["val/acc"] for v in vals)
+    # It does not diverge: no warning, nothing recorded (components/divergence.py).
+    assert result["diverged"] is None
+    assert "diverging" not in output(proc)
 
     lines = [line for line in output(proc).splitlines() if line.strip()]
     assert len(lines) <= 20, "\n".join(lines)
@@ -560,3 +566,36 @@ def test_wandb_agent_run_wins_over_a_checkpoints_run(tmp_path, monkeypatch):
     assert json.loads((run_dir / "result.json").read_text())["wandb_run_id"] == AGENT_RUN_ID
     last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert last["progress"]["wandb_run_id"] == AGENT_RUN_ID
+
+
+def test_a_diverging_run_says_so_once_and_records_it(tmp_path, caplog):
+    """digits at optim.lr=8 (20x the recipe's): the train loss climbs past 1.5x its first
+    window's after the warm-up, but stays finite. One warning line names the step, the lr and
+    the overrides to try; result.json and the W&B run's summary record it."""
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="train"):
+        train_in_process(run_dir, OFFLINE, "trainer.max_epochs=3", "optim.lr=8")
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("diverging:")]
+    assert len(warnings) == 1, warnings
+    found = read_json(run_dir / "result.json")["diverged"]
+    assert found is not None
+    train = {r["step"]: r for r in train_rows(run_dir)}
+    row = train[found["step"]]  # the logged window that crossed the line
+    first = train[min(train)]
+    assert found["train/loss"] == row["train/loss"] > 1.5 * first["train/loss"]
+    assert found["first_train/loss"] == first["train/loss"]
+    assert found["lr"] == row["lr"] and found["epoch"] == row["epoch"]
+    # after the warm-up (1 epoch); every earlier window after warm-up stayed below the line
+    steps_per_epoch = max(r["step"] for r in train.values() if r["epoch"] == 1)
+    assert found["step"] > steps_per_epoch
+    assert all(
+        r["train/loss"] <= 1.5 * first["train/loss"]
+        for s, r in train.items()
+        if steps_per_epoch < s < found["step"]
+    )
+    assert found["try"] == ["optim.lr=4", "trainer.grad_clip=1.0"]
+    (message,) = warnings
+    assert f"step {found['step']}" in message and "optim.lr=4" in message
+    (wb,) = offline_runs(run_dir)
+    assert wb.summary["train/diverged_step"] == found["step"]
+    assert wb.summary["train/diverged_lr"] == found["lr"]
