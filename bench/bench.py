@@ -124,6 +124,7 @@ def train_overrides(s: Setup, run_dir: Path) -> list[str]:
         "optim.lr_scaling=none",
         "optim.decay_norm_and_bias=true",
         "trainer.warmup_epochs=0",
+        "trainer.grad_clip=null",  # as the reference (imagefolder's recipe clips)
         f"trainer.batch_size={spec.global_batch}",
         "trainer.max_epochs=1",
         "trainer.test_after_fit=false",  # training throughput only
