@@ -39,7 +39,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from core.errors import UserError, job_value
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
@@ -66,6 +66,7 @@ from ranks.handoff import (
     read_job_return,
 )
 from ranks.job_spec import JobSpec, job_return
+from report import sweep as sweep_report
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +134,21 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
         self.task_function = task_function
         self.hydra_context = hydra_context
         configure_sweep_logging(config)
+        if os.environ.get("RANK") is None:  # (check() refuses a sweep inside a rank)
+            self.start_warm()
+
+    def start_warm(self) -> None:
+        """The warm interpreter imports torch (on another core) while this process has the
+        sweeper validate the batch (Hydra composes every job) and composes the jobs itself;
+        later batches (Optuna's) find it running. The report, too, is forked from there."""
+        self.warm.ensure_running(task_modules(self.task_function), wandb=wandb_wanted(self.config))
+        hydra = self.config.hydra
+        logging = (OmegaConf.to_container(hydra.hydra_logging, resolve=True), hydra.verbose)
+        sweep_report.run_elsewhere = functools.partial(self.warm.call, logging=logging)
 
     def options(self) -> dict[str, Any]:
         s = self.settings
-        # The warm interpreter imports torch (on another core) while this process composes
-        # the batch's jobs; later batches (Optuna's) find it running.
-        self.warm.ensure_running(task_modules(self.task_function), wandb=wandb_wanted(self.config))
+        self.start_warm()
         return {
             "backend": TorchrunBackend(s, warm=self.warm),
             "resume": s.resume,

@@ -80,8 +80,24 @@ class WarmInterpreter:
         """Fork a torchrun agent with these arguments, environment and output file (None:
         this process's stdout/stderr)."""
         self.ensure_running()
+        return self.request({"argv": argv, "env": env, "log": log})
+
+    def call(self, target: str, kwargs: dict[str, Any], logging: Any = None) -> bool:
+        """Run `module:function(**kwargs)` in a child forked from it (it has the function's
+        imports), output to this process's stdout/stderr, and wait; False when it is not
+        running or the call did not end well (the caller then runs it itself). `logging`:
+        (hydra.hydra_logging as a dict, hydra.verbose), the child's logging as this process's."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        try:
+            request = {"call": target, "kwargs": kwargs, "logging": logging}
+            return self.request(request).wait() == 0
+        except (OSError, RuntimeError):
+            return False
+
+    def request(self, request: dict[str, Any]) -> WarmProcess:
         self.next_id += 1
-        request = {"id": self.next_id, "argv": argv, "env": env, "cwd": os.getcwd(), "log": log}
+        request = {"id": self.next_id, "cwd": os.getcwd(), **request}
         self.conn.sendall(json.dumps(request).encode() + b"\n")
         while self.next_id not in self.started:
             self.pump(block=True)

@@ -47,6 +47,9 @@ PRELOAD = (
     "ranks.agent",
     "conf.schema",
 )
+# Imported once the first job is forked, while it runs: what the sweep's report needs (its
+# figure, its t quantiles), so the report forked from here at the end imports nothing.
+LATE_PRELOAD = ("report.sweep", "matplotlib.pyplot", "scipy.special")
 
 
 def preload(modules: list[str]) -> None:
@@ -82,6 +85,32 @@ def check_clean() -> str | None:
     return None
 
 
+def preload_late() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; what report/figure.py selects
+    for name in LATE_PRELOAD:
+        with contextlib.suppress(Exception):  # the report imports it again and says why
+            importlib.import_module(name)
+
+
+def run_call(request: dict) -> int:
+    """In the forked child: `module:function(**kwargs)` (the sweep's report), in the launcher's
+    working dir, dying with this interpreter."""
+    os.environ[PARENT_PID_ENV] = str(os.getppid())
+    die_with_parent()
+    os.chdir(request["cwd"])
+    if request.get("logging"):
+        from hydra.core.utils import configure_log
+        from omegaconf import OmegaConf
+
+        logging_config, verbose = request["logging"]
+        configure_log(OmegaConf.create(logging_config), verbose)
+    module, _, name = request["call"].partition(":")
+    getattr(importlib.import_module(module), name)(**request["kwargs"])
+    return 0
+
+
 def run_agent(request: dict) -> int:
     """In the forked child: become the job's torchrun agent, in its own session, with the
     environment, working dir and output the launcher asked for."""
@@ -105,14 +134,15 @@ def run_agent(request: dict) -> int:
     return agent_main(request["argv"])
 
 
-def fork_agent(request: dict, conn: socket.socket) -> int:
+def fork_child(request: dict, conn: socket.socket) -> int:
+    """Fork a job's agent, or a call (`request["call"]`)."""
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
         conn.close()
-        code = run_agent(request)
+        code = run_call(request) if "call" in request else run_agent(request)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - the child must never return into the server loop
@@ -125,10 +155,11 @@ def fork_agent(request: dict, conn: socket.socket) -> int:
 
 
 def serve(conn: socket.socket) -> None:
-    """Fork an agent per request; report each one's pid, then its exit status (as Popen's
+    """Fork a child per request; report each one's pid, then its exit status (as Popen's
     returncode: negative for a signal). Ends when the launcher closes the socket."""
     children: set[int] = set()
     buffer = b""
+    late_preloaded = False
 
     def send(message: dict) -> None:
         conn.sendall(json.dumps(message).encode() + b"\n")
@@ -147,9 +178,12 @@ def serve(conn: socket.socket) -> None:
                 if unclean is not None:
                     send({"id": request["id"], "error": f"the warm interpreter holds {unclean}"})
                     continue
-                pid = fork_agent(request, conn)
+                pid = fork_child(request, conn)
                 children.add(pid)
                 send({"id": request["id"], "pid": pid})
+                if not late_preloaded:
+                    late_preloaded = True
+                    preload_late()
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:

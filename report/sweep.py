@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,13 @@ def headline(summary: SweepSummary) -> str:
     )
 
 
+# Where the report runs. A launcher with a warm interpreter (launch/torchrun.py) sets this to
+# run it in a child forked from there, which has matplotlib, scipy and W&B imported already:
+# measured on a 4-job sweep, the report's 3.5 s (1.5 s of them imports, and a W&B service of
+# its own) fall to under 1 s. Returns False when it could not, and the report runs here.
+run_elsewhere: Callable[[str, dict[str, Any]], bool] | None = None
+
+
 def report_sweep(
     sweep_dir: Path,
     config: Any = None,
@@ -100,20 +107,47 @@ def report_sweep(
     wandb: bool = True,
     when: str = "",
     aggregate: Sequence[str] = DEFAULT_OVER,
-) -> SweepSummary | None:
+) -> None:
     """The sweep's whole report, however the sweep ended: the files, the printed table (its
     headline ends with `when`), and the W&B sweep-summary run when `wandb` and the sweep's
     `config` has a `wandb` node. A sweep that never got to a job has none. Never raises: a
     report problem is a warning, never a failed sweep."""
     if not find_job_dirs(sweep_dir):
-        return None
+        return
+    found = None
+    if wandb:
+        try:
+            found = wandb_settings(config)
+        except Exception as e:  # noqa: BLE001 - e.g. an interpolation that does not resolve
+            log.warning("sweep summary: no W&B run (%s)", flat(e))
+    job = {
+        "sweep_dir": str(sweep_dir),
+        "metric": metric,
+        "mode": mode,
+        "when": when,
+        "aggregate": list(aggregate),
+        "wandb_settings": found,
+    }
+    if run_elsewhere is None or not run_elsewhere(f"{__name__}:{write_report.__name__}", job):
+        write_report(**job)
+
+
+def write_report(
+    sweep_dir: str,
+    metric: str,
+    mode: str | None,
+    when: str,
+    aggregate: Sequence[str],
+    wandb_settings: tuple[dict[str, Any], str | None] | None,
+) -> None:
+    """report_sweep's work, from plain values (a forked child runs it too)."""
     try:
         summary = write_summary(sweep_dir, metric, mode, aggregate)
     except Exception as e:  # noqa: BLE001 - never fail the sweep over its report
         log.warning(
             "sweep summary for %s not written (%s: %s)", sweep_dir, type(e).__name__, flat(e)
         )
-        return None
+        return
     try:
         print(f"\n{headline(summary)}{when}:")
         print(format_table(summary.rows, summary.swept_keys), flush=True)
@@ -121,12 +155,5 @@ def report_sweep(
             print("\n" + format_groups(summary.groups, summary.swept_keys, aggregate), flush=True)
     except Exception as e:  # noqa: BLE001 - e.g. a closed stdout
         log.warning("sweep summary written to %s but not printed (%s)", sweep_dir, e)
-    if wandb:
-        try:
-            found = wandb_settings(config)
-        except Exception as e:  # noqa: BLE001 - e.g. an interpolation that does not resolve
-            log.warning("sweep summary: no W&B run (%s)", flat(e))
-            found = None
-        if found is not None:
-            log_to_wandb(summary, *found)
-    return summary
+    if wandb_settings is not None:
+        log_to_wandb(summary, *wandb_settings)
