@@ -374,14 +374,15 @@ class TorchrunBackend:
             otherwise = f"torchrun exited with code {code}: see {rank_logs} for each rank's output"
         # A rank that failed first with a user error (exit 2, its error file says which) can
         # get rank 0 stopped before rank 0 reports the same error: the job's failure is still
-        # the user's to fix (the sweep exits 2).
+        # the user's to fix (the sweep exits 2), and reads as rank 0 would have put it.
         first = failures[0] if failures else {}
         user = (
             UserError(first["error"])
             if rank0 is None and first.get("exitcode") == UserError.exit_code and first.get("error")
             else None
         )
-        return failed_job_return(job, failure_reason(rank0, dead, otherwise), ret, cause=user)
+        reason = failure_reason(user or rank0, dead, otherwise)
+        return failed_job_return(job, reason, ret, cause=user)
 
     @staticmethod
     def stop(

@@ -85,13 +85,14 @@ def check_clean() -> str | None:
     return None
 
 
-def preload_late() -> None:
-    import matplotlib
+def preload_late(name: str) -> None:
+    """One of LATE_PRELOAD, at a moment nothing is asked of this process (serve)."""
+    if name == "matplotlib.pyplot":
+        import matplotlib
 
-    matplotlib.use("Agg")  # files only; what report/figure.py selects
-    for name in LATE_PRELOAD:
-        with contextlib.suppress(Exception):  # the report imports it again and says why
-            importlib.import_module(name)
+        matplotlib.use("Agg")  # files only; what report/figure.py selects
+    with contextlib.suppress(Exception):  # the report imports it again and says why
+        importlib.import_module(name)
 
 
 def run_call(request: dict) -> int:
@@ -159,7 +160,7 @@ def serve(conn: socket.socket) -> None:
     returncode: negative for a signal). Ends when the launcher closes the socket."""
     children: set[int] = set()
     buffer = b""
-    late_preloaded = False
+    late = list(LATE_PRELOAD)
 
     def send(message: dict) -> None:
         conn.sendall(json.dumps(message).encode() + b"\n")
@@ -181,9 +182,8 @@ def serve(conn: socket.socket) -> None:
                 pid = fork_child(request, conn)
                 children.add(pid)
                 send({"id": request["id"], "pid": pid})
-                if not late_preloaded:
-                    late_preloaded = True
-                    preload_late()
+        elif late and children:  # a job runs and no request waits: one module, then listen
+            preload_late(late.pop(0))
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:

@@ -29,7 +29,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 from omegaconf import OmegaConf
 
-from core.errors import UserError
+from core.errors import UserError, job_value
 from core.naming import SWEPT_KEYS_ENV
 from core.run_dir import LAUNCHER_DIR, RESULT_FILE, RunResult, read_result, write_result
 from core.world import check_batch_size, job_world, parse_count
@@ -333,6 +333,28 @@ def test_failure_reason_most_specific_first() -> None:
     assert failure_reason("Traceback...\nValueError: bad", [], "x") == "Traceback..."
     assert failure_reason(None, dead, "exit 1") == dead[0]
     assert failure_reason(None, [], "torchrun exited with code 1") == "torchrun exited with code 1"
+
+
+def test_a_user_error_reported_first_by_another_rank_is_the_jobs(tmp_path: Path) -> None:
+    """Rank 1 hit the config error first and rank 0 was stopped before it reported the same
+    one (no result.pkl): the job's verdict is that error as rank 0 would have put it, and its
+    cause a UserError (the sweep exits 2). Deterministic: the race is written out as files."""
+    job = fake_job(0, nproc=2, job_dir=tmp_path / "0")
+    files = TorchrunBackend(TorchrunLauncherConf()).files(job)
+    files.mkdir(parents=True)
+    error = "trainer.batch_size=4096 exceeds the training set (1437 samples)\nmore"
+    first = {"rank": 1, "pid": 11, "exitcode": UserError.exit_code, "error": error}
+    (files / FAILURES_JSON).write_text(json.dumps([first]))
+    ret = TorchrunBackend(TorchrunLauncherConf()).outcome(job, Exited(1))
+    verdict = job_value(ret)
+    assert ret.status == JobStatus.FAILED and verdict.reason == error.splitlines()[0]
+    assert isinstance(verdict.__cause__, UserError)
+
+    first["exitcode"] = 1  # a crash, not the user's to fix: named by its rank
+    (files / FAILURES_JSON).write_text(json.dumps([first]))
+    ret = TorchrunBackend(TorchrunLauncherConf()).outcome(job, Exited(1))
+    assert job_value(ret).reason.startswith("rank 1 failed: trainer.batch_size=4096")
+    assert job_value(ret).__cause__ is None
 
 
 class Exited:
