@@ -13,6 +13,7 @@ import torch
 import tests.helpers as fx
 
 HEAVY = ("torch", "torchvision", "wandb")
+REPORT_IMPORTS = {"matplotlib", "scipy"}  # the sweep report's figure and t quantiles
 
 
 def imported(stderr: str) -> set[str]:
@@ -61,6 +62,8 @@ def test_a_two_rank_job_and_a_sweep_start_without_torch_in_their_own_process(
     assert proc.returncode == 0, fx.output(proc)
     assert len(fx.summary_rows(sweep_dir)) == 2
     assert not imported(proc.stderr) & set(HEAVY)
+    # Its report was forked from the warm interpreter, which had imported what it needs.
+    assert (sweep_dir / "summary.png").exists() and not imported(proc.stderr) & REPORT_IMPORTS
 
     proc = timed("-m", "report", str(sweep_dir))
     assert proc.returncode == 0, fx.output(proc)
