@@ -1,1 +1,2 @@
-"""Examples of extending hydra-ddp without editing it (see README, "Your own dataset")."""
+"""A dataset of your own, end to end, as a user writes one (docs/own-dataset.md): it imports data/,
+nothing imports it; its YAML comes in with `--config-dir data/example/conf`."""
