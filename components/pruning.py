@@ -1,4 +1,4 @@
-"""Pruning a sweep's trial from inside its ranks (`hydra.sweeper.pruner`, search/).
+"""Pruning a sweep's trial from inside its ranks (`hydra.sweeper.pruner`, launch/sweeper/).
 
 The Optuna sweeper runs each trial as a DDP job in other processes (torchrun agents, SLURM
 tasks), so the trial is reached through the study's shared storage: the sweeper exports the

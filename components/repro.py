@@ -76,7 +76,7 @@ def git_state(run_dir: Path | None = None) -> GitState:
     return GitState(commit, True, head + diff, changed)
 
 
-@functools.cache  # the warm interpreter lists them once for every job it forks (ranks/warm.py)
+@functools.cache  # the warm interpreter (launch/ranks/warm.py) lists them once for all its jobs
 def requirements() -> str:
     """`name==version` of every installed distribution, sorted, one per line (pip freeze)."""
     found: dict[str, str] = {}

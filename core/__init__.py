@@ -1,4 +1,4 @@
-"""The torch-free core below every other package (launch/, report/, data/, models/,
+"""The torch-free core below every other package (launch/, launch/report/, data/, models/,
 components/, the scripts), importing none of them:
 
 * errors.py: UserError (one line naming the fix, exit status 2), one-line descriptions, the

@@ -2,7 +2,7 @@
 
 A UserError is raised where the problem is found and reported once, by whoever runs the task:
 ReportUserError below (a Hydra callback) in a process that runs its own Hydra job, or the rank
-bootstrap (ranks/bootstrap.py) in ranks that a launcher started. Nothing catches it in between.
+bootstrap (launch/ranks/bootstrap.py) in ranks a launcher started. Nothing catches it between.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How sweep jobs are told apart: the keys a sweep varies, short unambiguous names for them, and
 values written to 4 significant digits. One place for W&B run names and config
 (components/metrics.py), the per-job lines of the launchers (launch/jobs.py) and the sweep
-summary's columns and legend (report/). Torch-free.
+summary's columns and legend (launch/report/). Torch-free.
 
 A job learns which of its overrides are swept from its launcher: launch/jobs.py puts the sweep's
 keys into the job's `hydra.job.env_set` under SWEPT_KEYS_ENV (recorded in .hydra/hydra.yaml and

@@ -1,5 +1,5 @@
 """`scontrol requeue` of this SLURM job: what a preempted run (components/preemption.py)
-and a SLURM task stopped before training (ranks/slurm_task.py) ask SLURM. Torch-free."""
+and a SLURM task stopped before training (launch/ranks/slurm_task.py) ask SLURM. Torch-free."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""W&B's mode from the `wandb.mode` setting. Torch-free: the sweep process (report/)
+"""W&B's mode from the `wandb.mode` setting. Torch-free: the sweep process (launch/report/)
 decides with it whether to log the sweep-summary run.
 """
 

@@ -309,9 +309,11 @@ def call_target(args: dict[str, Any], **objects: Any) -> DataSource:
         source = instantiate({**args, "_partial_": True})(**objects)
     except Exception as e:
         if "Error locating target" in str(e):
+            fix = "name a function as <module>.<function>"
+            if target.startswith("examples.shapes."):  # the example before it moved to data/
+                fix = f"it moved: add dataset._target_=data.example.{target[9:]}"
             raise UserError(
-                f"dataset._target_={target} cannot be imported ({one_line(e)[:120]}): "
-                "name a function as <module>.<function>"
+                f"dataset._target_={target} cannot be imported ({one_line(e)[:120]}): {fix}"
             ) from None
         raise
     if not isinstance(source, DataSource):

@@ -105,20 +105,11 @@ def loader_options(
 
 
 def build_loaders(
-    splits: DataSplits,
-    *,
-    batch_size: int,
-    eval_batch_size: int,
-    rank: int,
-    world_size: int,
-    seed: int,
-    num_workers: int = 0,
-    pin_memory: bool = False,
-    fast: bool = False,
-    device: torch.device | str = "cpu",
-    shuffle: bool = True,
+    splits: DataSplits, *, batch_size: int, eval_batch_size: int, shuffle: bool = True, **options
 ) -> Loaders:
-    """Loaders for this rank; ``batch_size`` and ``eval_batch_size`` are per rank.
+    """Loaders for this rank; ``batch_size`` and ``eval_batch_size`` are per rank; ``options``
+    are eval_loader's keyword arguments (``rank``, ``world_size``, ``seed``, ``num_workers``,
+    ``pin_memory``, ``fast``, ``device``: loader_options makes them), for every split alike.
 
     With ``fast``, a set held in memory (``splits.memory``: digits, mnist, fashion_mnist,
     cifar10, cifar100) and an augmentation recipe it can express (crop, flip, erasing; one log
@@ -136,22 +127,15 @@ def build_loaders(
     """
     if batch_size < 1 or eval_batch_size < 1:
         raise ValueError(f"batch sizes must be >= 1, got {batch_size} and {eval_batch_size}")
+    options = {"num_workers": 0, "pin_memory": False, **options}  # eval_loader's defaults
+    fast, device = options.get("fast", False), options.get("device", "cpu")
     train_sampler = ResumableDistributedSampler(
         splits.train,
-        num_replicas=world_size,
-        rank=rank,
+        num_replicas=options["world_size"],
+        rank=options["rank"],
         shuffle=shuffle,  # False: the same batches every epoch (trainer.overfit_batches)
-        seed=seed,
+        seed=options["seed"],
         drop_last=True,
-    )
-    options = dict(
-        rank=rank,
-        world_size=world_size,
-        seed=seed,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        fast=fast,
-        device=device,
     )
     evaluate = functools.partial(eval_loader, splits, batch_size=eval_batch_size, **options)
     memory = splits.memory

@@ -1,5 +1,7 @@
-"""How sweeps start (the launcher side; how each rank process starts is ranks/, the in-rank
-services are components/, the sweep report is report/).
+"""How runs and sweeps start and what they leave, one sub-package per process that runs it: this
+folder runs in the launcher, sweeper/ in the sweeper (the same process; `hydra/sweeper=optuna`),
+ranks/ in each rank process a launcher starts, report/ in the sweep or any shell. This file
+imports nothing and nothing here imports torch when imported: what does not train stays torch-free.
 
 The lifecycle, written once (lifecycle.py): compose a job (jobs.py) -> place it (its world size
 where the backend runs it) -> prepare it from its launch.json (resume.py: done earlier, re-attach
@@ -19,8 +21,7 @@ reattach. Two backends:
 * slurm.py (`hydra/launcher=slurm`): a job is a SLURM job (submitit arrays), one task per rank;
   slurm_queue.py asks SLURM's commands; ranks/slurm_task.py runs in each task.
 
-Also: the Optuna sweeper (`hydra/sweeper=optuna`: asks a trial whenever a slot frees, prunes)
-is search/. Hydra instantiates the Launcher and Sweeper classes from their thin subclasses in
-hydra_plugins/. Imports flow one way: hydra_plugins -> search -> launch -> report, ranks -> the
-torch-free core (tests/test_imports.py checks it).
+Hydra instantiates the Launcher and Sweeper classes from their thin subclasses in hydra_plugins/.
+Imports flow one way: hydra_plugins -> sweeper/ -> launch -> report/, ranks/ -> the torch-free
+core (tests/test_imports.py checks it); the in-rank services are components/.
 """

@@ -13,7 +13,7 @@ starts, :func:`check_batch_size`), a crash, killed ranks, a SLURM job that never
 
 What a sweep prints (the launching process): one line when the sweep starts, one line per
 finished job (:func:`job_done`: number, status, monitored metric, wall time, swept values), and
-the summary table at the end (report/); the ranks' own output goes to their log files.
+the summary table at the end (launch/report/); the ranks' own output goes to their log files.
 A bad input found by the launcher itself is one line and exit status 2 (:func:`launcher_errors`).
 
 A sweep job's attempts, and what a resumed sweep does with it, are launch/resume.py's.
@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from core.errors import UserError, describe, job_value, one_line
 from core.naming import SWEPT_KEYS_ENV, fmt_duration, fmt_value, label, swept_keys, swept_values
 from core.run_dir import RunResult, read_result, write_result
-from ranks.job_spec import JobSpec, Stopped, job_return
+from launch.ranks.job_spec import JobSpec, Stopped, job_return
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ from launch.jobs import (
     stop_reason,
     stop_signals,
 )
+from launch.report.callback import report_unfinished
 from launch.resume import (
     check_job_dir,
     check_sweeper,
@@ -46,7 +47,6 @@ from launch.resume import (
     start_attempt,
     update_attempt,
 )
-from report.callback import report_unfinished
 
 log = logging.getLogger(__name__)
 

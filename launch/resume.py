@@ -1,7 +1,7 @@
 """Resuming a sweep and retrying its jobs: what a job dir's records say, and what to do next.
 
 Hydra has no resume, but its sweepers make one possible: the same command line gives the same
-jobs in the same order (BasicSweeper), or the same stored study (search/sweeper.py), so a
+jobs in the same order (BasicSweeper), or the same stored study (launch/sweeper/sweeper.py), so a
 rerun with `hydra.launcher.resume=true` and the old `hydra.sweep.dir` meets every job in the dir
 it had. What happens to a job is decided from its job dir alone (:func:`decide`):
 
@@ -54,7 +54,7 @@ from core.run_dir import (
     write_launch_record,
     write_result,
 )
-from ranks.job_spec import job_return
+from launch.ranks.job_spec import job_return
 
 log = logging.getLogger(__name__)
 

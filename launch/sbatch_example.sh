@@ -7,7 +7,7 @@
 #   RUN_DIR=outputs/my-run sbatch launch/sbatch_example.sh ...    (default: outputs/slurm-<job id>)
 #
 # Each task maps SLURM's variables to torch's (the mapping of hydra/launcher=slurm, see
-# launch/slurm.py; `srun python -m ranks.slurm_task env` prints it): RANK=SLURM_PROCID,
+# launch/slurm.py; `srun python -m launch.ranks.slurm_task env` prints it): RANK=SLURM_PROCID,
 # LOCAL_RANK=SLURM_LOCALID, WORLD_SIZE=SLURM_NTASKS, LOCAL_WORLD_SIZE=tasks per node,
 # MASTER_ADDR=the job's first node, MASTER_PORT from the job id. train.py then runs as a rank
 # of an env:// process group; with `dist.nproc_per_node`/`dist.nnodes` left at auto it takes

@@ -10,8 +10,8 @@
   dead launcher left queued or running instead of submitting them twice. SIGINT/SIGTERM of the
   launcher cancel the sweep's jobs (their ranks checkpoint on SLURM's SIGTERM) and record them;
   SIGHUP (a dropped SSH session) leaves them running, for a resumed sweep to collect.
-* **In each task**: ranks/slurm_task.py (SLURM -> torch variables, the rank bootstrap,
-  preemption and requeue); `python -m ranks.slurm_task env` prints a task's mapping.
+* **In each task**: launch/ranks/slurm_task.py (SLURM -> torch variables, the rank bootstrap,
+  preemption and requeue); `python -m launch.ranks.slurm_task env` prints a task's mapping.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from launch.jobs import (
     settings_from,
 )
 from launch.lifecycle import LifecycleLauncher
+from launch.ranks.slurm_task import in_slurm_task, run_task
 from launch.slurm_queue import (
     ACTIVE_STATES,
     cluster_gpus_per_node,
@@ -54,7 +55,6 @@ from launch.slurm_queue import (
     slurm_states,
     submission_env,
 )
-from ranks.slurm_task import in_slurm_task, run_task
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ ConfigStore.instance().store(group="hydra/launcher", name="ddp_slurm", node=DDPS
 class DDPSlurmLauncherBase(LifecycleLauncher, SlurmLauncher):
     """hydra-submitit-launcher's SlurmLauncher with one SLURM task per rank: launch() and
     launch_stream() run the sweep on :class:`SlurmBackend`; __call__ runs in every task
-    (ranks/slurm_task.py)."""
+    (launch/ranks/slurm_task.py)."""
 
     launcher_name = "SLURM launcher"
 

@@ -3,9 +3,9 @@ dist.nproc_per_node=N` (:func:`run_in_torchrun`).
 
 Each job is one torchrun process (torch's elastic agent, torch.distributed.run: it starts,
 supervises and restarts the ranks; we write no process manager), run as
-`python -m ranks.agent <failures.json> <torchrun args>` so that when ranks fail, which ones
+`python -m launch.ranks.agent <failures.json> <torchrun args>` so that when ranks fail, which ones
 and how (exit code, signal, error) is written down for the launcher rather than only printed.
-Its ranks run ranks/bootstrap.py on the pickled job (ranks/job_spec.py's JobSpec:
+Its ranks run launch/ranks/bootstrap.py on the pickled job (launch/ranks/job_spec.py's JobSpec:
 cloudpickle, as Hydra's submitit launcher does); rank 0 hands back its JobReturn in result.pkl.
 
 A scheduler (:func:`schedule`) starts jobs in order as resources allow: on a GPU node each job
@@ -15,7 +15,7 @@ at once. Every single-node job gets its own rendezvous port (torchrun --standalo
 sweep (`resume`) runs only what is unfinished (launch/resume.py).
 
 Nothing outlives the launcher: each agent, and each rank of it, asks the kernel for SIGKILL when
-its parent dies (prctl PR_SET_PDEATHSIG, ranks/bootstrap.py's :func:`die_with_parent`), so a
+its parent dies (prctl PR_SET_PDEATHSIG, launch/ranks/bootstrap.py's :func:`die_with_parent`), so a
 SIGKILLed launcher takes its agents and their ranks with it; SIGINT, SIGTERM or SIGHUP of the
 launcher stop the running jobs as preemption does (checkpoint, exit 75, result.json
 `preempted`) before it exits. The options are :class:`TorchrunLauncherConf`; the Launcher class
@@ -54,9 +54,8 @@ from launch.jobs import (
     settings_from,
 )
 from launch.lifecycle import LifecycleLauncher, run_jobs
-from launch.warm import WarmInterpreter, WarmProcess, import_path, task_modules
-from ranks.bootstrap import run_task
-from ranks.handoff import (
+from launch.ranks.bootstrap import run_task
+from launch.ranks.handoff import (
     FAILURES_JSON,
     JOB_JSON,
     JOB_PKL,
@@ -65,13 +64,14 @@ from ranks.handoff import (
     read_failures,
     read_job_return,
 )
-from ranks.job_spec import JobSpec, job_return
-from report import sweep as sweep_report
+from launch.ranks.job_spec import JobSpec, job_return
+from launch.report import sweep as sweep_report
+from launch.warm import WarmInterpreter, WarmProcess, import_path, task_modules
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
-BOOTSTRAP = str(Path(__file__).resolve().parent.parent / "ranks" / "bootstrap.py")  # each rank
+BOOTSTRAP = str(Path(__file__).resolve().parent / "ranks" / "bootstrap.py")  # each rank
 AGENT_LOG = "agent.log"  # in <job dir>/.torchrun/: the torchrun agent's own output in a sweep
 # How long stopped jobs get to checkpoint and exit (torchrun gives its ranks 30 s) before SIGKILL.
 STOP_GRACE_S = 60.0
@@ -165,7 +165,7 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
 
 
 def run_task_or_hand_off(task: str, cfg: DictConfig) -> Any:
-    """The task function of train.py and eval.py ("module:function", ranks/bootstrap.py's
+    """The task function of train.py and eval.py ("module:function", launch/ranks/bootstrap.py's
     run_task runs it). `python train.py dist.nproc_per_node=N` (not itself a rank): this
     process only hands the job to N ranks, which run the same task, so it imports neither
     torch nor the task's module (seconds). Everywhere else the task runs here."""

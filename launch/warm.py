@@ -1,4 +1,4 @@
-"""The launcher's side of the warm interpreter (ranks/warm.py): one per launcher process,
+"""The launcher's side of the warm interpreter (launch/ranks/warm.py): one per launcher process,
 started at its first job and kept for every job after it, so a sweep imports torch once.
 
 :meth:`WarmInterpreter.start` asks it to fork a job's torchrun agent and returns a
@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
-from ranks.bootstrap import PARENT_PID_ENV
-from ranks.warm import WANDB_PRELOAD
+from launch.ranks.bootstrap import PARENT_PID_ENV
+from launch.ranks.warm import WANDB_PRELOAD
 
 # What a job's agent reads as its status when the warm interpreter died under it.
 DIED = -9
@@ -67,7 +67,7 @@ class WarmInterpreter:
         env["PYTHONPATH"] = import_path()
         env[PARENT_PID_ENV] = str(os.getpid())  # it dies with this process
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ranks.warm", str(theirs.fileno()), *modules],
+            [sys.executable, "-m", "launch.ranks.warm", str(theirs.fileno()), *modules],
             env=env,
             pass_fds=(theirs.fileno(),),
             start_new_session=True,  # a Ctrl-C in the terminal reaches the launcher only
@@ -155,7 +155,7 @@ def import_path() -> str:
 
 
 def task_modules(task_function: Any) -> list[str]:
-    """The module a task function runs ("train" for train.py's; ranks/bootstrap.py's run_task
+    """The module a task function runs ("train" for train.py's; launch/ranks/bootstrap.py's run_task
     names it), to import in the warm interpreter; none for a task defined in a script."""
     args = getattr(task_function, "args", ())
     if args and isinstance(args[0], str) and ":" in args[0]:

@@ -1,4 +1,4 @@
-"""The throughput benchmark (bench/bench.py): end to end in its smoke size, no timing
+"""The throughput benchmark (docs/bench/bench.py): end to end in its smoke size, no timing
 assertions; and checks that its three modes really run the same workload as train.py."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from PIL import Image
 from torchvision.datasets import MNIST
 
 import conf.schema  # noqa: F401 - registers the schema for compose()
-from bench import bench, common, workloads
-from bench import reference as bench_reference
 from data import build_datasets
 from data.transforms import NORMALIZATION, build_recipe
+from docs.bench import bench, common, workloads
+from docs.bench import reference as bench_reference
 from tests.helpers import REPO, run_env
 
 
@@ -164,7 +164,7 @@ def test_process_age_is_positive():
 def test_smoke_end_to_end(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "docs.bench", "--smoke", "--out", str(out)],
         cwd=REPO,
         env=run_env(),
         capture_output=True,

@@ -1,5 +1,5 @@
 """Workload E of the benchmark (time to accuracy) and the build of its real data
-(bench/real_data.py), on generated files: the layout, the digest check, the code path."""
+(docs/bench/real_data.py), on generated files: the layout, the digest check, the code path."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torchvision.datasets import MNIST, FashionMNIST
 
-from bench import bench, real_data
-from bench import time_to_accuracy as tta
+from docs.bench import bench, real_data
+from docs.bench import time_to_accuracy as tta
 from tests import helpers as fx
 
 
@@ -65,7 +65,9 @@ def test_a_file_that_is_not_the_official_one_is_refused_and_nothing_written(tmp_
         real_data.build(shipped, out, "MNIST")  # generated files are not the real ones
     real_data.build(shipped, out, "MNIST", sums)
     (out / "MNIST" / "raw" / "train-labels-idx1-ubyte").write_bytes(b"\0\0\x08\x01" + bytes(4))
-    with pytest.raises(real_data.DigestError, match="rebuild it with python -m bench.real_data"):
+    with pytest.raises(
+        real_data.DigestError, match="rebuild it with python -m docs.bench.real_data"
+    ):
         real_data.check(out, "MNIST", sums)
     with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):
         real_data.build(tmp_path / "nowhere", out, "MNIST", sums)

@@ -197,7 +197,7 @@ def test_fake_images_are_torchvisions_and_leave_the_rng_alone():
 @pytest.fixture(scope="module")
 def jpegs(tmp_path_factory):
     """A JPEG ImageFolder (mixed sizes, 96-160 px) with val/, and one PNG among the JPEGs."""
-    from bench.common import make_jpegs
+    from docs.bench.common import make_jpegs
 
     root = make_jpegs(tmp_path_factory.mktemp("jpegs"), per_class=3, val_per_class=1)
     photo(120, 100).save(root / "train" / "class0" / "z.png")

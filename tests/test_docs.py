@@ -57,7 +57,7 @@ def parse(text: str, where: str) -> Command | None:
     if script is None or words[0] not in {"python", "python3", "torchrun", "sbatch", "srun"}:
         return None
     if words[0].startswith("python") and script != 1:
-        return None  # `python -m bench`, `python -m launch.summary`: no Hydra config
+        return None  # `python -m docs.bench`, `python -m launch.summary`: no Hydra config
     overrides, multirun, config_dir = [], False, None
     args = iter(words[script + 1 :])
     for word in args:
@@ -282,7 +282,7 @@ def test_composing_in_process_is_what_the_script_composes():
     import yaml
     from omegaconf import OmegaConf, open_dict
 
-    text = "python train.py --config-dir examples/conf dataset=shapes trainer.max_epochs=2"
+    text = "python train.py --config-dir data/example/conf dataset=shapes trainer.max_epochs=2"
     command = parse(text, "here")
     configs: list = []
     compose(command, configs)
@@ -294,7 +294,7 @@ def test_composing_in_process_is_what_the_script_composes():
     printed = subprocess.run(script, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert printed.returncode == 0, printed.stderr
     assert yaml.safe_load(printed.stdout) == in_process
-    assert in_process["dataset"]["_target_"] == "examples.shapes.shapes"
+    assert in_process["dataset"]["_target_"] == "data.example.shapes.shapes"
 
 
 def test_the_readme_stays_a_landing_page():

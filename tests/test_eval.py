@@ -331,13 +331,13 @@ def test_eval_sweep_on_two_ranks_is_exact(train_sweep, tmp_path):
 
 @pytest.mark.slow
 def test_the_documented_dataset_example_trains_and_evaluates(tmp_path):
-    """docs/own-dataset.md: examples/shapes.py + examples/conf/dataset/shapes.yaml, chosen
+    """docs/own-dataset.md: data/example/shapes.py + data/example/conf/dataset/shapes.yaml, chosen
     with --config-dir; its checkpoint alone (its config inside) is enough for eval.py."""
     run_dir = tmp_path / "shapes"
     proc = run(
         train_cmd(
             "--config-dir",
-            "examples/conf",
+            "data/example/conf",
             "dataset=shapes",
             "trainer.max_epochs=3",
             *NO_WANDB,

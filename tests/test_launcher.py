@@ -1,4 +1,4 @@
-"""The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/jobs.py, ranks/).
+"""The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/jobs.py, launch/ranks/).
 
 First the launcher's logic without processes: the scheduler with fake processes, world sizes,
 failure reasons, composing jobs. Then real processes (marked slow): Hydra's own launcher suites
@@ -46,10 +46,10 @@ from launch.jobs import (
     record_failure,
 )
 from launch.lifecycle import finish, place, run_jobs
+from launch.ranks.bootstrap import TaskExit, exits_as_errors
+from launch.ranks.handoff import FAILURES_JSON, RESULT_PKL
+from launch.ranks.job_spec import JobSpec, Stopped
 from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
-from ranks.bootstrap import TaskExit, exits_as_errors
-from ranks.handoff import FAILURES_JSON, RESULT_PKL
-from ranks.job_spec import JobSpec, Stopped
 from tests.helpers import (
     OFFLINE,
     QUICK,
@@ -784,7 +784,7 @@ def test_job_files(sweep_2x2: Sweep) -> None:
 
 @pytest.mark.slow
 def test_sweep_summary(sweep_2x2: Sweep, tmp_path: Path) -> None:
-    """The multirun wrote summary.csv/.md/.png; `python -m report` rebuilds them."""
+    """The multirun wrote summary.csv/.md/.png; `python -m launch.report` rebuilds them."""
     rows = summary_rows(sweep_2x2.dir)
     assert sorted(r["job"] for r in rows) == ["0", "1", "2", "3"]
     assert all(r["status"] == "completed" and r["error"] == "" for r in rows), rows
@@ -798,7 +798,7 @@ def test_sweep_summary(sweep_2x2: Sweep, tmp_path: Path) -> None:
     )
     for name in SUMMARY_FILES:
         (copy / name).unlink()
-    proc = run([sys.executable, "-m", "report", str(copy)], timeout=120)
+    proc = run([sys.executable, "-m", "launch.report", str(copy)], timeout=120)
     assert proc.returncode == 0, output(proc)
     for name in SUMMARY_FILES:
         assert (copy / name).stat().st_size > 0

@@ -20,14 +20,14 @@ from hydra.core.utils import JobStatus
 from core.run_dir import read_launch_record
 from launch.jobs import Job, compose_jobs, failed_job_return
 from launch.lifecycle import run_jobs
-from ranks.handoff import RESULT_PKL, read_job_return
+from launch.ranks.handoff import RESULT_PKL, read_job_return
 
 REPO = Path(__file__).resolve().parent.parent
 POOL_DIR = ".pool"  # in each job dir: the pickled job and rank 0's JobReturn
 
 
 class PoolBackend:
-    """Each attempt is one `python -m ranks.bootstrap job.pkl` process (rank 0 of 1) on this
+    """Each attempt is one `python -m launch.ranks.bootstrap job.pkl` process (rank 0 of 1) on this
     machine, at most `size` at once."""
 
     poll_s = 0.05
@@ -57,7 +57,7 @@ class PoolBackend:
             env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
             env["PYTHONPATH"] = str(REPO)
             job.started = time.time()
-            cmd = [sys.executable, "-m", "ranks.bootstrap", str(files / "job.pkl")]
+            cmd = [sys.executable, "-m", "launch.ranks.bootstrap", str(files / "job.pkl")]
             processes.append(subprocess.Popen(cmd, env=env))
         return processes
 

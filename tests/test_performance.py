@@ -1,5 +1,5 @@
 """Speed features on CPU: precision modes, gradient accumulation, channels_last, compile, and
-the per-step speed metrics. (Speed itself is shown by `python -m bench`, not asserted.)
+the per-step speed metrics. (Speed itself is shown by `python -m docs.bench`, not asserted.)
 
 Runs are in this process (world size 1) where no second rank is needed; the 2-rank
 accumulation check (in tests/rank_pool.py's two ranks) and compilation are marked slow.

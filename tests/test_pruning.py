@@ -1,7 +1,8 @@
-"""Pruning across DDP jobs, end to end: the Optuna sweeper (search/) on a search config shaped
-as lightning-hydra-template writes them, trials of 2 ranks each, 2 at a time, a median pruner.
-The pruned trial stops at the same epoch in both ranks, after its checkpoint, and says so in
-result.json, launch.json, the sweep report, its W&B run and the study; a resumed sweep keeps it.
+"""Pruning across DDP jobs, end to end: the Optuna sweeper (launch/sweeper/) on a search
+config shaped as lightning-hydra-template writes them, trials of 2 ranks each, 2 at a time, a
+median pruner. The pruned trial stops at the same epoch in both ranks, after its checkpoint, and
+says so in result.json, launch.json, the sweep report, its W&B run and the study; a resumed
+sweep keeps it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Resumable sweeps (launch/resume.py, search/) and the launcher's death.
+"""Resumable sweeps (launch/resume.py, launch/sweeper/) and the launcher's death.
 
 First the logic without processes: what a resumed sweep does with each job dir, overrides that
 do not match, attempts and retries, the sweep lock, stop signals, the Optuna trial plan. Then
@@ -37,6 +37,7 @@ from core.run_dir import (
     write_result,
 )
 from launch.jobs import Interrupted, Job, failed_job_return, stop_signals
+from launch.ranks.job_spec import JobSpec
 from launch.resume import (
     LOCK_FILE,
     check_job_dir,
@@ -49,8 +50,7 @@ from launch.resume import (
     should_retry,
     start_attempt,
 )
-from ranks.job_spec import JobSpec
-from search.study import plan_trials
+from launch.sweeper.study import plan_trials
 from tests.helpers import (
     REPO,
     assert_same_training,
@@ -289,9 +289,9 @@ def test_optuna_trial_plan() -> None:
 # prints the child's pid, then waits.
 PARENT = """
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import sys, time; from ranks.bootstrap import "
-                          "die_with_parent; die_with_parent(); open(sys.argv[1], 'w').close(); "
-                          "time.sleep(120)", sys.argv[1]],
+child = subprocess.Popen([sys.executable, "-c", "import sys, time; from launch.ranks.bootstrap "
+                          "import die_with_parent; die_with_parent(); "
+                          "open(sys.argv[1], 'w').close(); time.sleep(120)", sys.argv[1]],
                          env={**os.environ, "HYDRA_DDP_PARENT_PID": str(os.getpid())})
 print(child.pid, flush=True)
 time.sleep(120)
@@ -300,8 +300,8 @@ time.sleep(120)
 
 @pytest.mark.slow
 def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
-    """die_with_parent (ranks/bootstrap.py): a SIGKILLed parent takes the child with it; a child
-    whose parent is already gone (it names another pid) ends itself at once."""
+    """die_with_parent (launch/ranks/bootstrap.py): a SIGKILLed parent takes the child with it; a
+    child whose parent is already gone (it names another pid) ends itself at once."""
     tag, ready = f"pdeathsig-{os.getpid()}", tmp_path / "ready"
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, str(ready)],
@@ -324,7 +324,8 @@ def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from ranks.bootstrap import die_with_parent; die_with_parent(); print('still alive')",
+            "from launch.ranks.bootstrap import die_with_parent; "
+            "die_with_parent(); print('still alive')",
         ],
         cwd=REPO,
         capture_output=True,
@@ -339,7 +340,7 @@ def optuna_sweeper(tmp_path: Path, n_trials: int):
     """The resumable Optuna sweeper as Hydra would set it up with resume on (no launcher)."""
     import optuna
 
-    from search.sweeper import OptunaSweeperBase
+    from launch.sweeper.sweeper import OptunaSweeperBase
 
     sweeper = OptunaSweeperBase(
         sampler=optuna.samplers.RandomSampler(seed=0),
@@ -364,7 +365,7 @@ def test_optuna_continues_a_stored_study(tmp_path: Path) -> None:
     study is an error, before anything runs."""
     import optuna
 
-    from search.study import continue_study
+    from launch.sweeper.study import continue_study
 
     sweeper = optuna_sweeper(tmp_path, n_trials=4)
     impl = sweeper

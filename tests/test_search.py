@@ -1,4 +1,4 @@
-"""The Optuna sweeper (search/): the override grammar to Optuna 5 distributions, the study's
+"""The Optuna sweeper (launch/sweeper/): the override grammar to Optuna 5 distributions, the study's
 storage and pruner, a trial reached from another process through the storage
 (components/pruning.py), slot utilisation, and jobs started whenever a slot frees
 (launch/lifecycle.py's JobFeed)."""
@@ -32,11 +32,11 @@ from core.trials import (
 )
 from launch.jobs import Job
 from launch.lifecycle import JobFeed, run_jobs
+from launch.ranks.job_spec import job_return
 from launch.resume import Attempt, LaunchRecord, write_launch_record
-from ranks.job_spec import job_return
-from search.space import search_space, trial_overrides
-from search.study import directions, shown, storage_spec
-from search.usage import SlotUsage
+from launch.sweeper.space import search_space, trial_overrides
+from launch.sweeper.study import directions, shown, storage_spec
+from launch.sweeper.usage import SlotUsage
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Seeds aggregated in the sweep report (report/seeds.py, report/groups.py): mean ± sample std,
+"""Seeds aggregated in the sweep report (launch/report/seeds.py, groups.py): mean ± sample std,
 n and the 95 % Student-t interval per configuration, on real job dirs in tmp_path."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from report.seeds import describe, group_jobs, rank_groups
-from report.sweep import write_summary
-from report.wandb_run import log_to_wandb
+from launch.report.seeds import describe, group_jobs, rank_groups
+from launch.report.sweep import write_summary
+from launch.report.wandb_run import log_to_wandb
 from tests.helpers import offline_runs
 from tests.test_summary import _completed, _write_job
 

@@ -37,9 +37,9 @@ from components.checkpoint import load_checkpoint
 from core.errors import UserError
 from core.run_dir import read_launch_record, read_result
 from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
+from launch.ranks.slurm_task import expand_nodelist, expand_tasks_per_node, master_port, torch_env
 from launch.slurm import DDPSlurmQueueConf, job_resources
 from launch.slurm_queue import gpus_in_gres
-from ranks.slurm_task import expand_nodelist, expand_tasks_per_node, master_port, torch_env
 from tests.helpers import (
     OFFLINE,
     REPO,
@@ -627,7 +627,8 @@ def test_pruning_across_slurm_jobs(idle_cluster: SlurmCluster, tmp_path: Path) -
 
 @pytest.mark.slow
 def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
-    """`srun -n2 python -m ranks.slurm_task env`: ranks 0 and 1 of 2, one rendezvous address."""
+    """`srun -n2 python -m launch.ranks.slurm_task env`: ranks 0 and 1 of 2, one rendezvous
+    address."""
     proc = idle_cluster.run(
         "srun",
         "--nodes=1",
@@ -635,7 +636,7 @@ def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
         "--cpus-per-task=1",
         sys.executable,
         "-m",
-        "ranks.slurm_task",
+        "launch.ranks.slurm_task",
         "env",
         timeout=120,
         cwd=REPO,

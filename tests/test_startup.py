@@ -1,5 +1,5 @@
 """Start fast: the processes that do not train import no torch (nor torchvision, nor W&B), and
-jobs forked from one warm interpreter (ranks/warm.py) train exactly as fresh processes do."""
+jobs forked from one warm interpreter (launch/ranks/warm.py) train exactly as fresh processes do."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_a_two_rank_job_and_a_sweep_start_without_torch_in_their_own_process(
     # Its report was forked from the warm interpreter, which had imported what it needs.
     assert (sweep_dir / "summary.png").exists() and not imported(proc.stderr) & REPORT_IMPORTS
 
-    proc = timed("-m", "report", str(sweep_dir))
+    proc = timed("-m", "launch.report", str(sweep_dir))
     assert proc.returncode == 0, fx.output(proc)
     assert not imported(proc.stderr) & set(HEAVY)
 
@@ -95,9 +95,9 @@ def test_jobs_forked_from_one_warm_interpreter_equal_fresh_processes(tmp_path: P
 
 
 def test_the_startup_benchmark_reads_fixed_costs_and_ratios_from_medians() -> None:
-    """bench/startup.py: a job's fixed cost is its 1-epoch wall minus one epoch ((3-epoch wall
+    """docs/bench/startup.py: a job's fixed cost is its 1-epoch wall minus one epoch ((3-epoch wall
     - 1-epoch wall) / 2); a sweep's cost is per job; two trees give a ratio column."""
-    from bench import startup
+    from docs.bench import startup
 
     medians = dict.fromkeys(startup.commands(Path("/tmp")), 1.0)
     medians.update({"floor": 3.0, "1 rank, 1 epoch": 5.0, "1 rank, 3 epochs": 6.0})
@@ -129,11 +129,11 @@ def test_an_agent_that_ends_at_once_is_seen_to_end() -> None:
 
 
 def test_the_agents_rendezvous_event_names_are_torchs() -> None:
-    """ranks/agent.py's cheap get_method_name gives the name torch's own gives (the method
+    """launch/ranks/agent.py's cheap get_method_name gives the name torch's own gives (the method
     `depth` frames up), also when the stack is too short."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    from ranks.agent import cheap_rendezvous_event_names
+    from launch.ranks.agent import cheap_rendezvous_event_names
 
     torchs = dynamic_rendezvous.get_method_name
     try:

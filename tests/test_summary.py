@@ -1,4 +1,4 @@
-"""report/: sweep summary files, plot, W&B summary run, CLI and Hydra callback, on real
+"""launch/report/: sweep summary files, plot, W&B summary run, CLI and Hydra callback, on real
 files in tmp_path; core/naming.py: swept keys, short names, values to 4 digits."""
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from core.naming import (
     swept_keys,
     swept_values,
 )
-from report.callback import SweepSummaryCallback
-from report.figure import summary_figure
-from report.jobs import JOB_TYPE, PANELS, collect_jobs, read_sweep
-from report.sweep import write_summary
-from report.tables import format_table
-from report.wandb_run import log_to_wandb
+from launch.report.callback import SweepSummaryCallback
+from launch.report.figure import summary_figure
+from launch.report.jobs import JOB_TYPE, PANELS, collect_jobs, read_sweep
+from launch.report.sweep import write_summary
+from launch.report.tables import format_table
+from launch.report.wandb_run import log_to_wandb
 from tests.helpers import offline_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -524,7 +524,7 @@ def test_wandb_failure_is_a_warning(sweep: Path, monkeypatch, caplog) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "report", *args],
+        [sys.executable, "-m", "launch.report", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -596,7 +596,7 @@ hydra:
     chdir: false
   callbacks:
     sweep_summary:
-      _target_: report.callback.SweepSummaryCallback
+      _target_: launch.report.callback.SweepSummaryCallback
 """
 
 

@@ -2,11 +2,11 @@
 
 Hydra discovers sweepers only inside the `hydra_plugins` namespace package (and instantiates
 only classes defined there), so this shim holds the Sweeper class and nothing else; the schema
-(`OptunaSweeperConf`) and the work are in search/sweeper.py.
+(`OptunaSweeperConf`) and the work are in launch/sweeper/sweeper.py.
 """
 
-from search import sweeper  # registers the `hydra/sweeper=optuna` schema
+from launch.sweeper import sweeper  # registers the `hydra/sweeper=optuna` schema
 
 
 class OptunaSweeper(sweeper.OptunaSweeperBase):
-    """`hydra/sweeper=optuna` (search/sweeper.py): defined here, where Hydra looks."""
+    """`hydra/sweeper=optuna` (launch/sweeper/sweeper.py): defined here, where Hydra looks."""

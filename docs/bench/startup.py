@@ -1,0 +1,127 @@
+"""Workload S: what starting costs (`python -m docs.bench --workloads S [--compare OTHER_TREE]`).
+
+Every figure is a whole command's wall time, each measured `repeats` times in turn with the
+others (A B C ... A B C ...: a noisy machine slows all alike), reported as the median and as
+seconds over the floor (`import torch, torch._dynamo`: every training process pays it, the
+first optimizer step imports dynamo). A job's fixed cost is its wall at 1 epoch minus one
+epoch, an epoch being (wall at 3 epochs - wall at 1 epoch) / 2. W&B is at its default, as a new
+user has it (offline without a key). `--compare DIR` runs the same commands in another
+checkout of this repo, in the same rotation, and prints the ratio this / other.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEP_1, SWEEP_2 = 10, 4  # jobs in the 1-rank sweep and in the 2-rank sweep
+
+
+def commands(out: Path) -> dict[str, list[str]]:
+    """The timed commands, by name; `out` holds their run dirs."""
+    py = sys.executable
+
+    def train(name: str, *overrides: str) -> list[str]:
+        return [py, "train.py", *overrides, f"hydra.run.dir={out / name}"]
+
+    seeds = ",".join(str(s) for s in range(1, SWEEP_1 + 1))
+    return {
+        "floor": [py, "-c", "import torch, torch._dynamo"],
+        "1 rank, 1 epoch": train("r1e1", "trainer.max_epochs=1"),
+        "1 rank, 3 epochs": train("r1e3", "trainer.max_epochs=3"),
+        "2 ranks, 1 epoch": train("r2e1", "dist.nproc_per_node=2", "trainer.max_epochs=1"),
+        "2 ranks, 3 epochs": train("r2e3", "dist.nproc_per_node=2", "trainer.max_epochs=3"),
+        "torchrun 2, 1 epoch": [
+            *(py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"),
+            *("train.py", "trainer.max_epochs=1", f"hydra.run.dir={out / 't2e1'}"),
+        ],
+        "torchrun 2, 3 epochs": [
+            *(py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"),
+            *("train.py", "trainer.max_epochs=3", f"hydra.run.dir={out / 't2e3'}"),
+        ],
+        "sweep 1-rank": [
+            *(py, "train.py", "-m", "trainer.max_epochs=1", f"seed={seeds}"),
+            f"hydra.sweep.dir={out / 's1'}",
+        ],
+        "sweep 2-rank": [
+            *(py, "train.py", "-m", "trainer.max_epochs=1", "dist.nproc_per_node=2"),
+            *(f"seed={','.join(str(s) for s in range(1, SWEEP_2 + 1))}",),
+            f"hydra.sweep.dir={out / 's2'}",
+        ],
+        "--help": [py, "train.py", "--help"],
+        "--cfg job": [py, "train.py", "--cfg", "job"],
+    }
+
+
+def timed(cmd: list[str], tree: Path, timeout_s: float) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_"))}
+    env["PYTHONPATH"] = str(tree)
+    started = time.perf_counter()
+    proc = subprocess.run(
+        cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+        raise RuntimeError(f"{' '.join(cmd[1:4])} in {tree}: exit {proc.returncode}: {tail}")
+    return wall
+
+
+def measure(trees: list[Path], repeats: int, work: Path, timeout_s: float) -> list[dict]:
+    """{name: [walls]} per tree, every command in turn, tree after tree, `repeats` rounds."""
+    walls: list[dict[str, list[float]]] = [{} for _ in trees]
+    for r in range(repeats):
+        for i, tree in enumerate(trees):
+            for name, cmd in commands(work / f"t{i}r{r}").items():
+                walls[i].setdefault(name, []).append(timed(cmd, tree, timeout_s))
+    return [{name: statistics.median(w) for name, w in tree.items()} for tree in walls]
+
+
+def figures(m: dict[str, float]) -> dict[str, float]:
+    """The table's figures from one tree's medians."""
+
+    def fixed(one: str, three: str) -> float:
+        return m[one] - (m[three] - m[one]) / 2
+
+    return {
+        "floor: import torch, torch._dynamo": m["floor"],
+        "python train.py: fixed cost": fixed("1 rank, 1 epoch", "1 rank, 3 epochs"),
+        "python train.py dist.nproc_per_node=2: fixed cost": fixed(
+            "2 ranks, 1 epoch", "2 ranks, 3 epochs"
+        ),
+        "torchrun --nproc_per_node=2 train.py: fixed cost": fixed(
+            "torchrun 2, 1 epoch", "torchrun 2, 3 epochs"
+        ),
+        f"{SWEEP_1}-job sweep of 1-rank jobs: per job": m["sweep 1-rank"] / SWEEP_1,
+        f"{SWEEP_2}-job sweep of 2-rank jobs: per job": m["sweep 2-rank"] / SWEEP_2,
+        "python train.py --help": m["--help"],
+        "python train.py --cfg job": m["--cfg job"],
+    }
+
+
+def table(trees: list[Path], results: list[dict[str, float]]) -> str:
+    rows = [figures(m) for m in results]
+    head = ["figure", *(f"{t.name or t} s (over floor)" for t in trees)]
+    if len(trees) == 2:
+        head.append("this / other")
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for key in rows[0]:
+        cells = [key]
+        for row in rows:
+            over = row[key] - row["floor: import torch, torch._dynamo"]
+            cells.append(f"{row[key]:.2f} ({over:+.2f})")
+        if len(trees) == 2:
+            cells.append(f"{rows[0][key] / rows[1][key]:.2f}")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def run(repeats: int, work: Path, compare: Path | None, timeout_s: float) -> str:
+    trees = [REPO, *([compare.resolve()] if compare else [])]
+    text = table(trees, measure(trees, repeats, work, timeout_s))
+    return f"Workload S: start-up, medians of {repeats}, in turn\n{text}"

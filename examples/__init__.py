@@ -1,1 +1,0 @@
-"""Examples of extending hydra-ddp without editing it (see README, "Your own dataset")."""

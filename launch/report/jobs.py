@@ -1,0 +1,379 @@
+"""Reading a sweep dir: one JobSummary per job dir (result.json, metrics.jsonl, eval.json,
+launch.json, Hydra's overrides), the sweep's swept keys, and the jobs ranked best first."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from core.naming import (
+    declared_sweep_keys,
+    override_values,
+    varying_keys,
+)
+from core.run_dir import (
+    EVAL_FILE,
+    METRICS_FILE,
+    OVERRIDES_FILE,
+    RESULT_FILE,
+    RunResult,
+    read_launch_record,
+    read_metrics,
+)
+
+log = logging.getLogger(__name__)
+
+CSV_NAME = "summary.csv"
+MD_NAME = "summary.md"
+PNG_NAME = "summary.png"
+MULTIRUN_YAML = "multirun.yaml"
+NO_RESULT_ERROR = f"no {RESULT_FILE}"
+JOB_TYPE = "sweep_summary"  # the W&B summary run's job_type
+
+# What a sweep can be ranked by: `best` is each job's monitored metric (result.json).
+METRICS = (
+    "best",
+    "best_val_acc",
+    "final_val_acc",
+    "final_val_loss",
+    "wall_time_s",
+    "samples_per_s",
+)
+MODES = ("max", "min")
+PANELS = ("val/acc", "val/loss", "train/loss")  # summary.png, left to right
+
+
+@dataclass
+class JobSummary:
+    """One job of a sweep. Numbers are None when neither result.json nor metrics.jsonl has them."""
+
+    job: str
+    overrides: str = ""
+    status: str = "failed"
+    error: str | None = None
+    monitor: str = "val/acc"
+    mode: str = "max"
+    best: float | None = None
+    best_epoch: int | None = None
+    final: dict[str, float] = field(default_factory=dict)  # the last epoch's val/* metrics
+    test: dict[str, float] = field(default_factory=dict)
+    best_val_acc: float | None = None
+    final_val_acc: float | None = None
+    final_val_loss: float | None = None
+    wall_time_s: float | None = None
+    samples_per_s: float | None = None
+    wandb_run_id: str | None = None
+    attempts: int | None = None  # launch.json's: a launcher's retries and resumed sweeps
+    # An eval.py job (eval.json, no result.json): its split and what it measured there.
+    split: str | None = None
+    eval: dict[str, float] = field(default_factory=dict)  # acc, acc5, loss, ece
+    swept: dict[str, Any] = field(default_factory=dict)  # {swept key: value}, set by collect_jobs
+    # per epoch: {"epoch": e, "val/acc": ..., "val/loss": ...}; train: (epochs done, train/loss)
+    val_curve: list[dict[str, float]] = field(default_factory=list)
+    train_curve: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def epochs(self) -> list[tuple[int | float, float]]:
+        """(epoch, val/acc) per validated epoch."""
+        return [(v["epoch"], v["val/acc"]) for v in self.val_curve if "val/acc" in v]
+
+
+@dataclass
+class SweepSummary:
+    """What :func:`write_summary` wrote: the three files, the rows best first, and the keys."""
+
+    sweep_dir: Path
+    csv_path: Path
+    md_path: Path
+    png_path: Path
+    rows: list[JobSummary]
+    metric: str = "best"
+    mode: str = "max"
+    swept_keys: list[str] = field(default_factory=list)
+    monitor: str = "val/acc"
+    # groups.py: jobs aggregated over these keys (seeds), best mean first; [] when none
+    aggregate_over: list[str] = field(default_factory=list)
+    groups: list[Any] = field(default_factory=list)
+
+    @property
+    def ranked_by(self) -> str:
+        return f"best {self.monitor}" if self.metric == "best" else self.metric
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a sweep dir
+
+
+def _number(value: Any) -> float | None:
+    """A float, or None for missing / non-numeric values (bools are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def count_key(key: str) -> bool:
+    return key.endswith("count") or key == "epoch"
+
+
+def flat(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def _natural_key(name: str) -> tuple:
+    """Job dirs ``2`` before ``10``; non-numeric names after the numbered ones, by name."""
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def is_job_dir(path: Path) -> bool:
+    return path.is_dir() and any(
+        (path / name).exists() for name in (".hydra", RESULT_FILE, METRICS_FILE, EVAL_FILE)
+    )
+
+
+def find_job_dirs(sweep_dir: str | os.PathLike) -> list[Path]:
+    """The direct children of ``sweep_dir`` that are job dirs, in job order."""
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if is_job_dir(p)), key=lambda p: _natural_key(p.name))
+
+
+def _read_overrides(job_dir: Path) -> list[str] | None:
+    path = job_dir / OVERRIDES_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    return [str(o) for o in data] if isinstance(data, list) else None
+
+
+def _from_metrics(rows: Iterable[dict]) -> dict[str, Any]:
+    """Per-epoch val metrics, the train/loss curve over epochs and mean throughput from
+    metrics.jsonl rows (a resumed job may log an epoch twice: its last row wins)."""
+    by_epoch: dict[float, dict[str, float]] = {}
+    train: list[tuple[float, float, float]] = []  # (step, epoch in progress, loss)
+    speeds: list[float] = []
+    for row in rows:
+        vals = {k: v for k, v in row.items() if k.startswith("val/") and _number(v) is not None}
+        if vals:
+            epoch = _number(row.get("epoch"))
+            epoch = float(len(by_epoch) + 1) if epoch is None else epoch
+            by_epoch[epoch] = {"epoch": epoch, "step": _number(row.get("step")), **vals}
+        loss, step = _number(row.get("train/loss")), _number(row.get("step"))
+        if loss is not None and step is not None:
+            train.append((step, _number(row.get("epoch")) or 1.0, loss))
+        speed = _number(row.get("samples_per_s"))
+        if speed is not None:
+            speeds.append(speed)
+    val_curve = [by_epoch[e] for e in sorted(by_epoch)]
+    return {
+        "val_curve": [{k: v for k, v in r.items() if k != "step"} for r in val_curve],
+        "train_curve": _train_over_epochs(train, val_curve),
+        "samples_per_s": sum(speeds) / len(speeds) if speeds else None,
+    }
+
+
+def _train_over_epochs(
+    train: list[tuple[float, float, float]], val_curve: list[dict]
+) -> list[tuple[float, float]]:
+    """train/loss against epochs done (step / steps per epoch, from a validated epoch's step),
+    so jobs with other batch or world sizes share the x axis; without a validated epoch, spread
+    each epoch's rows evenly over it."""
+    per_epoch = next(
+        (v["step"] / v["epoch"] for v in val_curve if v.get("step") and v["epoch"]), None
+    )
+    if per_epoch:
+        return [(step / per_epoch, loss) for step, _, loss in train]
+    counts = Counter(epoch for _, epoch, _ in train)
+    seen: Counter = Counter()
+    out = []
+    for _, epoch, loss in train:
+        seen[epoch] += 1
+        out.append((epoch - 1 + seen[epoch] / counts[epoch], loss))
+    return out
+
+
+def _best_of(curve: list[dict[str, float]], monitor: str, mode: str) -> tuple[Any, Any]:
+    points = [
+        (v[monitor], v["epoch"]) for v in curve if monitor in v and not math.isnan(v[monitor])
+    ]
+    if not points:
+        return None, None
+    value, epoch = (max if mode == "max" else min)(points, key=lambda p: p[0])
+    return value, int(epoch) if float(epoch).is_integer() else epoch
+
+
+def read_eval_job(job_dir: Path, evaluation: dict[str, Any]) -> JobSummary:
+    """An eval.py job: ranked by its split's top-1 accuracy."""
+    split = str(evaluation.get("split"))
+    measured = {
+        k: float(v)
+        for k, v in (evaluation.get("metrics") or {}).items()
+        if _number(v) is not None and not count_key(k)
+    }
+    overrides = _read_overrides(job_dir) or []
+    return JobSummary(
+        job=job_dir.name,
+        overrides=" ".join(overrides),
+        status=flat(evaluation.get("status") or "failed"),
+        error=None,
+        monitor=f"{split}/acc",
+        best=measured.get("acc"),
+        split=split,
+        eval=measured,
+        wall_time_s=_number(evaluation.get("wall_time_s")),
+        wandb_run_id=evaluation.get("wandb_run_id"),
+        attempts=_attempts(job_dir),
+    )
+
+
+def _attempts(job_dir: Path) -> int | None:
+    """How many times the launcher started the job (launch.json's attempts; None: no record)."""
+    record = read_launch_record(job_dir)
+    return len(record.attempts) if record is not None else None
+
+
+def read_job(job_dir: str | os.PathLike) -> JobSummary:
+    """Summarise one job dir: result.json first (core/run_dir.py's RunResult), gaps filled
+    from metrics.jsonl (a job killed before its result.json still has its curves); an eval.py
+    job from its eval.json."""
+
+    job_dir = Path(job_dir)
+    if not (job_dir / RESULT_FILE).is_file() and (job_dir / EVAL_FILE).is_file():
+        try:
+            evaluation = json.loads((job_dir / EVAL_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            evaluation = None
+        if isinstance(evaluation, dict):
+            return read_eval_job(job_dir, evaluation)
+    derived = _from_metrics(read_metrics(job_dir / METRICS_FILE))
+    result = RunResult(status="failed", error=NO_RESULT_ERROR)
+    result_path = job_dir / RESULT_FILE
+    if result_path.is_file():
+        try:
+            loaded = json.loads(result_path.read_text(encoding="utf-8"))
+            if not isinstance(loaded, dict):
+                raise ValueError("not a JSON object")
+            result = RunResult.from_json(loaded)
+        except (OSError, ValueError, TypeError) as e:
+            result = RunResult(status="failed", error=flat(f"unreadable result.json: {e}"))
+    overrides = _read_overrides(job_dir)
+    if overrides is None and isinstance(result.overrides, list):
+        overrides = [str(o) for o in result.overrides]
+    curve = derived["val_curve"]
+    last = curve[-1] if curve else {}
+    best, best_epoch = _number(result.best), result.best_epoch
+    if best is None:
+        best, best_epoch = _best_of(curve, result.monitor, result.mode)
+    final = {k: v for k, v in (result.final or last).items() if k != "epoch"}
+    acc_best, _ = _best_of(curve, "val/acc", "max")
+
+    def pick(value: Any, fallback: Any) -> float | None:
+        return _number(value) if _number(value) is not None else fallback
+
+    return JobSummary(
+        job=job_dir.name,
+        overrides=" ".join(overrides or []),
+        status=flat(result.status or "failed"),
+        error=None if result.error is None else flat(result.error),
+        monitor=result.monitor,
+        mode=result.mode,
+        best=best,
+        best_epoch=best_epoch,
+        final=final,
+        test={k: v for k, v in (result.test or {}).items() if _number(v) is not None},
+        best_val_acc=pick(result.best_val_acc, acc_best),
+        final_val_acc=pick(result.final_val_acc, last.get("val/acc")),
+        final_val_loss=pick(result.final_val_loss, last.get("val/loss")),
+        wall_time_s=_number(result.wall_time_s),
+        samples_per_s=pick(result.samples_per_s, derived["samples_per_s"]),
+        wandb_run_id=result.wandb_run_id,
+        attempts=_attempts(job_dir),
+        val_curve=curve,
+        train_curve=derived["train_curve"],
+    )
+
+
+def read_multirun_config(sweep_dir: str | os.PathLike) -> Any:
+    """The sweep's multirun.yaml (its config as the sweeper had it), or None."""
+    from omegaconf import OmegaConf
+
+    path = Path(sweep_dir) / MULTIRUN_YAML
+    try:
+        return OmegaConf.load(path) if path.is_file() else None
+    except Exception as e:  # noqa: BLE001 - a summary problem is never fatal
+        log.warning("sweep summary: cannot read %s (%s)", path, flat(e))
+        return None
+
+
+def sweep_keys(sweep_dir: str | os.PathLike, jobs: Sequence[JobSummary]) -> list[str]:
+    """The keys the sweep varies: declared in its multirun.yaml, then any other key whose value
+    differs between its jobs."""
+    config = read_multirun_config(sweep_dir)
+    declared = declared_sweep_keys(config) if config is not None else []
+    varying = varying_keys([j.overrides.split() for j in jobs])
+    return list(dict.fromkeys([*declared, *varying]))
+
+
+def read_sweep(sweep_dir: str | os.PathLike) -> tuple[list[JobSummary], list[str]]:
+    """(one JobSummary per job dir of ``sweep_dir``, in job order (``0``, ``1``, …, ``10``),
+    each with its values of the sweep's keys; those keys)."""
+    jobs = [read_job(d) for d in find_job_dirs(sweep_dir)]
+    keys = sweep_keys(sweep_dir, jobs)
+    for job in jobs:
+        values = override_values(job.overrides.split())
+        job.swept = {k: values[k] for k in keys if k in values}
+    return jobs, keys
+
+
+def collect_jobs(sweep_dir: str | os.PathLike) -> list[JobSummary]:
+    """:func:`read_sweep`'s jobs."""
+    return read_sweep(sweep_dir)[0]
+
+
+def check_metric(metric: str, mode: str | None) -> None:
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)}")
+    if mode not in (*MODES, None):
+        raise ValueError(f"unknown mode {mode!r}: choose 'max' or 'min'")
+
+
+def sweep_monitor(rows: Sequence[JobSummary]) -> tuple[str, str]:
+    """(monitor, mode) of the sweep: those of most of its jobs that have a best value."""
+    pairs = Counter((r.monitor, r.mode) for r in rows if r.best is not None)
+    if not pairs:
+        pairs = Counter((r.monitor, r.mode) for r in rows)
+    return pairs.most_common(1)[0][0] if pairs else ("val/acc", "max")
+
+
+def sort_jobs(
+    rows: Iterable[JobSummary], metric: str = "best", mode: str | None = None
+) -> list[JobSummary]:
+    """Best first by ``metric`` (``best``: each job's monitored metric, by the sweep's monitor
+    and mode unless ``mode`` is given); jobs without it (None, NaN, another monitor) last, each
+    group in job order."""
+    check_metric(metric, mode)
+    rows = list(rows)
+    monitor, monitor_mode = sweep_monitor(rows)
+    mode = mode or (monitor_mode if metric == "best" else "max")
+
+    def key(row: JobSummary) -> tuple[int, float]:
+        value = getattr(row, metric)
+        if metric == "best" and row.monitor != monitor:
+            value = None
+        if value is None or math.isnan(value):
+            return (1, 0.0)
+        return (0, -value if mode == "max" else value)
+
+    return sorted(rows, key=key)

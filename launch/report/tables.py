@@ -1,0 +1,165 @@
+"""The sweep table: its columns, as text (printed), Markdown (summary.md) and CSV
+(summary.csv)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.naming import (
+    fmt_duration,
+    fmt_value,
+    label,
+    short_keys,
+)
+from launch.report.jobs import PANELS, PNG_NAME, JobSummary, SweepSummary, count_key, sweep_monitor
+
+# --------------------------------------------------------------------------------------------
+# The table
+
+
+@dataclass
+class Column:
+    header: str  # text and Markdown tables, the W&B Table
+    csv: str  # summary.csv
+    get: Any  # JobSummary -> value
+    numeric: bool = True
+    text: Any = fmt_value  # value -> table text
+    wandb: str = ""  # its W&B Table header when not `header`
+
+
+BRIEF = ("/acc", "/loss")  # the metrics of the printed table (the files have them all)
+
+
+def columns(rows: Sequence[JobSummary], keys: Sequence[str], brief: bool = False) -> list[Column]:
+    """The table's columns: job, one per swept key, status, the monitored metric's best value
+    and epoch, the last epoch's val metrics, test metrics, wall time, samples/s. `brief`: of
+    the val and test metrics only acc and loss (and the monitored one)."""
+    short = short_keys(keys)
+    monitor, _ = sweep_monitor(rows)
+
+    def shown(key: str) -> bool:
+        return not count_key(key) and (not brief or key == monitor or key.endswith(BRIEF))
+
+    finals = [k for r in rows for k in r.final if shown(k)]
+    finals = list(dict.fromkeys(sorted(finals, key=lambda k: k != monitor)))  # monitor first
+    tests = list(dict.fromkeys(k for r in rows for k in r.test if shown(k)))
+    cols = [Column("job", "job", lambda r: r.job, numeric=False)]
+    for key in keys:
+        cols.append(Column(short[key], key, lambda r, k=key: r.swept.get(k)))
+    cols.append(Column("status", "status", lambda r: r.status, numeric=False))
+    if not all(r.split for r in rows):  # eval.py jobs have no epochs: their acc column ranks
+        cols += [
+            Column(f"best {monitor}", "best", lambda r: r.best),
+            Column("epoch", "best_epoch", lambda r: r.best_epoch),
+        ]
+    cols += [Column(f"last {k}", f"last {k}", lambda r, k=k: r.final.get(k)) for k in finals]
+    cols += [Column(k, k, lambda r, k=k: r.test.get(k)) for k in tests]
+    if any(r.split for r in rows):  # eval.py jobs: the split and what was measured on it
+        if "split" not in keys:
+            cols.append(Column("split", "split", lambda r: r.split, numeric=False))
+        measured = list(dict.fromkeys(k for r in rows for k in r.eval))
+        cols += [Column(k, f"eval_{k}", lambda r, k=k: r.eval.get(k)) for k in measured]
+    cols += [
+        Column(
+            "wall", "wall_time_s", lambda r: r.wall_time_s, text=fmt_duration, wandb="wall_time_s"
+        ),
+        Column("samples/s", "samples_per_s", lambda r: r.samples_per_s),
+    ]
+    if any((r.attempts or 0) > 1 for r in rows):  # retried or resumed: how many starts each
+        cols.append(Column("attempts", "attempts", lambda r: r.attempts))
+    return cols
+
+
+def _cell(col: Column, row: JobSummary) -> str:
+    value = col.get(row)
+    return "-" if value is None else col.text(value)
+
+
+def _failures(rows: Sequence[JobSummary]) -> list[JobSummary]:
+    """Jobs that did not finish (a pruned one did: the sweeper's pruner ended it early)."""
+    return [r for r in rows if r.status not in ("completed", "pruned")]
+
+
+def job_label(row: JobSummary, keys: Sequence[str], sep: str = " ") -> str:
+    short = short_keys(keys)
+    return label({short[k]: v for k, v in row.swept.items()}, sep)
+
+
+def format_table(rows: Sequence[JobSummary], keys: Sequence[str] | None = None) -> str:
+    """A fixed-width text table of ``rows`` (in the given order), then the failed jobs if any.
+    ``keys``: the swept keys (default: those the rows have values for)."""
+    keys = list(keys) if keys is not None else list(dict.fromkeys(k for r in rows for k in r.swept))
+    cols = columns(rows, keys, brief=True)
+    body = [[_cell(c, r) for c in cols] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip([c.header for c in cols], *body, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            cell.rjust(w) if c.numeric else cell.ljust(w)
+            for c, cell, w in zip(cols, cells, widths, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [line([c.header for c in cols]), line(["-" * w for w in widths])]
+    out += [line(cells) for cells in body]
+    failed = _failures(rows)
+    if failed:
+        out += ["", "Failed jobs:"]
+        for r in failed:
+            what = job_label(r, keys) or r.overrides or "(no overrides)"
+            out.append(f"  job {r.job} [{r.status}] {what}: {r.error or 'no error recorded'}")
+    return "\n".join(out)
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def format_markdown(summary: SweepSummary, title: str = "") -> str:
+    rows, cols = summary.rows, columns(summary.rows, summary.swept_keys, brief=True)
+    headers = ["rank", *(c.header for c in cols), "error"]
+    lines = [f"# Sweep summary{': ' + title if title else ''}", ""]
+    mode = summary.mode
+    lines.append(
+        f"{len(rows)} jobs, {sum(r.status == 'completed' for r in rows)} completed; "
+        f"ranked by `{summary.ranked_by}` ({mode})."
+    )
+    lines += ["", "| " + " | ".join(headers) + " |"]
+    align = ["---:", *("---:" if c.numeric else "---" for c in cols), "---"]
+    lines.append("| " + " | ".join(align) + " |")
+    for rank, row in enumerate(rows, 1):
+        cells = [str(rank), *(_cell(c, row) for c in cols), row.error or ""]
+        lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
+    lines += ["", f"![{', '.join(PANELS)} per epoch]({PNG_NAME})", ""]
+    return "\n".join(lines)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def csv_text(summary: SweepSummary) -> str:
+    cols = columns(summary.rows, summary.swept_keys)
+    extra = [
+        ("monitor", lambda r: r.monitor),
+        ("mode", lambda r: r.mode),
+        ("wandb_run_id", lambda r: r.wandb_run_id),
+        ("overrides", lambda r: r.overrides),
+        *([] if any(c.csv == "attempts" for c in cols) else [("attempts", lambda r: r.attempts)]),
+        ("error", lambda r: r.error),
+    ]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([*(c.csv for c in cols), *(name for name, _ in extra)])
+    for row in summary.rows:
+        values = [*(c.get(row) for c in cols), *(get(row) for _, get in extra)]
+        writer.writerow(["" if v is None else v for v in values])
+    return buf.getvalue()

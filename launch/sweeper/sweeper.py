@@ -1,0 +1,389 @@
+"""`hydra/sweeper=optuna`: the project's Optuna sweeper, on current Optuna.
+
+It reads the configuration of Hydra's Optuna sweeper (hydra-optuna-sweeper 1.3: `params`,
+`sampler`, `direction` (a list: multi-objective), `n_trials`, `n_jobs`, `storage`,
+`study_name`, `max_failure_rate`, `custom_search_space`) and adds what that plugin cannot do:
+
+* **pruning** (`pruner`, launch/sweeper/study.py's build_pruner): each trial's rank 0 reports the
+  monitored metric after every validation and every rank stops together when the pruner says
+  so (components/pruning.py); the job ends `pruned` and the trial TrialState.PRUNED;
+* **no idle slots**: with a launcher that takes jobs one at a time (`launch_stream`, the
+  project's torchrun and SLURM launchers), a new trial is asked and started as soon as any of
+  the `n_jobs` running ones ends, not when a batch of `n_jobs` ends; other launchers get
+  batches (`launch`) as before. The sweep's last line gives the slot utilisation (busy
+  slot-seconds / (slots x wall time), from the jobs' launch records);
+* **a study beside its jobs** (study.py): SQLite or a journal file in the sweep dir, by
+  launcher, or a database URL of your own; job number = trial number;
+* **resume** (`hydra.launcher.resume=true`): `n_trials` is the study's total, finished trials
+  (complete, pruned, failed) are kept, interrupted ones are asked again into their job dirs,
+  where the launcher continues them from their checkpoints; a seeded sampler is reseeded.
+
+The Sweeper class Hydra instantiates is hydra_plugins/hydra_ddp_optuna_sweeper's subclass.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.plugins.sweeper import Sweeper
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from core.errors import UserError, job_value
+from core.run_dir import LAUNCH_FILE, read_result
+from core.trials import (
+    JOB_NUM_ATTR,
+    PRUNER_ENV,
+    STORAGE_ENV,
+    STUDY_ENV,
+    SWEEP_DIR_ATTR,
+    build_pruner,
+)
+from launch.sweeper.space import search_space, trial_overrides
+from launch.sweeper.study import continue_study, directions, shown, storage_spec
+from launch.sweeper.usage import SlotUsage
+
+log = logging.getLogger(__name__)
+
+TARGET = "hydra_plugins.hydra_ddp_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+RESULTS_FILE = "optimization_results.yaml"
+SAMPLERS = {  # hydra/sweeper/sampler=NAME, as hydra-optuna-sweeper names them
+    "tpe": "optuna.samplers.TPESampler",
+    "random": "optuna.samplers.RandomSampler",
+    "cmaes": "optuna.samplers.CmaEsSampler",
+    "nsgaii": "optuna.samplers.NSGAIISampler",
+    "qmc": "optuna.samplers.QMCSampler",
+    "gp": "optuna.samplers.GPSampler",
+}
+
+
+@dataclass
+class OptunaSweeperConf:
+    """`hydra.sweeper` of `hydra/sweeper=optuna` (hydra-optuna-sweeper's keys, plus pruner)."""
+
+    _target_: str = TARGET
+    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}])
+    # {_target_: optuna.samplers.TPESampler, seed: ...}; MISSING: the defaults' group config
+    # (hydra/sweeper/sampler=tpe) stays unless this is set (None here would replace it)
+    sampler: Any = MISSING
+    direction: Any = "minimize"  # or maximize, or a list of them
+    # auto (null): SQLite in the sweep dir, a journal file there under SLURM; sqlite, journal,
+    # journal:<file>, or a database URL (launch/sweeper/study.py)
+    storage: Any = None
+    study_name: str | None = None  # null: the sweep dir's name
+    n_trials: int = 20  # with hydra.launcher.resume=true: the study's total
+    n_jobs: int = 2  # trials running at once
+    max_failure_rate: float = 0.0
+    params: dict[str, str] | None = None
+    custom_search_space: str | None = None  # a callable(config, trial) adding to the space
+    # median | percentile | hyperband | successive_halving | none, or {type: NAME, args...}
+    pruner: Any = None
+    # true: a new trial starts whenever one ends (with a launcher that can: launch_stream);
+    # false: batches of n_jobs trials, each batch waiting for its slowest (hydra-optuna-sweeper)
+    stream: bool = True
+
+
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="hydra-ddp"
+)
+# The name this sweeper had before it was the project's own `optuna`.
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="ddp_optuna", node=OptunaSweeperConf, provider="hydra-ddp"
+)
+for _name, _target in SAMPLERS.items():
+    ConfigStore.instance().store(
+        group="hydra/sweeper/sampler",
+        name=_name,
+        node={"_target_": _target, "seed": None},
+        provider="hydra-ddp",
+    )
+ConfigStore.instance().store(
+    group="hydra/sweeper/sampler",
+    name="grid",
+    node={"_target_": "optuna.samplers.GridSampler", "_partial_": True, "seed": None},
+    provider="hydra-ddp",
+)
+
+
+class OptunaSweeperBase(Sweeper):
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        sampler: Any = None,
+        direction: Any = "minimize",
+        storage: Any = None,
+        study_name: str | None = None,
+        n_trials: int = 20,
+        n_jobs: int = 2,
+        max_failure_rate: float = 0.0,
+        params: Any = None,
+        custom_search_space: str | None = None,
+        pruner: Any = None,
+        stream: bool = True,
+        search_space: Any = None,
+    ) -> None:
+        if search_space:
+            raise UserError(
+                "hydra.sweeper.search_space was removed in Hydra 1.2: write the space as "
+                "hydra.sweeper.params (e.g. optim.lr: tag(log, interval(0.001, 1)))"
+            )
+        if not 0.0 <= max_failure_rate <= 1.0:
+            raise UserError("hydra.sweeper.max_failure_rate: a fraction between 0 and 1")
+        if n_jobs < 1:
+            raise UserError(f"hydra.sweeper.n_jobs={n_jobs}: at least 1")
+        self.sampler, self.direction, self.storage = sampler, direction, storage
+        self.study_name, self.n_trials, self.n_jobs = study_name, n_trials, n_jobs
+        self.max_failure_rate, self.params, self.pruner = max_failure_rate, params, pruner
+        self.custom_search_space, self.stream = custom_search_space, stream
+        self.job_idx = (
+            0  # a resumed study's first job to run (launch/sweeper/study.py's plan_trials)
+        )
+        self.resume = False
+        self.config: DictConfig | None = None
+        self.launcher: Any = None
+        self.sweep_dir = Path(".")
+        self.storage_spec = ""
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            config=config, hydra_context=hydra_context, task_function=task_function
+        )
+        self.resume = bool(OmegaConf.select(config, "hydra.launcher.resume", default=False))
+        self.sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)  # SQLite makes the file, not its dir
+        self.storage_spec = storage_spec(self.storage, config, self.sweep_dir)
+        if self.study_name is None:
+            self.study_name = self.sweep_dir.name
+
+    def ran_before(self) -> bool:
+        return any(self.sweep_dir.glob(f"*/{LAUNCH_FILE}"))
+
+    def sweep(self, arguments: list[str]) -> None:
+        import optuna
+
+        from core.trials import open_storage
+
+        if self.resume and not continue_study(self) and self.ran_before():
+            raise UserError(
+                f"{self.sweep_dir} holds jobs of an Optuna sweep but no study "
+                f"{self.study_name} in {shown(self.storage_spec)}: start a new sweep dir, or "
+                "give the storage and study_name the sweep had"
+            )
+        space, fixed = search_space(self.params, arguments)
+        sampler = self.sampler
+        if isinstance(sampler, functools.partial):  # GridSampler: the space is known only now
+            grid = {key: grid_choices(key, d) for key, d in space.items()}
+            sampler = sampler(grid)
+            n_grid = 1
+            for choices in grid.values():
+                n_grid *= len(choices)
+            self.n_trials = min(self.n_trials, n_grid)
+        pruner = self.pruner_config()
+        study = optuna.create_study(
+            study_name=self.study_name,
+            storage=open_storage(self.storage_spec),
+            sampler=sampler,
+            pruner=build_pruner(pruner),
+            directions=directions(self.direction),
+            load_if_exists=True,
+        )
+        # The ranks reach their trials through the storage (components/pruning.py).
+        os.environ[STORAGE_ENV], os.environ[STUDY_ENV] = self.storage_spec, study.study_name
+        os.environ[PRUNER_ENV] = json.dumps(pruner)
+        extend = None
+        if self.custom_search_space:
+            from hydra.utils import get_method
+
+            extend = get_method(self.custom_search_space)
+        trials = Trials(self, study, space, fixed, extend)
+        usage = SlotUsage(self.n_jobs)
+        stream = getattr(self.launcher, "launch_stream", None) if self.stream else None
+        if stream is not None:
+            stream(trials.next_overrides, trials.tell, self.n_jobs)
+        else:
+            while trials.to_ask > 0 and not trials.too_many_failures():
+                batch = [o for o in (trials.next_overrides() for _ in range(self.n_jobs)) if o]
+                for run in consecutive(batch):  # a launch numbers its jobs from the first on
+                    returns = self.launcher.launch(
+                        [overrides for _, overrides in run], initial_job_idx=run[0][0]
+                    )
+                    for (num, _), ret in zip(run, returns, strict=True):
+                        trials.tell(num, ret)
+        usage.measure(trials.job_dirs.values())
+        trials.raise_failures()
+        self.serialize(study)
+        log.info(
+            "Optuna study %s: %s; %s",
+            study.study_name,
+            trials.counts(),
+            usage.line(),
+        )
+
+    def pruner_config(self) -> Any:
+        """`hydra.sweeper.pruner` as plain data, as written (a `_target_` not yet instantiated):
+        the ranks build the same pruner from it."""
+        node = OmegaConf.select(self.config or {}, "hydra.sweeper.pruner", default=None)
+        if node is None:
+            return None if hasattr(self.pruner, "prune") else self.pruner
+        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+    def serialize(self, study: Any) -> None:
+        """optimization_results.yaml: the best trial (or the Pareto front), as Hydra's sweeper
+        writes it."""
+        from optuna.trial import TrialState
+
+        if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            return
+        if len(study.directions) == 1:
+            best = study.best_trial
+            results = {"name": "optuna", "best_params": best.params, "best_value": best.value}
+        else:
+            front = [{"params": t.params, "values": t.values} for t in study.best_trials]
+            results = {"name": "optuna", "solutions": front}
+        OmegaConf.save(OmegaConf.create(results), self.sweep_dir / RESULTS_FILE)
+
+
+def consecutive(batch: list[tuple[int, Any]]) -> list[list[tuple[int, Any]]]:
+    """(job number, overrides) pairs split into runs of consecutive job numbers."""
+    runs: list[list[tuple[int, Any]]] = []
+    for item in batch:
+        if runs and runs[-1][-1][0] + 1 == item[0]:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
+
+
+def grid_choices(key: str, distribution: Any) -> list[Any]:
+    """A discrete distribution's values, for GridSampler."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(distribution, CategoricalDistribution):
+        return list(distribution.choices)
+    if isinstance(distribution, IntDistribution) and not distribution.log:
+        return list(range(distribution.low, distribution.high + 1, distribution.step))
+    if isinstance(distribution, FloatDistribution) and distribution.step is not None:
+        n = int(round((distribution.high - distribution.low) / distribution.step))
+        return [distribution.low + i * distribution.step for i in range(n + 1)]
+    raise UserError(f"hydra.sweeper.params.{key}: GridSampler needs choice(...) or range(...)")
+
+
+class Trials:
+    """The sweep's trials: asked one at a time (`next_overrides`), told as their jobs end
+    (`tell`), with the counts the sweep's last line gives."""
+
+    def __init__(
+        self,
+        sweeper: OptunaSweeperBase,
+        study: Any,
+        space: dict[str, Any],
+        fixed: dict[str, str],
+        extend: Callable | None,
+    ) -> None:
+        self.sweeper, self.study, self.space, self.fixed = sweeper, study, space, fixed
+        self.extend = extend
+        self.to_ask = sweeper.n_trials
+        self.running: dict[int, Any] = {}  # job number -> trial
+        self.job_dirs: dict[int, Path] = {}
+        self.states: dict[str, int] = {}
+        self.failures: list[Any] = []
+        self.told = 0
+
+    def too_many_failures(self) -> bool:
+        return bool(self.failures) and (
+            len(self.failures) / max(self.told, 1) > self.sweeper.max_failure_rate
+        )
+
+    def next_overrides(self) -> tuple[int, list[str]] | None:
+        """(job number, overrides) of a new trial, or None: none left to ask, or too many
+        failed already."""
+        if self.to_ask <= 0 or self.too_many_failures():
+            return None
+        trial = self.study.ask()
+        for key, distribution in self.space.items():
+            trial._suggest(key, distribution)  # noqa: SLF001 - hydra-optuna-sweeper's way
+        for key, value in self.fixed.items():
+            trial.set_user_attr(key, value)
+        if self.extend is not None:
+            self.extend(self.sweeper.config, trial)
+        num = trial.number  # job number = trial number: a resumed trial finds its job dir
+        trial.set_user_attr(SWEEP_DIR_ATTR, str(self.sweeper.sweep_dir))
+        trial.set_user_attr(JOB_NUM_ATTR, num)
+        self.to_ask -= 1
+        self.running[num] = trial
+        return num, trial_overrides(trial.params, self.fixed)
+
+    def tell(self, num: int, ret: Any) -> None:
+        """Tell the study how trial `num`'s job ended: its value(s), pruned (its result.json
+        says so), or failed."""
+        from optuna.trial import TrialState
+
+        trial = self.running.pop(num)
+        job_dir = job_dir_of(ret)
+        if job_dir is not None:
+            self.job_dirs[num] = job_dir
+        result = read_result(job_dir) if job_dir is not None else None
+        state, values = TrialState.FAIL, None
+        if ret.status.name == "COMPLETED":
+            if result is not None and result.status == "pruned":
+                state = TrialState.PRUNED
+            else:
+                values = objective_values(job_value(ret), len(self.study.directions))
+                state = TrialState.COMPLETE if values is not None else TrialState.FAIL
+        if state == TrialState.FAIL:
+            self.failures.append(ret)
+        self.study.tell(trial, values, state=state, skip_if_finished=True)
+        self.told += 1
+        self.states[state.name.lower()] = self.states.get(state.name.lower(), 0) + 1
+
+    def raise_failures(self) -> None:
+        """Too many failed trials (max_failure_rate): the first failure's error ends the sweep."""
+        if self.too_many_failures():
+            log.error(
+                "%d of %d trial(s) failed (max_failure_rate=%g)",
+                len(self.failures),
+                self.told,
+                self.sweeper.max_failure_rate,
+            )
+            self.failures[0].return_value  # noqa: B018 - JobReturn raises the job's own error
+
+    def counts(self) -> str:
+        told = ", ".join(f"{n} {state}" for state, n in sorted(self.states.items()))
+        return f"{self.told} trial(s) this run ({told or 'none'})"
+
+
+def job_dir_of(ret: Any) -> Path | None:
+    """The job dir of a JobReturn (its working_dir is the launch dir unless Hydra chdirs)."""
+    hydra = OmegaConf.select(ret.hydra_cfg or {}, "hydra", default=None)
+    if hydra is None:
+        return None
+    output_dir = OmegaConf.select(hydra, "runtime.output_dir", default=None)
+    if output_dir:
+        return Path(str(output_dir))
+    return Path(str(hydra.sweep.dir)) / str(hydra.sweep.subdir)
+
+
+def objective_values(value: Any, n_objectives: int) -> list[float] | None:
+    """The job's return value as the study's objective values, or None (the trial fails)."""
+    try:
+        values = [float(v) for v in value] if n_objectives > 1 else [float(value)]
+    except (TypeError, ValueError):
+        log.warning(
+            "a trial returned %r: not %d float(s); it counts as failed", value, n_objectives
+        )
+        return None
+    if len(values) != n_objectives:
+        log.warning("a trial returned %d values for %d objectives", len(values), n_objectives)
+        return None
+    return values
