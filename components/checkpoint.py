@@ -1,13 +1,15 @@
 """Checkpoints: written by rank 0 only, atomically and verifiably; loaded with weights_only=True.
 
 Layout of <run dir>/checkpoints/:
-  step-00000120.pt         immutable, one per save; the newest 2 are kept (plus the best)
-  step-00000120.pt.sha256  its SHA-256, written before the checkpoint itself
+  step-00000120.pt         one per step saved (again at its epoch's end, with its validation);
+                           the newest 2 are kept (plus the best)
+  step-00000120.pt.sha256  its SHA-256, written before the checkpoint is renamed into place
   last.pt, best.pt         hard links to the newest and the best step file (+ .sha256)
 
-A save serialises in memory, writes the digest, then the file (temp file + fsync + rename + dir
-fsync): a SIGKILL at any point leaves only whole files, and a file that does not match its
-digest (torn by a crash elsewhere, corrupted on disk) is never loaded. Resuming takes the newest
+A save serialises in memory, writes a temp file (+ fsync), the digest, then renames the file
+into place (+ dir fsync; a step saved again loses its old file before its digest changes): a
+SIGKILL at any point leaves only whole files, and a file that does not match its digest (torn
+by a crash elsewhere, corrupted on disk) is never loaded. Resuming takes the newest
 checkpoint that verifies and names every newer one it skipped.
 
 What goes in is one TrainingState, which owns the whole format (encoded by its state_dict(),
@@ -52,22 +54,31 @@ KEEP = 2  # newest step files kept, besides the best
 STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 
 
-def _write_atomic(data: bytes, path: Path) -> None:
+def _write_temp(data: bytes, path: Path) -> Path:
+    """`data` in a temp file beside `path`, on disk (fsync); nothing left on failure."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a failed write leaves the previous file and no litter
         raise
+    return tmp
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the rename itself durable
     finally:
         os.close(dir_fd)
+
+
+def _write_atomic(data: bytes, path: Path) -> None:
+    _commit(_write_temp(data, path), path)
 
 
 def atomic_save(obj: Any, path: Path) -> str:
@@ -77,8 +88,17 @@ def atomic_save(obj: Any, path: Path) -> str:
     torch.save(obj, buf)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
-    _write_atomic(f"{digest}\n".encode(), digest_path(path))
-    _write_atomic(data, path)
+    staged = _write_temp(data, path)
+    try:
+        # A step saved again (at its epoch's end, with its validation) changes its digest: the
+        # old file goes before the new digest comes, so no crash leaves the old bytes beside
+        # the new digest (last.pt and best.pt are links of their own and keep the old pair).
+        path.unlink(missing_ok=True)
+        _write_atomic(f"{digest}\n".encode(), digest_path(path))
+        _commit(staged, path)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
     return digest
 
 

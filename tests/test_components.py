@@ -107,6 +107,34 @@ def test_atomic_save_leaves_the_old_file_when_a_save_fails(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "last.pt.sha256"]
 
 
+def test_a_crash_while_a_step_is_saved_again_never_leaves_it_beside_a_wrong_digest(
+    tmp_path, monkeypatch
+):
+    """A step is saved again at its epoch's end (with its validation): killed after the new
+    digest is written but before the new file is renamed into place, what is left of that
+    step still verifies (it was a test_sigkill_during_saves failure), and last.pt, a link of
+    its own, keeps the old pair."""
+    path = tmp_path / "step-00000011.pt"
+    save(path, 11)
+    ck._link_atomic(ck.digest_path(path), ck.digest_path(tmp_path / "last.pt"))
+    ck._link_atomic(path, tmp_path / "last.pt")
+    real_replace = os.replace
+
+    def killed_before_the_file(src, dst):
+        if Path(dst) == path:
+            raise KeyboardInterrupt  # stands in for the SIGKILL at that instant
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_before_the_file)
+    with pytest.raises(KeyboardInterrupt):
+        ck.atomic_save({"progress": {"step": 11, "validated": True}}, path)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not path.exists() or ck.verify(path) is None
+    assert ck.verify(tmp_path / "last.pt") is None
+    assert ck.load_checkpoint(tmp_path / "last.pt")["progress"]["step"] == 11
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
 def test_checkpoint_with_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"model": {}, "progress": {}, "x": Path("/")}, path)  # needs a class to load
