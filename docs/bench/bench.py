@@ -24,6 +24,8 @@ makes the exit status non-zero.
 
 Workload E (docs/bench/time_to_accuracy.py, `--workloads E --real-data DIR`): time to accuracy on
 real MNIST and Fashion-MNIST (built by docs/bench/real_data.py), train.py against the seed recipe.
+Workload V (docs/bench/seed_spread.py, `--workloads V`): every shipped default on seeds 0-4, one
+seed sweep each: mean, std and the worst seed.
 
 This module is the command line and the runs; workloads.py defines the workloads, tables.py
 the report, common.py what every workload shares (all in docs/bench/). None imports torch.
@@ -60,6 +62,7 @@ from docs.bench.workloads import (
     D_HIDDEN,
     MODES,
     PLAIN_LR,
+    SEED_SPREAD,
     SMOKE_STEPS,
     STARTUP,
     TARGETS,
@@ -265,7 +268,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--workloads",
         default=",".join(WORKLOADS),
         help=f"comma-separated, of: {', '.join(WORKLOADS)} (default), E (time to accuracy "
-        "on real data: needs --real-data) and S (start-up costs, docs/bench/startup.py)",
+        "on real data: needs --real-data), S (start-up costs, docs/bench/startup.py) and V "
+        "(the seed spread of every shipped default, docs/bench/seed_spread.py)",
     )
     p.add_argument(
         "--compare",
@@ -279,9 +283,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="workload E's datasets, comma-separated (default mnist,fashion_mnist)",
     )
     p.add_argument(
+        "--v-defaults",
+        default="digits,folder32,folder96,mnist_small,mnist,fashion_mnist",
+        help="workload V's defaults, comma-separated (mnist and fashion_mnist need --real-data)",
+    )
+    p.add_argument(
         "--real-data",
         type=Path,
-        help="workload E: the dir `python -m docs.bench.real_data --out` built (MNIST/, ...)",
+        help="workloads E and V: the dir python -m docs.bench.real_data --out built (MNIST/, "
+        "FashionMNIST/)",
     )
     p.add_argument(
         "--world-sizes", help="comma-separated (default 1,2; --smoke: each workload's smoke cells)"
@@ -322,9 +332,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = [w for w in args.workloads if w not in (*WORKLOADS, TIME_TO_ACCURACY, STARTUP)]
+    extra = (TIME_TO_ACCURACY, STARTUP, SEED_SPREAD)
+    unknown = [w for w in args.workloads if w not in (*WORKLOADS, *extra)]
     if unknown or not args.workloads:
-        p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}, E, S")
+        p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}, E, S, V")
+    from docs.bench.seed_spread import DEFAULTS
+
+    args.v_defaults = [d.strip() for d in args.v_defaults.split(",") if d.strip()]
+    if not args.v_defaults or not set(args.v_defaults) <= set(DEFAULTS):
+        p.error(f"--v-defaults: comma-separated, of {', '.join(DEFAULTS)}")
     args.e_datasets = tuple(d.strip() for d in args.e_datasets.split(",") if d.strip())
     if not args.e_datasets or not set(args.e_datasets) <= {"mnist", "fashion_mnist"}:
         p.error("--e-datasets: mnist, fashion_mnist or both")
@@ -398,6 +414,10 @@ def print_report(report: dict) -> None:
 
         print(("\n" if rows else "") + time_to_accuracy.table(e_rows))
         print("\n" + time_to_accuracy.legend(report["repeats"], report["cores"]))
+    if report.get("seed_spread"):
+        from docs.bench import seed_spread
+
+        print("\n" + seed_spread.table(report["seed_spread"]) + "\n\n" + seed_spread.legend())
 
 
 def resummarize(report: dict) -> dict:
@@ -444,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="hydra-ddp-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows, e_rows, startup_table = [], [], None
+    rows, e_rows, v_rows, startup_table = [], [], [], None
     try:
         if TIME_TO_ACCURACY in args.workloads:
             from docs.bench import time_to_accuracy
@@ -459,11 +479,17 @@ def main(argv: list[str] | None = None) -> int:
                 train_overrides=overrides_for(TIME_TO_ACCURACY, args.train_override),
                 timeout_s=args.timeout,
             )
+        if SEED_SPREAD in args.workloads:
+            from docs.bench import seed_spread
+
+            real = args.real_data.expanduser().resolve() if args.real_data else None
+            worlds = args.world_sizes or [2]
+            v_rows = seed_spread.run(args.v_defaults, worlds, cores, work, real, args.timeout)
         if STARTUP in args.workloads:
             from docs.bench import startup
 
             startup_table = startup.run(args.repeats, work / "startup", args.compare, args.timeout)
-        for workload in (w for w in args.workloads if w not in (TIME_TO_ACCURACY, STARTUP)):
+        for workload in (w for w in args.workloads if w in WORKLOADS):
             spec = WORKLOADS[workload]
             steps = args.steps or spec.steps
             log_every = max(1, steps // WINDOWS)
@@ -496,9 +522,10 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "time_to_accuracy": e_rows,
         "startup": startup_table,
+        "seed_spread": v_rows,
     }
     print_report(report)
-    failed = sum(row["failed_runs"] for row in (*rows, *e_rows))
+    failed = sum(row["failed_runs"] for row in (*rows, *e_rows)) + sum("error" in r for r in v_rows)
     if failed:
         print(f"\n{failed} run(s) failed: see the messages above", file=sys.stderr)
     if args.out:
