@@ -358,9 +358,3 @@ def write_csv(rows: list[dict], path: Path) -> None:
                         s["rise"],
                     ]
                 )
-
-
-if __name__ == "__main__":  # the same as python -m docs.bench --workloads V
-    from docs.bench.bench import main
-
-    sys.exit(main(["--workloads", "V", *sys.argv[1:]]))
