@@ -47,8 +47,8 @@ PRELOAD = (
     "launch.ranks.agent",
     "conf.schema",
 )
-# Imported once the first job is forked, while it runs: what the sweep's report needs (its
-# figure, its t quantiles), so the report forked from here at the end imports nothing.
+# Imported while a job runs, one module whenever no request waits (serve): what the sweep's
+# report needs (its figure, its t quantiles), so the report forked from here imports nothing.
 LATE_PRELOAD = ("launch.report.sweep", "matplotlib.pyplot", "scipy.special")
 
 
@@ -90,7 +90,7 @@ def preload_late(name: str) -> None:
     if name == "matplotlib.pyplot":
         import matplotlib
 
-        matplotlib.use("Agg")  # files only; what report/figure.py selects
+        matplotlib.use("Agg")  # files only; what launch/report/figure.py selects
     with contextlib.suppress(Exception):  # the report imports it again and says why
         importlib.import_module(name)
 
