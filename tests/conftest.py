@@ -2,13 +2,26 @@
 suite shares the machine's cores (pytest-xdist, pyproject.toml's `-n auto --dist loadgroup`)
 and the run's last word on SLURM tests that could not run."""
 
+import inspect
 import os
 from pathlib import Path
 
 import pytest
 from hydra.version import VersionBase
 
+TESTS = Path(__file__).resolve().parent
 FRESH_VERSION_BASE = VersionBase.instance().getbase()  # before any test composed a config
+
+
+def pytest_configure(config) -> None:
+    """The plugins' configs (hydra/launcher=torchrun, slurm; hydra/sweeper=optuna) are stored
+    in Hydra's ConfigStore when Hydra first discovers the plugins, which imports them. Hydra's
+    launcher suites (hydra_restore_singletons) put back the ConfigStore a test started with:
+    were the first discovery inside one of them, the configs would be gone for the rest of the
+    process (the modules stay imported, so nothing stores them again). Discover them first."""
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()
 
 
 @pytest.fixture
@@ -90,24 +103,44 @@ def wandb_off_by_default():
 # Module- and session-scoped fixtures cheap enough to build once per xdist worker; every other
 # such fixture (a trained run, a sweep, the SLURM cluster) is built once per run: the tests
 # that share one go to the same worker (below).
-PER_WORKER = frozenset({"two_ranks", "wandb_data_dir", "wandb_off_by_default", "rng", "digits"})
+PER_WORKER = frozenset(
+    {
+        "one_torch_thread_per_worker",
+        "two_ranks",
+        "wandb_data_dir",
+        "wandb_off_by_default",
+        "rng",
+        "digits",
+    }
+)
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker per core. The tests' processes are what loads the cores (a
-    2-rank job is two of them), so more workers than cores only queue. `-m "not slow"`: none,
-    the tests run in this process. They start few processes; what they cost is set-up each
-    worker would pay again (torch's import, the rank pool, the configs composed once per
-    process): measured on 2 cores, 158 s with two workers against 116 s in one process."""
-    if "not slow" in (config.option.markexpr or ""):
-        return 0
+    2-rank job is two of them), so more workers than cores only queue."""
     return max(1, len(os.sched_getaffinity(0)))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread_per_worker():
+    """Workers share the cores: torch's default of one intra-op thread per core in every
+    worker oversubscribes them (on 2 cores, `-m "not slow"` took 78 s with two workers this
+    way against 65 s with one thread each). The processes tests start set their own
+    (tests/helpers.py: run_env)."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        import torch
+
+        torch.set_num_threads(1)
+    yield
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests that share an expensive module- or session-scoped fixture, directly or through
-    another test, get one xdist_group: `--dist loadgroup` runs each group on one worker, so
-    the fixture is built once (the SLURM cluster, one per machine, included)."""
+    """Tests that share an expensive module- or session-scoped fixture of this suite, directly
+    or through another test, get one xdist_group: `--dist loadgroup` runs each group on one
+    worker, so the fixture is built once (the SLURM cluster, one per machine, included).
+    pytest's and plugins' own session fixtures (tmp_path_factory) would join every test into
+    one group: only fixtures written under tests/ count."""
     parent: dict[str, str] = {}
 
     def find(key: str) -> str:
@@ -122,6 +155,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         for name, defs in info.name2fixturedefs.items() if info else ():
             scope = defs[-1].scope
             if name in PER_WORKER or scope not in ("module", "session"):
+                continue
+            if not Path(inspect.getfile(defs[-1].func)).is_relative_to(TESTS):
                 continue
             keys.append(f"{item.module.__name__}::{name}" if scope == "module" else name)
         for key in keys[1:]:
