@@ -1,0 +1,67 @@
+"""How the suite shares the cores (tests/conftest.py): tests that share an expensive fixture of
+this suite run on one xdist worker, so it is built once; a test that shares nothing is free to
+run anywhere. A broken grouping only shows as a slower run, so it is checked here."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+
+@pytest.fixture(scope="module")
+def shared_once():
+    """Stands for a trained run or a sweep: module-scoped, written in tests/."""
+    return object()
+
+
+def test_first_user_of_a_shared_fixture(shared_once):
+    assert shared_once is not None
+
+
+def test_second_user_of_a_shared_fixture(shared_once):
+    assert shared_once is not None
+
+
+def test_alone(tmp_path):
+    """Only pytest's own fixtures (tmp_path comes from the session-scoped tmp_path_factory)."""
+    assert tmp_path.is_dir()
+
+
+def group_of(item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark else None
+
+
+def test_tests_sharing_a_fixture_share_one_xdist_group_and_no_other(request):
+    items = {item.name: item for item in request.session.items if item.module.__name__ == __name__}
+    first, second = (
+        items["test_first_user_of_a_shared_fixture"],
+        items["test_second_user_of_a_shared_fixture"],
+    )
+    assert group_of(first) == group_of(second) == f"{__name__}.shared_once"
+    assert group_of(items["test_alone"]) is None  # tmp_path_factory joins nothing
+    assert group_of(request.node) is None
+    if os.environ.get("PYTEST_XDIST_WORKER") and request.config.getvalue("loadgroup"):
+        # xdist reads the marks in its own collection hook and puts the group in the node id:
+        # marks added after it would be ignored
+        assert first.nodeid.endswith(f"@{__name__}.shared_once")
+
+
+def test_a_launcher_suite_test_first_leaves_the_plugins_configs_for_the_next_test(tmp_path):
+    """Hydra's launcher suites put back the ConfigStore a test started with: run first in a
+    process, one would take away the configs our plugins store when Hydra discovers them
+    (tests/conftest.py: pytest_configure discovers them before any test)."""
+    suite = "tests/test_launcher.py::TestTorchrunLauncher::test_sweep_1_job[torchrun-overrides0]"
+    needs_optuna = "tests/test_docs.py::test_every_documented_command_composes[docs/sweeps.md:14]"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
+        + ["--basetemp", str(tmp_path / "t"), suite, needs_optuna],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:]
