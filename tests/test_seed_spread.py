@@ -3,6 +3,7 @@ seed, the loss rise after the warm-up), its checks, its generated data and its s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -103,3 +104,36 @@ def test_sweep_command_and_bench_arguments(tmp_path: Path):
     with pytest.raises(SystemExit):
         bench.parse_args(["--workloads", "V", "--v-defaults", "cifar10"])
     assert math.isclose(seed_spread.WORST_GAP, 0.02)
+
+
+@pytest.mark.slow
+def test_workload_v_end_to_end_on_generated_scans(tmp_path: Path, monkeypatch, capsys):
+    """`python -m docs.bench --workloads V` as the command runs it (in this process: the sweep
+    is a real train.py -m sweep of its own processes), on the generated 32-px folder, the run
+    shortened to 1 epoch per seed so that the test times the code, not the training."""
+    import signal
+
+    short = dataclasses.replace(
+        seed_spread.DEFAULTS["folder32"],
+        overrides=(*seed_spread.DEFAULTS["folder32"].overrides, "trainer.max_epochs=1"),
+    )
+    monkeypatch.setitem(seed_spread.DEFAULTS, "folder32", short)
+    out = tmp_path / "r.json"
+    argv = ["--workloads", "V", "--v-defaults", "folder32", "--world-sizes", "1"]
+    sigterm = signal.getsignal(signal.SIGTERM)  # main() turns SIGTERM into an exit
+    try:
+        status = bench.main([*argv, "--out", str(out), "--work-dir", str(tmp_path / "work")])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    printed = capsys.readouterr().out
+    assert status == 0, printed[-3000:]
+    (row,) = json.loads(out.read_text())["seed_spread"]
+    assert (row["default"], row["world_size"], row["metric"]) == ("folder32", 1, "val/acc")
+    assert [s["seed"] for s in row["seeds"]] == list(seed_spread.SEEDS)
+    assert all(s["status"] == "completed" and 0 < s["value"] <= 1 for s in row["seeds"])
+    assert row["mean"] == pytest.approx(sum(s["value"] for s in row["seeds"]) / 5)
+    assert row["checks"]["all completed"] and row["checks"]["no non-finite loss"]
+    assert (tmp_path / "work" / "data" / "folder32").is_dir()  # generated, kept in --work-dir
+    assert "[V folder32 world 1]" in printed
+    (line,) = [x for x in printed.splitlines() if x.startswith("| folder32")]
+    assert [c.strip() for c in line.split("|")[2:4]] == ["1", "val/acc"]

@@ -24,7 +24,6 @@ Imports nothing heavy (numpy and PIL only to write the data).
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import sys
@@ -340,21 +339,3 @@ def legend() -> str:
         "anchor."
     )
 
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["default", "world_size", "seed", "status", "value", "diverged", "rise"])
-        for r in rows:
-            for s in r["seeds"]:
-                w.writerow(
-                    [
-                        r["default"],
-                        r["world_size"],
-                        s["seed"],
-                        s["status"],
-                        s["value"],
-                        bool(s["diverged"]),
-                        s["rise"],
-                    ]
-                )
