@@ -338,4 +338,3 @@ def legend() -> str:
         "of the mean, no non-finite loss, no divergence warning, rise <= 1, the mean at its "
         "anchor."
     )
-
