@@ -18,10 +18,19 @@ def pytest_configure(config) -> None:
     in Hydra's ConfigStore when Hydra first discovers the plugins, which imports them. Hydra's
     launcher suites (hydra_restore_singletons) put back the ConfigStore a test started with:
     were the first discovery inside one of them, the configs would be gone for the rest of the
-    process (the modules stay imported, so nothing stores them again). Discover them first."""
+    process (the modules stay imported, so nothing stores them again). Discover them first.
+
+    Workers share the cores: torch's default of one intra-op thread per core in every worker
+    oversubscribes them (on 2 cores, `-m "not slow"` took 78 s with two workers this way
+    against 65 s with one thread each), so a worker of several keeps one. The processes tests
+    start set their own (tests/helpers.py: run_env)."""
     from hydra.core.plugins import Plugins
 
     Plugins.instance()
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture
@@ -103,35 +112,13 @@ def wandb_off_by_default():
 # Module- and session-scoped fixtures cheap enough to build once per xdist worker; every other
 # such fixture (a trained run, a sweep, the SLURM cluster) is built once per run: the tests
 # that share one go to the same worker (below).
-PER_WORKER = frozenset(
-    {
-        "one_torch_thread_per_worker",
-        "two_ranks",
-        "wandb_data_dir",
-        "wandb_off_by_default",
-        "rng",
-        "digits",
-    }
-)
+PER_WORKER = frozenset({"two_ranks", "wandb_data_dir", "wandb_off_by_default", "rng", "digits"})
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker per core. The tests' processes are what loads the cores (a
     2-rank job is two of them), so more workers than cores only queue."""
     return max(1, len(os.sched_getaffinity(0)))
-
-
-@pytest.fixture(autouse=True, scope="session")
-def one_torch_thread_per_worker():
-    """Workers share the cores: torch's default of one intra-op thread per core in every
-    worker oversubscribes them (on 2 cores, `-m "not slow"` took 78 s with two workers this
-    way against 65 s with one thread each). The processes tests start set their own
-    (tests/helpers.py: run_env)."""
-    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-        import torch
-
-        torch.set_num_threads(1)
-    yield
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks

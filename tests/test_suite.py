@@ -3,12 +3,11 @@ this suite run on one xdist worker, so it is built once; a test that shares noth
 run anywhere. A broken grouping only shows as a slower run, so it is checked here."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import output, run
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +55,9 @@ def test_a_launcher_suite_test_first_leaves_the_plugins_configs_for_the_next_tes
     (tests/conftest.py: pytest_configure discovers them before any test)."""
     suite = "tests/test_launcher.py::TestTorchrunLauncher::test_sweep_1_job[torchrun-overrides0]"
     needs_optuna = "tests/test_docs.py::test_every_documented_command_composes[docs/sweeps.md:14]"
-    proc = subprocess.run(
+    proc = run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
         + ["--basetemp", str(tmp_path / "t"), suite, needs_optuna],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
-    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:]
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, output(proc)[-3000:]
