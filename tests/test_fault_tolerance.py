@@ -2,6 +2,12 @@
 preemption, no hangs, non-finite losses.
 
 Kill points are drawn at random per run; the seed is printed (and `FT_SEED=<seed>` replays it).
+
+Tests about how the job is started and stopped (torchrun's agent, its restarts, a signal to it,
+ranks without an agent) start their ranks with plain `torchrun train.py`. The others, about what
+the ranks do (resume, world-size handover, non-finite losses), start 2 ranks with `python
+train.py dist.nproc_per_node=2` (launch_cmd): the repo's launcher, whose ranks are forked from
+one interpreter that imported torch, where torchrun's agent and each rank import it themselves.
 """
 
 import json
@@ -49,6 +55,11 @@ def rng():
     seed = int(os.environ.get("FT_SEED", random.SystemRandom().randrange(10**6)))
     print(f"\nfault-tolerance kill points drawn with FT_SEED={seed}")
     return random.Random(seed)
+
+
+def launch_cmd(*overrides: str, nproc: int) -> list[str]:
+    """`python train.py` on 1 rank; `python train.py dist.nproc_per_node=N` on N."""
+    return train_cmd(*overrides, *([f"dist.nproc_per_node={nproc}"] if nproc > 1 else []))
 
 
 def job(run_dir: Path, *extra: str) -> list[str]:
@@ -117,14 +128,13 @@ def test_killed_then_resumed_equals_uninterrupted(tmp_path, reference, rng):
 
 
 def kill_and_resume(run_dir: Path, step: int, nproc: int, *extra: str) -> None:
-    """The job killed at `step` (on the last rank), then resumed to the end."""
-    launch = None if nproc == 1 else nproc
+    """The job killed at `step` (on the last rank), then resumed to the end (launch_cmd)."""
     killed = run(
-        train_cmd(*job_with_wandb(run_dir, *extra), nproc=launch),
+        launch_cmd(*job_with_wandb(run_dir, *extra), nproc=nproc),
         HYDRA_DDP_FAULT=f"kill@{step}:{nproc - 1}",
     )
     assert killed.returncode != 0, f"step {step}: the kill did not happen\n{output(killed)}"
-    resumed = run(train_cmd(*job_with_wandb(run_dir, *extra, "resume=auto"), nproc=launch))
+    resumed = run(launch_cmd(*job_with_wandb(run_dir, *extra, "resume=auto"), nproc=nproc))
     assert resumed.returncode == 0, output(resumed)
     assert "resumed from" in (run_dir / "train.log").read_text()
 
@@ -195,16 +205,22 @@ def test_sigkill_during_saves_never_leaves_a_wrong_checkpoint(tmp_path, referenc
     assert_same_run(run_dir, reference[1])
 
 
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path, reference):
+# No process boundary is tested here (the digest is checked when a run resumes from files on
+# disk): the resumed run is train.py's on rank 0 of the session's ranks, as `python train.py`.
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path, reference, two_ranks):
     run_dir = tmp_path / "run"
     shutil.copytree(reference[1], run_dir)
     newest, previous = step_files(run_dir / "checkpoints")[:2]
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a flipped bit still loads: only the digest can tell
     newest.write_bytes(bytes(data))
-    proc = run(train_cmd(*job(run_dir, "resume=auto", "trainer.max_epochs=3")))
-    assert proc.returncode == 0, output(proc)
-    assert f"skipped {newest.name} (SHA-256 mismatch" in output(proc)
+    start = two_ranks.log.stat().st_size if two_ranks.log.exists() else 0
+    # A run that fails raises here (RanksFailed, with the ranks' output).
+    two_ranks.train(run_dir, *job(run_dir, "resume=auto", "trainer.max_epochs=3"), world_size=1)
+    with open(two_ranks.log, "rb") as f:  # the console output of this run (rank 0's)
+        f.seek(start)
+        out = f.read().decode(errors="replace")
+    assert f"skipped {newest.name} (SHA-256 mismatch" in out, out[-3000:]
     assert f"resumed from {previous}" in (run_dir / "train.log").read_text()
 
 
@@ -288,12 +304,12 @@ def test_without_an_agent_the_other_rank_exits_within_the_timeout(tmp_path):
 
 
 def test_nan_stops_naming_step_and_rank_or_is_skipped(tmp_path):
-    proc = run(train_cmd(*job(tmp_path / "stop"), nproc=2), HYDRA_DDP_FAULT="nan@3:1")
+    proc = run(launch_cmd(*job(tmp_path / "stop"), nproc=2), HYDRA_DDP_FAULT="nan@3:1")
     assert proc.returncode != 0
     assert "non-finite loss (nan) at step 3 (epoch 1) on rank 1" in output(proc)
     skip_dir = tmp_path / "skip"
     proc = run(
-        train_cmd(*job(skip_dir, "trainer.nonfinite=skip"), nproc=2), HYDRA_DDP_FAULT="nan@3:1"
+        launch_cmd(*job(skip_dir, "trainer.nonfinite=skip"), nproc=2), HYDRA_DDP_FAULT="nan@3:1"
     )
     assert proc.returncode == 0, output(proc)
     logged = [r for r in rows(skip_dir) if "train/loss" in r]
@@ -324,7 +340,7 @@ def elastic_job(run_dir: Path, recipe: str, *extra: str) -> list[str]:
 
 
 def elastic_cmd(run_dir: Path, recipe: str, nproc: int, *extra: str) -> list[str]:
-    return train_cmd(*elastic_job(run_dir, recipe, *extra), nproc=None if nproc == 1 else nproc)
+    return launch_cmd(*elastic_job(run_dir, recipe, *extra), nproc=nproc)
 
 
 @pytest.fixture(scope="module")
