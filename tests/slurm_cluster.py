@@ -48,8 +48,9 @@ PACKAGES = ("slurm-wlm", "munge")
 INSTALL_ENV = "HYDRA_DDP_INSTALL_SLURM"  # =0: the fixture must not apt-get install PACKAGES
 SKIP_REASON = "no SLURM test cluster"  # how every skip of a SLURM test starts
 # A requeued job may start once its old credentials have expired (AuthInfo cred_expire, 120 s
-# by default): 10 s here, and a scheduler that looks every second, keep requeue tests short.
-CRED_EXPIRE_S = 10
+# by default; a requeued job waits cred_expire + 1 s): 5 s here, the least SLURM accepts (below
+# it falls back to 120 s), and a scheduler that looks every second, keep requeue tests short.
+CRED_EXPIRE_S = 5
 
 
 class ClusterUnavailable(Exception):
@@ -98,7 +99,7 @@ class SlurmCluster:
         while time.time() < deadline:
             if not self.job_ids() and self.node_state() == "idle":
                 return
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise AssertionError(f"cluster not idle after {timeout} s: {self.job_ids()}\n{self.logs()}")
 
     def logs(self, lines: int = 30) -> str:

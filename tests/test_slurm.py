@@ -72,7 +72,7 @@ JOB = [
 ]
 SLURM = [
     "hydra/launcher=slurm",
-    "hydra.launcher.poll_interval_s=1",
+    "hydra.launcher.poll_interval_s=0.25",
     "hydra.launcher.cpus_per_task=1",
 ]
 LRS = ("0.05", "0.1")
@@ -212,7 +212,7 @@ def cluster_env(idle_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.mark.slow
 @pytest.mark.usefixtures("cluster_env")
 @pytest.mark.parametrize(
-    "launcher_name, overrides", [("ddp_slurm", ["hydra.launcher.poll_interval_s=1"])]
+    "launcher_name, overrides", [("ddp_slurm", ["hydra.launcher.poll_interval_s=0.25"])]
 )
 class TestSlurmLauncher(LauncherTestSuite):
     """Hydra's launcher suite: in-process sweeps; each job a SLURM job."""
@@ -230,7 +230,7 @@ class TestSlurmLauncher(LauncherTestSuite):
                 "hydra/job_logging=hydra_debug",
                 "hydra/job_logging=disabled",
                 "hydra/launcher=ddp_slurm",
-                "hydra.launcher.poll_interval_s=1",
+                "hydra.launcher.poll_interval_s=0.25",
             ],
         )
     ],
@@ -536,7 +536,7 @@ def write_app(root: Path) -> Path:
         fail: none
         hydra:
           searchpath: [file://{REPO}/conf]
-          launcher: {{poll_interval_s: 1, cpus_per_task: 1}}
+          launcher: {{poll_interval_s: 0.25, cpus_per_task: 1}}
         """)
     )
     (root / "search").mkdir(exist_ok=True)
@@ -678,7 +678,7 @@ def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_
     deadline = time.time() + 240
     while job_id in idle_cluster.job_ids() and not (run_dir / "result.json").exists():
         assert time.time() < deadline, "the sbatch job did not finish"
-        time.sleep(0.5)
+        time.sleep(0.2)
     idle_cluster.wait_until_idle()
     log = (tmp_path / f"slurm-{job_id}.out").read_text()
     assert f"job {job_id} (restart 0): 2 rank(s) on 1 node(s)" in log, log
