@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,12 +21,13 @@ import torch
 import torch.distributed as dist
 
 from components import checkpoint as ck
+from components import faults
 from components.loss_window import LossWindow
 from components.metrics import RunLogger, ending, rows_to_replay
 from components.preemption import Preempted
 from core import world
 from core.errors import ReportUserError, UserError, describe, find_user_error, instantiate
-from core.run_dir import RunResult, read_result
+from core.run_dir import ATTEMPT_ENV, RunResult, read_result
 from tests.helpers import training_state
 
 
@@ -369,3 +373,33 @@ def test_report_user_error_only_in_a_plain_run(caplog):
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as exit_:
         callback.on_job_end(run_mode, job(JobStatus.FAILED, UserError("bad: fix it")))
     assert exit_.value.code == 2 and caplog.messages == ["bad: fix it"]
+
+
+def test_a_stall_fault_waits_at_its_step_until_a_signal_arrives(monkeypatch):
+    """HYDRA_DDP_FAULT=stall@3: step 2 passes, step 3 waits until a signal reaches the process
+    (its handler runs as usual), not for STALL_MAX_S."""
+    monkeypatch.setattr(faults, "FAULT", ("stall", 3, None))
+    monkeypatch.setattr(faults, "STALL_MAX_S", 120.0)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv(ATTEMPT_ENV, raising=False)
+    received, stalled = [], threading.Event()
+
+    def signal_until_returned() -> None:  # again and again: the first may come before the wait
+        while not stalled.wait(0.2):
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, lambda signum, _frame: received.append(signum))
+    sender = threading.Thread(target=signal_until_returned)
+    loss = torch.tensor(1.0)
+    try:
+        assert faults.inject(2, 0, loss) is loss and not received
+        started = time.monotonic()
+        sender.start()
+        assert faults.inject(3, 0, loss) is loss
+        waited = time.monotonic() - started
+    finally:
+        stalled.set()
+        if sender.is_alive():
+            sender.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert received and waited < faults.STALL_MAX_S

@@ -238,12 +238,14 @@ def wait_for_rows(run_dir: Path, n: int, timeout: float = 120) -> None:
 def test_sigterm_preemption_checkpoints_then_resumes_exactly(tmp_path, reference, nproc):
     run_dir = tmp_path / "run"
     launch = None if nproc == 1 else nproc
-    # Check every step so the stop lands before the run would end on its own.
+    # Check every step; the ranks wait at step 5 (after the second row) until the SIGTERM
+    # reaches them, so that the stop lands before the run would end on its own.
     cmd = train_cmd(
         *job_with_wandb(run_dir, "trainer.preemption_check_every_n_steps=1"), nproc=launch
     )
+    env = run_env(HYDRA_DDP_FAULT="stall@5")
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     wait_for_rows(run_dir, 2)
     proc.send_signal(signal.SIGTERM)  # to `python train.py`, or to the torchrun agent

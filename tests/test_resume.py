@@ -530,9 +530,11 @@ def test_ctrl_c_stops_the_jobs_at_a_checkpoint_then_resume(reference: Path, tmp_
     preempted (or interrupted, for a job still starting) and nothing survives; resuming ends
     with the uninterrupted sweep's weights and metrics."""
     sweep_dir, tag, log = tmp_path / "sweep", f"sigint-{os.getpid()}", tmp_path / "stopped.log"
-    launcher = start(sweep_cmd(sweep_dir), log, tag)
+    # The running jobs' ranks wait at step 13 until the stop reaches them (a job of 44 steps
+    # takes about a second: on a loaded machine the sweep could end before the SIGINT lands).
+    launcher = start(sweep_cmd(sweep_dir), log, tag, HYDRA_DDP_FAULT="stall@13")
     try:
-        wait_for_rows(sweep_dir / "0" / "metrics.jsonl", 3, launcher)  # job #0 is training
+        wait_for_rows(sweep_dir / "0" / "metrics.jsonl", 3, launcher)  # job #0 is at step 12
         stopped_at = time.time()
         launcher.send_signal(signal.SIGINT)
         code = launcher.wait(timeout=120)
