@@ -1,11 +1,11 @@
 """Fault injection for the fault-tolerance tests: HYDRA_DDP_FAULT="<kind>@<step>[:<rank>]".
 
 kinds: `raise` (an exception), `kill` (SIGKILL this rank), `nan` (this rank's loss becomes NaN),
-`stall` (this rank waits, up to STALL_MAX_S, until a signal reaches it: a test that stops a job
-knows the job is still running, however fast the job or slow the machine). Read once at start;
-with the variable unset (always, outside tests) every call is a no-op. The fault is the first
-attempt's: restarted ranks (torchrun) and later attempts of a sweep job (a launcher retry or a
-resumed sweep) run clean.
+`stall` (at its step this rank waits, up to STALL_MAX_S, until a signal has reached it: a test
+that stops a job knows the job is still running, however fast the job or slow the machine).
+Read once at start; with the variable unset (always, outside tests) every call is a no-op. The
+fault is the first attempt's: restarted ranks (torchrun) and later attempts of a sweep job (a
+launcher retry or a resumed sweep) run clean.
 """
 
 from __future__ import annotations
@@ -36,38 +36,62 @@ FAULT = _parse(os.environ.get("HYDRA_DDP_FAULT"))
 STALL_MAX_S = 120.0
 
 
-def stall(max_s: float) -> None:
-    """Wait until a signal arrives (its handler runs as usual: the preemption flag is set) or
-    `max_s` passed. Python's wakeup fd gets a byte per signal without taking it from the
-    handler; a sleep would resume after the handler and wait on."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    read, write = os.pipe()
-    os.set_blocking(write, False)
-    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    try:
-        select.select([read], [], [], max_s)
-    finally:
-        signal.set_wakeup_fd(previous)
-        os.close(read)
-        os.close(write)
+class Stall:
+    """The `stall` fault: from the rank's first step on, every signal it gets is noted (Python's
+    wakeup fd: a byte per signal, while the handler runs as usual and sets the preemption flag),
+    and at the stall step it waits until one has come, at once if one came before. A sleep would
+    resume after the handler and wait on; a wait armed only at the stall step would miss a stop
+    that came a moment before it."""
+
+    def __init__(self) -> None:
+        self.pipe: tuple[int, int] | None = None
+        self.previous = -1
+
+    def arm(self) -> None:
+        if self.pipe is None and threading.current_thread() is threading.main_thread():
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            self.previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+            self.pipe = (read, write)
+
+    def wait(self, max_s: float) -> None:
+        self.arm()
+        if self.pipe is None:
+            return
+        read, write = self.pipe
+        try:
+            select.select([read], [], [], max_s)
+        finally:
+            signal.set_wakeup_fd(self.previous)
+            os.close(read)
+            os.close(write)
+            self.pipe = None
+
+
+STALL = Stall()
 
 
 def inject(step: int, rank: int, loss: torch.Tensor) -> torch.Tensor:
     """Called once per step with the step number about to complete."""
-    if FAULT is None or FAULT[1] != step or FAULT[2] not in (None, rank):
+    if FAULT is None or FAULT[1] < step or FAULT[2] not in (None, rank):
         return loss
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return loss  # a restarted worker runs clean: the fault was the first attempt's
     if int(os.environ.get(ATTEMPT_ENV) or 1) > 1:
         return loss  # so does a job the launcher started again
     kind = FAULT[0]
+    if kind == "stall":
+        if step < FAULT[1]:
+            STALL.arm()  # a signal from now on ends the wait at the stall step
+        else:
+            STALL.wait(STALL_MAX_S)
+        return loss
+    if step != FAULT[1]:
+        return loss
     if kind == "raise":
         raise InjectedFault(f"injected fault at step {step} on rank {rank}")
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "nan":
         return loss * float("nan")
-    if kind == "stall":
-        stall(STALL_MAX_S)
     return loss

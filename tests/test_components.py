@@ -375,11 +375,12 @@ def test_report_user_error_only_in_a_plain_run(caplog):
     assert exit_.value.code == 2 and caplog.messages == ["bad: fix it"]
 
 
-def test_a_stall_fault_waits_at_its_step_until_a_signal_arrives(monkeypatch):
-    """HYDRA_DDP_FAULT=stall@3: step 2 passes, step 3 waits until a signal reaches the process
-    (its handler runs as usual), not for STALL_MAX_S."""
+def test_a_stall_fault_waits_at_its_step_until_a_signal_has_arrived(monkeypatch):
+    """HYDRA_DDP_FAULT=stall@3: steps before it pass; step 3 waits until a signal reaches the
+    process (its handler runs as usual), not for STALL_MAX_S; a signal that came after the
+    first step but before the stall step ends the wait at once."""
     monkeypatch.setattr(faults, "FAULT", ("stall", 3, None))
-    monkeypatch.setattr(faults, "STALL_MAX_S", 120.0)
+    monkeypatch.setattr(faults, "STALL_MAX_S", 60.0)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     monkeypatch.delenv(ATTEMPT_ENV, raising=False)
     received, stalled = [], threading.Event()
@@ -397,9 +398,20 @@ def test_a_stall_fault_waits_at_its_step_until_a_signal_arrives(monkeypatch):
         sender.start()
         assert faults.inject(3, 0, loss) is loss
         waited = time.monotonic() - started
+        stalled.set()
+        sender.join()
+        during = list(received)  # the wait ended with a signal, not at once
+        # the stop came before the stall step: no wait
+        received.clear()
+        assert faults.inject(2, 0, loss) is loss
+        os.kill(os.getpid(), signal.SIGUSR1)
+        early = time.monotonic()
+        assert faults.inject(3, 0, loss) is loss
+        waited_early = time.monotonic() - early
     finally:
         stalled.set()
         if sender.is_alive():
             sender.join()
         signal.signal(signal.SIGUSR1, previous)
-    assert received and waited < faults.STALL_MAX_S
+    assert during and waited < faults.STALL_MAX_S
+    assert received and waited_early < faults.STALL_MAX_S
