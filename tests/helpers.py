@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -83,6 +84,14 @@ def run(cmd: list[str], *, timeout: float = 600, cwd: Path = REPO, **env: str):
     return subprocess.run(
         cmd, cwd=cwd, env=run_env(**env), capture_output=True, text=True, timeout=timeout
     )
+
+
+def sigint_as_in_a_terminal() -> None:
+    """Popen's preexec_fn for a process a test Ctrl-C's: SIGINT as in a terminal. A suite
+    started in the background of a script (`pytest &`, or by a runner that does) ignores
+    SIGINT, every process it starts inherits that, and a launcher keeps an ignored signal
+    ignored (as `nohup` asks of SIGHUP)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def output(proc) -> str:

@@ -59,6 +59,7 @@ from tests.helpers import (
     rows,
     run,
     run_env,
+    sigint_as_in_a_terminal,
     summary_rows,
     train_cmd,
     wait_for_no_processes,
@@ -412,10 +413,16 @@ def sweep_cmd(sweep_dir: Path, *extra: str, grid: tuple[str, ...] = tuple(GRID))
 
 
 def start(cmd: list[str], log: Path, tag: str, **env: str) -> subprocess.Popen:
-    """A launcher in the background, its console to `log`, tagged for the orphan check."""
+    """A launcher in the background, its console to `log`, tagged for the orphan check; it
+    takes Ctrl-C as in a terminal, however the suite was started."""
     with open(log, "w") as f:
         return subprocess.Popen(
-            cmd, cwd=REPO, env=run_env(**{TAG: tag}, **env), stdout=f, stderr=subprocess.STDOUT
+            cmd,
+            cwd=REPO,
+            env=run_env(**{TAG: tag}, **env),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            preexec_fn=sigint_as_in_a_terminal,
         )
 
 

@@ -478,7 +478,7 @@ def test_ctrl_c_is_interrupted_with_one_line(tmp_path):
     import signal
     import subprocess
 
-    from tests.helpers import run_env, wait_for_rows
+    from tests.helpers import run_env, sigint_as_in_a_terminal, wait_for_rows
 
     run_dir = tmp_path / "r"
     proc = subprocess.Popen(
@@ -493,7 +493,7 @@ def test_ctrl_c_is_interrupted_with_one_line(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+        preexec_fn=sigint_as_in_a_terminal,
     )
     wait_for_rows(run_dir / "metrics.jsonl", 3, proc)
     proc.send_signal(signal.SIGINT)
