@@ -152,8 +152,17 @@ class RankPool:
             **env,
         )
 
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+    def log_size(self) -> int:
+        """Where the next call's output starts in the ranks' log (for :meth:`output`)."""
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def output(self, since: int = 0) -> str:
+        """The ranks' console output, from byte `since` on (:meth:`log_size` before a call)."""
+        if not self.log.exists():
+            return ""
+        with open(self.log, "rb") as f:
+            f.seek(since)
+            return f.read().decode(errors="replace")
 
 
 def train_rank(rank: int, run_dir: str, overrides: list[str]) -> Any:

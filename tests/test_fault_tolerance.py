@@ -32,6 +32,7 @@ from tests.helpers import (
     run,
     run_env,
     train_cmd,
+    wait_for_rows,
 )
 
 pytestmark = pytest.mark.slow
@@ -214,24 +215,12 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path, referenc
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a flipped bit still loads: only the digest can tell
     newest.write_bytes(bytes(data))
-    start = two_ranks.log.stat().st_size if two_ranks.log.exists() else 0
+    start = two_ranks.log_size()
     # A run that fails raises here (RanksFailed, with the ranks' output).
     two_ranks.train(run_dir, *job(run_dir, "resume=auto", "trainer.max_epochs=3"), world_size=1)
-    with open(two_ranks.log, "rb") as f:  # the console output of this run (rank 0's)
-        f.seek(start)
-        out = f.read().decode(errors="replace")
+    out = two_ranks.output(since=start)  # the console output of this run (rank 0's)
     assert f"skipped {newest.name} (SHA-256 mismatch" in out, out[-3000:]
     assert f"resumed from {previous}" in (run_dir / "train.log").read_text()
-
-
-def wait_for_rows(run_dir: Path, n: int, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        path = run_dir / "metrics.jsonl"
-        if path.exists() and len(path.read_text().splitlines()) >= n:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the run logged nothing")
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
@@ -247,7 +236,7 @@ def test_sigterm_preemption_checkpoints_then_resumes_exactly(tmp_path, reference
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    wait_for_rows(run_dir, 2)
+    wait_for_rows(run_dir / "metrics.jsonl", 2, proc, timeout=120)
     proc.send_signal(signal.SIGTERM)  # to `python train.py`, or to the torchrun agent
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0, out

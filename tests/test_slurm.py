@@ -70,9 +70,10 @@ JOB = [
     "seed=7",
     "trainer.progress_bar=false",
 ]
+POLL_S = 0.25  # the launcher's squeue interval: each call takes milliseconds
 SLURM = [
     "hydra/launcher=slurm",
-    "hydra.launcher.poll_interval_s=0.25",
+    f"hydra.launcher.poll_interval_s={POLL_S}",
     "hydra.launcher.cpus_per_task=1",
 ]
 LRS = ("0.05", "0.1")
@@ -212,7 +213,7 @@ def cluster_env(idle_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.mark.slow
 @pytest.mark.usefixtures("cluster_env")
 @pytest.mark.parametrize(
-    "launcher_name, overrides", [("ddp_slurm", ["hydra.launcher.poll_interval_s=0.25"])]
+    "launcher_name, overrides", [("ddp_slurm", [f"hydra.launcher.poll_interval_s={POLL_S}"])]
 )
 class TestSlurmLauncher(LauncherTestSuite):
     """Hydra's launcher suite: in-process sweeps; each job a SLURM job."""
@@ -230,7 +231,7 @@ class TestSlurmLauncher(LauncherTestSuite):
                 "hydra/job_logging=hydra_debug",
                 "hydra/job_logging=disabled",
                 "hydra/launcher=ddp_slurm",
-                "hydra.launcher.poll_interval_s=0.25",
+                f"hydra.launcher.poll_interval_s={POLL_S}",
             ],
         )
     ],
@@ -536,7 +537,7 @@ def write_app(root: Path) -> Path:
         fail: none
         hydra:
           searchpath: [file://{REPO}/conf]
-          launcher: {{poll_interval_s: 0.25, cpus_per_task: 1}}
+          launcher: {{poll_interval_s: {POLL_S}, cpus_per_task: 1}}
         """)
     )
     (root / "search").mkdir(exist_ok=True)
