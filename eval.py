@@ -17,7 +17,7 @@ computes its metrics with the same code (components/evaluation.py).
 
 if __name__ == "__main__":  # `python eval.py ...`: Hydra first, torch only when a job runs
     import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-    from launch.ranks.bootstrap import entry_point
+    from launch.ranks.entry import entry_point
     from launch.torchrun import run_task_or_hand_off
 
     entry_point(__file__, task="eval:main", config_name="eval", hand_off=run_task_or_hand_off)

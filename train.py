@@ -23,7 +23,7 @@ if __name__ == "__main__":  # `python train.py ...` (also each rank under plain 
     # Hydra composes conf/train.yaml first: --help, --cfg and config errors come back before
     # the imports below load torch; then it imports this file as `train` and runs main().
     import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-    from launch.ranks.bootstrap import entry_point
+    from launch.ranks.entry import entry_point
     from launch.torchrun import run_task_or_hand_off
 
     entry_point(__file__, task="train:main", config_name="train", hand_off=run_task_or_hand_off)

@@ -70,6 +70,14 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def visible_gpu_ids() -> list[str]:
+    """This process's GPUs as CUDA_VISIBLE_DEVICES names them, entries kept as written (ids,
+    UUIDs, MIG instances): a launcher hands its jobs subsets of these, never positions. Unset:
+    0..n-1."""
+    n, value = visible_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    return cuda_visible(value)[:n] if value is not None else [str(i) for i in range(n)]
+
+
 def cuda_visible(value: str | None) -> list[str]:
     """CUDA_VISIBLE_DEVICES' entries as CUDA reads them: unset is every device (a long list);
     a negative or empty entry ends the list."""
@@ -115,10 +123,17 @@ def per_rank_batch(global_batch: int, world_size: int, accumulate: int = 1) -> i
     return global_batch // parts
 
 
+def usable_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity: a launcher gives each job that runs
+    beside others a slice of its own, which the job's ranks inherit)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def cores_per_rank(local_world_size: int) -> int:
     """This node's usable CPU cores (the process's affinity) divided among its ranks."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, local_world_size))
+    return max(1, len(usable_cores()) // max(1, local_world_size))
 
 
 def data_workers(value: Any, local_world_size: int) -> int:

@@ -15,9 +15,10 @@ record (what launch.json keeps of an attempt, opaque), ended, outcome, stop, ear
 reattach. Two backends:
 
 * torchrun.py (`hydra/launcher=torchrun`, and `python train.py dist.nproc_per_node=N`): a job is
-  a torchrun agent on this machine, forked by the launcher's one warm interpreter (warm.py, the
-  client of ranks/warm.py: torch is imported once per sweep); GPU jobs packed onto disjoint GPU
-  sets, `max_parallel` jobs; run_task_or_hand_off is train.py's and eval.py's task function;
+  a torchrun agent on this machine, forked by the launcher's warm start (warm.py:
+  multiprocessing's forkserver, its server prepared by ranks/warm.py: torch is imported once
+  per sweep); GPU jobs packed onto disjoint GPU sets, `max_parallel` jobs on disjoint CPU
+  slices; run_task_or_hand_off is train.py's and eval.py's task function;
 * slurm.py (`hydra/launcher=slurm`): a job is a SLURM job (submitit arrays), one task per rank;
   slurm_queue.py asks SLURM's commands; ranks/slurm_task.py runs in each task.
 

@@ -1,22 +1,25 @@
 """Run Hydra jobs as torchrun jobs: `hydra/launcher=torchrun`, and `python train.py
 dist.nproc_per_node=N` (:func:`run_in_torchrun`).
 
-Each job is one torchrun process (torch's elastic agent, torch.distributed.run: it starts,
-supervises and restarts the ranks; we write no process manager), run as
-`python -m launch.ranks.agent <failures.json> <torchrun args>` so that when ranks fail, which ones
+Each job is one torchrun agent (torch's elastic agent through `elastic_launch`: it starts,
+supervises and restarts the ranks; we write no process manager), forked by this process's warm
+start (launch/warm.py: multiprocessing's forkserver, which has imported torch and the task once)
+and handed its settings as an AgentSpec (launch/ranks/agent.py). When ranks fail, which ones
 and how (exit code, signal, error) is written down for the launcher rather than only printed.
-Its ranks run launch/ranks/bootstrap.py on the pickled job (launch/ranks/job_spec.py's JobSpec:
-cloudpickle, as Hydra's submitit launcher does); rank 0 hands back its JobReturn in result.pkl.
+Its ranks, forked from the agent, run launch/ranks/bootstrap.py's rank_main on the pickled job
+(launch/ranks/job_spec.py's JobSpec: cloudpickle, as Hydra's submitit launcher does); rank 0
+hands back its JobReturn in result.pkl.
 
-A scheduler (:func:`schedule`) starts jobs in order as resources allow: on a GPU node each job
-gets a disjoint set of GPUs through CUDA_VISIBLE_DEVICES; on CPU at most `max_parallel` jobs run
-at once. Every single-node job gets its own rendezvous port (torchrun --standalone binds port
-0), so jobs never collide. A failed job is started again up to `retries` times, and a resumed
-sweep (`resume`) runs only what is unfinished (launch/resume.py).
+A scheduler (launch/lifecycle.py) starts jobs in order as resources allow: on a GPU node each
+job gets a disjoint set of the launcher's GPUs, CUDA_VISIBLE_DEVICES entries kept as written
+(ids, UUIDs, MIG); at most `max_parallel` jobs run at once, and jobs that run at once share
+the launcher's CPU cores without overlap (each its own slice: threads and DataLoader workers
+are sized from it). Every single-node job gets its own rendezvous port (c10d on localhost:0),
+so jobs never collide. A failed job is started again up to `retries` times, and a resumed sweep
+(`resume`) runs only what is unfinished (launch/resume.py).
 
-Nothing outlives the launcher: each agent, and each rank of it, asks the kernel for SIGKILL when
-its parent dies (prctl PR_SET_PDEATHSIG, launch/ranks/bootstrap.py's :func:`die_with_parent`), so a
-SIGKILLed launcher takes its agents and their ranks with it; SIGINT, SIGTERM or SIGHUP of the
+Nothing outlives the launcher: the warm start's server dies with it, each agent with the
+server, each rank with its agent (launch/ranks/lifeline.py); SIGINT, SIGTERM or SIGHUP of the
 launcher stop the running jobs as preemption does (checkpoint, exit 75, result.json
 `preempted`) before it exits. The options are :class:`TorchrunLauncherConf`; the Launcher class
 Hydra instantiates is hydra_plugins/hydra_ddp_torchrun_launcher's subclass of
@@ -31,7 +34,6 @@ import functools
 import logging
 import os
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +46,15 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import UserError, job_value
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from core.wandb_service import wandb_wanted
-from core.world import check_gpus, job_world, requested_world, started_as_rank, visible_gpus
+from core.world import (
+    check_gpus,
+    job_world,
+    requested_world,
+    started_as_rank,
+    usable_cores,
+    visible_gpu_ids,
+    visible_gpus,
+)
 from launch.jobs import (
     Job,
     configure_sweep_logging,
@@ -64,14 +74,13 @@ from launch.ranks.handoff import (
     read_failures,
     read_job_return,
 )
-from launch.ranks.job_spec import JobSpec, job_return
+from launch.ranks.job_spec import AgentSpec, JobSpec, job_return
 from launch.report import sweep as sweep_report
-from launch.warm import WarmInterpreter, WarmProcess, import_path, task_modules
+from launch.warm import WarmStart, import_path, task_modules
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
-BOOTSTRAP = str(Path(__file__).resolve().parent / "ranks" / "bootstrap.py")  # each rank
 AGENT_LOG = "agent.log"  # in <job dir>/.torchrun/: the torchrun agent's own output in a sweep
 # How long stopped jobs get to checkpoint and exit (torchrun gives its ranks 30 s) before SIGKILL.
 STOP_GRACE_S = 60.0
@@ -94,7 +103,9 @@ class TorchrunLauncherConf:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     node_rank: int | None = None
-    # GPU ids jobs may use (null: every visible GPU); each job gets a disjoint set of them.
+    # GPUs jobs may use, as positions in this process's visible GPUs (CUDA_VISIBLE_DEVICES'
+    # entries when set: gpus=[1,3] with CUDA_VISIBLE_DEVICES=4,5,6,7 means GPUs 5 and 7);
+    # null: every visible GPU. Each job gets a disjoint set of them.
     gpus: list[int] | None = None
     # Per-rank stdout/stderr files, relative to the job dir (torchrun --log-dir, --redirects=3).
     log_dir: str = "rank_logs"
@@ -127,7 +138,7 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
         self.config: DictConfig | None = None
         self.task_function: Any = None
         self.hydra_context: Any = None
-        self.warm = WarmInterpreter()  # one for the whole sweep: torch is imported once
+        self.warm = WarmStart()  # one for the whole sweep: torch is imported once
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         self.config = config
@@ -138,10 +149,12 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
             self.start_warm()
 
     def start_warm(self) -> None:
-        """The warm interpreter imports torch (on another core) while this process has the
+        """The warm start's server imports torch (on another core) while this process has the
         sweeper validate the batch (Hydra composes every job) and composes the jobs itself;
         later batches (Optuna's) find it running. The report, too, is forked from there."""
-        self.warm.ensure_running(task_modules(self.task_function), wandb=wandb_wanted(self.config))
+        self.warm.ensure_running(
+            task_modules(self.task_function), wandb=wandb_wanted(self.config), report=True
+        )
         hydra = self.config.hydra
         logging = (OmegaConf.to_container(hydra.hydra_logging, resolve=True), hydra.verbose)
         sweep_report.run_elsewhere = functools.partial(self.warm.call, logging=logging)
@@ -210,22 +223,41 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
 class TorchrunBackend:
     """launch/lifecycle.py's Backend on this machine: a job's attempt is a torchrun agent; a GPU
     job takes one GPU per rank, a set disjoint from every running job's (CUDA_VISIBLE_DEVICES);
-    at most `max_parallel` jobs at once (null: one per GPU, 1 on CPU)."""
+    at most `max_parallel` jobs at once (null: one per GPU, 1 on CPU), each on its own slice of
+    the launcher's CPU cores when more than one may run."""
 
     poll_s = POLL_S
 
     def __init__(
         self,
         settings: TorchrunLauncherConf,
-        gpus: list[int] | None = None,
-        warm: WarmInterpreter | None = None,
+        gpu_ids: list[str] | None = None,
+        cores: list[int] | None = None,
+        warm: WarmStart | None = None,
     ) -> None:
         self.settings = settings
-        self.warm = warm if warm is not None else WarmInterpreter()
-        if gpus is None:
-            gpus = list(settings.gpus) if settings.gpus is not None else list(range(visible_gpus()))
-        self.gpus, self.free, self.running = list(gpus), list(gpus), 0
+        self.warm = warm if warm is not None else WarmStart()
+        # CUDA_VISIBLE_DEVICES entries as written (a job's are a subset of them); the launcher's
+        # `gpus` are positions in this list.
+        self.gpu_ids = visible_gpu_ids() if gpu_ids is None else list(gpu_ids)
+        positions = range(len(self.gpu_ids))
+        gpus = list(settings.gpus) if settings.gpus is not None else list(positions)
+        if any(g not in positions for g in gpus):
+            raise UserError(
+                f"hydra.launcher.gpus={gpus}: positions in the {len(self.gpu_ids)} visible GPUs "
+                f"({','.join(self.gpu_ids) or 'none'}): use numbers from 0 to "
+                f"{len(self.gpu_ids) - 1}, or null for all"
+            )
+        self.gpus, self.free = list(gpus), list(gpus)
         self.limit = settings.max_parallel or max(len(gpus), 1)
+        self.cores = usable_cores() if cores is None else list(cores)
+        # One CPU slice per job that may run at once (none to set when one job runs alone):
+        # threads and DataLoader workers, summed over the running jobs, stay within the cores.
+        n = min(self.limit, len(self.cores))
+        share = len(self.cores) // n
+        slices = [self.cores[i * share : (i + 1) * share] for i in range(n)] if n > 1 else [None]
+        self.free_cpus = slices * -(-self.limit // len(slices))  # more jobs than cores: shared
+        self.running = 0
 
     def place(self, job: Job) -> None:
         gpus, s = self.gpus, self.settings
@@ -237,16 +269,19 @@ class TorchrunBackend:
                 "hydra.launcher.rdzv_endpoint=HOST:PORT and start the same job on each node"
             )
 
-    def reserve(self, job: Job) -> list[int] | None:
+    def reserve(self, job: Job) -> tuple[list[int], list[int] | None] | None:
+        """The job's GPUs (positions) and CPU slice, or None while there is no room."""
         need = job.nproc if job.uses_gpus else 0
         if self.running >= self.limit or need > len(self.free):
             return None
         mine, self.free = self.free[:need], self.free[need:]
         self.running += 1
-        return mine
+        return mine, self.free_cpus.pop(0)
 
-    def release(self, job: Job, gpus: list[int]) -> None:
+    def release(self, job: Job, slot: tuple[list[int], list[int] | None]) -> None:
+        gpus, cpus = slot
         self.free = sorted(self.free + gpus)
+        self.free_cpus.append(cpus)
         self.running -= 1
 
     def node(self, job: Job) -> str:
@@ -267,36 +302,49 @@ class TorchrunBackend:
     def tee(self) -> str:
         return self.settings.tee if self.settings.tee is not None else "0"
 
-    def command(self, job: Job) -> list[str]:
+    def job_env(self, job: Job, gpus: list[int], cpus: list[int] | None) -> dict[str, str]:
+        """The environment of a job's agent and ranks: this process's, plus its GPUs (the
+        launcher's CUDA_VISIBLE_DEVICES entries at those positions, as written) and threads."""
+        env = dict(os.environ)
+        # Ranks import the task function's modules by reference: give them our import path.
+        env["PYTHONPATH"] = import_path()
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_ids[g] for g in gpus)
+        # The job's cores shared among its ranks, unless the user chose: one OpenMP pool each.
+        cores = len(cpus) if cpus else len(self.cores)
+        if not env.get("OMP_NUM_THREADS"):
+            env["OMP_NUM_THREADS"] = str(max(1, cores // max(1, job.nproc)))
+        env[ATTEMPT_ENV] = str(job.attempt)
+        return env
+
+    def agent_spec(self, job: Job, env: dict[str, str], cpus: list[int] | None) -> AgentSpec:
         s, files = self.settings, self.files(job)
-        cmd = [
-            str(files / FAILURES_JSON),
-            f"--nproc-per-node={job.nproc}",
-            f"--nnodes={job.nnodes}",
-            f"--max-restarts={s.max_restarts}",
-            f"--monitor-interval={s.monitor_interval}",
-            f"--log-dir={job.job_dir / s.log_dir / self.node(job)}",
-            "--redirects=3",
-            f"--tee={self.tee()}",
-            f"--log-line-prefix-template=[{job.label}rank${{rank}}]: ",
-        ]
-        if job.nnodes == 1 and s.rdzv_endpoint is None:
-            cmd.append("--standalone")  # c10d store on port 0: the OS picks a free port per job
-        else:
-            cmd += [
-                f"--rdzv-backend={s.rdzv_backend}",
-                f"--rdzv-endpoint={s.rdzv_endpoint}",
-                f"--rdzv-id={s.rdzv_id or job.job_dir.name}",
-            ]
-            if s.node_rank is not None:
-                cmd.append(f"--node-rank={s.node_rank}")
-        # Ranks forked from the agent, which the warm interpreter forked: nothing to import.
-        return [*cmd, "--start-method=fork", "--run-path", BOOTSTRAP, str(files / JOB_PKL)]
+        spec = AgentSpec(
+            payload=str(files / JOB_PKL),
+            failures=str(files / FAILURES_JSON),
+            nproc=job.nproc,
+            nnodes=job.nnodes,
+            max_restarts=s.max_restarts,
+            monitor_interval=s.monitor_interval,
+            log_dir=str(job.job_dir / s.log_dir / self.node(job)),
+            tee=self.tee(),
+            line_prefix=f"[{job.label}rank${{rank}}]: ",
+            env=env,
+            cwd=os.getcwd(),
+            # Nothing of a job reaches a quiet sweep's console (the launcher says how it
+            # ended): the agent's own lines go to agent.log beside the ranks' files.
+            log=None if self.tee() != "0" else str(files / AGENT_LOG),
+            cpus=cpus,
+        )
+        if job.nnodes > 1 or s.rdzv_endpoint is not None:
+            spec.rdzv_backend, spec.rdzv_endpoint = s.rdzv_backend, s.rdzv_endpoint
+            spec.rdzv_id, spec.node_rank = s.rdzv_id or job.job_dir.name, s.node_rank
+        return spec
 
-    def start(self, batch: list[tuple[Job, list[int]]]) -> list[WarmProcess]:
-        return [self.start_one(job, gpus) for job, gpus in batch]
+    def start(self, batch: list[tuple[Job, Any]]) -> list[Any]:
+        return [self.start_one(job, *slot) for job, slot in batch]
 
-    def start_one(self, job: Job, gpus: list[int]) -> WarmProcess:
+    def start_one(self, job: Job, gpus: list[int], cpus: list[int] | None = None) -> Any:
         import cloudpickle
 
         files = self.files(job)
@@ -311,35 +359,22 @@ class TorchrunBackend:
             job.num,
             " ".join(job.overrides) or "(no overrides)",
             job.nproc * job.nnodes,
-            f" on GPUs {gpus}" if gpus else "",
+            f" on GPUs {self.job_env(job, gpus, cpus)['CUDA_VISIBLE_DEVICES']}" if gpus else "",
         )
-        env = dict(os.environ)
-        # Ranks import the task function's modules by reference: give them our import path.
-        env["PYTHONPATH"] = import_path()
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-        # One OpenMP thread per rank unless the user chose: N ranks on N cores is the sane default.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, job.nproc))))
-        env[ATTEMPT_ENV] = str(job.attempt)
         job.started = time.time()
-        # Nothing of a job reaches a quiet sweep's console (the launcher says how it ended):
-        # the agent's own lines go to agent.log beside the ranks' files. The agent has a
-        # session of its own: a Ctrl-C in the terminal reaches the launcher only, which stops
-        # the jobs itself (stop()); the agent and its ranks are signalled as one group.
-        out = None if self.tee() != "0" else str(files / AGENT_LOG)
         # Started by a sweep's first job, kept for every later one (it has imported torch).
         self.warm.ensure_running(
             task_modules(job.spec.task_function), wandb=wandb_wanted(job.spec.config)
         )
-        return self.warm.start(self.command(job), env, out)
+        return self.warm.start(self.agent_spec(job, self.job_env(job, gpus, cpus), cpus))
 
     @staticmethod
-    def record(_process: WarmProcess) -> None:
+    def record(_process: Any) -> None:
         return None  # an agent does not outlive its launcher: nothing to find again
 
     @staticmethod
-    def ended(processes: list[WarmProcess]) -> list[WarmProcess]:
-        return [p for p in processes if p.poll() is not None]
+    def ended(processes: list[Any]) -> list[Any]:
+        return [p for p in processes if p.exitcode is not None]
 
     def earlier_return(self, job: Job, _attempt: Any) -> Any:
         """Rank 0's JobReturn of the job's last attempt (a resumed sweep asks)."""
@@ -349,11 +384,11 @@ class TorchrunBackend:
     def reattach(_job: Job, _attempt: Any) -> None:
         return None  # its agent died with the launcher that started it
 
-    def outcome(self, job: Job, process: WarmProcess) -> Any:
+    def outcome(self, job: Job, process: Any) -> Any:
         """The JobReturn of a finished job: rank 0's own, or a failed one saying why."""
         from hydra.core.utils import JobStatus
 
-        code, files = process.returncode, self.files(job)
+        code, files = process.exitcode, self.files(job)
         ret = read_job_return(files / RESULT_PKL, job)
         if code == 0 and ret is not None and ret.status == JobStatus.COMPLETED:
             return ret
@@ -385,14 +420,12 @@ class TorchrunBackend:
         return failed_job_return(job, reason, ret, cause=user)
 
     @staticmethod
-    def stop(
-        running: list[tuple[Job, WarmProcess]], why: str, grace_s: float = STOP_GRACE_S
-    ) -> None:
+    def stop(running: list[tuple[Job, Any]], why: str, grace_s: float = STOP_GRACE_S) -> None:
         """Stop running jobs as preemption does, all at once: SIGTERM to each agent (torchrun
         forwards it to its ranks: they agree on a step, checkpoint, exit 75), then wait up to
         `grace_s` for all of them; past it, or at a second Ctrl-C, SIGKILL (the ranks die with
         their agent)."""
-        alive = [process for _, process in running if process.poll() is None]
+        alive = [process for _, process in running if process.exitcode is None]
         if alive:
             log.warning("%s: stopping %d running job(s): they checkpoint and exit", why, len(alive))
         for process in alive:
@@ -400,16 +433,18 @@ class TorchrunBackend:
         deadline = time.time() + grace_s
         try:
             for process in alive:
-                process.wait(timeout=max(0.0, deadline - time.time()))
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                process.join(timeout=max(0.0, deadline - time.time()))
+            if any(process.exitcode is None for process in alive):
+                raise TimeoutError
+        except (TimeoutError, KeyboardInterrupt):
             log.warning("killing the jobs that are still running")
             for process in alive:
                 signal_group(process, signal.SIGKILL)
             for process in alive:
-                process.wait()
+                process.join()
 
 
-def signal_group(process: WarmProcess, sig: int) -> None:
+def signal_group(process: Any, sig: int) -> None:
     """Signal the agent's process group: the agent and the ranks it forked (torchrun also
     forwards SIGTERM to them itself)."""
     with contextlib.suppress(ProcessLookupError):

@@ -115,6 +115,10 @@ class FakeProcess:
             self.returncode = 0
         return self.returncode
 
+    @property
+    def exitcode(self) -> int | None:  # multiprocessing.Process's name for it
+        return self.poll()
+
 
 class FakeAgents(TorchrunBackend):
     """The torchrun backend's GPU packing with fake processes: records what the lifecycle asks
@@ -136,7 +140,7 @@ class FakeAgents(TorchrunBackend):
     def place(self, job: Job) -> None:
         pass  # the fake job's world size is set by fake_job()
 
-    def start_one(self, job: Job, gpus: list[int]) -> FakeProcess:
+    def start_one(self, job: Job, gpus: list[int], cpus: list[int] | None = None) -> FakeProcess:
         in_use = [g for held in self.holding.values() for g in held]
         assert not set(gpus) & set(in_use), f"#{job.num} got GPUs {gpus} in use: {in_use}"
         assert len(gpus) == (job.nproc if job.uses_gpus else 0), (job, gpus)
@@ -278,7 +282,7 @@ def test_plan_fails_only_the_job_that_cannot_run() -> None:
         )
     ]
     for job in jobs:
-        place(job, TorchrunBackend(settings, gpus=list(range(8))))
+        place(job, TorchrunBackend(settings, gpu_ids=[str(g) for g in range(8)]))
     assert (jobs[0].nproc, jobs[0].uses_gpus, jobs[0].error) == (8, True, None)
     assert jobs[1].error.startswith(
         "dist.nproc_per_node=16 asks for 16 GPUs per node but the launcher has 8"
@@ -287,7 +291,7 @@ def test_plan_fails_only_the_job_that_cannot_run() -> None:
     assert "hydra.launcher.rdzv_endpoint=HOST:PORT" in jobs[3].error
     assert (jobs[4].nproc, jobs[4].uses_gpus, jobs[4].error) == (4, False, None)
     jobs[3].error = None  # placed again, with a rendezvous point
-    place(jobs[3], TorchrunBackend(TorchrunLauncherConf(rdzv_endpoint="node1:29400"), gpus=[]))
+    place(jobs[3], TorchrunBackend(TorchrunLauncherConf(rdzv_endpoint="node1:29400"), gpu_ids=[]))
     assert jobs[3].error is None and (jobs[3].nproc, jobs[3].nnodes) == (1, 2)
 
 
@@ -359,7 +363,7 @@ def test_a_user_error_reported_first_by_another_rank_is_the_jobs(tmp_path: Path)
 
 class Exited:
     def __init__(self, code: int) -> None:
-        self.returncode = code
+        self.exitcode = code
 
 
 def rank0_return(value: object) -> JobReturn:

@@ -5,11 +5,9 @@ reported, and a resumed sweep does not run it again."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,15 +18,24 @@ from hydra.core.utils import JobStatus
 from core.run_dir import read_launch_record
 from launch.jobs import Job, compose_jobs, failed_job_return
 from launch.lifecycle import run_jobs
+from launch.ranks.bootstrap import rank_main
 from launch.ranks.handoff import RESULT_PKL, read_job_return
 
-REPO = Path(__file__).resolve().parent.parent
 POOL_DIR = ".pool"  # in each job dir: the pickled job and rank 0's JobReturn
 
 
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def pool_rank(payload: str) -> None:
+    """One attempt's process: rank 0 of 1 runs the pickled job, as a torchrun rank does."""
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    rank_main(payload)
+
+
 class PoolBackend:
-    """Each attempt is one `python -m launch.ranks.bootstrap job.pkl` process (rank 0 of 1) on this
-    machine, at most `size` at once."""
+    """Each attempt is one process running launch/ranks/bootstrap.py's rank_main on the pickled
+    job (rank 0 of 1) on this machine, at most `size` at once."""
 
     poll_s = 0.05
 
@@ -48,35 +55,34 @@ class PoolBackend:
     def release(self, job: Job, slot: bool) -> None:
         self.busy -= 1
 
-    def start(self, batch: list[tuple[Job, bool]]) -> list[subprocess.Popen]:
+    def start(self, batch: list[tuple[Job, bool]]) -> list[multiprocessing.Process]:
         processes = []
         for job, _ in batch:
             files = job.job_dir / POOL_DIR
             files.mkdir(parents=True, exist_ok=True)
             (files / "job.pkl").write_bytes(cloudpickle.dumps(job.spec))
-            env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-            env["PYTHONPATH"] = str(REPO)
             job.started = time.time()
-            cmd = [sys.executable, "-m", "launch.ranks.bootstrap", str(files / "job.pkl")]
-            processes.append(subprocess.Popen(cmd, env=env))
+            process = SPAWN.Process(target=pool_rank, args=(str(files / "job.pkl"),))
+            process.start()
+            processes.append(process)
         return processes
 
-    def record(self, process: subprocess.Popen) -> dict:
+    def record(self, process: multiprocessing.Process) -> dict:
         return {"pid": process.pid}
 
-    def ended(self, processes: list[subprocess.Popen]) -> list[subprocess.Popen]:
-        return [p for p in processes if p.poll() is not None]
+    def ended(self, processes: list[multiprocessing.Process]) -> list[multiprocessing.Process]:
+        return [p for p in processes if p.exitcode is not None]
 
-    def outcome(self, job: Job, process: subprocess.Popen) -> Any:
+    def outcome(self, job: Job, process: multiprocessing.Process) -> Any:
         ret = read_job_return(job.job_dir / POOL_DIR / RESULT_PKL, job)
-        if process.returncode == 0 and ret is not None:
+        if process.exitcode == 0 and ret is not None:
             return ret
-        return failed_job_return(job, f"exited with code {process.returncode}", ret)
+        return failed_job_return(job, f"exited with code {process.exitcode}", ret)
 
-    def stop(self, running: list[tuple[Job, subprocess.Popen]], why: str) -> None:
+    def stop(self, running: list[tuple[Job, multiprocessing.Process]], why: str) -> None:
         for _, process in running:
             process.terminate()
-            process.wait()
+            process.join()
 
     def earlier_return(self, job: Job, attempt: Any) -> Any:
         return read_job_return(job.job_dir / POOL_DIR / RESULT_PKL, job)

@@ -290,7 +290,7 @@ def test_optuna_trial_plan() -> None:
 # prints the child's pid, then waits.
 PARENT = """
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import sys, time; from launch.ranks.bootstrap "
+child = subprocess.Popen([sys.executable, "-c", "import sys, time; from launch.ranks.lifeline "
                           "import die_with_parent; die_with_parent(); "
                           "open(sys.argv[1], 'w').close(); time.sleep(120)", sys.argv[1]],
                          env={**os.environ, "HYDRA_DDP_PARENT_PID": str(os.getpid())})
@@ -301,7 +301,7 @@ time.sleep(120)
 
 @pytest.mark.slow
 def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
-    """die_with_parent (launch/ranks/bootstrap.py): a SIGKILLed parent takes the child with it; a
+    """die_with_parent (launch/ranks/lifeline.py): a SIGKILLed parent takes the child with it; a
     child whose parent is already gone (it names another pid) ends itself at once."""
     tag, ready = f"pdeathsig-{os.getpid()}", tmp_path / "ready"
     parent = subprocess.Popen(
@@ -325,7 +325,7 @@ def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from launch.ranks.bootstrap import die_with_parent; "
+            "from launch.ranks.lifeline import die_with_parent; "
             "die_with_parent(); print('still alive')",
         ],
         cwd=REPO,

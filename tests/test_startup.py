@@ -1,10 +1,11 @@
 """Start fast: the processes that do not train import no torch (nor torchvision, nor W&B), and
-jobs forked from one warm interpreter (launch/ranks/warm.py) train exactly as fresh processes do."""
+jobs forked from the warm start's server (launch/ranks/warm.py) train exactly as fresh
+processes do."""
 
 from __future__ import annotations
 
-import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,32 +17,45 @@ HEAVY = ("torch", "torchvision", "wandb")
 REPORT_IMPORTS = {"matplotlib", "scipy"}  # the sweep report's figure and t quantiles
 
 
-def imported(stderr: str) -> set[str]:
-    """Top-level packages a process imported, from its `-X importtime` report."""
-    found = set()
-    for line in stderr.splitlines():
-        match = re.match(r"import time:\s+\d+ \|\s+\d+ \| (\s*)([\w.]+)$", line)
-        if match:
-            found.add(match.group(2).split(".")[0])
-    return found
+# Runs a command as `python ARGS...` would, and writes the top-level packages this process
+# alone imported (not its children: the warm start's server and the ranks import torch) when
+# it exits, to OUT.
+OWN_IMPORTS = """
+import atexit, runpy, sys
+out, args = sys.argv[1], sys.argv[2:]
+atexit.register(lambda: open(out, "w").write("\\n".join({m.split(".")[0] for m in sys.modules})))
+if args[0] == "-c":
+    exec(args[1])
+elif args[0] == "-m":
+    sys.argv = args[1:]
+    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+else:
+    sys.argv = args
+    runpy.run_path(args[0], run_name="__main__")
+"""
 
 
-def timed(*args: str, **env: str):
-    """`python -X importtime <args>`: only this process reports (children run without it)."""
-    return fx.run([sys.executable, "-X", "importtime", *args], **env)
+def run_own_imports(*args: str, **env: str):
+    """Runs `python <args>`; its `.imported` are the top-level packages that process imported
+    (None: it did not get to say)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "imported"
+        proc = fx.run([sys.executable, "-c", OWN_IMPORTS, str(out), *args], **env)
+        proc.imported = set(out.read_text().split()) if out.exists() else None
+    return proc
 
 
 def test_the_import_report_is_read() -> None:
     """The check can fail: a process that imports torch is seen to."""
-    proc = timed("-c", "import torch")
-    assert "torch" in imported(proc.stderr)
+    proc = run_own_imports("-c", "import torch")
+    assert "torch" in proc.imported
 
 
 @pytest.mark.parametrize("flags", [["--help"], ["--cfg", "job"]])
 def test_help_and_cfg_import_no_torch(flags: list[str]) -> None:
-    proc = timed("train.py", *flags)
+    proc = run_own_imports("train.py", *flags)
     assert proc.returncode == 0, fx.output(proc)
-    assert not imported(proc.stderr) & set(HEAVY)
+    assert not proc.imported & set(HEAVY)
 
 
 @pytest.mark.slow
@@ -52,22 +66,24 @@ def test_a_two_rank_job_and_a_sweep_start_without_torch_in_their_own_process(
     launcher only starts jobs; the report only reads files: none imports torch or
     torchvision, and W&B only to record (off here)."""
     run_dir = tmp_path / "run"
-    proc = timed("train.py", "dist.nproc_per_node=2", *fx.QUICK, f"hydra.run.dir={run_dir}")
+    proc = run_own_imports(
+        "train.py", "dist.nproc_per_node=2", *fx.QUICK, f"hydra.run.dir={run_dir}"
+    )
     assert proc.returncode == 0, fx.output(proc)
     assert (run_dir / "checkpoints" / "best.pt").exists()
-    assert not imported(proc.stderr) & set(HEAVY)
+    assert not proc.imported & set(HEAVY)
 
     sweep_dir = tmp_path / "sweep"
-    proc = timed("train.py", "-m", *fx.QUICK, "seed=1,2", f"hydra.sweep.dir={sweep_dir}")
+    proc = run_own_imports("train.py", "-m", *fx.QUICK, "seed=1,2", f"hydra.sweep.dir={sweep_dir}")
     assert proc.returncode == 0, fx.output(proc)
     assert len(fx.summary_rows(sweep_dir)) == 2
-    assert not imported(proc.stderr) & set(HEAVY)
-    # Its report was forked from the warm interpreter, which had imported what it needs.
-    assert (sweep_dir / "summary.png").exists() and not imported(proc.stderr) & REPORT_IMPORTS
+    assert not proc.imported & set(HEAVY)
+    # Its report was forked from the warm start's server, which had imported what it needs.
+    assert (sweep_dir / "summary.png").exists() and not proc.imported & REPORT_IMPORTS
 
-    proc = timed("-m", "launch.report", str(sweep_dir))
+    proc = run_own_imports("-m", "launch.report", str(sweep_dir))
     assert proc.returncode == 0, fx.output(proc)
-    assert not imported(proc.stderr) & set(HEAVY)
+    assert not proc.imported & set(HEAVY)
 
 
 @pytest.mark.slow
@@ -109,23 +125,28 @@ def test_the_startup_benchmark_reads_fixed_costs_and_ratios_from_medians() -> No
     assert "python train.py: fixed cost | 4.50 (+1.50) | 4.50 (+3.00) | 1.00" in text
 
 
-def test_an_agent_that_ends_at_once_is_seen_to_end() -> None:
-    """launch/warm.py: the warm interpreter's "started" and "ended" lines for one agent may
-    arrive in one read; the agent's handle still gets its exit status (no wait forever)."""
-    import socket
-    from types import SimpleNamespace
+@pytest.mark.slow
+def test_an_agent_that_ends_at_once_is_seen_to_end(tmp_path: Path) -> None:
+    """launch/warm.py: an agent forked from the warm start's server that ends at once (its
+    working dir is gone) is seen to end, with its exit status."""
+    from launch.ranks.job_spec import AgentSpec
+    from launch.warm import WarmStart
 
-    from launch.warm import WarmInterpreter
-
-    warm = WarmInterpreter()
-    ours, theirs = socket.socketpair()
-    warm.conn = ours
-    warm.process = SimpleNamespace(poll=lambda: None, terminate=lambda: None, wait=lambda: 0)
-    theirs.sendall(b'{"id": 1, "pid": 42}\n{"pid": 42, "exit": 3}\n')
-    agent = warm.start(["--nproc-per-node=1"], {}, None)
-    assert (agent.pid, agent.poll()) == (42, 3)
-    warm.close()
-    theirs.close()
+    spec = AgentSpec(
+        payload="job.pkl",
+        failures="failures.json",
+        nproc=1,
+        nnodes=1,
+        max_restarts=0,
+        monitor_interval=0.1,
+        log_dir=str(tmp_path),
+        tee="0",
+        line_prefix="",
+        cwd=str(tmp_path / "gone"),
+    )
+    agent = WarmStart().start(spec)
+    agent.join(timeout=120)
+    assert agent.exitcode == 1
 
 
 def test_the_agents_rendezvous_event_names_are_torchs() -> None:

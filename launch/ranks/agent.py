@@ -1,37 +1,70 @@
-"""The torchrun agent of one job, in its own process: `python -m launch.ranks.agent FAILURES_JSON
-<torchrun args>` (launch/torchrun.py starts it). It runs torch's elastic agent
-(torch.distributed.run), which starts, supervises and restarts the ranks (we write no process
-manager); when ranks fail, which ones and how (exit code, signal, error) is written to
-FAILURES_JSON for the launcher rather than only printed. The agent dies with the launcher, and
-its ranks with it (launch/ranks/bootstrap.py's :func:`die_with_parent`)."""
+"""The torchrun agent of one job, forked by the warm start's server (launch/warm.py): it becomes
+the job's process (:func:`run_agent`: session, environment, working dir, output, CPUs) and runs
+torch's elastic agent (`elastic_launch` with a callable entrypoint: it starts, supervises and
+restarts the ranks; we write no process manager). The ranks are forked from it
+(start_method="fork") and run launch/ranks/bootstrap.py's rank_main, so a job imports nothing.
+When ranks fail, which ones and how (exit code, signal, error) is written to the job's
+failures.json for the launcher, and printed as one line per rank instead of torch's traceback.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
-from launch.ranks.bootstrap import PARENT_PID_ENV, die_with_parent
+from core.wandb_service import SERVICE_ENV
 from launch.ranks.handoff import describe_failure, write_failures
+from launch.ranks.job_spec import AgentSpec
+from launch.ranks.lifeline import PARENT_PID_ENV, die_with_parent
+from launch.ranks.warm import refuse_if_unclean
 
 
-def agent_main(argv: list[str]) -> int:
-    """Run torchrun (torch.distributed.run) with the given arguments. When ranks
-    fail, write who failed and how to FAILURES_JSON, earliest first, and print one line per
-    failed rank instead of torchrun's 40-line traceback; the ranks' own errors are above it.
-    The agent dies with the launcher, and its ranks with it (:func:`die_with_parent`)."""
-    die_with_parent()
-    os.environ[PARENT_PID_ENV] = str(os.getpid())  # what each rank checks (torchrun copies env)
-    from torch.distributed.elastic.multiprocessing import SignalException
+def run_agent(spec: AgentSpec) -> None:
+    """In the child the warm start's server forked: become the job's agent, in a session of its
+    own (the launcher signals the agent and its ranks as one group), with the environment,
+    working dir, output (a log file, or the launcher's) and CPUs the launcher chose; then run
+    it, exiting with its status."""
+    refuse_if_unclean()
+    server = dict(os.environ)  # the server's: it named itself our parent (launch/ranks/warm.py)
+    os.setsid()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(spec.env)
+    os.environ[PARENT_PID_ENV] = server[PARENT_PID_ENV]
+    if SERVICE_ENV in server:
+        os.environ.setdefault(SERVICE_ENV, server[SERVICE_ENV])  # the sweep's one W&B service
+    die_with_parent(children_too=True)  # with the server, and its ranks with it
+    os.chdir(spec.cwd)
+    if spec.log:
+        fd = os.open(spec.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    if spec.cpus:
+        os.sched_setaffinity(0, spec.cpus)  # its ranks and their workers inherit it
+    sys.exit(agent_main(spec))
+
+
+def agent_main(spec: AgentSpec) -> int:
+    """Run torch's elastic agent for the job. When ranks fail, write who failed and how to the
+    job's failures.json, earliest first, and print one line per failed rank instead of torch's
+    40-line traceback; the ranks' own errors are above it."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.launcher.api import elastic_launch
+
+    from launch.ranks.bootstrap import rank_main
 
     cheap_rendezvous_event_names()
-    failures_path, args = Path(argv[0]), argv[1:]
+    config = launch_config(spec, DefaultLogsSpecs(spec.log_dir, Std.ALL, Std.from_str(spec.tee)))
     try:
-        run(parse_args(args))  # torchrun's main() minus @record, which would only log noise
-    except SignalException as e:  # torchrun has stopped the ranks (SIGTERM, then SIGKILL)
+        elastic_launch(config, rank_main)(spec.payload)
+    except SignalException as e:  # torch has stopped the ranks (SIGTERM, then SIGKILL)
         print(f"torchrun: stopped by {e.sigval.name}", file=sys.stderr, flush=True)
         return 128 + int(e.sigval)
     except ChildFailedError as e:
@@ -41,12 +74,44 @@ def agent_main(argv: list[str]) -> int:
             (rank_failure(rank, failure) for rank, failure in e.failures.items()),
             key=lambda f: f["timestamp"],
         )
-        write_failures(failures, failures_path)
+        write_failures(failures, Path(spec.failures))
         for i, failure in enumerate(failures):
             what = "first failure" if i == 0 else "then"
             print(f"torchrun: {what}: {describe_failure(failure)}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def launch_config(spec: AgentSpec, logs_specs: Any) -> Any:
+    """torch's LaunchConfig for the job, built without a call into the CUDA driver.
+
+    Given no numa_options, LaunchConfig.__post_init__ asks torch.accelerator whether a device
+    is there, to pick a default NUMA binding (torch/distributed/launcher/api.py). That call
+    makes every process forked after it a CUDA "bad fork" (on a machine without a GPU too), so
+    every rank forked from here would fail at its first CUDA call. Any numa_options skips the
+    question; ours is then taken back: no binding (the launcher chose the job's CPUs)."""
+    from torch.distributed.launcher.api import LaunchConfig
+    from torch.numa.binding import AffinityMode, NumaOptions
+
+    config = LaunchConfig(
+        min_nodes=spec.nnodes,
+        max_nodes=spec.nnodes,
+        nproc_per_node=spec.nproc,
+        logs_specs=logs_specs,
+        run_id=spec.rdzv_id or str(uuid.uuid4()),
+        role="default",
+        rdzv_endpoint=spec.rdzv_endpoint,
+        rdzv_backend=spec.rdzv_backend,
+        # torchrun's --node-rank: read by the static rendezvous only (torch.distributed.run)
+        rdzv_configs={"rank": spec.node_rank} if spec.rdzv_backend == "static" else {},
+        max_restarts=spec.max_restarts,
+        monitor_interval=spec.monitor_interval,
+        start_method="fork",  # the ranks are forked from this warm process: nothing to import
+        log_line_prefix_template=spec.line_prefix,
+        numa_options=NumaOptions(affinity_mode=AffinityMode.NODE),  # skips the device query
+    )
+    config.numa_options = None
+    return config
 
 
 def cheap_rendezvous_event_names() -> None:
@@ -81,7 +146,3 @@ def rank_failure(rank: int, failure: Any) -> dict:
         "error": str(message) if has_error_file and message else None,
         "timestamp": failure.timestamp,
     }
-
-
-if __name__ == "__main__":
-    sys.exit(agent_main(sys.argv[1:]))

@@ -1,164 +1,57 @@
-"""How a rank starts: the one bootstrap for the ranks a launcher starts, and the entry point of
-a script whose ranks something else starts (plain `torchrun train.py`, `srun python train.py`).
+"""The bootstrap of a rank a launcher started: a torchrun launcher's rank (:func:`rank_main`, the
+entrypoint torch's elastic agent runs in each forked rank, launch/ranks/agent.py), a SLURM task
+(slurm_task.py), and the training process of every run (:func:`run_task`).
 
-* **Ranks a launcher started** (:func:`run_rank`): torchrun ranks run `python -m
-  launch.ranks.bootstrap <job dir>/.torchrun/job.pkl` (launch/torchrun.py writes the pickled
-  JobSpec: task function, composed config, Hydra's singleton state), SLURM tasks call it from
-  slurm_task.py. Rank 0 runs the job as the Hydra job (job dir, `.hydra/`, log, callbacks); the
-  other ranks run it with `hydra.output_subdir=null`, errors-only logging and no callbacks, so
-  they write nothing.
-  A failure is reported here, once: one line (a traceback only for an error that is not the
-  user's), the error left in torchrun's error file for the launcher, and the exit status
-  UserError.exit_code (2) or 1. Torchrun's rank 0 also writes its JobReturn (result.pkl) and a
-  record of the run (job.json: pid, rendezvous address, times). A rank of the torchrun launcher
-  dies with its agent (:func:`die_with_parent`), as the agent does with the launcher: nothing of
-  a sweep outlives a SIGKILLed launcher.
-* **The entry point** (:func:`entry_point`, `entry_point(main)` under a script's
-  `if __name__ == "__main__":`): every rank of a plain torchrun run agrees on one start instant,
-  so `${now:}` names one run dir, and ranks other than 0 write nothing (:func:`prepare_argv`).
-  Hydra reports a task's error itself (a user error as its message alone) and exits 1; a user
-  error's exit status becomes UserError.exit_code.
+Rank 0 runs the job as the Hydra job (job dir, `.hydra/`, log, callbacks); the other ranks run
+it with OTHER_RANK_OVERRIDES applied and no callbacks, so they write nothing. A failure is
+reported here, once: one line (a traceback only for an error that is not the user's), the
+error left in torchrun's error file for the launcher, and the exit status UserError.exit_code
+(2) or 1. Torchrun's rank 0 also writes its JobReturn (result.pkl) and a record of the run
+(job.json: pid, rendezvous address, times).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import json
 import logging
 import os
-import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from hydra.errors import CompactHydraException
 
 from core.errors import UserError, describe, find_user_error, job_value
-from core.run_dir import process_start_time
+from launch.ranks.forked import check_not_a_bad_fork, start_like_a_new_process
 from launch.ranks.handoff import JOB_JSON, RESULT_PKL, JobRecord, write_job_return
+from launch.ranks.lifeline import die_with_parent
 
-log = logging.getLogger(
-    "launch.ranks.bootstrap"
-)  # also when run as `python -m launch.ranks.bootstrap`
+log = logging.getLogger(__name__)
 
-# Set by the torchrun launcher for its agents, and by each agent for its ranks: the pid of the
-# parent the process must die with (:func:`die_with_parent`).
-PARENT_PID_ENV = "HYDRA_DDP_PARENT_PID"
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-# What ranks other than 0 change in their config: no `.hydra/` output, errors-only logging.
-OTHER_RANKS_LOGGING = (
-    Path(__file__).resolve().parents[2] / "conf/hydra/job_logging/other_ranks.yaml"
-)
-OTHER_RANK_OVERRIDES = ("hydra.output_subdir=null", f"hydra/job_logging={OTHER_RANKS_LOGGING.stem}")
+CONF = Path(__file__).resolve().parents[2] / "conf"
+# Ranks other than 0 write nothing: no `.hydra/` output, errors-only logging. As Hydra
+# overrides where a rank's Hydra composes its config (plain torchrun: launch/ranks/entry.py);
+# applied to the composed config (:func:`quiet_other_rank`) where a launcher composed it.
+OTHER_RANK_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=other_ranks")
 
 
-# ---------------------------------------------------------------------------------------------
-# the entry point of a script whose ranks something else starts
+def quiet_other_rank(config: Any) -> None:
+    """OTHER_RANK_OVERRIDES on a composed config: a value, or a config group's option (its
+    file under conf/ replaces the node)."""
+    from omegaconf import OmegaConf
 
-INFO_FLAGS = {
-    "--help",
-    "-h",
-    "--hydra-help",
-    "--version",
-    "--cfg",
-    "-c",
-    "--info",
-    "-i",
-    "--shell-completion",
-    "-sc",
-    "--resolve",
-    "-p",
-    "--package",
-}
-MULTIRUN_FLAGS = {"-m", "--multirun"}
-HELP_FLAGS = {"--help", "-h"}
-START_TIME_KEY = "hydra_ddp/start_time"
-
-
-def entry_point(
-    script: str, task: str, config_name: str, hand_off: Callable[[str, Any], Any] | None = None
-) -> None:
-    """Run a script (train.py, eval.py) as this process's program: Hydra composes
-    `conf/<config_name>.yaml` from the command line, then runs the task function `task`
-    ("module:function") as its job (see the module docstring).
-
-    The script calls this at its very top, before its own imports: Hydra answers `--help`,
-    `--cfg` and a config that does not compose in a fraction of a second, and torch is
-    imported (with the script, as a module) only when a job runs. A launcher pickles the task
-    function by reference (`run_task` and the name), so its ranks import the script the same way.
-
-    Hydra's run_and_report prints a task's error and calls sys.exit(1) inside its except block,
-    so the SystemExit's __context__ is the error: a user error exits with its own status."""
-    import hydra
-
-    sys.argv = prepare_argv(sys.argv)
-    conf = Path(script).resolve().parent / "conf"
-    if HELP_FLAGS & set(sys.argv[1:]):
-        print_help(conf, config_name, [a for a in sys.argv[1:] if not a.startswith("-")])
-        raise SystemExit(0)
-    # `hand_off(task, cfg)` decides where the task runs (launch/torchrun.py's run_task_or_hand_off:
-    # here, or in the N ranks it starts) before anything imports the task's module.
-    task_function = functools.partial(hand_off or run_task, task)
-    # Hydra reads the config path and the job's name from the task function's module; the job
-    # name is set in the config (hydra.job.name), the config path is the script's conf/.
-    task_function.__module__ = __name__
-    main = hydra.main(version_base="1.3", config_path=str(conf), config_name=config_name)
-    try:
-        main(task_function)()
-    except SystemExit as e:
-        user_error = find_user_error(e.__context__) if e.code == 1 else None
-        if user_error is not None:
-            raise SystemExit(user_error.exit_code) from None
-        raise
-    except KeyboardInterrupt:  # Ctrl-C: the run recorded itself as interrupted
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(
-                "interrupted (Ctrl-C): rerun with resume=auto to continue from the last checkpoint",
-                file=sys.stderr,
-            )
-        raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
-    raise SystemExit(0)
-
-
-def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
-    """`--help`: the app's help template (conf/hydra/help/) with its user-facing config groups
-    (conf/'s folders, not Hydra's nor the typed schemas') and the composed config.
-
-    Hydra's own --help lists groups by asking its config repository once per group, deep-copying
-    the whole repository each time: seconds here. `--hydra-help` is still Hydra's."""
-    import string
-
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf, open_dict
-
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
-    template = cfg.hydra.help.template
-    with open_dict(cfg):
-        del cfg["hydra"]
-    groups = sorted(
-        f"{folder.relative_to(conf)}: {', '.join(sorted(p.stem for p in folder.glob('*.yaml')))}"
-        for folder in conf.rglob("*")
-        if folder.is_dir()
-        and folder.name != "hydra"
-        and "hydra" not in folder.parts
-        and any(folder.glob("*.yaml"))
-    )
-    print(
-        string.Template(template).safe_substitute(
-            APP_CONFIG_GROUPS="\n".join(groups),
-            CONFIG=OmegaConf.to_yaml(cfg),
-            FLAGS_HELP="",
-            HYDRA_CONFIG_GROUPS="",
-        )
-    )
+    for override in OTHER_RANK_OVERRIDES:
+        key, _, value = override.partition("=")
+        if "/" in key:
+            node = OmegaConf.load(CONF / key / f"{value}.yaml")
+            OmegaConf.update(config, key.replace("/", "."), node, merge=False)
+        else:
+            OmegaConf.update(config, key, None if value == "null" else value, merge=False)
 
 
 def run_task(task: str, cfg: Any) -> Any:
@@ -166,6 +59,7 @@ def run_task(task: str, cfg: Any) -> Any:
     The process that trains starts the W&B service first: it starts while torch imports."""
     import importlib
 
+    check_not_a_bad_fork()  # before the task's first CUDA call
     if int(os.environ.get("RANK", "0")) == 0:
         from core.wandb_service import start_wandb_service, wandb_wanted
 
@@ -179,96 +73,6 @@ def run_task(task: str, cfg: Any) -> Any:
     return function(cfg)
 
 
-def prepare_argv(argv: list[str]) -> list[str]:
-    """The command line each rank of a plain torchrun (or srun) run hands to Hydra.
-
-    Every rank runs Hydra, which resolves `${now:}` per process: ranks that start in different
-    seconds would land in different directories (hydra #2070), and every rank would write
-    `.hydra/` and a log. So the ranks agree on one start instant through torchrun's store and
-    pin Hydra's `now` to it, and ranks other than 0 write nothing."""
-    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return argv
-    if MULTIRUN_FLAGS & set(argv):
-        print(
-            "error: -m/--multirun under torchrun would start a sweep in every rank: run "
-            "`python train.py -m ...` instead (each sweep job is started with torchrun)",
-            file=sys.stderr,
-        )
-        raise SystemExit(UserError.exit_code)
-    if INFO_FLAGS & set(argv):
-        return argv
-    pin_now(agreed_start_time())
-    if int(os.environ["RANK"]) != 0:
-        argv = [*argv, *OTHER_RANK_OVERRIDES]
-    return argv
-
-
-def pin_now(timestamp: float) -> None:
-    """Make Hydra's `${now:...}` resolve to `timestamp` in this process.
-
-    Hydra registers `now` as `lambda p: datetime.now().strftime(p)` over the `datetime` name in
-    hydra.core.utils, and re-registers it at every start, so we swap that name for a datetime
-    whose now() is the run's agreed start instant.
-    """
-    import hydra.core.utils
-
-    fixed = datetime.fromtimestamp(timestamp)
-
-    class _RunStart(datetime):
-        @classmethod
-        def now(cls, tz=None):  # noqa: ARG003 - same signature as datetime.now
-            return fixed
-
-    hydra.core.utils.datetime = _RunStart
-
-
-def agreed_start_time() -> float:
-    """The start instant of this run, the same in every rank, on every node, after restarts."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        import torch.distributed as dist
-
-        # The elastic agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT for its workers; the
-        # first rank 0 of the run publishes its start time and restarted workers reuse it.
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=timedelta(seconds=120),
-        )
-        key = f"{START_TIME_KEY}/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
-        if int(os.environ["RANK"]) == 0:
-            value = store.compare_set(key, "", repr(time.time()))
-        else:
-            value = store.get(key)
-        return float(value.decode() if isinstance(value, bytes) else value)
-    # Without an agent store (srun, hand-set env://) the ranks of one node share a parent
-    # process (srun's step daemon): its start time is common to them.
-    return process_start_time(os.getppid())
-
-
-# ---------------------------------------------------------------------------------------------
-# the rank bootstrap
-
-
-def die_with_parent(environ=os.environ) -> bool:
-    """Have the kernel SIGKILL this process when its parent ends, however the parent ends
-    (SIGKILL included): Linux's parent-death signal, prctl(PR_SET_PDEATHSIG). Only in a process
-    whose starter named itself in PARENT_PID_ENV (the torchrun launcher's agents and their
-    ranks; a SLURM task belongs to SLURM, not to the launcher). A parent that ended before the
-    prctl call sends nothing: then this process ends itself. Returns whether it is set."""
-    parent = environ.get(PARENT_PID_ENV)
-    if not parent or not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        return False
-    if os.getppid() != int(parent):  # reparented: the parent is gone already
-        os.kill(os.getpid(), signal.SIGKILL)
-    return True
-
-
 def run_rank(spec: Any, rank: int) -> Any:
     """Run one rank of a job (a launch.ranks.job_spec.JobSpec); return its JobReturn. A failure is
     reported here (:func:`report_failure`); a SystemExit of the task (75: requeue me) passes."""
@@ -277,7 +81,7 @@ def run_rank(spec: Any, rank: int) -> Any:
     from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job
     from hydra.types import HydraContext
-    from omegaconf import OmegaConf, open_dict, read_write
+    from omegaconf import open_dict, read_write
 
     Singleton.set_state(spec.singleton_state)
     config, context = spec.config, spec.hydra_context
@@ -285,8 +89,7 @@ def run_rank(spec: Any, rank: int) -> Any:
         if context is None:  # `python train.py dist.nproc_per_node=N`: that process is the
             config.hydra.output_subdir = None  # Hydra job: it wrote .hydra/, ran the callbacks
         if rank != 0:
-            config.hydra.output_subdir = None
-            config.hydra.job_logging = OmegaConf.load(OTHER_RANKS_LOGGING)
+            quiet_other_rank(config)
     if context is None or rank != 0:
         loader = context.config_loader if context is not None else None
         context = HydraContext(config_loader=loader, callbacks=Callbacks())
@@ -377,37 +180,22 @@ def exits_as_errors(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]
     return task
 
 
-def start_like_a_new_process() -> None:
-    """A rank forked from the warm interpreter (launch/ranks/warm.py) starts from state a new
-    interpreter would have: unbuffered-like output (torchrun runs `python -u`), the thread
-    count the launcher chose (OMP_NUM_THREADS is read when OpenMP loads: before this job's
-    environment existed), and numpy's global generator from fresh entropy (`random` reseeds
-    itself after a fork; torch's generator is seeded by the task), and Python's own signal
-    handlers, not the agent's (its SIGTERM handler would turn the agent's stop into an error
-    of this rank's task)."""
-    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_IGN)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, ValueError):
-            stream.reconfigure(line_buffering=True)
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    torch = sys.modules.get("torch")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-
-
-def main(payload: Path) -> int:
-    """One torchrun rank of a job the torchrun launcher started."""
-    import cloudpickle
-
+def rank_main(payload: str) -> None:
+    """One rank of a job the torchrun launcher started: torch's elastic agent forks it and calls
+    this with the pickled JobSpec's path (<job dir>/.torchrun/job.pkl). Exits with the rank's
+    status when the job failed (2: the user's to fix)."""
+    die_with_parent()
     start_like_a_new_process()
+    try:
+        code = run_payload(Path(payload))
+    except Exception as e:  # noqa: BLE001 - e.g. the job cannot be unpickled: an import fails
+        code = report_failure(e)
+    if code:
+        sys.exit(code)
+
+
+def run_payload(payload: Path) -> int:
+    import cloudpickle
 
     with open(payload, "rb") as f:
         spec = cloudpickle.load(f)
@@ -418,12 +206,3 @@ def main(payload: Path) -> int:
         write_job_return(ret, payload.parent / RESULT_PKL)
         record.finish(ret.status.name.lower())
     return 0 if ret.status.name == "COMPLETED" else exit_status(job_value(ret))
-
-
-if __name__ == "__main__":
-    die_with_parent()
-    try:
-        code = main(Path(sys.argv[1]))
-    except Exception as e:  # noqa: BLE001 - e.g. the job cannot be unpickled: an import fails
-        code = report_failure(e)
-    sys.exit(code)

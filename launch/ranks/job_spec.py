@@ -1,10 +1,11 @@
 """What a launcher hands the ranks of a job (:class:`JobSpec`, pickled: launch/jobs.py composes
-it, bootstrap.py runs it), and what comes back when no rank returned one (:class:`Stopped`,
+it, bootstrap.py runs it), what the torchrun launcher hands a job's agent (:class:`AgentSpec`:
+agent.py runs it), and what comes back when no rank returned one (:class:`Stopped`,
 :func:`job_return`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.errors import CompactHydraException
@@ -21,6 +22,31 @@ class JobSpec:
     hydra_context: Any = None  # None: the job dir and .hydra/ already exist (`python train.py`)
     job_dir_key: str = "hydra.sweep.dir"
     job_subdir_key: str | None = "hydra.sweep.subdir"
+
+
+@dataclass
+class AgentSpec:
+    """One job's torchrun agent (torch's elastic agent, launch/ranks/agent.py), as the launcher
+    (launch/torchrun.py) asks for it: torch's LaunchConfig in plain values, and the process the
+    agent becomes (its environment, working dir, output, CPUs)."""
+
+    payload: str  # the pickled JobSpec each rank runs (<job dir>/.torchrun/job.pkl)
+    failures: str  # where the agent writes which ranks failed and how (failures.json)
+    nproc: int
+    nnodes: int
+    max_restarts: int
+    monitor_interval: float
+    log_dir: str  # per-rank stdout/stderr files (torchrun --log-dir, --redirects=3)
+    tee: str  # ranks whose output also reaches the agent's own (torchrun --tee)
+    line_prefix: str  # before each line a rank prints (torchrun --log-line-prefix-template)
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = "localhost:0"  # single node: the OS picks a free port per job
+    rdzv_id: str | None = None  # None: a new id per job (torchrun --standalone)
+    node_rank: int | None = None  # this node's rank, for the static rendezvous only
+    env: dict[str, str] = field(default_factory=dict)  # the agent's whole environment
+    cwd: str = "."
+    log: str | None = None  # the agent's own output file (None: the launcher's stdout/stderr)
+    cpus: list[int] | None = None  # the CPUs the job may use (None: the launcher's)
 
 
 class Stopped(CompactHydraException):

@@ -91,11 +91,11 @@ def headline(summary: SweepSummary) -> str:
     )
 
 
-# Where the report runs. A launcher with a warm interpreter (launch/torchrun.py) sets this to
-# run it in a child forked from there, which has matplotlib, scipy and W&B imported already:
-# measured on a 4-job sweep, the report's 3.5 s (1.5 s of them imports, and a W&B service of
-# its own) fall to under 1 s. Returns False when it could not, and the report runs here.
-run_elsewhere: Callable[[str, dict[str, Any]], bool] | None = None
+# Where the report runs. A launcher with a warm start (launch/torchrun.py) sets this to run it
+# in a child forked from its server, which has W&B imported and its service running (and the
+# figure's and intervals' modules: launch/ranks/warm.py). Returns False when it could not, and
+# the report runs here.
+run_elsewhere: Callable[[Callable[..., None], dict[str, Any]], bool] | None = None
 
 
 def report_sweep(
@@ -128,7 +128,7 @@ def report_sweep(
         "aggregate": list(aggregate),
         "wandb_settings": found,
     }
-    if run_elsewhere is None or not run_elsewhere(f"{__name__}:{write_report.__name__}", job):
+    if run_elsewhere is None or not run_elsewhere(write_report, job):
         write_report(**job)
 
 

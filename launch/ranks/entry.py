@@ -1,0 +1,190 @@
+"""The entry point of train.py and eval.py (`entry_point(...)` under the script's `if __name__
+== "__main__":`), in the process you start and in every rank that something else starts
+(plain `torchrun train.py`, `srun python train.py`).
+
+Hydra composes the config first, so `--help`, `--cfg` and a config that does not compose come
+back before torch is imported. Every rank of a plain torchrun run agrees on one start instant,
+so `${now:}` names one run dir, and ranks other than 0 write nothing (:func:`prepare_argv`).
+Hydra reports a task's error itself (a user error as its message alone) and exits 1; a user
+error's exit status becomes UserError.exit_code.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from core.errors import UserError, find_user_error
+from core.run_dir import process_start_time
+from launch.ranks.bootstrap import OTHER_RANK_OVERRIDES, run_task
+
+INFO_FLAGS = {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--cfg",
+    "-c",
+    "--info",
+    "-i",
+    "--shell-completion",
+    "-sc",
+    "--resolve",
+    "-p",
+    "--package",
+}
+MULTIRUN_FLAGS = {"-m", "--multirun"}
+HELP_FLAGS = {"--help", "-h"}
+START_TIME_KEY = "hydra_ddp/start_time"
+
+
+def entry_point(
+    script: str, task: str, config_name: str, hand_off: Callable[[str, Any], Any] | None = None
+) -> None:
+    """Run a script (train.py, eval.py) as this process's program: Hydra composes
+    `conf/<config_name>.yaml` from the command line, then runs the task function `task`
+    ("module:function") as its job (see the module docstring).
+
+    The script calls this at its very top, before its own imports: Hydra answers `--help`,
+    `--cfg` and a config that does not compose in a fraction of a second, and torch is
+    imported (with the script, as a module) only when a job runs. A launcher pickles the task
+    function by reference (`run_task` and the name), so its ranks import the script the same way.
+
+    Hydra's run_and_report prints a task's error and calls sys.exit(1) inside its except block,
+    so the SystemExit's __context__ is the error: a user error exits with its own status."""
+    import hydra
+
+    sys.argv = prepare_argv(sys.argv)
+    conf = Path(script).resolve().parent / "conf"
+    if HELP_FLAGS & set(sys.argv[1:]):
+        print_help(conf, config_name, [a for a in sys.argv[1:] if not a.startswith("-")])
+        raise SystemExit(0)
+    # `hand_off(task, cfg)` decides where the task runs (launch/torchrun.py's run_task_or_hand_off:
+    # here, or in the N ranks it starts) before anything imports the task's module.
+    task_function = functools.partial(hand_off or run_task, task)
+    # Hydra reads the config path and the job's name from the task function's module; the job
+    # name is set in the config (hydra.job.name), the config path is the script's conf/.
+    task_function.__module__ = __name__
+    main = hydra.main(version_base="1.3", config_path=str(conf), config_name=config_name)
+    try:
+        main(task_function)()
+    except SystemExit as e:
+        user_error = find_user_error(e.__context__) if e.code == 1 else None
+        if user_error is not None:
+            raise SystemExit(user_error.exit_code) from None
+        raise
+    except KeyboardInterrupt:  # Ctrl-C: the run recorded itself as interrupted
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(
+                "interrupted (Ctrl-C): rerun with resume=auto to continue from the last checkpoint",
+                file=sys.stderr,
+            )
+        raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
+    raise SystemExit(0)
+
+
+def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
+    """`--help`: the app's help template (conf/hydra/help/) with its user-facing config groups
+    (conf/'s folders, not Hydra's nor the typed schemas') and the composed config.
+
+    Hydra's own --help lists groups by asking its config repository once per group, deep-copying
+    the whole repository each time: seconds here. `--hydra-help` is still Hydra's."""
+    import string
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+    template = cfg.hydra.help.template
+    with open_dict(cfg):
+        del cfg["hydra"]
+    groups = sorted(
+        f"{folder.relative_to(conf)}: {', '.join(sorted(p.stem for p in folder.glob('*.yaml')))}"
+        for folder in conf.rglob("*")
+        if folder.is_dir()
+        and folder.name != "hydra"
+        and "hydra" not in folder.parts
+        and any(folder.glob("*.yaml"))
+    )
+    print(
+        string.Template(template).safe_substitute(
+            APP_CONFIG_GROUPS="\n".join(groups),
+            CONFIG=OmegaConf.to_yaml(cfg),
+            FLAGS_HELP="",
+            HYDRA_CONFIG_GROUPS="",
+        )
+    )
+
+
+def prepare_argv(argv: list[str]) -> list[str]:
+    """The command line each rank of a plain torchrun (or srun) run hands to Hydra.
+
+    Every rank runs Hydra, which resolves `${now:}` per process: ranks that start in different
+    seconds would land in different directories (hydra #2070), and every rank would write
+    `.hydra/` and a log. So the ranks agree on one start instant through torchrun's store and
+    pin Hydra's `now` to it, and ranks other than 0 write nothing."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return argv
+    if MULTIRUN_FLAGS & set(argv):
+        print(
+            "error: -m/--multirun under torchrun would start a sweep in every rank: run "
+            "`python train.py -m ...` instead (each sweep job is started with torchrun)",
+            file=sys.stderr,
+        )
+        raise SystemExit(UserError.exit_code)
+    if INFO_FLAGS & set(argv):
+        return argv
+    pin_now(agreed_start_time())
+    if int(os.environ["RANK"]) != 0:
+        argv = [*argv, *OTHER_RANK_OVERRIDES]  # Hydra composes this rank's config: as overrides
+    return argv
+
+
+def pin_now(timestamp: float) -> None:
+    """Make Hydra's `${now:...}` resolve to `timestamp` in this process.
+
+    Hydra registers `now` as `lambda p: datetime.now().strftime(p)` over the `datetime` name in
+    hydra.core.utils, and re-registers it at every start, so we swap that name for a datetime
+    whose now() is the run's agreed start instant.
+    """
+    import hydra.core.utils
+
+    fixed = datetime.fromtimestamp(timestamp)
+
+    class _RunStart(datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ARG003 - same signature as datetime.now
+            return fixed
+
+    hydra.core.utils.datetime = _RunStart
+
+
+def agreed_start_time() -> float:
+    """The start instant of this run, the same in every rank, on every node, after restarts."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        import torch.distributed as dist
+
+        # The elastic agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT for its workers; the
+        # first rank 0 of the run publishes its start time and restarted workers reuse it.
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=120),
+        )
+        key = f"{START_TIME_KEY}/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
+        if int(os.environ["RANK"]) == 0:
+            value = store.compare_set(key, "", repr(time.time()))
+        else:
+            value = store.get(key)
+        return float(value.decode() if isinstance(value, bytes) else value)
+    # Without an agent store (srun, hand-set env://) the ranks of one node share a parent
+    # process (srun's step daemon): its start time is common to them.
+    return process_start_time(os.getppid())

@@ -1,0 +1,61 @@
+"""A process forked from the warm start (an agent, or a rank of it) starts from the state a new
+interpreter would have, and never from a parent that has called into the CUDA driver.
+
+Why both: the warm start's server (launch/ranks/warm.py) imports torch once so that jobs import
+nothing, and fork copies its state, a parent's signal handlers, buffering and random
+generators included. A process forked after its parent asked CUDA anything (even
+torch.cuda.is_available()) is a "bad fork" to torch: its first CUDA call raises "Cannot
+re-initialize CUDA in forked subprocess". torch sets that flag with or without a GPU, so the
+check below holds on a CPU machine too (tests/test_gpu_fork.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+from core.errors import UserError
+
+
+class BadFork(UserError):
+    """This process was forked after its parent had called into the CUDA driver."""
+
+
+def check_not_a_bad_fork() -> None:
+    """Stop with one line, before any CUDA call, in a process that torch marks a CUDA bad fork.
+    A process that has not imported torch cannot be one (exec clears the flag; only a fork
+    of a torch-importing parent inherits it), so this imports nothing."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch._C._cuda_isInBadFork():
+        raise BadFork(
+            f"rank {os.environ.get('RANK', '?')} (pid {os.getpid()}) was forked after its parent "
+            f"(pid {os.getppid()}) called into the CUDA driver, so CUDA cannot work here: start "
+            "the ranks with torchrun or `python train.py`, and make no CUDA call (not even "
+            "torch.cuda.is_available()) in a process before it forks ranks"
+        )
+
+
+def start_like_a_new_process() -> None:
+    """Unbuffered-like output (torchrun runs `python -u`); the thread count the launcher chose
+    (OMP_NUM_THREADS is read when OpenMP loads: before this job's environment existed); numpy's
+    global generator from fresh entropy (`random` reseeds itself after a fork; torch's generator
+    is seeded by the task); and Python's own signal handlers, not the agent's (its SIGTERM
+    handler would turn the agent's stop into an error of this rank's task)."""
+    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_IGN)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()

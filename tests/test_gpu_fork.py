@@ -1,0 +1,233 @@
+"""Every rank can use CUDA however it starts (on this CPU machine: torch's own "bad fork" flag,
+which it sets with or without a GPU), every job gets the GPUs it was given, and jobs that run at
+once share the CPU cores without overlap.
+
+A rank forked after its parent called into the CUDA driver (even torch.cuda.is_available())
+dies at its first CUDA call on a GPU node. The ranks of the torchrun launcher are forked (from
+the warm start's server, through each job's agent), so each way a rank starts is run here with
+tests/gpu_probe.py as the dataset: every rank writes down torch._C._cuda_isInBadFork().
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tests.helpers as fx
+from core import world
+from launch.jobs import Job
+from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
+from tests.gpu_probe import LOG_ENV
+
+PROBE = "dataset._target_=tests.gpu_probe.digits"
+
+
+def probed(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def run_probed(cmd: list[str], log: Path, **env: str) -> list[dict]:
+    proc = fx.run(cmd, timeout=300, **{LOG_ENV: str(log)}, **env)
+    assert proc.returncode == 0, fx.output(proc)[-4000:]
+    return probed(log)
+
+
+def assert_no_bad_fork(ranks: list[dict], expected: int) -> None:
+    assert len(ranks) == expected, ranks
+    bad = [r for r in ranks if r["bad_fork"]]
+    assert not bad, f"{len(bad)} of {len(ranks)} ranks are CUDA bad forks: {bad}"
+
+
+# How each way a rank starts is run, and how many ranks build a dataset there.
+STARTS = {
+    "python train.py dist.nproc_per_node=2": (["dist.nproc_per_node=2"], 2),
+    "a sweep of a 1-rank and a 2-rank job": (["-m", "dist.nproc_per_node=1,2"], 3),
+    "two sweep jobs at once": (["-m", "seed=1,2", "hydra.launcher.max_parallel=2"], 2),
+    "Optuna trials": (["hparams_search=digits_optuna", "hydra.sweeper.n_trials=2"], 2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", list(STARTS))
+def test_no_rank_is_a_cuda_bad_fork(start: str, tmp_path: Path) -> None:
+    overrides, expected = STARTS[start]
+    where = "hydra.sweep.dir" if "-m" in overrides or "Optuna" in start else "hydra.run.dir"
+    cmd = fx.train_cmd(*overrides, PROBE, *fx.QUICK, f"{where}={tmp_path / 'out'}")
+    assert_no_bad_fork(run_probed(cmd, tmp_path / "probe.jsonl"), expected)
+
+
+@pytest.mark.slow
+def test_no_rank_of_a_retried_job_is_a_cuda_bad_fork(tmp_path: Path) -> None:
+    """The job's first attempt fails at step 1 (after its ranks built their data), the
+    launcher starts it again: both attempts' ranks come from the warm start."""
+    cmd = fx.train_cmd(
+        "-m",
+        "hydra.launcher.retries=1",
+        "dist.nproc_per_node=2",
+        PROBE,
+        *fx.QUICK,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
+    ranks = run_probed(cmd, tmp_path / "probe.jsonl", HYDRA_DDP_FAULT="raise@1:1")
+    assert_no_bad_fork(ranks, 4)
+    assert sorted({r["attempt"] for r in ranks}) == ["1", "2"]
+
+
+@pytest.mark.slow
+def test_no_rank_of_eval_or_plain_torchrun_is_a_cuda_bad_fork(tmp_path: Path) -> None:
+    """eval.py through the launcher (its ranks are forked as train.py's are), and plain
+    torchrun (it starts every rank as a new process)."""
+    log, run_dir = tmp_path / "probe.jsonl", tmp_path / "run"
+    cmd = fx.train_cmd(PROBE, *fx.QUICK, f"hydra.run.dir={run_dir}", nproc=2)
+    assert_no_bad_fork(run_probed(cmd, log), 2)
+    cmd = fx.eval_cmd(f"run={run_dir}", "dist.nproc_per_node=2", f"hydra.run.dir={tmp_path}/e")
+    assert_no_bad_fork(run_probed(cmd, log), 4)
+
+
+@pytest.mark.slow
+def test_a_server_that_called_cuda_forks_no_job(tmp_path: Path) -> None:
+    """A task whose module asks CUDA something when imported (the warm start imports it once
+    for every job) would make every job a bad fork: the server sees it, and the job stops with
+    one line naming the cause instead of failing at its first CUDA call."""
+    app = tmp_path / "cuda_at_import.py"
+    app.write_text(
+        "import torch\n"
+        "torch.cuda.is_available()  # asks the CUDA driver: every later fork is a bad fork\n"
+        "import conf.schema  # the typed config, as train.py registers it\n"
+        "from launch.ranks.entry import entry_point\n"
+        "from launch.torchrun import run_task_or_hand_off\n\n"
+        "def main(cfg):\n    return 0\n\n"
+        "if __name__ == '__main__':\n"
+        f"    entry_point({str(fx.REPO / 'train.py')!r}, 'cuda_at_import:main', 'train',\n"
+        "                hand_off=run_task_or_hand_off)\n"
+    )
+    proc = fx.run(
+        [
+            sys.executable,
+            str(app),
+            "dist.nproc_per_node=2",
+            *fx.QUICK,
+            f"hydra.run.dir={tmp_path}/r",
+        ],
+        PYTHONPATH=f"{tmp_path}{os.pathsep}{fx.REPO}",
+    )
+    out = fx.output(proc)
+    assert proc.returncode != 0, out
+    assert "a call into the CUDA driver (every process it forks is a CUDA bad fork)" in out, out
+    assert "Cannot re-initialize CUDA" not in out and "Traceback" not in out, out
+
+
+def test_a_rank_in_a_bad_fork_stops_with_one_line_before_any_cuda_call() -> None:
+    """launch/ranks/forked.py's check, in a process forked after its parent asked CUDA."""
+    code = (
+        "import os, sys, torch\n"
+        "from launch.ranks.forked import check_not_a_bad_fork\n"
+        "check_not_a_bad_fork()  # a clean process: nothing to say\n"
+        "torch.cuda.is_available()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    try:\n"
+        "        check_not_a_bad_fork()\n"
+        "    except Exception as e:\n"
+        "        print(type(e).__name__, e, flush=True)\n"
+        "        os._exit(2)\n"
+        "    os._exit(0)\n"
+        "sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=fx.REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("BadFork ") and "called into the CUDA driver" in line, line
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs and CPU cores a job is given
+
+
+def job(num: int, nproc: int, gpus: bool) -> Job:
+    job = Job(num, [], Path(f"/tmp/{num}"), None, in_sweep=False)
+    job.nproc, job.nnodes, job.uses_gpus = nproc, 1, gpus
+    return job
+
+
+def test_jobs_get_the_launchers_gpus_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A faked node of 8 GPUs, the launcher given 4 of them, written as ids, a UUID and a MIG
+    instance: each job's CUDA_VISIBLE_DEVICES is a disjoint subset of those entries, as
+    written, and hydra.launcher.gpus indexes into that list."""
+    # NVIDIA's device nodes, as a launcher that has not imported torch counts them
+    monkeypatch.setattr(world.glob, "glob", lambda p: [f"/dev/nvidia{i}" for i in range(8)])
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,GPU-8d1b6e2a,MIG-3c4d5e6f")
+    assert world.visible_gpu_ids() == ["4", "5", "GPU-8d1b6e2a", "MIG-3c4d5e6f"]
+    backend = TorchrunBackend(TorchrunLauncherConf(), cores=[0, 1, 2, 3])
+    first, second = job(0, 2, True), job(1, 2, True)
+    visible = []
+    for j in (first, second):
+        gpus, cpus = backend.reserve(j)
+        visible.append(backend.job_env(j, gpus, cpus)["CUDA_VISIBLE_DEVICES"])
+    assert visible == ["4,5", "GPU-8d1b6e2a,MIG-3c4d5e6f"]
+
+    backend = TorchrunBackend(TorchrunLauncherConf(gpus=[1, 3]), cores=[0, 1])
+    gpus, cpus = backend.reserve(first)
+    assert backend.job_env(first, gpus, cpus)["CUDA_VISIBLE_DEVICES"] == "5,MIG-3c4d5e6f"
+    with pytest.raises(Exception, match=r"hydra.launcher.gpus=\[4\]: positions"):
+        TorchrunBackend(TorchrunLauncherConf(gpus=[4]))
+
+
+def test_jobs_that_run_at_once_share_the_cores_without_overlap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 112-core node with 8 GPUs, 8 one-GPU jobs at once: each job gets its own 14 cores,
+    and the threads and DataLoader workers of all of them together stay within 112 (not
+    8 x 112 threads and 8 x 111 workers)."""
+    cores = list(range(112))
+    backend = TorchrunBackend(
+        TorchrunLauncherConf(), gpu_ids=[str(g) for g in range(8)], cores=cores
+    )
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = workers = 0
+    seen: set[int] = set()
+    for num in range(8):
+        j = job(num, 1, True)
+        gpus, cpus = backend.reserve(j)
+        assert len(cpus) == 14 and not seen & set(cpus)
+        seen |= set(cpus)
+        threads += int(backend.job_env(j, gpus, cpus)["OMP_NUM_THREADS"])
+        monkeypatch.setattr(world, "usable_cores", lambda c=cpus: c)  # what the rank inherits
+        workers += world.data_workers("auto", 1)
+    assert backend.reserve(job(8, 1, True)) is None  # all 8 GPUs busy
+    assert seen == set(cores) and threads <= 112 and workers <= 112
+    # One job alone keeps the whole machine, and sets no affinity.
+    alone = TorchrunBackend(TorchrunLauncherConf(), gpu_ids=[], cores=cores)
+    gpus, cpus = alone.reserve(job(0, 2, False))
+    assert cpus is None and alone.job_env(job(0, 2, False), gpus, cpus)["OMP_NUM_THREADS"] == "56"
+
+
+@pytest.mark.slow
+def test_two_jobs_at_once_run_on_their_own_cores(tmp_path: Path) -> None:
+    """Real processes: two sweep jobs at once on this machine's cores, each rank on its job's
+    slice (disjoint), its threads and workers sized from it."""
+    log = tmp_path / "probe.jsonl"
+    cmd = fx.train_cmd(
+        "-m",
+        "seed=1,2",
+        "hydra.launcher.max_parallel=2",
+        PROBE,
+        *fx.QUICK,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
+    ranks = run_probed(cmd, log, OMP_NUM_THREADS="")
+    cores = world.usable_cores()
+    if len(cores) < 2:
+        pytest.skip("one core: two jobs share it")
+    a, b = (set(r["cores"]) for r in ranks)
+    assert not a & b and a | b <= set(cores), ranks
+    assert sum(r["threads"] for r in ranks) <= len(cores), ranks
+    assert sum(r["workers"] for r in ranks) <= len(cores), ranks
