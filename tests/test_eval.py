@@ -63,9 +63,13 @@ def predictions(eval_dir: Path) -> list[dict]:
 
 
 def snapshot(directory: Path) -> dict:
-    """Every file under `directory` with its size and mtime: what "nothing written" compares."""
+    """Every file under `directory` with its size and mtime: what "nothing written" compares.
+    A link is compared as itself, not its target: W&B links a run's logs/debug-core.log to its
+    service's log outside the run dir, which any run on that service writes to."""
     return {
-        p: (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*") if p.is_file()
+        p: (p.lstat().st_size, p.lstat().st_mtime_ns)
+        for p in directory.rglob("*")
+        if p.is_symlink() or p.is_file()
     }
 
 

@@ -124,9 +124,10 @@ def test_launch_and_report_import_no_torch() -> None:
             if any(n == "torch" or n.startswith("torch.") for n in names):
                 with_torch.append(name)
                 break
-    # Lazily, in their own processes only: torchrun's agent, a rank's bootstrap; and the GPU
+    # Lazily, in their own processes only: torchrun's agent, a plain torchrun rank's entry point
+    # (the agreed start time); and the GPU
     # count, only where a GPU driver is present.
-    assert set(with_torch) <= {"launch.ranks.agent", "launch.ranks.bootstrap", "core.world"}, (
+    assert set(with_torch) <= {"launch.ranks.agent", "launch.ranks.entry", "core.world"}, (
         with_torch
     )
 
