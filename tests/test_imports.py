@@ -127,9 +127,7 @@ def test_launch_and_report_import_no_torch() -> None:
     # Lazily, in their own processes only: torchrun's agent, a plain torchrun rank's entry point
     # (the agreed start time); and the GPU
     # count, only where a GPU driver is present.
-    assert set(with_torch) <= {"launch.ranks.agent", "launch.ranks.entry", "core.world"}, (
-        with_torch
-    )
+    assert set(with_torch) <= {"launch.ranks.agent", "launch.ranks.entry", "core.world"}, with_torch
 
 
 def test_the_cycle_finder_finds_one() -> None:
