@@ -690,3 +690,26 @@ def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_
     (wb,) = offline_runs(run_dir)
     assert wb.config["run"]["world_size"] == 2 and wb.exit_code == 0
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_no_slurm_task_is_a_cuda_bad_fork(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Each SLURM task of a 2-rank job builds tests/gpu_probe.py's dataset: none is a CUDA bad
+    fork (tests/test_gpu_fork.py checks every other way a rank starts)."""
+    from tests.gpu_probe import LOG_ENV
+    from tests.test_gpu_fork import PROBE, assert_no_bad_fork, probed
+
+    log, sweep_dir = tmp_path / "probe.jsonl", tmp_path / "sweep"
+    cmd = train_cmd(
+        "-m",
+        *SLURM,
+        "dist.nproc_per_node=2",
+        PROBE,
+        "trainer.max_epochs=1",
+        "wandb.mode=disabled",
+        "trainer.progress_bar=false",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    proc = run(cmd, timeout=240, **idle_cluster.env, **{LOG_ENV: str(log)})
+    assert proc.returncode == 0, output(proc)[-5000:]
+    assert_no_bad_fork(probed(log), 2)
