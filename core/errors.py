@@ -88,9 +88,11 @@ class ReportUserError(Callback):
 
         if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN:
             return
-        error = find_user_error(job_value(job_return))
+        failure = job_value(job_return)
+        error = find_user_error(failure)
         if error is not None:
-            logging.getLogger("train").error("%s", error)
+            if not getattr(failure, "already_said", False):  # (by the rank that hit it)
+                logging.getLogger("train").error("%s", error)
             raise SystemExit(error.exit_code)
 
 

@@ -205,15 +205,16 @@ def failed_job_return(
     job: Job, reason: str, ret: Any = None, cause: BaseException | None = None
 ) -> Any:
     """Record a failed job in its run dir and return its failed JobReturn: rank 0's own (`ret`)
-    when it sent one, with the verdict as its value (its cause: rank 0's error, else `cause`,
-    e.g. the user error that kept the job from starting). :func:`job_done` reports it."""
+    when it sent one, with the verdict as its value (its cause: `cause` when given, e.g. the
+    user error that kept the job from starting or that another rank hit first, else rank 0's
+    error). :func:`job_done` reports it."""
     from hydra.core.utils import JobReturn, JobStatus
 
     record_failure(job, reason)
     verdict = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}): {reason}")
     verdict.reason = reason
     verdict.__cause__ = cause
-    if isinstance(ret, JobReturn) and isinstance(job_value(ret), BaseException):
+    if cause is None and isinstance(ret, JobReturn) and isinstance(job_value(ret), BaseException):
         verdict.__cause__ = job_value(ret)
     if not isinstance(ret, JobReturn):
         return job_return(job, JobStatus.FAILED, verdict)
@@ -223,8 +224,13 @@ def failed_job_return(
 
 def record_failure(job: Job, reason: str) -> None:
     """Give a failed job a result.json (the sweep summary reads it) unless this attempt of the
-    run wrote its own: that one stays as the run left it."""
-    if read_result(job.job_dir, since=job.started or time.time()) is not None:
+    run wrote its own: that one stays as the run left it, but for the job's verdict as its
+    error (rank 0's own error can be a consequence: another rank failed first)."""
+    own = read_result(job.job_dir, since=job.started or time.time())
+    if own is not None:
+        if own.status == "failed" and own.error != reason:
+            own.error = reason
+            write_result(job.job_dir, own)
         return
     wall_time = round(time.time() - job.started, 3) if job.started else None
     write_result(

@@ -43,7 +43,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import UserError, job_value
+from core.errors import UserError, describe, find_user_error, job_value
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from core.wandb_service import wandb_wanted
 from core.world import (
@@ -74,7 +74,7 @@ from launch.ranks.handoff import (
     read_failures,
     read_job_return,
 )
-from launch.ranks.job_spec import AgentSpec, JobSpec, job_return
+from launch.ranks.job_spec import AgentSpec, JobSpec, Stopped, job_return
 from launch.report import sweep as sweep_report
 from launch.warm import WarmStart, import_path, task_modules
 
@@ -213,7 +213,10 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     )
     settings = TorchrunLauncherConf.from_config(hydra_cfg.launcher)
     if settings.tee is None:
-        settings.tee = "3"  # one run: its ranks' output is what the user watches
+        # One run: rank 0's output is what the user watches, as in a 1-rank run (the other
+        # ranks' only output is errors, in their files under rank_logs/; the launcher names
+        # a rank that failed first).
+        settings.tee = "0:3"
     (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
     if ret.status.name == "FAILED":  # (JobReturn.return_value would log it first: no)
         raise job_value(ret)
@@ -407,17 +410,31 @@ class TorchrunBackend:
             otherwise = "torchrun exited with code 0 but rank 0 left no result"
         else:
             otherwise = f"torchrun exited with code {code}: see {rank_logs} for each rank's output"
+        # Another rank failed first (the agent orders the failures: a rank that only lost a
+        # peer comes last): rank 0's own error is a consequence, in brackets after the cause.
+        first = failures[0] if failures else {}
+        another = first.get("rank", 0) != 0 and not first.get("lost_a_peer")
+        if rank0 is not None and another and find_user_error(rank0) is None:
+            rank0 = Stopped(describe(rank0))
+        elif rank0 is not None and all(f.get("lost_a_peer") for f in failures) and failures:
+            # Every error known is a lost peer: the rank that went first left none (killed)
+            rank0 = Stopped(describe(rank0))
+            dead = [f"a rank ended without an error of its own (killed?); rank logs in {rank_logs}"]
         # A rank that failed first with a user error (exit 2, its error file says which) can
         # get rank 0 stopped before rank 0 reports the same error: the job's failure is still
         # the user's to fix (the sweep exits 2), and reads as rank 0 would have put it.
-        first = failures[0] if failures else {}
+        stopped = rank0 is None or isinstance(rank0, Stopped)
         user = (
             UserError(first["error"])
-            if rank0 is None and first.get("exitcode") == UserError.exit_code and first.get("error")
+            if stopped and first.get("exitcode") == UserError.exit_code and first.get("error")
             else None
         )
         reason = failure_reason(user or rank0, dead, otherwise)
-        return failed_job_return(job, reason, ret, cause=user)
+        failed = failed_job_return(job, reason, ret, cause=user)
+        # Rank 0 printed its own error where the user watches (`python train.py
+        # dist.nproc_per_node=N` shows rank 0's output): the launcher need not say it again.
+        job_value(failed).already_said = not stopped and self.tee() != "0"
+        return failed
 
     @staticmethod
     def stop(running: list[tuple[Job, Any]], why: str, grace_s: float = STOP_GRACE_S) -> None:

@@ -1007,3 +1007,46 @@ def test_bad_launcher_input_is_one_line_and_exit_2(
             job_line = [line for line in lines if f"#{num} failed  batch_size={batch}: " in line]
             assert len(job_line) == 1, text
             assert read_json(out_dir / str(num) / "result.json")["status"] == "failed"
+
+
+# ---------------------------------------------------------------------------------------------
+# the verdict when another rank failed first (rank 0 only lost its peer)
+
+
+@pytest.mark.slow
+def test_a_user_error_of_rank_1_is_the_jobs_in_one_line(tmp_path: Path) -> None:
+    """`python train.py dist.nproc_per_node=2`, rank 1 hits a user error: the job's verdict is
+    that error (exit 2, in one line, also in result.json), not rank 0's lost connection; no
+    traceback and no torch agent lines on the console."""
+    run_dir = tmp_path / "run"
+    target = "dataset._target_=tests.launcher_apps.rank1_user_error.digits"
+    proc = run(train_cmd("dist.nproc_per_node=2", target, *QUICK, f"hydra.run.dir={run_dir}"))
+    out = output(proc)
+    assert proc.returncode == UserError.exit_code, out
+    assert out.count("/data/cat/7.jpg is truncated: remove or replace it") == 1, out
+    assert "Traceback" not in out and "ProcessExitedException" not in out, out
+    assert "torchrun:" not in out, out  # the agent's lines are for a sweep's agent.log
+    assert result_json(run_dir)["error"].endswith("7.jpg is truncated: remove or replace it")
+
+
+@pytest.mark.slow
+def test_the_rank_that_failed_first_is_named_before_rank_0s_lost_peer(tmp_path: Path) -> None:
+    """Rank 1 raises at step 1; rank 0 then fails in its collective: the verdict names rank 1's
+    error first, rank 0's in brackets; failures.json lists rank 1 first. A rank that dies
+    without a word (SIGKILL) is said to, rather than blaming rank 0's lost connection."""
+    run_dir = tmp_path / "raised"
+    cmd = train_cmd("dist.nproc_per_node=2", *QUICK, f"hydra.run.dir={run_dir}")
+    proc = run(cmd, HYDRA_DDP_FAULT="raise@1:1")
+    assert proc.returncode == 1, output(proc)
+    error = result_json(run_dir)["error"]
+    assert error.startswith("rank 1 failed: InjectedFault: injected fault at step 1 on rank 1")
+    assert "(rank 0: " in error, error
+    failures = json.loads((run_dir / LAUNCHER_DIR / FAILURES_JSON).read_text())
+    assert [f["rank"] for f in failures] == [1, 0] and failures[1]["lost_a_peer"], failures
+
+    run_dir = tmp_path / "killed"
+    cmd = train_cmd("dist.nproc_per_node=2", *QUICK, f"hydra.run.dir={run_dir}")
+    proc = run(cmd, HYDRA_DDP_FAULT="kill@1:1")
+    assert proc.returncode == 1, output(proc)
+    error = result_json(run_dir)["error"]
+    assert error.startswith("a rank ended without an error of its own (killed?)"), error

@@ -9,6 +9,8 @@ failures.json for the launcher, and printed as one line per rank instead of torc
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import sys
@@ -52,14 +54,17 @@ def run_agent(spec: AgentSpec) -> None:
 
 def agent_main(spec: AgentSpec) -> int:
     """Run torch's elastic agent for the job. When ranks fail, write who failed and how to the
-    job's failures.json, earliest first, and print one line per failed rank instead of torch's
-    40-line traceback; the ranks' own errors are above it."""
+    job's failures.json, earliest first, and, in the agent's own log (a sweep's agent.log),
+    one line per failed rank: the launcher says the job's verdict on the console. torch's own
+    traceback of each failed forked rank (ProcessExitedException, its multiprocessing logger)
+    says nothing those lines do not."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     from launch.ranks.bootstrap import rank_main
 
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     cheap_rendezvous_event_names()
     config = launch_config(spec, DefaultLogsSpecs(spec.log_dir, Std.ALL, Std.from_str(spec.tee)))
     try:
@@ -70,12 +75,13 @@ def agent_main(spec: AgentSpec) -> int:
     except ChildFailedError as e:
         # In the order torch observed them (ranks it stopped itself come last); the earliest
         # first, as torch picks its root cause (timestamps have 1 s resolution: ties keep order).
+        failures = [rank_failure(rank, failure) for rank, failure in e.failures.items()]
         failures = sorted(
-            (rank_failure(rank, failure) for rank, failure in e.failures.items()),
-            key=lambda f: f["timestamp"],
+            failures + other_ranks_errors(e.failures, failures),
+            key=lambda f: (f.get("lost_a_peer", False), f.get("time", f["timestamp"])),
         )
         write_failures(failures, Path(spec.failures))
-        for i, failure in enumerate(failures):
+        for i, failure in enumerate(failures if spec.log else ()):
             what = "first failure" if i == 0 else "then"
             print(f"torchrun: {what}: {describe_failure(failure)}", file=sys.stderr, flush=True)
         return 1
@@ -131,12 +137,48 @@ def cheap_rendezvous_event_names() -> None:
     dynamic_rendezvous.get_method_name = get_method_name
 
 
+def other_ranks_errors(torch_failures: dict, seen: list[dict]) -> list[dict]:
+    """The failures torch did not report: with forked ranks it reports the first it notices
+    (often rank 0, whose collective failed because another rank had), and stops the others;
+    a rank that failed on its own left its error file beside the reported one's
+    (<log dir>/<run>/attempt_<n>/<local rank>/error.json: launch/ranks/bootstrap.py)."""
+    rank, failure = next(iter(torch_failures.items()))
+    if not failure.error_file:
+        return []
+    attempt, found = Path(failure.error_file).parent.parent, []
+    known = {f["local_rank"] for f in seen}
+    for path in sorted(attempt.glob("*/error.json")):
+        local = int(path.parent.name)
+        if local in known:
+            continue
+        try:
+            message = json.loads(path.read_text())["message"]
+        except (OSError, ValueError, KeyError):
+            continue
+        info = message.get("extraInfo", {})
+        found.append(
+            {
+                "rank": rank - failure.local_rank + local,
+                "local_rank": local,
+                "pid": None,
+                "exitcode": info.get("exitcode"),
+                "signal": None,
+                "error": message.get("message"),
+                "timestamp": int(info.get("timestamp", 0)),
+                "time": info.get("time"),
+                "lost_a_peer": info.get("lost_a_peer", False),
+            }
+        )
+    return found
+
+
 def rank_failure(rank: int, failure: Any) -> dict:
     """A JSON view of torch's ProcessFailure; `error` only when the rank recorded one."""
     message = failure.message
     if isinstance(message, dict):  # torch's ErrorHandler format: {"message": ..., "extraInfo"}
         message = message.get("message")
     has_error_file = bool(failure.error_file) and os.path.isfile(failure.error_file)
+    info = failure.message.get("extraInfo", {}) if isinstance(failure.message, dict) else {}
     return {
         "rank": rank,
         "local_rank": failure.local_rank,
@@ -145,4 +187,6 @@ def rank_failure(rank: int, failure: Any) -> dict:
         "signal": failure.signal_name() if failure.exitcode < 0 else None,
         "error": str(message) if has_error_file and message else None,
         "timestamp": failure.timestamp,
+        "time": info.get("time"),
+        "lost_a_peer": info.get("lost_a_peer", False),
     }

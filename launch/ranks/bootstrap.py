@@ -111,10 +111,29 @@ def report_failure(error: BaseException) -> int:
     Returns the rank's exit status."""
     record_rank_error(error)
     if find_user_error(error) is not None or isinstance(error, CompactHydraException):
-        log.error("%s", describe(error))  # the user's to fix: one line, no traceback
+        # the user's to fix: one line, no traceback, as the run's own (train.log, console)
+        logging.getLogger("train").error("%s", describe(error))
+    elif lost_a_peer(error):  # the cause is another rank's, in its own report
+        log.error("stopped: another rank failed first (its error says why)")
     else:
         log.error("job failed", exc_info=error)
     return exit_status(error)
+
+
+# What a collective says when another rank died or failed under it (gloo, NCCL): the failure
+# is that rank's, not this one's.
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+)
+
+
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether this rank failed only because another rank of its job did."""
+    return find_user_error(error) is None and any(p in str(error) for p in PEER_LOST)
 
 
 def exit_status(error: BaseException | None) -> int:
@@ -135,6 +154,11 @@ def record_rank_error(error: BaseException) -> None:
             "extraInfo": {
                 "py_callstack": "".join(traceback.format_exception(error)),
                 "timestamp": str(int(time.time())),
+                # ours: when to the microsecond (torch's has 1 s), the exit status, and whether
+                # the rank only lost a peer (launch/ranks/agent.py orders the failures by them)
+                "time": time.time(),
+                "exitcode": exit_status(error),
+                "lost_a_peer": lost_a_peer(error),
             },
         }
     }
