@@ -111,7 +111,7 @@ class TorchrunLauncherConf:
     log_dir: str = "rank_logs"
     # Ranks whose output also goes to the console (torchrun --tee: 0 none, 3 stdout+stderr,
     # 0:3 local rank 0's). null: none in a sweep (one line per finished job, then the summary),
-    # every rank's for `python train.py dist.nproc_per_node=N`.
+    # local rank 0's for `python train.py dist.nproc_per_node=N`.
     tee: str | None = None
     # Rerun with the same command and hydra.sweep.dir: completed jobs are not run again, the
     # others continue from their checkpoints (launch/resume.py).
