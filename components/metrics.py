@@ -39,6 +39,7 @@ from core.run_dir import (
     METRICS_FILE,
     RunResult,
     read_metrics,
+    write_atomic,
     write_result,
 )
 from core.wandb_mode import resolve_wandb_mode
@@ -343,9 +344,7 @@ class RunLogger:
         if not self.metrics_path.exists():
             return []
         rows = read_metrics(self.metrics_path)
-        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        os.replace(tmp, self.metrics_path)
+        write_atomic(self.metrics_path, "".join(json.dumps(row) + "\n" for row in rows))
         return rows
 
     def _replay_into_wandb(self, rows: list[dict[str, Any]]) -> None:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -179,11 +181,45 @@ def write_launch_record(job_dir: Path, record: LaunchRecord) -> None:
     write_json_atomic(Path(job_dir) / LAUNCH_FILE, record.to_json())
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write `data` as JSON so that readers see the old file or the new one, never a part."""
+@contextmanager
+def atomic_path(path: Path, *, durable: bool = False) -> Iterator[Path]:
+    """The one way this repo replaces a file: yields a temp path beside `path` to fill; when
+    the block ends, the temp file replaces `path` in one rename, so readers see the old file or
+    the new one, never a part. An error in the block removes the temp file and leaves `path` as
+    it was. `durable` (checkpoints): the file's bytes are on disk before the rename, and the
+    rename itself is (fsync of the file, then of the directory)."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    tmp.unlink(missing_ok=True)  # a stale one of a killed writer with a reused pid
+    try:
+        yield tmp
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
+
+
+def write_atomic(path: Path, data: bytes | str, *, durable: bool = False) -> None:
+    """Replace `path` with `data` (text as UTF-8) atomically (atomic_path)."""
+    with atomic_path(path, durable=durable) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
+    """Write `data` as JSON so that readers see the old file or the new one, never a part."""
+    write_atomic(path, json.dumps(data, indent=indent) + "\n")
 
 
 def write_result(run_dir: Path, result: RunResult) -> None:
