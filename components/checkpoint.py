@@ -27,6 +27,7 @@ broadcast of the chosen file's name and SHA-256; a rank whose own copy is missin
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import logging
@@ -85,10 +86,11 @@ def _link_atomic(target: Path, link: Path) -> None:
 
 
 def verify(path: Path) -> str | None:
-    """None if `path` matches its recorded digest (or has none); else why it does not."""
+    """None if `path` matches its recorded digest; else why it does not (a checkpoint without
+    its digest cannot be told from a damaged one: every save writes both)."""
     recorded = digest_path(path)
     if not recorded.exists():
-        return None
+        return f"no {recorded.name} beside it: not known to be whole"
     expected = recorded.read_text().strip()
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
     return None if actual == expected else "SHA-256 mismatch: torn or corrupt"
@@ -364,10 +366,14 @@ class Checkpointer:
                     _link_atomic(digest_path(path), digest_path(self.dir / name))
                     _link_atomic(path, self.dir / name)
             except OSError as e:  # a full disk, a quota, a read-only mount: the user's to fix
+                fix = (
+                    f"make {self.dir} writable (or choose another hydra.run.dir)"
+                    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                    else f"free space in {self.dir} or lower trainer.keep_checkpoints"
+                )
                 raise UserError(
-                    f"cannot write checkpoint {path} ({e.strerror or e}): free space in "
-                    f"{self.dir} or lower trainer.keep_checkpoints; the checkpoints already "
-                    "there are whole, and resume=auto continues from the newest"
+                    f"cannot write checkpoint {path} ({e.strerror or e}): {fix}; the "
+                    "checkpoints already there are whole, and resume=auto continues from the newest"
                 ) from None
             for old in prune_plan(step_files(self.dir), self.keep, self.dir / BEST):
                 old.unlink(missing_ok=True)
