@@ -100,6 +100,11 @@ def load_checkpoint(path: Path, key: str = "resume") -> dict[str, Any]:
     """The checkpoint at `path`, verified and loaded with weights_only=True; a UserError naming
     the setting `key` (resume=, ckpt=) to change when it cannot be used."""
     fresh = " or resume=null to start fresh" if key == "resume" else ""
+    if path.is_dir():
+        raise UserError(
+            f"{key}={path} is a directory: pass {key}=<a .pt file in it>, e.g. "
+            f"{key}={path / CHECKPOINT_DIR / LAST}" + (" or resume=auto" if key == "resume" else "")
+        )
     if not path.is_file():
         raise UserError(
             f"checkpoint {path} does not exist: pass {key}=<an existing .pt file>"
