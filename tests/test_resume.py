@@ -482,8 +482,9 @@ def assert_resumed_like_the_reference(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kill_at", ["drawn", "first_row"])
 def test_sigkill_of_the_launcher_then_resume(
-    reference: Path, rng: random.Random, tmp_path: Path
+    reference: Path, rng: random.Random, tmp_path: Path, kill_at: str
 ) -> None:
     """SIGKILL the launcher once the sweep has logged a random number of its metric rows: no
     process of the sweep survives; the resumed sweep starts exactly the jobs that had not
@@ -492,8 +493,10 @@ def test_sigkill_of_the_launcher_then_resume(
     total = logged_rows(reference)
     # A row of the sweep with a whole job's rows still to come: at least one job unfinished
     # when the kill lands (a later target could let the last job end in the kill's latency).
-    target = rng.randrange(1, total - total // len(JOBS))
-    jitter = rng.uniform(0.0, 0.2)
+    # Beside the drawn kill point, a fixed one: after the sweep's first row, before any job
+    # has a checkpoint (its jobs start over and must not append to the killed rows).
+    target = rng.randrange(1, total - total // len(JOBS)) if kill_at == "drawn" else 1
+    jitter = rng.uniform(0.0, 0.2) if kill_at == "drawn" else 0.0
     sweep_dir, tag = tmp_path / "sweep", f"sigkill-{os.getpid()}-{target}"
     launcher = start(sweep_cmd(sweep_dir, RESUME), tmp_path / "killed.log", tag)
     try:
