@@ -15,6 +15,7 @@ summary and the benchmark (readers).
       launch.json             a sweep job's launcher record: its overrides and every attempt
                               (LaunchRecord; written by the launcher only, launch/resume.py)
       .torchrun/              the torchrun launcher's hand-off files (launch/torchrun.py)
+      replaced/<time>/        an earlier run's records, set aside by start_over=true
 
     <eval run dir>/          what eval.py writes (its own dir, never the training run's)
       .hydra/, eval.log       as above

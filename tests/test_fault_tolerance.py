@@ -134,7 +134,7 @@ def kill_step(rng, where: str) -> int:
 def test_killed_then_resumed_equals_uninterrupted(tmp_path, reference, rng, where, nproc):
     checkpointed = where != "before_any_checkpoint"
     kill_and_resume(tmp_path / "run", kill_step(rng, where), nproc, checkpointed=checkpointed)
-    assert_same_run(tmp_path / "run", reference[1])
+    assert_same_run(tmp_path / "run", reference[nproc])
 
 
 def kill_and_resume(
