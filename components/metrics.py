@@ -345,16 +345,17 @@ class RunLogger:
         model: torch.nn.Module | None = None,
         monitor: Any = None,
         epochs_done: int = 0,
-        steps_done: int = 0,
+        steps_done: int | None = None,
     ) -> str | None:
         """Write repro/ (components/repro.py), start metrics.jsonl and the W&B run (continuing
         `wandb_run_id`; with the repro files, and wandb.watch on `model` if asked); returns the
         W&B id. `facts` with `params` and `flops_per_sample` go to result.json too; `monitor`
         (components.monitor.Monitor) keeps the bests result.json reports; `epochs_done`: the
-        epochs a resumed checkpoint had completed; `steps_done`: its optimizer steps (0:
-        a fresh start), the last step of metrics.jsonl kept: rows after it belong to an attempt
-        this run does not continue (killed before a checkpoint, or past the checkpoint a resume
-        fell back to), so one trajectory is in the file, each step once."""
+        epochs a resumed checkpoint had completed; `steps_done`: its optimizer steps (0: a
+        fresh start; None: every row kept), the last step of metrics.jsonl kept: rows after it
+        belong to an attempt this run does not continue (killed before a checkpoint, or past
+        the checkpoint a resume fell back to), so one trajectory is in the file, each step
+        once."""
         self.opened = True
         self._monitor = monitor
         r = self.result
@@ -387,13 +388,14 @@ class RunLogger:
         self.result.wandb_run_id = self.wandb_run_id
         return self.wandb_run_id
 
-    def _rows_already_logged(self, steps_done: int) -> list[dict[str, Any]]:
+    def _rows_already_logged(self, steps_done: int | None) -> list[dict[str, Any]]:
         """The whole rows of metrics.jsonl up to step `steps_done`; the file keeps only those
         (a line torn by a kill, and rows of an abandoned trajectory, are dropped)."""
         if not self.metrics_path.exists():
             return []
         rows = read_metrics(self.metrics_path)
-        dropped = [row for row in rows if row.get("step", 0) > steps_done]
+        done = float("inf") if steps_done is None else steps_done
+        dropped = [row for row in rows if row.get("step", 0) > done]
         if dropped:
             log.warning(
                 "metrics.jsonl: dropped %d row(s) after step %d, logged by an attempt this run "
@@ -401,7 +403,7 @@ class RunLogger:
                 len(dropped),
                 steps_done,
             )
-            rows = [row for row in rows if row.get("step", 0) <= steps_done]
+            rows = [row for row in rows if row.get("step", 0) <= done]
         write_atomic(self.metrics_path, "".join(json.dumps(row) + "\n" for row in rows))
         return rows
 
