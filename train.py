@@ -42,7 +42,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
+from components.checkpoint import Checkpointer, TrainingState, load_checkpoint, resume_choice
 from components.console import Console
 from components.distributed import (
     DistEnv,
@@ -110,6 +110,8 @@ def train(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     # `run`: rank 0's metrics.jsonl, W&B run and result.json, however the run ends.
     with RunLogger(run_dir, enabled=int(os.environ.get("RANK", "0")) == 0) as run:
+        # A run dir holds one run: continue it, start it over (asked for), or refuse here.
+        run.start(continues=resume_choice(cfg.resume) is not None, start_over=cfg.start_over)
         # Settings every rank checks alike before any of them joins the process group.
         micro_batch = per_rank_batch(tc.batch_size, rank_world_size(), tc.accumulate_grad_batches)
         check_trainer(tc)
@@ -239,6 +241,7 @@ def build(
         model=model,
         monitor=monitor,
         epochs_done=progress.epoch,
+        steps_done=progress.step,
     )
     progress.wandb_group, progress.wandb_name = run.wandb_group_name
 

@@ -27,6 +27,7 @@ broadcast of the chosen file's name and SHA-256; a rank whose own copy is missin
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import logging
@@ -44,7 +45,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from core.errors import UserError, one_line, resolved_yaml
-from core.run_dir import CHECKPOINT_DIR
+from core.run_dir import CHECKPOINT_DIR, atomic_path, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -54,33 +55,6 @@ KEEP = 2  # newest step files kept, besides the best
 STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 
 
-def _write_temp(data: bytes, path: Path) -> Path:
-    """`data` in a temp file beside `path`, on disk (fsync); nothing left on failure."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed write leaves the previous file and no litter
-        raise
-    return tmp
-
-
-def _commit(tmp: Path, path: Path) -> None:
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
-
-
-def _write_atomic(data: bytes, path: Path) -> None:
-    _commit(_write_temp(data, path), path)
-
-
 def atomic_save(obj: Any, path: Path) -> str:
     """torch.save `obj` to `path` atomically, with `<path>.sha256` beside it. Returns the digest."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,17 +62,13 @@ def atomic_save(obj: Any, path: Path) -> str:
     torch.save(obj, buf)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
-    staged = _write_temp(data, path)
-    try:
+    with atomic_path(path, durable=True) as staged:
+        staged.write_bytes(data)
         # A step saved again (at its epoch's end, with its validation) changes its digest: the
         # old file goes before the new digest comes, so no crash leaves the old bytes beside
         # the new digest (last.pt and best.pt are links of their own and keep the old pair).
         path.unlink(missing_ok=True)
-        _write_atomic(f"{digest}\n".encode(), digest_path(path))
-        _commit(staged, path)
-    except BaseException:
-        staged.unlink(missing_ok=True)
-        raise
+        write_atomic(digest_path(path), f"{digest}\n", durable=True)
     return digest
 
 
@@ -108,20 +78,19 @@ def digest_path(path: Path) -> Path:
 
 def _link_atomic(target: Path, link: Path) -> None:
     """Point `link` at `target`'s data (hard link, or a copy where links are unsupported)."""
-    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(target, tmp)
-    except OSError:
-        tmp.write_bytes(target.read_bytes())
-    os.replace(tmp, link)
+    with atomic_path(link) as tmp:
+        try:
+            os.link(target, tmp)
+        except OSError:
+            tmp.write_bytes(target.read_bytes())
 
 
 def verify(path: Path) -> str | None:
-    """None if `path` matches its recorded digest (or has none); else why it does not."""
+    """None if `path` matches its recorded digest; else why it does not (a checkpoint without
+    its digest cannot be told from a damaged one: every save writes both)."""
     recorded = digest_path(path)
     if not recorded.exists():
-        return None
+        return f"no {recorded.name} beside it: not known to be whole"
     expected = recorded.read_text().strip()
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
     return None if actual == expected else "SHA-256 mismatch: torn or corrupt"
@@ -131,6 +100,11 @@ def load_checkpoint(path: Path, key: str = "resume") -> dict[str, Any]:
     """The checkpoint at `path`, verified and loaded with weights_only=True; a UserError naming
     the setting `key` (resume=, ckpt=) to change when it cannot be used."""
     fresh = " or resume=null to start fresh" if key == "resume" else ""
+    if path.is_dir():
+        raise UserError(
+            f"{key}={path} is a directory: pass {key}=<a .pt file in it>, e.g. "
+            f"{key}={path / CHECKPOINT_DIR / LAST}" + (" or resume=auto" if key == "resume" else "")
+        )
     if not path.is_file():
         raise UserError(
             f"checkpoint {path} does not exist: pass {key}=<an existing .pt file>"
@@ -397,10 +371,14 @@ class Checkpointer:
                     _link_atomic(digest_path(path), digest_path(self.dir / name))
                     _link_atomic(path, self.dir / name)
             except OSError as e:  # a full disk, a quota, a read-only mount: the user's to fix
+                fix = (
+                    f"make {self.dir} writable (or choose another hydra.run.dir)"
+                    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                    else f"free space in {self.dir} or lower trainer.keep_checkpoints"
+                )
                 raise UserError(
-                    f"cannot write checkpoint {path} ({e.strerror or e}): free space in "
-                    f"{self.dir} or lower trainer.keep_checkpoints; the checkpoints already "
-                    "there are whole, and resume=auto continues from the newest"
+                    f"cannot write checkpoint {path} ({e.strerror or e}): {fix}; the "
+                    "checkpoints already there are whole, and resume=auto continues from the newest"
                 ) from None
             for old in prune_plan(step_files(self.dir), self.keep, self.dir / BEST):
                 old.unlink(missing_ok=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from core.run_dir import (
     EVAL_FILE,
     PREDICTIONS_FILE,
     EvalReport,
+    atomic_path,
     write_json_atomic,
 )
 from core.wandb_mode import resolve_wandb_mode
@@ -184,9 +184,8 @@ def plot_confusion(result: EvalResult, classes: list[str], path: Path, split: st
         ax.set_xlabel("predicted class")
         ax.set_ylabel("true class")
         ax.set_title(f"{split}: acc {result.acc:.4f} ({result.count} samples)", fontsize="medium")
-        tmp = path.with_name(f".{path.name}.tmp")
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
     finally:
         plt.close(fig)
 
@@ -196,8 +195,7 @@ def write_predictions(path: Path, rows: list[dict], classes: list[str], sample_i
     its file), label and predicted class (names; label empty when unknown), then the top-k
     classes with their probabilities."""
     k = len(rows[0]["classes"]) if rows else 0
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(
             [
@@ -215,4 +213,3 @@ def write_predictions(path: Path, rows: list[dict], classes: list[str], sample_i
                 for v in (classes[c], f"{p:.6g}")
             ]
             writer.writerow([sample_ids[row["position"]], label, classes[row["classes"][0]], *top])
-    os.replace(tmp, path)

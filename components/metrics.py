@@ -38,7 +38,12 @@ from core.run_dir import (
     CHECKPOINT_DIR,
     METRICS_FILE,
     RunResult,
+    check_start,
+    holds_run,
     read_metrics,
+    read_result,
+    set_aside,
+    write_atomic,
     write_result,
 )
 from core.wandb_mode import resolve_wandb_mode
@@ -152,6 +157,16 @@ def task_overrides() -> list[str] | None:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
 
 
+def earlier_wandb_run_id(run_dir: Path) -> str | None:
+    """The W&B run an earlier attempt in `run_dir` started (its result.json, else the newest
+    run folder W&B left in <run dir>/wandb/: `run-<time>-<id>`, `offline-run-<time>-<id>`)."""
+    result = read_result(run_dir)
+    if result is not None and result.wandb_run_id:
+        return result.wandb_run_id
+    folders = sorted(Path(run_dir, "wandb").glob("*run-*-*"), key=lambda p: p.name.split("run-")[1])
+    return folders[-1].name.rsplit("-", 1)[1] if folders else None
+
+
 def row_kind(row: dict[str, Any]) -> str:
     """Rows are keyed by (step, kind): a train window, an epoch's validation and the final test
     of the best checkpoint may share a step."""
@@ -208,11 +223,31 @@ class RunLogger:
         self._started = time.time()
         self._monitor: Any = None  # components.monitor.Monitor: the run's bests
         self._rates: list[float] = []  # samples_per_s of this attempt's train rows
+        self.opened = False  # the start was accepted: open() ran
+        # (best, best_epoch) that best.pt holds: what result.json reports after a failed save
+        self._saved_best: tuple[Any, Any] | None = None
+        self._wandb_start = 0  # the W&B run's history ends here: rows before it are there
+
+    def start(self, *, continues: bool, start_over: bool) -> None:
+        """Before anything is built (every rank): refuse a start that would mix a second
+        trajectory into a run dir that holds one (core/run_dir.check_start); with start_over
+        (and nothing to continue), rank 0 moves the old run aside."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+        check_start(self.run_dir, continues=continues, start_over=start_over, sweep=sweep)
+        if self.enabled and start_over and not continues:
+            aside = set_aside(self.run_dir)
+            if aside is not None:
+                log.warning("start_over=true: the earlier run is now in %s", aside)
 
     def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, _kind, error, _tb) -> bool:
+        if not self.opened and holds_run(self.run_dir):
+            return False  # a refused start: the run dir's records stay as they were
         self.result.status, self.result.error = ending(error)
         self._read_bests()
         self.result.wall_time_s = round(time.time() - self._started, 3)
@@ -258,6 +293,9 @@ class RunLogger:
             return
         r = self.result
         r.best, r.best_epoch, r.best_val_acc = m.best, m.best_epoch, m.best_val_acc
+        saved = self._saved_best
+        if saved is not None and r.best_checkpoint and saved[1] != m.best_epoch:
+            r.best, r.best_epoch = saved  # a save failed: best.pt holds the earlier best
 
     def epoch_validated(
         self,
@@ -307,12 +345,18 @@ class RunLogger:
         model: torch.nn.Module | None = None,
         monitor: Any = None,
         epochs_done: int = 0,
+        steps_done: int | None = None,
     ) -> str | None:
         """Write repro/ (components/repro.py), start metrics.jsonl and the W&B run (continuing
         `wandb_run_id`; with the repro files, and wandb.watch on `model` if asked); returns the
         W&B id. `facts` with `params` and `flops_per_sample` go to result.json too; `monitor`
         (components.monitor.Monitor) keeps the bests result.json reports; `epochs_done`: the
-        epochs a resumed checkpoint had completed."""
+        epochs a resumed checkpoint had completed; `steps_done`: its optimizer steps (0: a
+        fresh start; None: every row kept), the last step of metrics.jsonl kept: rows after it
+        belong to an attempt this run does not continue (killed before a checkpoint, or past
+        the checkpoint a resume fell back to), so one trajectory is in the file, each step
+        once."""
+        self.opened = True
         self._monitor = monitor
         r = self.result
         r.params, r.flops_per_sample = facts.get("params"), facts.get("flops_per_sample")
@@ -321,35 +365,50 @@ class RunLogger:
             if resuming and epochs_done:  # what the earlier attempts reached
                 r.epochs = epochs_done
                 r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if monitor.best_epoch else None
+                if monitor.best_epoch:
+                    self._saved_best = monitor.best, monitor.best_epoch
         if not self.enabled:
             return None
         repro = write_repro(self.run_dir, task_overrides())
         self.result.git_commit, self.result.git_dirty = repro.state.commit, repro.state.dirty
         facts = {**facts, "git_commit": repro.state.commit, "git_dirty": repro.state.dirty}
-        earlier = self._rows_already_logged() if resuming else []
+        earlier = self._rows_already_logged(steps_done)
         self.logged = {(row["step"], row_kind(row)) for row in earlier}
         # Line-buffered, so a killed run keeps every row it logged.
         self._file = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 - closed in __exit__
-        self._init_wandb(cfg, facts, wandb_run_id)
+        # One W&B run per run dir: a start that continues it (resume=auto without a
+        # checkpoint yet, a retry) continues its W&B run too.
+        self._init_wandb(cfg, facts, wandb_run_id or earlier_wandb_run_id(self.run_dir))
         if self.wandb is not None:
             self._wandb_extras(cfg, repro.files, model)
+        if self.wandb is not None and not self.wandb.settings._offline:
+            self._wandb_start = self.wandb.starting_step
         if earlier and self.wandb is not None:
             self._replay_into_wandb(earlier)
         self.result.wandb_run_id = self.wandb_run_id
         return self.wandb_run_id
 
-    def _rows_already_logged(self) -> list[dict[str, Any]]:
-        """Every whole row of metrics.jsonl; a line torn by a kill is dropped from the file."""
+    def _rows_already_logged(self, steps_done: int | None) -> list[dict[str, Any]]:
+        """The whole rows of metrics.jsonl up to step `steps_done`; the file keeps only those
+        (a line torn by a kill, and rows of an abandoned trajectory, are dropped)."""
         if not self.metrics_path.exists():
             return []
         rows = read_metrics(self.metrics_path)
-        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        os.replace(tmp, self.metrics_path)
+        done = float("inf") if steps_done is None else steps_done
+        dropped = [row for row in rows if row.get("step", 0) > done]
+        if dropped:
+            log.warning(
+                "metrics.jsonl: dropped %d row(s) after step %d, logged by an attempt this run "
+                "does not continue; it logs those steps again",
+                len(dropped),
+                steps_done,
+            )
+            rows = [row for row in rows if row.get("step", 0) <= done]
+        write_atomic(self.metrics_path, "".join(json.dumps(row) + "\n" for row in rows))
         return rows
 
     def _replay_into_wandb(self, rows: list[dict[str, Any]]) -> None:
-        start = self.wandb.starting_step if not self.wandb.settings._offline else 0
+        start = self._wandb_start
         missing = rows_to_replay(rows, start)
         for row in missing:
             self.wandb.log(row, step=row["step"])
@@ -423,6 +482,8 @@ class RunLogger:
         wandb.log_checkpoints asks, with its progress and its epoch's val metrics."""
         if is_best:
             self.result.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt"
+            if self._monitor is not None:
+                self._saved_best = self._monitor.best, self._monitor.best_epoch
         if self.wandb is None or self.artifacts is None:
             return
         meta = {k: v for k, v in progress.items() if not k.startswith("wandb_")}
@@ -455,7 +516,7 @@ class RunLogger:
         now = time.time()
         row = {**row, "time": round(now, 3), "elapsed_s": round(now - self._started, 3)}
         self._file.write(json.dumps(row) + "\n")
-        if self.wandb is not None:
+        if self.wandb is not None and row["step"] >= self._wandb_start:
             try:
                 self.wandb.log(row, step=row["step"])
             except Exception as e:  # noqa: BLE001 - W&B failing never fails the run

@@ -363,6 +363,9 @@ class TrainConfig:
     # null: start fresh; auto: continue from <run dir>/checkpoints/last.pt if it exists;
     # a path: continue from that checkpoint file.
     resume: str | None = None
+    # A run dir holds one run: rerunning one that holds a run without resume is refused, unless
+    # start_over=true, which moves the old run into <run dir>/replaced/<time>/ and starts anew.
+    start_over: bool = False
 
 
 def open_node() -> Any:

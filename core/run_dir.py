@@ -15,6 +15,7 @@ summary and the benchmark (readers).
       launch.json             a sweep job's launcher record: its overrides and every attempt
                               (LaunchRecord; written by the launcher only, launch/resume.py)
       .torchrun/              the torchrun launcher's hand-off files (launch/torchrun.py)
+      replaced/<time>/        an earlier run's records, set aside by start_over=true
 
     <eval run dir>/          what eval.py writes (its own dir, never the training run's)
       .hydra/, eval.log       as above
@@ -29,9 +30,15 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from hydra.experimental.callback import Callback
+
+from core.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
@@ -179,16 +186,133 @@ def write_launch_record(job_dir: Path, record: LaunchRecord) -> None:
     write_json_atomic(Path(job_dir) / LAUNCH_FILE, record.to_json())
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write `data` as JSON so that readers see the old file or the new one, never a part."""
+@contextmanager
+def atomic_path(path: Path, *, durable: bool = False) -> Iterator[Path]:
+    """The one way this repo replaces a file: yields a temp path beside `path` to fill; when
+    the block ends, the temp file replaces `path` in one rename, so readers see the old file or
+    the new one, never a part. An error in the block removes the temp file and leaves `path` as
+    it was. `durable` (checkpoints): the file's bytes are on disk before the rename, and the
+    rename itself is (fsync of the file, then of the directory)."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    tmp.unlink(missing_ok=True)  # a stale one of a killed writer with a reused pid
+    try:
+        yield tmp
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
+
+
+def write_atomic(path: Path, data: bytes | str, *, durable: bool = False) -> None:
+    """Replace `path` with `data` (text as UTF-8) atomically (atomic_path)."""
+    with atomic_path(path, durable=durable) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
+    """Write `data` as JSON so that readers see the old file or the new one, never a part."""
+    write_atomic(path, json.dumps(data, indent=indent) + "\n")
 
 
 def write_result(run_dir: Path, result: RunResult) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / RESULT_FILE, result.to_json())
+
+
+REPLACED_DIR = "replaced"  # start_over=true keeps the old run in <run dir>/replaced/<time>/
+# What a run leaves that a new trajectory would mix with (train.log is a log: it only grows).
+RUN_RECORDS = (METRICS_FILE, RESULT_FILE, CHECKPOINT_DIR, "repro", "wandb")
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds an earlier run's records: a result, a row, a checkpoint."""
+    run_dir = Path(run_dir)
+    ckpt = run_dir / CHECKPOINT_DIR
+    return (
+        (run_dir / RESULT_FILE).exists()
+        or bool(read_metrics(run_dir / METRICS_FILE))
+        or (ckpt.is_dir() and any(ckpt.glob("*.pt")))
+    )
+
+
+def check_start(run_dir: Path, *, continues: bool, start_over: bool, sweep: bool) -> None:
+    """A run dir holds one trajectory: a start that neither continues it (`continues`: resume
+    is auto or a path) nor asks to start over is refused in one line, before anything is
+    written. Every rank may call it (it only reads)."""
+    if continues or start_over or not holds_run(run_dir):
+        return
+    earlier = read_result(run_dir)
+    what = f"a {earlier.status} run" if earlier is not None else "a run that left no result"
+    how = "rerun the sweep with hydra.launcher.resume=true" if sweep else "pass resume=auto"
+    raise UserError(
+        f"{run_dir} already holds {what}: {how} to continue it, start_over=true to start it "
+        f"over there (the old run is kept in {REPLACED_DIR}/), or choose another output dir"
+    )
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """start_over=true: move the earlier run's records into <run dir>/replaced/<time>/ (rank
+    0); the folder, or None when there was nothing to move."""
+    run_dir = Path(run_dir)
+    present = [name for name in RUN_RECORDS if (run_dir / name).exists()]
+    if not present:
+        return None
+    aside = run_dir / REPLACED_DIR / time.strftime("%Y%m%d-%H%M%S")
+    aside.mkdir(parents=True, exist_ok=True)
+    for name in present:
+        os.replace(run_dir / name, aside / name)
+    return aside
+
+
+class KeepRunDirOnRefusal(Callback):
+    """Hydra callback: a start that is refused changes nothing already in the run dir. Hydra
+    rewrites `.hydra/` before the task runs; when the task then refused to start (rank 0 left
+    result.json as it was: RunLogger writes none for a refused start in a dir holding a run),
+    `.hydra/` gets its earlier bytes back. The snapshot is taken before Hydra writes
+    (on_run_start: `python train.py`, also with dist.nproc_per_node=N, whose ranks this
+    process starts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: tuple[Path, dict[Path, bytes]] | None = None
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import OmegaConf
+
+        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
+        if not (run_dir / RESULT_FILE).is_file():
+            return
+        files = [run_dir / RESULT_FILE, *sorted((run_dir / ".hydra").glob("*"))]
+        self.saved = run_dir, {p: p.read_bytes() for p in files if p.is_file()}
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.utils import JobStatus
+
+        if self.saved is None or job_return.status != JobStatus.FAILED:
+            return
+        run_dir, files = self.saved
+        result = run_dir / RESULT_FILE
+        try:
+            refused = result.read_bytes() == files[result]
+        except OSError:
+            refused = False
+        if refused:
+            for path, data in files.items():
+                if not path.is_file() or path.read_bytes() != data:
+                    write_atomic(path, data)
 
 
 def read_result(run_dir: Path, *, since: float | None = None) -> RunResult | None:

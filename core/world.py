@@ -111,7 +111,9 @@ def per_rank_batch(global_batch: int, world_size: int, accumulate: int = 1) -> i
     parts = world_size * accumulate
     if accumulate < 1:
         raise UserError(f"trainer.accumulate_grad_batches={accumulate}: use a positive integer")
-    if global_batch <= 0 or global_batch % parts:
+    if global_batch <= 0:
+        raise UserError(f"trainer.batch_size={global_batch}: use a positive integer")
+    if global_batch % parts:
         fix = max(parts, round(global_batch / parts) * parts)
         what = f"the world size {world_size}" + (
             f" x trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""

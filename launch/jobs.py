@@ -37,9 +37,9 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from core.errors import UserError, describe, job_value, one_line
+from core.errors import UserError, describe, find_user_error, job_value, one_line
 from core.naming import SWEPT_KEYS_ENV, fmt_duration, fmt_value, label, swept_keys, swept_values
-from core.run_dir import RunResult, read_result, write_result
+from core.run_dir import RESULT_FILE, RunResult, read_result, write_result
 from launch.ranks.job_spec import JobSpec, Stopped, job_return
 
 log = logging.getLogger(__name__)
@@ -210,27 +210,30 @@ def failed_job_return(
     error). :func:`job_done` reports it."""
     from hydra.core.utils import JobReturn, JobStatus
 
-    record_failure(job, reason)
+    error = cause if cause is not None else job_value(ret) if isinstance(ret, JobReturn) else None
+    record_failure(job, reason, user_error=find_user_error(error) is not None)
     verdict = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}): {reason}")
     verdict.reason = reason
-    verdict.__cause__ = cause
-    if cause is None and isinstance(ret, JobReturn) and isinstance(job_value(ret), BaseException):
-        verdict.__cause__ = job_value(ret)
+    verdict.__cause__ = error if isinstance(error, BaseException) else None
     if not isinstance(ret, JobReturn):
         return job_return(job, JobStatus.FAILED, verdict)
     ret.return_value, ret.status = verdict, JobStatus.FAILED
     return ret
 
 
-def record_failure(job: Job, reason: str) -> None:
+def record_failure(job: Job, reason: str, *, user_error: bool = False) -> None:
     """Give a failed job a result.json (the sweep summary reads it) unless this attempt of the
     run wrote its own: that one stays as the run left it, but for the job's verdict as its
-    error (rank 0's own error can be a consequence: another rank failed first)."""
+    error (rank 0's own error can be a consequence: another rank failed first); so does an
+    earlier run's, when this attempt was refused (a user error before it started: it changes
+    nothing there)."""
     own = read_result(job.job_dir, since=job.started or time.time())
     if own is not None:
         if own.status == "failed" and own.error != reason:
             own.error = reason
             write_result(job.job_dir, own)
+        return
+    if user_error and (job.job_dir / RESULT_FILE).exists():
         return
     wall_time = round(time.time() - job.started, 3) if job.started else None
     write_result(

@@ -18,8 +18,8 @@ it had. What happens to a job is decided from its job dir alone (:func:`decide`)
   JobReturn holding result.json's `best`) goes to the sweeper;
 * its SLURM job still queued or running (the launcher died, the job did not): waited for;
 * anything else (failed, preempted, interrupted, never started): run again in its own dir, with
-  `resume=auto` when the dir has checkpoints, so it continues where it stopped, in the same
-  W&B run;
+  `resume=auto`, so it continues where its checkpoints stopped (from the start where it has
+  none: the rows of the attempt before are dropped), in the same W&B run;
 * recorded overrides that differ from the job's: an error naming both (one sweep per dir).
 
 `hydra.launcher.retries=N` reruns a failed job the same way, up to N times per launch, unless its
@@ -177,8 +177,8 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
             settle(job.job_dir, record, completed=False)
         if record is not None or result is not None:
             log.warning(
-                "#%d: %s already holds a run of this job: it runs again from the "
-                "start (hydra.launcher.resume=true would continue it)",
+                "#%d: %s already holds a run of this job: hydra.launcher.resume=true continues "
+                "it, start_over=true starts it over (the job refuses to mix two runs)",
                 job.num,
                 job.job_dir,
             )
@@ -221,7 +221,7 @@ def start_attempt(job: Any) -> None:
     job.attempt += 1
     job.started = time.time()
     continued = job.continues and has_checkpoints(job.job_dir)
-    if continued:
+    if job.continues:  # with no checkpoint yet, it starts over the attempt before (one W&B run)
         set_resume_auto(job.spec.config)
     if job.in_sweep:
         record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))

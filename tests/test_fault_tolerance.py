@@ -116,6 +116,8 @@ def reference(tmp_path_factory, two_ranks):
 def kill_step(rng, where: str) -> int:
     if where == "epoch_boundary":
         return STEPS_PER_EPOCH + 1  # first step after the epoch-end checkpoint
+    if where == "before_any_checkpoint":
+        return 3  # after the first row (step 2), before the first checkpoint (step 3)
     # after the first checkpoint (step 3), strictly inside an epoch
     return rng.choice([s for s in range(5, TOTAL) if s % STEPS_PER_EPOCH not in (0, 1)])
 
@@ -123,13 +125,23 @@ def kill_step(rng, where: str) -> int:
 # Each kill point and each world size once: at an epoch boundary on 1 rank here; mid-epoch on
 # 2 ranks in test_killed_then_resumed_with_ema_and_mixup_equals_uninterrupted (the same kill
 # and resume, with the recipe's state on top of the plain run's).
-def test_killed_then_resumed_equals_uninterrupted(tmp_path, reference, rng):
-    kill_and_resume(tmp_path / "run", kill_step(rng, "epoch_boundary"), 1)
-    assert_same_run(tmp_path / "run", reference[1])
+# Fixed kill points beside the drawn ones: before any checkpoint, after the first row (a
+# restart from scratch must not append to the killed attempt's rows), on 1 and 2 ranks.
+@pytest.mark.parametrize(
+    "where,nproc",
+    [("epoch_boundary", 1), ("before_any_checkpoint", 1), ("before_any_checkpoint", 2)],
+)
+def test_killed_then_resumed_equals_uninterrupted(tmp_path, reference, rng, where, nproc):
+    checkpointed = where != "before_any_checkpoint"
+    kill_and_resume(tmp_path / "run", kill_step(rng, where), nproc, checkpointed=checkpointed)
+    assert_same_run(tmp_path / "run", reference[nproc])
 
 
-def kill_and_resume(run_dir: Path, step: int, nproc: int, *extra: str) -> None:
-    """The job killed at `step` (on the last rank), then resumed to the end (launch_cmd)."""
+def kill_and_resume(
+    run_dir: Path, step: int, nproc: int, *extra: str, checkpointed: bool = True
+) -> None:
+    """The job killed at `step` (on the last rank), then resumed to the end (launch_cmd):
+    from its checkpoint, or (not `checkpointed`) from the start, the killed rows dropped."""
     killed = run(
         launch_cmd(*job_with_wandb(run_dir, *extra), nproc=nproc),
         HYDRA_DDP_FAULT=f"kill@{step}:{nproc - 1}",
@@ -137,7 +149,8 @@ def kill_and_resume(run_dir: Path, step: int, nproc: int, *extra: str) -> None:
     assert killed.returncode != 0, f"step {step}: the kill did not happen\n{output(killed)}"
     resumed = run(launch_cmd(*job_with_wandb(run_dir, *extra, "resume=auto"), nproc=nproc))
     assert resumed.returncode == 0, output(resumed)
-    assert "resumed from" in (run_dir / "train.log").read_text()
+    log = (run_dir / "train.log").read_text()
+    assert ("resumed from" in log) if checkpointed else ("row(s) after step 0" in log)
 
 
 # A training recipe with its own state and randomness: EMA weights, batch-level MixUp/CutMix

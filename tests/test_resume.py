@@ -482,8 +482,9 @@ def assert_resumed_like_the_reference(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kill_at", ["drawn", "first_row"])
 def test_sigkill_of_the_launcher_then_resume(
-    reference: Path, rng: random.Random, tmp_path: Path
+    reference: Path, rng: random.Random, tmp_path: Path, kill_at: str
 ) -> None:
     """SIGKILL the launcher once the sweep has logged a random number of its metric rows: no
     process of the sweep survives; the resumed sweep starts exactly the jobs that had not
@@ -492,10 +493,14 @@ def test_sigkill_of_the_launcher_then_resume(
     total = logged_rows(reference)
     # A row of the sweep with a whole job's rows still to come: at least one job unfinished
     # when the kill lands (a later target could let the last job end in the kill's latency).
-    target = rng.randrange(1, total - total // len(JOBS))
-    jitter = rng.uniform(0.0, 0.2)
+    # Beside the drawn kill point, a fixed one: after the first row of both running jobs (step
+    # 4), before any checkpoint (step 5, where their ranks stall until the kill): they start
+    # over and must not append to the killed rows.
+    target = rng.randrange(1, total - total // len(JOBS)) if kill_at == "drawn" else 2
+    jitter = rng.uniform(0.0, 0.2) if kill_at == "drawn" else 0.0
+    fault = {} if kill_at == "drawn" else {"HYDRA_DDP_FAULT": "stall@5"}
     sweep_dir, tag = tmp_path / "sweep", f"sigkill-{os.getpid()}-{target}"
-    launcher = start(sweep_cmd(sweep_dir, RESUME), tmp_path / "killed.log", tag)
+    launcher = start(sweep_cmd(sweep_dir, RESUME), tmp_path / "killed.log", tag, **fault)
     try:
         deadline = time.time() + 300
         while logged_rows(sweep_dir) < target:
@@ -519,6 +524,7 @@ def test_sigkill_of_the_launcher_then_resume(
     checkpointed = {n for n in unfinished if has_step_checkpoint(sweep_dir / str(n))}
     print(f"unfinished jobs {sorted(unfinished)}, with checkpoints {sorted(checkpointed)}")
     assert unfinished, "every job had completed: the kill came too late"
+    assert kill_at == "drawn" or not checkpointed, "the fixed kill point came after a checkpoint"
 
     resumed = run(sweep_cmd(sweep_dir, RESUME))
     assert resumed.returncode == 0, output(resumed)[-5000:]

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -390,22 +391,24 @@ def test_full_disk_while_saving_is_one_error_and_resume_continues(tmp_path, monk
     from components import checkpoint
 
     run_dir, writes = tmp_path / "r", []
-    real_write = checkpoint._write_temp  # every file a save writes (digest, checkpoint) is staged
+    real_write = checkpoint.atomic_path  # every checkpoint file a save writes is staged by it
 
-    def disk_fills_at_the_second_checkpoint(data, path):
+    @contextmanager
+    def disk_fills_at_the_second_checkpoint(path, **kwargs):
         writes.append(path.name)
-        if sum(name.endswith(".pt") for name in writes) == 2:
+        if sum(checkpoint.STEP_FILE.match(name) is not None for name in writes) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(data, path)
+        with real_write(path, **kwargs) as tmp:
+            yield tmp
 
-    monkeypatch.setattr(checkpoint, "_write_temp", disk_fills_at_the_second_checkpoint)
+    monkeypatch.setattr(checkpoint, "atomic_path", disk_fills_at_the_second_checkpoint)
     common = ["trainer.max_epochs=2", "trainer.progress_bar=false", "wandb.mode=disabled"]
     with pytest.raises(UserError, match=r"cannot write checkpoint .*step-00000044.pt \(No space"):
         train_in_process(run_dir, *common)
     assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
     (saved,) = sorted((run_dir / "checkpoints").glob("step-*.pt"))
     assert load_checkpoint(saved)["progress"]["epoch"] == 1  # the earlier checkpoint is whole
-    monkeypatch.setattr(checkpoint, "_write_temp", real_write)
+    monkeypatch.setattr(checkpoint, "atomic_path", real_write)
     train_in_process(run_dir, *common, "resume=auto")
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["epoch"] == 2
     assert [v["epoch"] for v in val_rows(run_dir)] == [1, 2]

@@ -33,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from core.run_dir import write_atomic
+
 IDX_FILES = (
     "train-images-idx3-ubyte",
     "train-labels-idx1-ubyte",
@@ -105,9 +107,7 @@ def build(source: Path, out: Path, dataset: str, digests: dict[str, str] | None 
     raw = out / dataset / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for name, data in checked.items():
-        tmp = raw / f".{name}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, raw / name)
+        write_atomic(raw / name, data)
     return counts
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import job_value, one_line
+from core.run_dir import write_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,7 @@ class JobRecord:
         self.write()
 
     def write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2))
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, self.data)
 
 
 def write_job_return(ret: Any, path: Path) -> None:
@@ -64,9 +63,7 @@ def write_job_return(ret: Any, path: Path) -> None:
         failed = ret.status == JobStatus.FAILED
         ret.return_value = RuntimeError(repr(value)) if failed else repr(value)
         data = cloudpickle.dumps(ret)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_atomic(path, data)
 
 
 def read_job_return(path: Path, job: Any) -> Any:
@@ -84,9 +81,7 @@ def read_job_return(path: Path, job: Any) -> Any:
 
 
 def write_failures(failures: list[dict], path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(failures, indent=2))
-    os.replace(tmp, path)
+    write_json_atomic(path, failures)
 
 
 def read_failures(path: Path) -> list[dict]:

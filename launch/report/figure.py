@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
+from core.run_dir import atomic_path
 from launch.report.jobs import PANELS, SweepSummary
 from launch.report.tables import job_label
 
@@ -23,9 +23,8 @@ def plot_summary(summary: SweepSummary, path: Path, title: str = "") -> None:
 
     fig = summary_figure(summary, title)
     try:
-        tmp = path.with_name(f".{path.name}.tmp")
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
     finally:
         plt.close(fig)
 

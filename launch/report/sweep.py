@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.run_dir import METRICS_FILE, RESULT_FILE
+from core.run_dir import METRICS_FILE, RESULT_FILE, write_atomic
 from launch.report.figure import plot_summary
 from launch.report.groups import GROUPS_CSV, format_groups, groups_csv, groups_markdown, seed_groups
 from launch.report.jobs import (
@@ -25,7 +25,7 @@ from launch.report.jobs import (
     sweep_monitor,
 )
 from launch.report.seeds import DEFAULT_OVER
-from launch.report.tables import csv_text, format_markdown, format_table, write_atomic
+from launch.report.tables import csv_text, format_markdown, format_table
 from launch.report.wandb_run import log_to_wandb, wandb_settings
 
 log = logging.getLogger(__name__)

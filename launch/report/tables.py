@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from core.naming import (
@@ -138,12 +136,6 @@ def format_markdown(summary: SweepSummary, title: str = "") -> str:
         lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
     lines += ["", f"![{', '.join(PANELS)} per epoch]({PNG_NAME})", ""]
     return "\n".join(lines)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def csv_text(summary: SweepSummary) -> str:
