@@ -251,8 +251,8 @@ def test_bad_input_is_one_line_naming_the_key(tmp_path, overrides, fragments):
     assert "not divisible" not in output(proc) and "does not exist" not in output(proc)
 
 
-# `python train.py dist.nproc_per_node=2` printed 13 lines for a user error on b2beecb (the message 4
-# times, torch's agent ProcessExitedException lines).
+# `python train.py dist.nproc_per_node=2` printed 13 lines for a user error on b2beecb (the
+# message 4 times, torch's agent ProcessExitedException lines).
 @pytest.mark.slow
 def test_a_user_error_on_two_ranks_is_one_line(tmp_path):
     bad = ["trainer.max_epochs=-1", f"hydra.run.dir={tmp_path / 'r'}"]
