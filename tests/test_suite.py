@@ -54,7 +54,7 @@ def test_a_launcher_suite_test_first_leaves_the_plugins_configs_for_the_next_tes
     process, one would take away the configs our plugins store when Hydra discovers them
     (tests/conftest.py: pytest_configure discovers them before any test)."""
     suite = "tests/test_launcher.py::TestTorchrunLauncher::test_sweep_1_job[torchrun-overrides0]"
-    needs_optuna = "tests/test_docs.py::test_every_documented_command_composes[docs/sweeps.md:14]"
+    needs_optuna = "tests/test_docs.py::test_every_documented_command_composes[docs/sweeps.md:20]"
     proc = run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
         + ["--basetemp", str(tmp_path / "t"), suite, needs_optuna],

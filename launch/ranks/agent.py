@@ -65,6 +65,8 @@ def agent_main(spec: AgentSpec) -> int:
     from launch.ranks.bootstrap import rank_main
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # ... and its note that it stops the other ranks then ("Terminating process ... via signal")
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     cheap_rendezvous_event_names()
     config = launch_config(spec, DefaultLogsSpecs(spec.log_dir, Std.ALL, Std.from_str(spec.tee)))
     try:
