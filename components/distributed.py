@@ -161,16 +161,19 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
 
 
 def check_device_ordinal(local_rank: int) -> None:
-    """GPU LOCAL_RANK must be one this process sees, or CUDA says "invalid device ordinal"."""
+    """Every rank of this node must find its GPU (GPU LOCAL_RANK) among those it sees, or CUDA
+    says "invalid device ordinal" in some ranks. Checked against the node's rank count
+    (LOCAL_WORLD_SIZE), so that every rank of the node stops with the same line."""
     visible = world.visible_gpus()
-    if local_rank >= visible:
+    ranks = max(local_rank + 1, int(os.environ.get("LOCAL_WORLD_SIZE") or 0))
+    if ranks > visible:
         listed = os.environ.get("CUDA_VISIBLE_DEVICES")
         shown = "unset" if listed is None else f"'{listed}'"
         raise UserError(
-            f"LOCAL_RANK={local_rank} takes GPU {local_rank}, but this process sees {visible} "
-            f"GPU(s) (CUDA_VISIBLE_DEVICES={shown}): start at most {visible} ranks per node, "
-            "or let every rank of a node see all of its GPUs (SLURM: --gpus-per-node, not "
-            "--gpus-per-task)"
+            f"LOCAL_RANK={local_rank} of {ranks} ranks on this node takes GPU {local_rank}, but "
+            f"this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES={shown}): start at most "
+            f"{visible} ranks per node, or let every rank of a node see all of its GPUs "
+            "(SLURM: --gpus-per-node, not --gpus-per-task)"
         )
 
 

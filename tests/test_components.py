@@ -460,8 +460,14 @@ def test_local_rank_beyond_the_visible_gpus_is_one_line_naming_cuda_visible_devi
     with pytest.raises(UserError) as caught, init_distributed(dist_cfg(backend="nccl"), "auto"):
         pass
     message = str(caught.value)
-    assert "\n" not in message and "LOCAL_RANK=1" in message, message
+    assert "\n" not in message and "LOCAL_RANK=1 of 2 ranks" in message, message
     assert "CUDA_VISIBLE_DEVICES='3'" in message and "at most 1 ranks per node" in message
+    rank_env(0)  # its GPU is there, but rank 1's is not: it stops too, with the same line
+    with (
+        pytest.raises(UserError, match="LOCAL_RANK=0 of 2 ranks.*CUDA_VISIBLE_DEVICES='3'"),
+        init_distributed(dist_cfg(backend="nccl"), "auto"),
+    ):
+        pass
 
 
 def test_device_cuda_with_gloo_is_a_user_error_even_where_gpus_are_visible(monkeypatch):
