@@ -50,6 +50,7 @@ from components.distributed import (
     gather_floats,
     init_distributed,
     rank0_decides,
+    sync_batchnorm,
     tighten_timeout,
     wrap_ddp,
 )
@@ -155,6 +156,7 @@ def build(
     """Data -> model -> optimizer and friends -> resume -> DDP wrap -> the W&B run."""
     tc = cfg.trainer
     torch.manual_seed(cfg.seed)
+    torch.backends.cudnn.benchmark = tc.cudnn_benchmark  # autotune convolutions (GPU)
     # The recipe that trains, also in checkpoints and W&B (imagefolder's depends on its size).
     cfg.augment = folder_augment(cfg)[0]
 
@@ -185,7 +187,8 @@ def build(
     )
 
     # Model, optimizer, schedule, EMA, monitor; everything a resume needs is one TrainingState.
-    model = build_model(cfg.model, splits)
+    # SyncBatchNorm (dist.sync_batchnorm) first: the optimizer, EMA and compile see its layers.
+    model = sync_batchnorm(build_model(cfg.model, splits), cfg.dist, env)
     model = model.to(env.device, model_dtype(tc), memory_format=memory_format(tc))
     size = model_facts(
         model,
@@ -226,9 +229,13 @@ def build(
     if resumed is not None:
         log.info("resumed from %s: epoch %d, step %d", resumed, progress.epoch + 1, progress.step)
         check_schedule_change(progress, tc, scheduler)
-    # Compile, then wrap in DDP: its hooks all-reduce the gradients during backward.
-    # Checkpoints keep saving the plain `model`.
-    ddp_model = wrap_ddp(torch.compile(model) if tc.compile else model, cfg.dist, env)
+    # Wrap in DDP (its hooks all-reduce the gradients during backward), then compile the
+    # wrapped module: only then does dynamo's DDPOptimizer split the graph at DDP's bucket
+    # boundaries, so buckets all-reduce while backward still runs. Checkpoints, the EMA and
+    # evaluation keep using the plain `model` (its state_dict keys have no prefix).
+    ddp_model = wrap_ddp(model, cfg.dist, env)
+    if tc.compile:
+        ddp_model = torch.compile(ddp_model)
 
     # The W&B run (and the panels of validation: per class, confusion matrix, fixed images).
     media = ValMedia(cfg, splits, loaders.val, env)
@@ -252,6 +259,7 @@ def build(
         env.device,
         tc.precision,
         flops_per_sample=3 * size["flops_per_sample"],
+        conv_share=size["conv_flops_per_sample"] / max(size["flops_per_sample"], 1.0),
         samples_per_step=samples_per_step * env.world_size,
     )
     console = Console(

@@ -173,8 +173,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, keys.numpy(), *rest))
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    set_cuda_rng_states(state["cuda"])
+
+
+def set_cuda_rng_states(states: list[torch.Tensor]) -> None:
+    """Each visible GPU's generator from the checkpoint's list (one per GPU the saving process
+    saw). Fewer GPUs visible now (another CUDA_VISIBLE_DEVICES, a smaller node): the first ones
+    are restored and one warning says what was left out."""
+    if not states or not torch.cuda.is_available():
+        return
+    visible = torch.cuda.device_count()
+    for device, state in enumerate(states[:visible]):
+        torch.cuda.set_rng_state(state, device)
+    if len(states) > visible:
+        log.warning(
+            "resume: the checkpoint has CUDA RNG states of %d GPUs but %d are visible: "
+            "restored GPUs 0-%d, the others' draws start afresh",
+            len(states),
+            visible,
+            visible - 1,
+        )
 
 
 def _tuples(x: Any) -> Any:

@@ -84,6 +84,12 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
     """Set up this rank's device and process group; destroy the group on exit, error or not."""
     if device not in ("auto", "cpu", "cuda"):
         raise UserError(f"trainer.device={device} is not valid: use auto, cpu or cuda")
+    if device == "cuda" and dist_cfg.backend == "gloo":
+        # A gloo rank pins the CPU (below): it would train there and say nothing.
+        raise UserError(
+            "trainer.device=cuda with dist.backend=gloo would train on the CPU: use "
+            "dist.backend=nccl (or auto) for GPUs, or trainer.device=cpu"
+        )
     if device == "cuda" and world.visible_gpus() == 0:
         raise UserError("trainer.device=cuda but no CUDA GPU is visible: use trainer.device=auto")
     nproc, nnodes = requested_world(dist_cfg)
@@ -99,8 +105,15 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
             )
         rank, local_rank, world_size = 0, 0, 1
 
+    if dist_cfg.sync_batchnorm and backend != "nccl":
+        raise UserError(
+            "dist.sync_batchnorm=true needs CUDA ranks (torch's SyncBatchNorm runs on GPUs "
+            f"only) but this run uses dist.backend={backend} on the CPU: use "
+            "dist.sync_batchnorm=false"
+        )
     # Pin this rank's device: GPU LOCAL_RANK with nccl (one GPU per rank), else the CPU.
     if backend == "nccl":
+        check_device_ordinal(local_rank)
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
     else:
@@ -147,6 +160,32 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
             dist.destroy_process_group()
 
 
+def check_device_ordinal(local_rank: int) -> None:
+    """Every rank of this node must find its GPU (GPU LOCAL_RANK) among those it sees, or CUDA
+    says "invalid device ordinal" in some ranks. Checked against the node's rank count
+    (LOCAL_WORLD_SIZE), so that every rank of the node stops with the same line."""
+    visible = world.visible_gpus()
+    ranks = max(local_rank + 1, int(os.environ.get("LOCAL_WORLD_SIZE") or 0))
+    if ranks > visible:
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = "unset" if listed is None else f"'{listed}'"
+        raise UserError(
+            f"LOCAL_RANK={local_rank} of {ranks} ranks on this node takes GPU {local_rank}, but "
+            f"this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES={shown}): start at most "
+            f"{visible} ranks per node, or let every rank of a node see all of its GPUs "
+            "(SLURM: --gpus-per-node, not --gpus-per-task)"
+        )
+
+
+def sync_batchnorm(model: torch.nn.Module, dist_cfg, env: DistEnv) -> torch.nn.Module:
+    """The model with SyncBatchNorm layers where dist.sync_batchnorm asks (several ranks): before
+    the optimizer, the EMA and torch.compile take its parameters and modules. The new layers
+    keep the old ones' Parameter objects and buffers."""
+    if not (dist_cfg.sync_batchnorm and env.is_distributed):
+        return model  # one rank: nothing to synchronise
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
 def tighten_timeout(env: DistEnv) -> None:
     """Lower the collective timeout once startup (downloads, compilation) is over."""
     seconds = env.step_timeout_s
@@ -169,10 +208,10 @@ def broadcast_weights(model: torch.nn.Module, src: int = 0) -> None:
 
 
 def wrap_ddp(model, dist_cfg, env: DistEnv):
+    """DDP around `model` (SyncBatchNorm already converted: sync_batchnorm); the model itself
+    on one rank."""
     if not env.is_distributed:
         return model  # one rank: nothing to synchronise
-    if dist_cfg.sync_batchnorm:
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return DDP(
         model,
         device_ids=[env.local_rank] if env.device.type == "cuda" else None,

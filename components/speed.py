@@ -15,35 +15,87 @@ import torch
 
 from components.precision import as_model_input
 
-# Dense peak throughput per GPU, in FLOP/s, by the precision the matmuls run in.
-# (tf32 is what fp32 matmuls use when torch.backends.cuda.matmul.allow_tf32 is on.)
+# Dense (not sparse) peak throughput per GPU part, in FLOP/s, by the math the FLOPs run in:
+# bf16/fp16 under autocast; with precision 32, "tf32" where torch lets cuDNN or cuBLAS use
+# TF32 tensor cores, "32" (plain FP32) where not. From NVIDIA's data sheets.
 PEAK_FLOPS = {
-    # name fragment: {precision: FLOP/s}
-    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "32": 67e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "32": 67e12},
+    "H100 SXM": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "32": 67e12},
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "32": 51e12},
+    "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "32": 60e12},
+    "H200 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "32": 60e12},
     "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "32": 19.5e12},
+    "A10": {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "32": 31.2e12},
     "A10G": {"bf16": 70e12, "fp16": 70e12, "tf32": 35e12, "32": 31.2e12},
     "L40S": {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "32": 91.6e12},
+    "L40": {"bf16": 181e12, "fp16": 181e12, "tf32": 90.5e12, "32": 90.5e12},
     "L4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "32": 30.3e12},
-    "V100": {"fp16": 125e12, "32": 15.7e12},
+    "V100 SXM2": {"fp16": 125e12, "32": 15.7e12},
+    "V100 PCIe": {"fp16": 112e12, "32": 14e12},
     "RTX 4090": {"bf16": 165e12, "fp16": 165e12, "tf32": 82.6e12, "32": 82.6e12},
+}
+# torch.cuda.get_device_name -> its part above, matched exactly: a substring would take an
+# "NVIDIA L40" for an L4, or an H100 PCIe for the SXM part. A name not listed has no MFU.
+DEVICE_PARTS = {
+    "NVIDIA H100 80GB HBM3": "H100 SXM",
+    "NVIDIA H100 80GB HBM3e": "H100 SXM",
+    "NVIDIA GH200 480GB": "H100 SXM",
+    "NVIDIA H200": "H100 SXM",  # H200 SXM: H100 SXM's compute, more memory
+    "NVIDIA H100 PCIe": "H100 PCIe",
+    "NVIDIA H100 NVL": "H100 NVL",
+    "NVIDIA H200 NVL": "H200 NVL",
+    "NVIDIA A100-SXM4-40GB": "A100",
+    "NVIDIA A100-SXM4-80GB": "A100",
+    "NVIDIA A100-PCIE-40GB": "A100",
+    "NVIDIA A100 80GB PCIe": "A100",
+    "NVIDIA A10": "A10",
+    "NVIDIA A10G": "A10G",
+    "NVIDIA L40S": "L40S",
+    "NVIDIA L40": "L40",
+    "NVIDIA L4": "L4",
+    "Tesla V100-SXM2-16GB": "V100 SXM2",
+    "Tesla V100-SXM2-32GB": "V100 SXM2",
+    "Tesla V100-PCIE-16GB": "V100 PCIe",
+    "Tesla V100-PCIE-32GB": "V100 PCIe",
+    "NVIDIA GeForce RTX 4090": "RTX 4090",
 }
 
 
-def peak_flops(device: torch.device, precision: str) -> float | None:
+def math_precisions(precision: str) -> tuple[str, str]:
+    """(convolutions', matmuls') math as torch is set now: with precision 32, cuDNN runs
+    convolutions in TF32 unless torch.backends.cudnn.allow_tf32 is off (on by default), and
+    cuBLAS runs matmuls in TF32 only where torch.backends.cuda.matmul.allow_tf32 (or
+    torch.set_float32_matmul_precision("high")) turns it on (off by default)."""
+    precision = str(precision)
+    if precision != "32":
+        return precision, precision
+    conv = "tf32" if torch.backends.cudnn.allow_tf32 else "32"
+    matmul = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "32"
+    return conv, matmul
+
+
+def peak_flops(device: torch.device, precision: str, conv_share: float = 0.0) -> float | None:
+    """The peak FLOP/s of `device` for a model whose FLOPs are `conv_share` convolutions (the
+    rest matmuls): the time-weighted mix of both peaks. None off CUDA, for a GPU not in
+    DEVICE_PARTS, or a math the part has no figure for."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    if precision == "32" and torch.backends.cuda.matmul.allow_tf32:
-        precision = "tf32"
-    for fragment, table in PEAK_FLOPS.items():
-        if fragment in name:
-            return table.get(precision)
-    return None
+    part = DEVICE_PARTS.get(torch.cuda.get_device_name(device))
+    if part is None:
+        return None
+    conv_math, matmul_math = math_precisions(precision)
+    conv_peak, matmul_peak = PEAK_FLOPS[part].get(conv_math), PEAK_FLOPS[part].get(matmul_math)
+    seconds = 0.0  # per FLOP of the model
+    for share, peak in ((conv_share, conv_peak), (1.0 - conv_share, matmul_peak)):
+        if share > 0:
+            if peak is None:
+                return None
+            seconds += share / peak
+    return 1.0 / seconds if seconds else None
 
 
-def forward_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> float:
-    """Forward FLOPs of one sample (torch.utils.flop_counter; a train step is about 3x that).
+def forward_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, float]:
+    """Forward FLOPs of one sample, and how many of them are convolutions
+    (torch.utils.flop_counter; a train step is about 3x that).
 
     Counted in eval mode without gradients, so BN statistics and RNG are left untouched.
     """
@@ -56,14 +108,19 @@ def forward_flops_per_sample(model: torch.nn.Module, x: torch.Tensor) -> float:
             model(as_model_input(x[:1], model))
     finally:
         model.train(was_training)
-    return float(counter.get_total_flops())
+    by_op = counter.get_flop_counts().get("Global", {})
+    conv = sum(n for op, n in by_op.items() if "convolution" in str(op))
+    return float(counter.get_total_flops()), float(conv)
 
 
 def model_facts(model: torch.nn.Module, sample: torch.Tensor) -> dict[str, float | int]:
-    """Trainable parameters and forward FLOPs per sample (`sample`: one input batch)."""
+    """Trainable parameters and forward FLOPs per sample, all and convolutions' (`sample`: one
+    input batch)."""
+    flops, conv = forward_flops_per_sample(model, sample)
     return {
         "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "flops_per_sample": forward_flops_per_sample(model, sample),
+        "flops_per_sample": flops,
+        "conv_flops_per_sample": conv,
     }
 
 
@@ -109,12 +166,14 @@ class Speed:
         precision: str,
         samples_per_step: int,
         flops_per_sample: float | None = None,
+        conv_share: float = 0.0,
     ):
         self.timer = StepTimer()
         self.samples_per_step = samples_per_step
         self.first_step_s: float | None = None
         self.flops_per_sample = flops_per_sample  # of a train step (forward + backward)
-        self.peak_flops = peak_flops(device, precision)
+        # What the model's FLOPs run at (convolutions and matmuls may differ: TF32).
+        self.peak_flops = peak_flops(device, precision, conv_share)
 
     def step_done(self) -> bool:
         """Count a step; True after the run's first one (startup is over)."""

@@ -262,7 +262,11 @@ class TrainerConfig:
     # trainer.batch_size stays the global batch per optimizer step.
     accumulate_grad_batches: int = 1
     channels_last: bool = False
-    compile: bool = False  # torch.compile the model (before the DDP wrap)
+    compile: bool = False  # torch.compile the DDP-wrapped model (DDPOptimizer: overlap)
+    # cuDNN tries each convolution's algorithms on its first input shape and keeps the fastest
+    # (torch.backends.cudnn.benchmark). On: a run's shapes are fixed (one image size, full
+    # train batches), so the search is paid once, in the first step. GPU only.
+    cudnn_benchmark: bool = True
     lr_schedule: str = "cosine"  # cosine | constant, stepped per optimizer step
     warmup_epochs: float = 1.0  # linear warm-up from ~0 to the lr, then the schedule
     label_smoothing: float = 0.0  # of the train loss (F.cross_entropy's label_smoothing)

@@ -49,6 +49,7 @@ from launch.lifecycle import LifecycleLauncher
 from launch.ranks.slurm_task import in_slurm_task, run_task
 from launch.slurm_queue import (
     ACTIVE_STATES,
+    cluster_cpus_per_gpu,
     cluster_gpus_per_node,
     require_slurm,
     sbatch_errors,
@@ -152,12 +153,25 @@ def launcher_count(settings: DDPSlurmQueueConf, key: str, minimum: int = 1) -> i
     return parse_count("auto" if value is None else value, f"hydra.launcher.{key}", minimum)
 
 
-def job_resources(config: DictConfig, settings: DDPSlurmQueueConf, cluster_gpus: int) -> dict:
+# CPUs per task of a GPU job when hydra.launcher.cpus_per_task is null and sinfo cannot tell
+# the partition's CPUs per GPU: enough for a DataLoader of 3 workers beside the rank.
+GPU_TASK_CPUS = 4
+
+
+def job_resources(
+    config: DictConfig,
+    settings: DDPSlurmQueueConf,
+    cluster_gpus: int,
+    cpus_per_gpu: int | None = None,
+) -> dict:
     """This job's submitit parameters, from its own `dist` config: one task per rank.
 
     nproc `auto` = the GPUs of a node for GPU jobs (`hydra.launcher.gpus_per_node`), 1 on CPU
     (or with dist.backend=gloo), as with the torchrun launcher; GPU jobs ask for one GPU per
-    task (`--gpus-per-node=<tasks per node>`), each rank taking GPU LOCAL_RANK.
+    task (`--gpus-per-node=<tasks per node>`), each rank taking GPU LOCAL_RANK. A GPU job's
+    tasks get `cpus_per_task` CPUs each; null: the node's CPUs per GPU (`cpus_per_gpu`, from
+    sinfo), GPU_TASK_CPUS where unknown (SLURM's own default, 1, would leave each rank one
+    thread and no DataLoader workers).
     """
     nproc, nnodes, gpu_job = job_world(config, cluster_gpus)
     for launcher_key, dist_key in (
@@ -200,6 +214,8 @@ def job_resources(config: DictConfig, settings: DDPSlurmQueueConf, cluster_gpus:
     }
     if gpu_job:
         params["gpus_per_node"] = nproc
+        if settings.cpus_per_task is None and settings.cpus_per_gpu is None:
+            params["cpus_per_task"] = cpus_per_gpu or GPU_TASK_CPUS
     for key in ("cpus_per_task", "mem_gb"):
         if getattr(settings, key) is not None:
             params[key] = getattr(settings, key)
@@ -252,6 +268,7 @@ class SlurmBackend:
         self.launcher = launcher
         self.poll_s = float(launcher.params.get("poll_interval_s") or 5.0)
         self.gpus_by_partition: dict[str | None, int] = {}
+        self.cpus_by_partition: dict[str | None, int | None] = {}  # CPUs per GPU
         self.plans: dict[int, Submitted] = {}  # job num -> its submission's parameters
 
     def place(self, job: Job) -> None:
@@ -265,7 +282,14 @@ class SlurmBackend:
                     settings.partition
                 )
             gpus = self.gpus_by_partition[settings.partition]
-        params = job_resources(job.spec.config, settings, gpus)
+        cpus = None
+        if settings.cpus_per_task is None:
+            if settings.partition not in self.cpus_by_partition:
+                self.cpus_by_partition[settings.partition] = cluster_cpus_per_gpu(
+                    settings.partition
+                )
+            cpus = self.cpus_by_partition[settings.partition]
+        params = job_resources(job.spec.config, settings, gpus, cpus)
         job.nproc, job.nnodes = params["tasks_per_node"], params["nodes"]
         job.uses_gpus = "gpus_per_node" in params
         self.plans[job.num] = Submitted(

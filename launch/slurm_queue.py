@@ -1,4 +1,4 @@
-"""What SLURM's own commands say, for launch/slurm.py: the GPUs of a partition (sinfo), job
+"""What SLURM's own commands say, for launch/slurm.py: the GPUs and CPUs of a partition (sinfo), job
 states (squeue, else sacct), sbatch's refusal as one line, and the environment sbatch gets."""
 
 from __future__ import annotations
@@ -27,6 +27,33 @@ def gpus_in_gres(text: str) -> int:
     """The most GPUs of any node in `sinfo --format=%G` output: gpu:8, gpu:a100:8(S:0-1)."""
     counts = [int(m) for line in text.splitlines() for m in _GPU_GRES.findall(line.strip())]
     return max(counts, default=0)
+
+
+_CPUS_GRES = re.compile(r"^\s*(\d+)\+?\s+(\S+)")
+
+
+def cpus_per_gpu_in_sinfo(text: str) -> int | None:
+    """The CPUs a node offers per GPU in `sinfo --format="%c %G"` output (one line per kind of
+    node: CPUs, then gres), the smallest over the kinds of GPU node; None without GPU nodes."""
+    shares = []
+    for line in text.splitlines():
+        found = _CPUS_GRES.match(line)
+        gpus = gpus_in_gres(found.group(2)) if found else 0
+        if gpus:
+            shares.append(max(1, int(found.group(1)) // gpus))
+    return min(shares, default=None)
+
+
+def cluster_cpus_per_gpu(partition: str | None) -> int | None:
+    """CPUs per GPU of `partition`'s GPU nodes (sinfo); None when unknown."""
+    cmd = ["sinfo", "--noheader", "--format=%c %G"]
+    if partition:
+        cmd.append(f"--partition={partition}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return cpus_per_gpu_in_sinfo(out)
 
 
 def cluster_gpus_per_node(partition: str | None) -> int:

@@ -1,6 +1,7 @@
 """Fixtures shared by every test module; helpers live in tests/helpers.py. Also how the
-suite shares the machine's cores (pytest-xdist, pyproject.toml's `-n auto --dist loadgroup`)
-and the run's last word on SLURM tests that could not run."""
+suite shares the machine's cores (pytest-xdist, pyproject.toml's `-n auto --dist loadgroup`),
+how it stays on the CPU on a GPU host (pin_to_the_cpu; `gpu` tests), and the run's last word on
+SLURM tests that could not run."""
 
 import inspect
 import os
@@ -26,11 +27,29 @@ def pytest_configure(config) -> None:
     start set their own (tests/helpers.py: run_env)."""
     from hydra.core.plugins import Plugins
 
+    pin_to_the_cpu()
     Plugins.instance()
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         import torch
 
         torch.set_num_threads(1)
+
+
+def pin_to_the_cpu() -> None:
+    """The suite's tests expect a machine without GPUs: on a GPU host, `auto` world sizes
+    would take every GPU and runs would train on CUDA. So this process, and every process a
+    test starts (they inherit the environment), sees none: CUDA_VISIBLE_DEVICES="" before any
+    test imports torch. The machine's own value and GPU count are kept (tests/gpu.py:
+    MACHINE_CUDA_ENV, MACHINE_GPUS_ENV) for the tests marked `gpu`, which run their GPU work
+    in a process that sees them (tests/gpu.py). xdist's workers inherit both from the
+    controller, whose hook ran first."""
+    from core.world import visible_gpus
+    from tests.gpu import MACHINE_CUDA_ENV, MACHINE_GPUS_ENV, UNSET
+
+    if MACHINE_CUDA_ENV not in os.environ:
+        os.environ[MACHINE_GPUS_ENV] = str(visible_gpus())  # no torch import without a driver
+        os.environ[MACHINE_CUDA_ENV] = os.environ.get("CUDA_VISIBLE_DEVICES", UNSET)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 @pytest.fixture
@@ -121,13 +140,25 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+def skip_gpu_tests_without_gpus(items) -> None:
+    """Tests marked `gpu` run where the machine has a CUDA GPU, and are skipped elsewhere."""
+    from tests.gpu import machine_gpus
+
+    if machine_gpus() == 0:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests that share an expensive module- or session-scoped fixture of this suite, directly
     or through another test, get one xdist_group: `--dist loadgroup` runs each group on one
     worker, so the fixture is built once (the SLURM cluster, one per machine, included).
     pytest's and plugins' own session fixtures (tmp_path_factory) would join every test into
-    one group: only fixtures written under tests/ count."""
+    one group: only fixtures written under tests/ count. Also: `gpu` tests skip without GPUs."""
+    skip_gpu_tests_without_gpus(items)
     parent: dict[str, str] = {}
 
     def find(key: str) -> str:

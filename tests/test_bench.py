@@ -208,3 +208,52 @@ def test_smoke_end_to_end(tmp_path):
         "C: train/ref >= 1.0",
         "D: train/ref >= 1.3",
     } <= set(report["targets"])
+
+
+# --- workload G: the GPU check (docs/bench/gpu.py) -------------------------------------------
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line_and_fails(tmp_path):
+    """Here (and in the suite on any host: tests/conftest.py hides the GPUs) torch sees none."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "docs.bench", "--workloads", "G", "--out", str(tmp_path / "r")],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert "needs a CUDA GPU" in lines[0] and "torch sees none" in lines[0]
+    assert not (tmp_path / "r").exists()  # nothing ran
+
+
+def test_gpu_check_cells_use_train_configs_that_compose(tmp_path, monkeypatch):
+    """Every train.py cell of the GPU check composes, on CUDA, with what its name says: run
+    first on a GPU machine, a cell must not fail on a config key."""
+    from docs.bench import gpu
+
+    commands = {}
+    monkeypatch.setattr(
+        gpu, "train_cell", lambda name, cmd, run_dir, t: commands.setdefault(name, cmd) and {}
+    )
+    cells = gpu.plan(tmp_path)
+    assert len({name for name, _, _ in cells}) == len(cells)
+    for name, limit, cell in cells:
+        assert 0 < limit <= gpu.BUDGET_S
+        cell(name, limit)
+    assert len(commands) == 9  # 3 ways a rank starts + 6 throughput cells
+    for name, cmd in commands.items():
+        overrides = [o for o in cmd[cmd.index("train.py") + 1 :] if not o.startswith("hydra.")]
+        sweep = "-m" in overrides
+        overrides = [o for o in overrides if o != "-m"]
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("train", overrides=overrides)
+        assert cfg.trainer.device == "cuda" and cfg.trainer.max_epochs == 1, name
+        assert sweep == name.startswith("1-rank sweep job")
+        if "bf16" in name:
+            assert cfg.model.name == name.split()[0] and cfg.trainer.precision == "bf16"
+            assert cfg.trainer.channels_last and cfg.dataset.fast == ("fast path" in name)
+            assert cfg.trainer.compile == name.endswith("compiled")
+            assert cfg.trainer.limit_train_batches == gpu.STEPS

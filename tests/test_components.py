@@ -415,3 +415,181 @@ def test_a_stall_fault_waits_at_its_step_until_a_signal_has_arrived(monkeypatch)
         signal.signal(signal.SIGUSR1, previous)
     assert during and waited < faults.STALL_MAX_S
     assert received and waited_early < faults.STALL_MAX_S
+
+
+# ------------------------------------------------------------------------------ GPU paths, faked
+# What needs a GPU is faked (the device count, its name); everything else is the real code.
+
+
+@pytest.fixture
+def rank_env(monkeypatch):
+    """This process as rank `local_rank` of a 2-rank node, as torchrun would start it."""
+
+    def as_rank(local_rank: int) -> None:
+        for key, value in {
+            "RANK": str(local_rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+        }.items():
+            monkeypatch.setenv(key, value)
+
+    return as_rank
+
+
+def dist_cfg(**keys):
+    from tests.helpers import composed_train_config
+
+    cfg = composed_train_config().dist
+    for key, value in keys.items():
+        cfg[key] = value
+    return cfg
+
+
+def test_local_rank_beyond_the_visible_gpus_is_one_line_naming_cuda_visible_devices(
+    monkeypatch, rank_env
+):
+    """One GPU per SLURM task (or torchrun starting more ranks than GPUs): LOCAL_RANK=1 sees
+    one GPU. A user error before any CUDA call, not CUDA's "invalid device ordinal"."""
+    from components.distributed import init_distributed
+
+    rank_env(1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setattr(world, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: pytest.fail(f"set_device({i})"))
+    with pytest.raises(UserError) as caught, init_distributed(dist_cfg(backend="nccl"), "auto"):
+        pass
+    message = str(caught.value)
+    assert "\n" not in message and "LOCAL_RANK=1 of 2 ranks" in message, message
+    assert "CUDA_VISIBLE_DEVICES='3'" in message and "at most 1 ranks per node" in message
+    rank_env(0)  # its GPU is there, but rank 1's is not: it stops too, with the same line
+    with (
+        pytest.raises(UserError, match="LOCAL_RANK=0 of 2 ranks.*CUDA_VISIBLE_DEVICES='3'"),
+        init_distributed(dist_cfg(backend="nccl"), "auto"),
+    ):
+        pass
+
+
+def test_device_cuda_with_gloo_is_a_user_error_even_where_gpus_are_visible(monkeypatch):
+    from components.distributed import init_distributed
+
+    monkeypatch.setattr(world, "visible_gpus", lambda: 2)
+    gloo = dist_cfg(backend="gloo")
+    with (
+        pytest.raises(UserError, match="trainer.device=cuda with dist.backend=gloo.*device=cpu"),
+        init_distributed(gloo, "cuda"),
+    ):
+        pass
+
+
+def test_sync_batchnorm_on_gloo_is_a_user_error_before_the_process_group():
+    from components.distributed import init_distributed
+
+    cfg = dist_cfg(backend="gloo", sync_batchnorm=True)
+    with (
+        pytest.raises(UserError, match="dist.sync_batchnorm=true needs CUDA.*=false"),
+        init_distributed(cfg, "cpu"),
+    ):
+        pass
+    assert not dist.is_initialized()
+
+
+def test_sync_batchnorm_converts_before_the_optimizer_takes_the_parameters():
+    """train.py converts right after building the model: the optimizer (and EMA, compile) get
+    the SyncBatchNorm model's own Parameter objects."""
+    from components.distributed import DistEnv, sync_batchnorm
+    from components.optim import build_optimizer
+    from models import build_model
+    from tests.helpers import composed_train_config
+
+    cfg = composed_train_config("model.batch_norm=true", "dist.sync_batchnorm=true")
+    splits = SimpleNamespace(num_classes=10, image_size=8, in_channels=1)
+    env = DistEnv(0, 0, 2, 2, 1, "nccl", torch.device("cuda", 0))  # what a GPU rank has
+    model = sync_batchnorm(build_model(cfg.model, splits), cfg.dist, env)
+    syncs = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)]
+    assert syncs and not any(type(m) is torch.nn.BatchNorm2d for m in model.modules())
+    optimizer = build_optimizer(cfg.optim, model, global_batch=64)
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    assert sorted(map(id, held)) == sorted(id(p) for p in model.parameters())
+    assert {id(m.weight) for m in syncs} <= set(map(id, held))
+    # one rank: nothing to synchronise, the model is left as built
+    single = DistEnv(0, 0, 1, 1, 1, "nccl", torch.device("cuda", 0))
+    plain = build_model(cfg.model, splits)
+    assert sync_batchnorm(plain, cfg.dist, single) is plain
+
+
+def test_cuda_rng_states_of_more_gpus_than_visible_restore_what_fits_and_warn_once(
+    monkeypatch, caplog
+):
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d="cuda": restored.append((d, s)))
+    saved = [torch.full((8,), i, dtype=torch.uint8) for i in range(4)]  # a 4-GPU process's
+    state = {**ck.rng_state(), "cuda": saved}
+    with caplog.at_level(logging.WARNING, logger=ck.__name__):
+        ck.set_rng_state(state)
+    assert [d for d, _ in restored] == [0, 1]
+    assert all(torch.equal(s, saved[d]) for d, s in restored)
+    warnings = [r.getMessage() for r in caplog.records if "CUDA RNG" in r.getMessage()]
+    assert len(warnings) == 1 and "4 GPUs but 2 are visible" in warnings[0], warnings
+    restored.clear()
+    caplog.clear()
+    ck.set_rng_state({**state, "cuda": saved[:2]})  # as many as visible: all, no warning
+    assert [d for d, _ in restored] == [0, 1] and not caplog.records
+
+
+# MFU: (device name, precision, conv share, cuDNN TF32, matmul TF32) -> the peak used.
+PEAK_CASES = [
+    ("NVIDIA H100 80GB HBM3", "bf16", 1.0, True, False, 989e12),
+    ("NVIDIA H100 PCIe", "bf16", 1.0, True, False, 756e12),  # not the SXM part's
+    ("NVIDIA H100 NVL", "bf16", 0.0, True, False, 835e12),
+    ("NVIDIA H200", "bf16", 0.5, True, False, 989e12),
+    ("NVIDIA L40", "bf16", 1.0, True, False, 181e12),  # not the L4's 121e12
+    ("NVIDIA L4", "bf16", 1.0, True, False, 121e12),
+    ("NVIDIA L40S", "bf16", 1.0, True, False, 362e12),
+    # precision 32: a conv net runs TF32 (cuDNN's default), matmuls FP32 (cuBLAS's default)
+    ("NVIDIA A100-SXM4-80GB", "32", 1.0, True, False, 156e12),
+    ("NVIDIA A100-SXM4-80GB", "32", 1.0, False, False, 19.5e12),
+    ("NVIDIA A100-SXM4-80GB", "32", 0.0, True, False, 19.5e12),
+    ("NVIDIA A100-SXM4-80GB", "32", 0.0, True, True, 156e12),
+    # half the FLOPs at each peak: the time-weighted peak 2 / (1/156 + 1/19.5) T
+    ("NVIDIA A100-SXM4-80GB", "32", 0.5, True, False, 2 / (1 / 156e12 + 1 / 19.5e12)),
+    ("Tesla V100-SXM2-16GB", "32", 1.0, True, False, None),  # no TF32 on a V100
+    ("Tesla V100-SXM2-16GB", "32", 1.0, False, False, 15.7e12),
+    ("NVIDIA L4X", "bf16", 1.0, True, False, None),  # not listed: no MFU rather than a guess
+]
+
+
+@pytest.mark.parametrize("name, precision, conv_share, cudnn_tf32, matmul_tf32, peak", PEAK_CASES)
+def test_peak_flops_match_the_device_exactly_and_the_math_that_runs(
+    monkeypatch, name, precision, conv_share, cudnn_tf32, matmul_tf32, peak
+):
+    from components.speed import peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", cudnn_tf32)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", matmul_tf32)
+    found = peak_flops(torch.device("cuda", 0), precision, conv_share)
+    assert found == (None if peak is None else pytest.approx(peak, rel=1e-9))
+
+
+def test_conv_share_of_the_flops_is_counted(monkeypatch):
+    """A conv net's FLOPs are mostly convolutions: Speed takes the conv peak for them."""
+    from components.speed import Speed, model_facts
+    from models import build_model
+    from tests.helpers import composed_train_config
+
+    cfg = composed_train_config()
+    model = build_model(cfg.model, SimpleNamespace(num_classes=10, image_size=8, in_channels=1))
+    facts = model_facts(model, torch.zeros(2, 1, 8, 8))
+    convs = 9 * 2 * (1 * 32 * 8 * 8 + 32 * 64 * 4 * 4)  # 3x3 convs at 8x8 and 4x4, 2 per MAC
+    assert facts["conv_flops_per_sample"] == convs < facts["flops_per_sample"]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    share = facts["conv_flops_per_sample"] / facts["flops_per_sample"]
+    speed = Speed(
+        torch.device("cuda", 0), "32", samples_per_step=64, flops_per_sample=1e9, conv_share=share
+    )
+    assert 19.5e12 < speed.peak_flops < 156e12

@@ -6,6 +6,7 @@ import functools
 import itertools
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,10 +19,10 @@ from data.fast import crop_flip, crop_flip_params, mix_seed_tensor
 from data.seeding import mix_seed
 from data.transforms import NORMALIZATION, FastAugment
 from tests import helpers as fx
+from tests.gpu import on_gpu
 from tests.helpers import dataset_cfg
 
 NAMES = ["digits", "mnist", "cifar10"]  # 1437 / 270 / 108 train samples (10% carved as val)
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(scope="module")
@@ -361,9 +362,15 @@ def test_normalisation(make_splits):
 # --- on the accelerator ---------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_batches_equal_cpu_batches(make_splits):
-    splits = make_splits("cifar10", True)
+def cuda_batches_equal_cpu_batches(root: str) -> None:
+    """In a process that sees the machine's GPUs (tests/gpu.py): make_splits("cifar10", True)'s
+    data, built there, through both devices."""
+    _, sums = fx.make_cifar(Path(root), classes=10, n_per_batch=24)
+    for attr, value in sums.items():
+        setattr(tvd.CIFAR10, attr, value)
+    splits = build_datasets(
+        dataset_cfg("cifar10", root=root), seed=3, augment=fx.recipe("dataset=cifar10")
+    )
     cpu, gpu = (
         loaders(splits, world_size=2, rank=1),
         loaders(splits, world_size=2, rank=1, device="cuda"),
@@ -378,3 +385,8 @@ def test_cuda_batches_equal_cpu_batches(make_splits):
             assert torch.equal(yg.cpu(), y)
     grid = torch.tensor([[0, 1], [2**40, 7], [2**63 - 1, 2**62]])
     assert torch.equal(mix_seed_tensor(9, *grid.cuda().T).cpu(), mix_seed_tensor(9, *grid.T))
+
+
+@pytest.mark.gpu
+def test_cuda_batches_equal_cpu_batches(tmp_path):
+    on_gpu(cuda_batches_equal_cpu_batches, str(tmp_path))

@@ -38,8 +38,8 @@ from core.errors import UserError
 from core.run_dir import read_launch_record, read_result
 from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
 from launch.ranks.slurm_task import expand_nodelist, expand_tasks_per_node, master_port, torch_env
-from launch.slurm import DDPSlurmQueueConf, job_resources
-from launch.slurm_queue import gpus_in_gres
+from launch.slurm import GPU_TASK_CPUS, DDPSlurmQueueConf, job_resources
+from launch.slurm_queue import cpus_per_gpu_in_sinfo, gpus_in_gres
 from tests.helpers import (
     OFFLINE,
     REPO,
@@ -175,6 +175,27 @@ def test_job_resources_follow_each_jobs_world_size(train_config) -> None:
         resources(config("dist.nproc_per_node=2", "hydra.launcher.tasks_per_node=4"), 0)
     with pytest.raises(UserError, match="gpus_per_task"):
         resources(config("hydra.launcher.gpus_per_task=1"), gpus=8)
+
+
+def test_gpu_jobs_get_the_nodes_cpus_per_gpu_by_default(train_config) -> None:
+    """hydra.launcher.cpus_per_task=null: each task (rank) of a GPU job gets its GPU's share of
+    the node's CPUs (sinfo's CPUs / GPUs), GPU_TASK_CPUS where sinfo cannot tell; not SLURM's
+    default of 1 (one thread and no DataLoader workers per rank). CPU jobs keep the cluster's
+    default; an explicit cpus_per_task or cpus_per_gpu wins."""
+    config = functools.partial(train_config.compose, "hydra/launcher=slurm")
+
+    def cpus(*overrides: str, gpus: int = 8, per_gpu: int | None = 14) -> int | None:
+        settings = DDPSlurmQueueConf.from_config(config(*overrides).hydra.launcher)
+        return job_resources(config(*overrides), settings, gpus, per_gpu).get("cpus_per_task")
+
+    assert cpus() == 14 and cpus("dist.nproc_per_node=2") == 14
+    assert cpus(per_gpu=None) == GPU_TASK_CPUS > 1
+    assert cpus(gpus=0) is None and cpus("dist=cpu") is None  # CPU ranks: the cluster's default
+    assert cpus("hydra.launcher.cpus_per_task=6") == 6
+    assert cpus("hydra.launcher.cpus_per_gpu=6") is None  # SLURM's --cpus-per-gpu does it
+    # sinfo --format="%c %G": CPUs and gres per kind of node; the smallest share of GPU nodes
+    assert cpus_per_gpu_in_sinfo("112 gpu:h100:8(S:0-1)\n64+ gpu:4\n16 (null)\n") == 14
+    assert cpus_per_gpu_in_sinfo("16 (null)\n") is None
 
 
 def test_gpus_in_gres() -> None:

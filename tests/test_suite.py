@@ -1,13 +1,15 @@
 """How the suite shares the cores (tests/conftest.py): tests that share an expensive fixture of
 this suite run on one xdist worker, so it is built once; a test that shares nothing is free to
-run anywhere. A broken grouping only shows as a slower run, so it is checked here."""
+run anywhere. A broken grouping only shows as a slower run, so it is checked here. And how it
+stays on the CPU on a GPU host, its `gpu` tests getting the machine's GPUs back."""
 
 import os
 import sys
 
 import pytest
 
-from tests.helpers import output, run
+from tests.gpu import MACHINE_CUDA_ENV, UNSET, machine_gpus, on_gpu
+from tests.helpers import output, run, run_env
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +63,33 @@ def test_a_launcher_suite_test_first_leaves_the_plugins_configs_for_the_next_tes
         timeout=300,
     )
     assert proc.returncode == 0 and "2 passed" in proc.stdout, output(proc)[-3000:]
+
+
+def cuda_visible_devices() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_the_suite_sees_no_gpu_and_gpu_tests_get_the_machines_back(monkeypatch):
+    """On a GPU host the suite's CPU tests run as on a CPU machine: no GPU in this process nor
+    in the processes tests start (an `auto` world would take every GPU); a `gpu` test's
+    process sees what the machine showed, ids, UUIDs and MIG entries as written."""
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" == run_env()["CUDA_VISIBLE_DEVICES"]
+    assert os.environ[MACHINE_CUDA_ENV]  # what pytest was started with (or <unset>)
+    assert machine_gpus() >= 0
+    monkeypatch.setenv(MACHINE_CUDA_ENV, "3,GPU-8f6e,MIG-5c1a")
+    assert on_gpu(cuda_visible_devices) == "3,GPU-8f6e,MIG-5c1a"
+    monkeypatch.setenv(MACHINE_CUDA_ENV, UNSET)  # the machine's every GPU
+    assert on_gpu(cuda_visible_devices) is None
+
+
+@pytest.mark.gpu
+def test_gpu_tests_run_only_where_the_machine_has_a_gpu():
+    """Collected everywhere, run only where CUDA exists (skipped here otherwise)."""
+    assert machine_gpus() > 0
+    assert on_gpu(cuda_device_count) == machine_gpus()
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()

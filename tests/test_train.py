@@ -274,6 +274,14 @@ BAD_INPUTS = [
     (["dist.backend=nccl"], ["dist.backend=nccl needs a CUDA GPU", "gloo"]),
     (["dist.backend=mpi"], ["dist.backend=mpi is not valid", "auto, nccl or gloo"]),
     (["trainer.device=tpu"], ["trainer.device=tpu is not valid"]),
+    (
+        ["trainer.device=cuda", "dist.backend=gloo"],
+        ["trainer.device=cuda with dist.backend=gloo would train on the CPU", "trainer.device=cpu"],
+    ),
+    (
+        ["model.batch_norm=true", "dist.sync_batchnorm=true"],
+        ["dist.sync_batchnorm=true needs CUDA ranks", "use dist.sync_batchnorm=false"],
+    ),
     (["optim.lr=1e12"], ["non-finite loss", "at step", "optim.lr"]),
     (["optim.lr=-0.1"], ["Invalid learning rate: -0.025", "from optim.lr=-0.1", "optim"]),
     (["optim.lr_scaling=cubic"], ["optim.lr_scaling=cubic is not valid", "linear"]),
@@ -430,6 +438,11 @@ def test_non_finite_loss_keeps_what_was_written(tmp_path):
     [
         (["trainer.batch_size=63"], ["trainer.batch_size=63", "not divisible", "world size 2"]),
         (["dist.nproc_per_node=4"], ["dist.nproc_per_node=4", "torchrun started 2"]),
+        # on b2beecb: torch's ValueError traceback from the first SyncBatchNorm forward
+        (
+            ["model.batch_norm=true", "dist.sync_batchnorm=true"],
+            ["dist.sync_batchnorm=true needs CUDA ranks", "dist.sync_batchnorm=false"],
+        ),
     ],
 )
 def test_bad_input_two_ranks_exit_without_hanging(tmp_path, overrides, fragments):

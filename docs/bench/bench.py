@@ -25,7 +25,8 @@ makes the exit status non-zero.
 Workload E (docs/bench/time_to_accuracy.py, `--workloads E --real-data DIR`): time to accuracy on
 real MNIST and Fashion-MNIST (built by docs/bench/real_data.py), train.py against the seed recipe.
 Workload V (docs/bench/seed_spread.py, `--workloads V`): every shipped default on seeds 0-4, one
-seed sweep each: mean, std and the worst seed.
+seed sweep each: mean, std and the worst seed. Workload G (docs/bench/gpu.py, `--workloads G`):
+the prepared GPU check, <= 5 min on one GPU (without one: one line, exit status 2).
 
 This module is the command line and the runs; workloads.py defines the workloads, tables.py
 the report, common.py what every workload shares (all in docs/bench/). None imports torch.
@@ -60,6 +61,7 @@ from docs.bench.tables import best_table, legend, summarize, table
 from docs.bench.workloads import (
     D_CHANNELS,
     D_HIDDEN,
+    GPU_CHECK,
     MODES,
     PLAIN_LR,
     SEED_SPREAD,
@@ -268,8 +270,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--workloads",
         default=",".join(WORKLOADS),
         help=f"comma-separated, of: {', '.join(WORKLOADS)} (default), E (time to accuracy "
-        "on real data: needs --real-data), S (start-up costs, docs/bench/startup.py) and V "
-        "(the seed spread of every shipped default, docs/bench/seed_spread.py)",
+        "on real data: needs --real-data), S (start-up costs, docs/bench/startup.py), V "
+        "(the seed spread of every shipped default, docs/bench/seed_spread.py) and G (the "
+        "GPU check, docs/bench/gpu.py)",
     )
     p.add_argument(
         "--compare",
@@ -332,10 +335,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    extra = (TIME_TO_ACCURACY, STARTUP, SEED_SPREAD)
+    extra = (TIME_TO_ACCURACY, STARTUP, SEED_SPREAD, GPU_CHECK)
     unknown = [w for w in args.workloads if w not in (*WORKLOADS, *extra)]
     if unknown or not args.workloads:
-        p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}, E, S, V")
+        p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}, E, S, V, G")
     from docs.bench.seed_spread import DEFAULTS
 
     args.v_defaults = [d.strip() for d in args.v_defaults.split(",") if d.strip()]
@@ -418,6 +421,8 @@ def print_report(report: dict) -> None:
         from docs.bench import seed_spread
 
         print("\n" + seed_spread.table(report["seed_spread"]) + "\n\n" + seed_spread.legend())
+    if report.get("gpu"):
+        print("\n" + report["gpu"])
 
 
 def resummarize(report: dict) -> dict:
@@ -459,13 +464,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             args.out.write_text(json.dumps(report, indent=2) + "\n")
         return 0
+    if GPU_CHECK in args.workloads:
+        from docs.bench import gpu
+
+        gpus, gpu_name = gpu.cuda_devices()
+        if not gpus:
+            print(gpu.NO_GPU, file=sys.stderr)
+            return 2
+        print(f"[G] {gpus} GPU(s): {gpu_name}", file=sys.stderr)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
     started = time.perf_counter()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="hydra-ddp-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows, e_rows, v_rows, startup_table = [], [], [], None
+    rows, e_rows, v_rows, startup_table, gpu_table, gpu_failed = [], [], [], None, None, 0
     try:
+        if GPU_CHECK in args.workloads:
+            gpu_table, gpu_failed = gpu.run(work / "gpu")
         if TIME_TO_ACCURACY in args.workloads:
             from docs.bench import time_to_accuracy
 
@@ -523,9 +538,11 @@ def main(argv: list[str] | None = None) -> int:
         "time_to_accuracy": e_rows,
         "startup": startup_table,
         "seed_spread": v_rows,
+        "gpu": gpu_table,
     }
     print_report(report)
     failed = sum(row["failed_runs"] for row in (*rows, *e_rows)) + sum("error" in r for r in v_rows)
+    failed += gpu_failed
     if failed:
         print(f"\n{failed} run(s) failed: see the messages above", file=sys.stderr)
     if args.out:

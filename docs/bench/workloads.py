@@ -21,6 +21,7 @@ SMOKE_STEPS = 2
 TIME_TO_ACCURACY = "E"  # docs/bench/time_to_accuracy.py
 STARTUP = "S"  # docs/bench/startup.py
 SEED_SPREAD = "V"  # docs/bench/seed_spread.py
+GPU_CHECK = "G"  # docs/bench/gpu.py
 
 
 PLAIN_LR = 0.1  # the plain recipe's SGD lr (docs/bench/reference.py), train.py's at the batch of 64
