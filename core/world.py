@@ -133,8 +133,12 @@ def usable_cores() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
-def cores_per_rank(local_world_size: int) -> int:
-    """This node's usable CPU cores (the process's affinity) divided among its ranks."""
+def cores_per_rank(local_world_size: int, environ=os.environ) -> int:
+    """This rank's CPU cores: a SLURM task's own (--cpus-per-task is each task's, whether or not
+    SLURM binds it to them), else this node's usable cores (the process's affinity) divided
+    among its ranks."""
+    if "SLURM_PROCID" in environ and environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return max(1, int(environ["SLURM_CPUS_PER_TASK"]))
     return max(1, len(usable_cores()) // max(1, local_world_size))
 
 

@@ -231,3 +231,16 @@ def test_two_jobs_at_once_run_on_their_own_cores(tmp_path: Path) -> None:
     assert not a & b and a | b <= set(cores), ranks
     assert sum(r["threads"] for r in ranks) <= len(cores), ranks
     assert sum(r["workers"] for r in ranks) <= len(cores), ranks
+
+
+def test_a_slurm_task_sizes_its_threads_and_workers_from_its_own_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SLURM task of an 8-GPU job on a 112-CPU node, bound to its 14 CPUs (--cpus-per-task):
+    its share is those 14, not 14 divided again among the node's 8 local ranks."""
+    monkeypatch.setattr(world, "usable_cores", lambda: list(range(14)))
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "14")
+    assert world.cores_per_rank(8) == 14 and world.data_workers("auto", 8) == 13
+    monkeypatch.delenv("SLURM_PROCID")  # not a SLURM task: the node's cores among its ranks
+    assert world.cores_per_rank(8) == 1 and world.data_workers("auto", 8) == 0
