@@ -15,11 +15,7 @@ from typing import Any
 
 import yaml
 
-from core.naming import (
-    declared_sweep_keys,
-    override_values,
-    varying_keys,
-)
+from core.naming import override_values, swept_keys
 from core.run_dir import (
     EVAL_FILE,
     METRICS_FILE,
@@ -308,9 +304,7 @@ def read_sweep(sweep_dir: str | os.PathLike) -> tuple[list[JobSummary], list[str
     sweep's keys; those keys: declared in its multirun.yaml, then any other key whose value
     differs between its jobs)."""
     jobs = [read_job(d) for d in find_job_dirs(sweep_dir)]
-    config = read_multirun_config(sweep_dir)
-    declared = declared_sweep_keys(config) if config is not None else []
-    keys = list(dict.fromkeys([*declared, *varying_keys([j.overrides.split() for j in jobs])]))
+    keys = swept_keys(read_multirun_config(sweep_dir), [j.overrides.split() for j in jobs])
     for job in jobs:
         values = override_values(job.overrides.split())
         job.swept = {k: values[k] for k in keys if k in values}
