@@ -209,7 +209,6 @@ def read_eval_job(job_dir: Path, evaluation: dict[str, Any]) -> JobSummary:
         job=job_dir.name,
         overrides=" ".join(overrides),
         status=flat(evaluation.get("status") or "failed"),
-        error=None,
         monitor=f"{split}/acc",
         best=measured.get("acc"),
         split=split,

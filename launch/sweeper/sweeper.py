@@ -144,15 +144,14 @@ class OptunaSweeperBase(Sweeper):
         if self.study_name is None:
             self.study_name = self.sweep_dir.name
 
-    def ran_before(self) -> bool:
-        return any(self.sweep_dir.glob(f"*/{LAUNCH_FILE}"))
-
     def sweep(self, arguments: list[str]) -> None:
         import optuna
+        from hydra.utils import get_method
 
         from core.trials import open_storage
 
-        if self.resume and not continue_study(self) and self.ran_before():
+        ran_before = any(self.sweep_dir.glob(f"*/{LAUNCH_FILE}"))
+        if self.resume and not continue_study(self) and ran_before:
             raise UserError(
                 f"{self.sweep_dir} holds jobs of an Optuna sweep but no study "
                 f"{self.study_name} in {shown(self.storage_spec)}: start a new sweep dir, or "
@@ -176,11 +175,7 @@ class OptunaSweeperBase(Sweeper):
         # The ranks reach their trials through the storage (components/pruning.py).
         os.environ[STORAGE_ENV], os.environ[STUDY_ENV] = self.storage_spec, study.study_name
         os.environ[PRUNER_ENV] = json.dumps(pruner)
-        extend = None
-        if self.custom_search_space:
-            from hydra.utils import get_method
-
-            extend = get_method(self.custom_search_space)
+        extend = get_method(self.custom_search_space) if self.custom_search_space else None
         trials = Trials(self, study, space, fixed, extend)
         usage = SlotUsage(self.n_jobs)
         stream = getattr(self.launcher, "launch_stream", None) if self.stream else None
