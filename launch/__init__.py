@@ -3,16 +3,9 @@ folder runs in the launcher, sweeper/ in the sweeper (the same process; `hydra/s
 ranks/ in each rank process a launcher starts, report/ in the sweep or any shell. This file
 imports nothing and nothing here imports torch when imported: what does not train stays torch-free.
 
-The lifecycle, written once (lifecycle.py): compose a job (jobs.py) -> place it (its world size
-where the backend runs it) -> prepare it from its launch.json (resume.py: done earlier, re-attach
-to an attempt still running, or run) -> start an attempt -> wait -> outcome -> close the attempt
--> retry, or report it in one line. Jobs start in order as soon as the backend has room, and may
-be handed over lazily (launch_stream: a sweeper starts a job whenever a slot frees). Stop
-signals stop the running attempts, which are recorded.
-
-A backend implements only what differs (lifecycle.Backend): place, reserve/release room, start,
-record (what launch.json keeps of an attempt, opaque), ended, outcome, stop, earlier_return,
-reattach. Two backends:
+A job's life is written once (lifecycle.py: compose (jobs.py), place, prepare (resume.py),
+start, wait, close, retry or report); a backend implements only what differs (lifecycle.Backend).
+Two backends:
 
 * torchrun.py (`hydra/launcher=torchrun`, and `python train.py dist.nproc_per_node=N`): a job is
   a torchrun agent on this machine, forked by the launcher's warm start (warm.py:

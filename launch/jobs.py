@@ -1,24 +1,12 @@
-"""The job model both launchers share (launch/torchrun.py, launch/slurm.py).
-
-A sweep goes the same way on either launcher (launch/lifecycle.py): every job's config is
-composed here, in the launching process (:func:`compose_jobs`, as Hydra's own launchers do), its
-world size read from its own `dist` node (:func:`job_world`, core/world.py's rules), then
-the launcher runs the jobs its way and hands back one JobReturn per job: rank 0's own, or a
-failed one (:func:`failed_job_return`) whose one-line reason (:func:`failure_reason`) comes from
-one channel, most specific first: rank 0's exception, then the record of the ranks that died,
-then what is left (exit codes, job states). A job that failed without a record of its own gets
-one in its run dir (:func:`record_failure`, core/run_dir.py), whatever stopped it: a config
-that does not compose, a world size or batch size that cannot work (found before any rank
-starts, :func:`check_batch_size`), a crash, killed ranks, a SLURM job that never ran.
-
-What a sweep prints (the launching process): one line when the sweep starts, one line per
-finished job (:func:`job_done`: number, status, monitored metric, wall time, swept values), and
-the summary table at the end (launch/report/); the ranks' own output goes to their log files.
-A bad input found by the launcher itself is one line and exit status 2 (:func:`launcher_errors`).
-
-A sweep job's attempts, and what a resumed sweep does with it, are launch/resume.py's.
-SIGINT/SIGTERM (and for local jobs SIGHUP) of the launcher stop its running jobs the way
-preemption does, and the sweep ends with one line (:class:`SweepStopped`, :func:`stop_signals`).
+"""The job model both launchers share (launch/torchrun.py, launch/slurm.py; their common
+lifecycle is launch/lifecycle.py): every job's config is composed here, in the launching process
+(:func:`compose_jobs`, as Hydra's own launchers do). What a sweep prints: one line when it
+starts, one line per finished job (:func:`job_done`), the summary table at the end
+(launch/report/); the ranks' own output goes to their log files. A failed job gets one reason
+from one channel, most specific first (:func:`failure_reason`), and a record in its run dir
+whatever stopped it (:func:`record_failure`). A bad input found by the launcher itself is one
+line and exit status 2 (:func:`launcher_errors`); a stop signal stops the running jobs the way
+preemption does (:func:`stop_signals`, :class:`SweepStopped`).
 """
 
 from __future__ import annotations

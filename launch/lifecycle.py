@@ -18,7 +18,6 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -261,15 +260,37 @@ class LifecycleLauncher:
         first: bool,
         on_done: Callable[[Job, Any], Any] | None = None,
     ) -> dict[int, Any]:
-        """:func:`run_jobs` inside the sweep's session (:func:`sweep_session`); `jobs()` is
-        called there, once Hydra's globals are set. A failed job reports the sweep so far."""
+        """:func:`run_jobs` once Hydra's globals and the sweep's logging are set, the sweeper
+        checked and the sweep dir made (and locked, unless the options' `lock` is false); `jobs()`
+        is called then. A stop signal (the options' `stop_on`) ends the sweep with SweepStopped
+        once the running jobs are stopped and recorded. A failed job reports the sweep so far."""
+        from hydra.core.utils import setup_globals
+
         with launcher_errors():
             self.check()
             opts = self.options()
             stop_on = opts.pop("stop_on", (signal.SIGINT, signal.SIGTERM))
             lock = opts.pop("lock", True)
-            with sweep_session(self, self.launcher_name, opts["resume"], stop_on, lock, first):
-                results = run_jobs(jobs(), **opts, on_done=on_done)
+            setup_globals()
+            configure_sweep_logging(self.config)
+            check_sweeper(self.config, opts["resume"])
+            sweep_dir = Path(str(self.config.hydra.sweep.dir))
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            if lock:
+                hold_sweep_lock(sweep_dir)
+            if first:  # Optuna hands out trials a few at a time: one line per sweep
+                resuming = " (resuming)" if opts["resume"] else ""
+                log.info("%s: sweep dir %s%s", self.launcher_name, sweep_dir, resuming)
+            try:
+                with stop_signals(stop_on):
+                    results = run_jobs(jobs(), **opts, on_done=on_done)
+            except KeyboardInterrupt as e:
+                report_unfinished(self.config, f" (the sweep was stopped: {stop_reason(e)})")
+                raise SweepStopped(
+                    f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
+                    f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
+                    f"{sweep_dir} hydra.launcher.resume=true to continue it"
+                ) from None
             if any(ret.status.name == "FAILED" for ret in results.values()):  # may raise now
                 report_unfinished(self.config, " (a job failed)")
             return results
@@ -303,33 +324,3 @@ class JobFeed:
 
     def ended(self) -> None:
         self.running -= 1
-
-
-@contextmanager
-def sweep_session(
-    launcher: Any, name: str, resume: bool, stop_on: Sequence[int], lock: bool, first: bool
-) -> Iterator[None]:
-    """Around a launch: Hydra's globals and the sweep's logging, the sweeper checked, the sweep
-    dir made (and locked, with `lock`); a stop signal (`stop_on`) ends the sweep with
-    SweepStopped once the running jobs are stopped and recorded."""
-    from hydra.core.utils import setup_globals
-
-    setup_globals()
-    configure_sweep_logging(launcher.config)
-    check_sweeper(launcher.config, resume)
-    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    if lock:
-        hold_sweep_lock(sweep_dir)
-    if first:  # Optuna hands out trials a few at a time: one line per sweep
-        log.info("%s: sweep dir %s%s", name, sweep_dir, " (resuming)" if resume else "")
-    try:
-        with stop_signals(stop_on):
-            yield
-    except KeyboardInterrupt as e:
-        report_unfinished(launcher.config, f" (the sweep was stopped: {stop_reason(e)})")
-        raise SweepStopped(
-            f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
-            f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
-            f"{sweep_dir} hydra.launcher.resume=true to continue it"
-        ) from None

@@ -38,13 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.errors import UserError, describe, find_user_error, job_value
 from core.run_dir import (
     CHECKPOINT_DIR,
-    OVERRIDES_FILE,
     RESULT_FILE,
     Attempt,
     LaunchRecord,
@@ -55,6 +53,7 @@ from core.run_dir import (
     write_result,
 )
 from launch.ranks.job_spec import job_return
+from launch.report.jobs import read_overrides
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +71,9 @@ def recorded_overrides(job_dir: Path, record: LaunchRecord | None) -> list[str] 
     .hydra/overrides.yaml, else result.json's (a launcher's failure record); None if none."""
     if record is not None:
         return record.overrides
-    try:
-        data = yaml.safe_load((Path(job_dir) / OVERRIDES_FILE).read_text())
-        if isinstance(data, list):
-            return [str(o) for o in data]
-    except (OSError, yaml.YAMLError):
-        pass
-    result = read_result(job_dir)
-    return result.overrides if result is not None else None
+    overrides = read_overrides(job_dir)
+    result = read_result(job_dir) if overrides is None else None
+    return overrides if result is None else result.overrides
 
 
 def check_overrides(

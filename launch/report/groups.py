@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from core.naming import fmt_value, label, short_keys
 from launch.report.jobs import JobSummary
-from launch.report.seeds import DEFAULT_OVER, Group, aggregates, group_jobs, rank_groups
+from launch.report.seeds import DEFAULT_OVER, Group, group_jobs, rank_groups
 
 GROUPS_CSV = "summary_groups.csv"
 
@@ -35,7 +35,7 @@ def seed_groups(
         return []
     done = [r for r in rows if r.status == "completed"]
     groups = group_jobs([(r.job, r.swept, job_metrics(r)) for r in done], over)
-    if not aggregates(groups):
+    if all(len(g.jobs) == 1 for g in groups):  # nothing was aggregated
         return []
     monitor = next((r.monitor for r in done), "val/acc")
     mode = next((r.mode for r in done), "max")
@@ -70,7 +70,7 @@ def interval(group: Group, metric: str) -> str:
     return f"[{fmt_value(stat.ci_low)}, {fmt_value(stat.ci_high)}]"
 
 
-def group_table(groups: Sequence[Group], keys: Sequence[str], over: Sequence[str]) -> list[list]:
+def group_table(groups: Sequence[Group], keys: Sequence[str]) -> list[list]:
     """Header row then one row per group: config, n, jobs, then mean ± std and 95 % CI per
     metric (the printed and Markdown tables)."""
     metrics = shown_metrics(groups, brief=True)
@@ -88,7 +88,7 @@ def group_table(groups: Sequence[Group], keys: Sequence[str], over: Sequence[str
 
 
 def format_groups(groups: Sequence[Group], keys: Sequence[str], over: Sequence[str]) -> str:
-    table = group_table(groups, keys, over)
+    table = group_table(groups, keys)
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -97,7 +97,7 @@ def format_groups(groups: Sequence[Group], keys: Sequence[str], over: Sequence[s
 
 
 def groups_markdown(groups: Sequence[Group], keys: Sequence[str], over: Sequence[str]) -> str:
-    table = group_table(groups, keys, over)
+    table = group_table(groups, keys)
     esc = [[c.replace("|", "\\|") for c in r] for r in table]
     lines = [f"## Aggregated over {', '.join(over)}", ""]
     lines.append(
@@ -127,7 +127,7 @@ def groups_records(groups: Sequence[Group], keys: Sequence[str]) -> tuple[list[s
     return columns, rows
 
 
-def groups_csv(groups: Sequence[Group], keys: Sequence[str], over: Sequence[str]) -> str:
+def groups_csv(groups: Sequence[Group], keys: Sequence[str]) -> str:
     columns, rows = groups_records(groups, keys)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")

@@ -15,11 +15,7 @@ from typing import Any
 
 import yaml
 
-from core.naming import (
-    declared_sweep_keys,
-    override_values,
-    varying_keys,
-)
+from core.naming import override_values, swept_keys
 from core.run_dir import (
     EVAL_FILE,
     METRICS_FILE,
@@ -109,10 +105,6 @@ class SweepSummary:
         return f"best {self.monitor}" if self.metric == "best" else self.metric
 
 
-# --------------------------------------------------------------------------------------------
-# Reading a sweep dir
-
-
 def _number(value: Any) -> float | None:
     """A float, or None for missing / non-numeric values (bools are not numbers here)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -128,31 +120,21 @@ def flat(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def _natural_key(name: str) -> tuple:
-    """Job dirs ``2`` before ``10``; non-numeric names after the numbered ones, by name."""
-    return (0, int(name), "") if name.isdigit() else (1, 0, name)
-
-
-def is_job_dir(path: Path) -> bool:
-    return path.is_dir() and any(
-        (path / name).exists() for name in (".hydra", RESULT_FILE, METRICS_FILE, EVAL_FILE)
-    )
-
-
 def find_job_dirs(sweep_dir: str | os.PathLike) -> list[Path]:
-    """The direct children of ``sweep_dir`` that are job dirs, in job order."""
+    """The direct children of ``sweep_dir`` that are job dirs, in job order: ``2`` before
+    ``10``, non-numeric names after the numbered ones, by name."""
     root = Path(sweep_dir)
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if is_job_dir(p)), key=lambda p: _natural_key(p.name))
+    marks = (".hydra", RESULT_FILE, METRICS_FILE, EVAL_FILE)
+    dirs = [p for p in root.iterdir() if p.is_dir() and any((p / m).exists() for m in marks)]
+    return sorted(dirs, key=lambda p: (0, int(p.name), "") if p.name.isdigit() else (1, 0, p.name))
 
 
-def _read_overrides(job_dir: Path) -> list[str] | None:
-    path = job_dir / OVERRIDES_FILE
-    if not path.is_file():
-        return None
+def read_overrides(job_dir: str | os.PathLike) -> list[str] | None:
+    """Hydra's record of a job's overrides (.hydra/overrides.yaml); None if absent or unreadable."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load((Path(job_dir) / OVERRIDES_FILE).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return None
     return [str(o) for o in data] if isinstance(data, list) else None
@@ -222,12 +204,11 @@ def read_eval_job(job_dir: Path, evaluation: dict[str, Any]) -> JobSummary:
         for k, v in (evaluation.get("metrics") or {}).items()
         if _number(v) is not None and not count_key(k)
     }
-    overrides = _read_overrides(job_dir) or []
+    overrides = read_overrides(job_dir) or []
     return JobSummary(
         job=job_dir.name,
         overrides=" ".join(overrides),
         status=flat(evaluation.get("status") or "failed"),
-        error=None,
         monitor=f"{split}/acc",
         best=measured.get("acc"),
         split=split,
@@ -268,7 +249,7 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
             result = RunResult.from_json(loaded)
         except (OSError, ValueError, TypeError) as e:
             result = RunResult(status="failed", error=flat(f"unreadable result.json: {e}"))
-    overrides = _read_overrides(job_dir)
+    overrides = read_overrides(job_dir)
     if overrides is None and isinstance(result.overrides, list):
         overrides = [str(o) for o in result.overrides]
     curve = derived["val_curve"]
@@ -317,20 +298,12 @@ def read_multirun_config(sweep_dir: str | os.PathLike) -> Any:
         return None
 
 
-def sweep_keys(sweep_dir: str | os.PathLike, jobs: Sequence[JobSummary]) -> list[str]:
-    """The keys the sweep varies: declared in its multirun.yaml, then any other key whose value
-    differs between its jobs."""
-    config = read_multirun_config(sweep_dir)
-    declared = declared_sweep_keys(config) if config is not None else []
-    varying = varying_keys([j.overrides.split() for j in jobs])
-    return list(dict.fromkeys([*declared, *varying]))
-
-
 def read_sweep(sweep_dir: str | os.PathLike) -> tuple[list[JobSummary], list[str]]:
-    """(one JobSummary per job dir of ``sweep_dir``, in job order (``0``, ``1``, …, ``10``),
-    each with its values of the sweep's keys; those keys)."""
+    """(one JobSummary per job dir of ``sweep_dir``, in job order, each with its values of the
+    sweep's keys; those keys: declared in its multirun.yaml, then any other key whose value
+    differs between its jobs)."""
     jobs = [read_job(d) for d in find_job_dirs(sweep_dir)]
-    keys = sweep_keys(sweep_dir, jobs)
+    keys = swept_keys(read_multirun_config(sweep_dir), [j.overrides.split() for j in jobs])
     for job in jobs:
         values = override_values(job.overrides.split())
         job.swept = {k: values[k] for k in keys if k in values}

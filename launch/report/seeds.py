@@ -104,21 +104,3 @@ def rank_groups(groups: Sequence[Group], metric: str, mode: str) -> list[Group]:
         return (1, 0.0) if stat is None else (0, sign * stat.mean)
 
     return sorted(groups, key=key)
-
-
-def aggregates(groups: Sequence[Group]) -> bool:
-    """Whether grouping aggregated anything (some group holds more than one job)."""
-    return any(len(g.jobs) > 1 for g in groups)
-
-
-def fmt_stat(stat: Stat | None, digits: int = 4) -> str:
-    """`0.9123 ± 0.0042 (n=3, 95% CI 0.9019–0.9227)`; n = 1: `0.9123 (n=1)`."""
-    if stat is None:
-        return ""
-    g = f"{{:.{digits}g}}"
-    if stat.std is None:
-        return f"{g.format(stat.mean)} (n=1)"
-    return (
-        f"{g.format(stat.mean)} ± {g.format(stat.std)} (n={stat.n}, 95% CI "
-        f"{g.format(stat.ci_low)}–{g.format(stat.ci_high)})"
-    )

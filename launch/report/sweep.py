@@ -71,7 +71,7 @@ def write_summary(
     groups_path = root / GROUPS_CSV
     if summary.groups:
         markdown += "\n" + groups_markdown(summary.groups, keys, aggregate)
-        write_atomic(groups_path, groups_csv(summary.groups, keys, aggregate))
+        write_atomic(groups_path, groups_csv(summary.groups, keys))
     else:
         groups_path.unlink(missing_ok=True)  # an earlier report's, of jobs since changed
     write_atomic(summary.md_path, markdown)

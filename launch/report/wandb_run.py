@@ -14,9 +14,6 @@ from launch.report.groups import groups_records
 from launch.report.jobs import JOB_TYPE, SweepSummary, flat
 from launch.report.tables import columns
 
-# --------------------------------------------------------------------------------------------
-# W&B: the sweep-summary run
-
 log = logging.getLogger(__name__)
 
 

@@ -1,4 +1,4 @@
-"""The study of an Optuna sweep: where it is stored, its pruner, and how a resumed sweep
+"""The study of an Optuna sweep: where it is stored and how a resumed sweep
 continues it (`n_trials` as the total, interrupted trials asked again into their job dirs).
 
 Storage (`hydra.sweeper.storage`): `null`/`auto` picks by launcher: a journal file on the shared

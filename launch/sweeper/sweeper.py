@@ -1,22 +1,10 @@
-"""`hydra/sweeper=optuna`: the project's Optuna sweeper, on current Optuna.
-
-It reads the configuration of Hydra's Optuna sweeper (hydra-optuna-sweeper 1.3: `params`,
-`sampler`, `direction` (a list: multi-objective), `n_trials`, `n_jobs`, `storage`,
-`study_name`, `max_failure_rate`, `custom_search_space`) and adds what that plugin cannot do:
-
-* **pruning** (`pruner`, launch/sweeper/study.py's build_pruner): each trial's rank 0 reports the
-  monitored metric after every validation and every rank stops together when the pruner says
-  so (components/pruning.py); the job ends `pruned` and the trial TrialState.PRUNED;
-* **no idle slots**: with a launcher that takes jobs one at a time (`launch_stream`, the
-  project's torchrun and SLURM launchers), a new trial is asked and started as soon as any of
-  the `n_jobs` running ones ends, not when a batch of `n_jobs` ends; other launchers get
-  batches (`launch`) as before. The sweep's last line gives the slot utilisation (busy
-  slot-seconds / (slots x wall time), from the jobs' launch records);
-* **a study beside its jobs** (study.py): SQLite or a journal file in the sweep dir, by
-  launcher, or a database URL of your own; job number = trial number;
-* **resume** (`hydra.launcher.resume=true`): `n_trials` is the study's total, finished trials
-  (complete, pruned, failed) are kept, interrupted ones are asked again into their job dirs,
-  where the launcher continues them from their checkpoints; a seeded sampler is reseeded.
+"""`hydra/sweeper=optuna`: the project's Optuna sweeper, on current Optuna (docs/sweeps.md,
+"Optuna"). It reads the configuration of Hydra's Optuna sweeper (hydra-optuna-sweeper 1.3) and
+adds pruning across a DDP job's ranks (`pruner`: core/trials.py, components/pruning.py), no
+idle slots (with a launcher that takes jobs one at a time, `launch_stream`, a new trial is asked
+and started as soon as any running one ends; other launchers get batches, `launch`), a study
+stored beside its jobs (study.py; job number = trial number) and resume
+(`hydra.launcher.resume=true`: study.py's continue_study).
 
 The Sweeper class Hydra instantiates is hydra_plugins/hydra_ddp_optuna_sweeper's subclass.
 """
@@ -26,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -115,37 +104,26 @@ ConfigStore.instance().store(
 class OptunaSweeperBase(Sweeper):
     """See the module docstring."""
 
-    def __init__(
-        self,
-        sampler: Any = None,
-        direction: Any = "minimize",
-        storage: Any = None,
-        study_name: str | None = None,
-        n_trials: int = 20,
-        n_jobs: int = 2,
-        max_failure_rate: float = 0.0,
-        params: Any = None,
-        custom_search_space: str | None = None,
-        pruner: Any = None,
-        stream: bool = True,
-        search_space: Any = None,
-    ) -> None:
+    def __init__(self, search_space: Any = None, **settings: Any) -> None:
+        """`settings`: OptunaSweeperConf's fields (its defaults for those not given)."""
         if search_space:
             raise UserError(
                 "hydra.sweeper.search_space was removed in Hydra 1.2: write the space as "
                 "hydra.sweeper.params (e.g. optim.lr: tag(log, interval(0.001, 1)))"
             )
-        if not 0.0 <= max_failure_rate <= 1.0:
+        conf = OptunaSweeperConf(**settings)
+        if not 0.0 <= conf.max_failure_rate <= 1.0:
             raise UserError("hydra.sweeper.max_failure_rate: a fraction between 0 and 1")
-        if n_jobs < 1:
-            raise UserError(f"hydra.sweeper.n_jobs={n_jobs}: at least 1")
-        self.sampler, self.direction, self.storage = sampler, direction, storage
-        self.study_name, self.n_trials, self.n_jobs = study_name, n_trials, n_jobs
-        self.max_failure_rate, self.params, self.pruner = max_failure_rate, params, pruner
-        self.custom_search_space, self.stream = custom_search_space, stream
-        self.job_idx = (
-            0  # a resumed study's first job to run (launch/sweeper/study.py's plan_trials)
-        )
+        if conf.n_jobs < 1:
+            raise UserError(f"hydra.sweeper.n_jobs={conf.n_jobs}: at least 1")
+        self.sampler = None if conf.sampler is MISSING else conf.sampler
+        self.direction, self.storage = conf.direction, conf.storage
+        self.study_name, self.n_trials, self.n_jobs = conf.study_name, conf.n_trials, conf.n_jobs
+        self.max_failure_rate, self.params = conf.max_failure_rate, conf.params
+        self.custom_search_space, self.pruner = conf.custom_search_space, conf.pruner
+        self.stream = conf.stream
+        # a resumed study's first job to run (launch/sweeper/study.py's plan_trials)
+        self.job_idx = 0
         self.resume = False
         self.config: DictConfig | None = None
         self.launcher: Any = None
@@ -166,15 +144,14 @@ class OptunaSweeperBase(Sweeper):
         if self.study_name is None:
             self.study_name = self.sweep_dir.name
 
-    def ran_before(self) -> bool:
-        return any(self.sweep_dir.glob(f"*/{LAUNCH_FILE}"))
-
     def sweep(self, arguments: list[str]) -> None:
         import optuna
+        from hydra.utils import get_method
 
         from core.trials import open_storage
 
-        if self.resume and not continue_study(self) and self.ran_before():
+        ran_before = any(self.sweep_dir.glob(f"*/{LAUNCH_FILE}"))
+        if self.resume and not continue_study(self) and ran_before:
             raise UserError(
                 f"{self.sweep_dir} holds jobs of an Optuna sweep but no study "
                 f"{self.study_name} in {shown(self.storage_spec)}: start a new sweep dir, or "
@@ -185,10 +162,7 @@ class OptunaSweeperBase(Sweeper):
         if isinstance(sampler, functools.partial):  # GridSampler: the space is known only now
             grid = {key: grid_choices(key, d) for key, d in space.items()}
             sampler = sampler(grid)
-            n_grid = 1
-            for choices in grid.values():
-                n_grid *= len(choices)
-            self.n_trials = min(self.n_trials, n_grid)
+            self.n_trials = min(self.n_trials, math.prod(len(c) for c in grid.values()))
         pruner = self.pruner_config()
         study = optuna.create_study(
             study_name=self.study_name,
@@ -201,11 +175,7 @@ class OptunaSweeperBase(Sweeper):
         # The ranks reach their trials through the storage (components/pruning.py).
         os.environ[STORAGE_ENV], os.environ[STUDY_ENV] = self.storage_spec, study.study_name
         os.environ[PRUNER_ENV] = json.dumps(pruner)
-        extend = None
-        if self.custom_search_space:
-            from hydra.utils import get_method
-
-            extend = get_method(self.custom_search_space)
+        extend = get_method(self.custom_search_space) if self.custom_search_space else None
         trials = Trials(self, study, space, fixed, extend)
         usage = SlotUsage(self.n_jobs)
         stream = getattr(self.launcher, "launch_stream", None) if self.stream else None
