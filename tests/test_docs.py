@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from core.hydra_compat import VERSION_BASE
+
 REPO = Path(__file__).resolve().parent.parent  # tests/helpers.py would import torch
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -157,7 +159,7 @@ def compose(command: Command, configs: list | None = None) -> int:
     GlobalHydra.instance().clear()
     composed = 0
     try:
-        with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        with initialize_config_dir(str(REPO / "conf"), **VERSION_BASE):
             for overrides in jobs(command):
                 try:
                     cfg = hydra_compose(

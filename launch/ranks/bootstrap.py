@@ -40,6 +40,12 @@ from typing import Any
 from hydra.errors import CompactHydraException
 
 from core.errors import UserError, describe, find_user_error, job_value
+from core.hydra_compat import (
+    EXECUTION_WHITELIST,
+    VERSION_BASE,
+    hydra_context,
+    search_as_multirun,
+)
 from core.run_dir import process_start_time
 from launch.ranks.handoff import JOB_JSON, RESULT_PKL, JobRecord, write_job_return
 
@@ -98,7 +104,7 @@ def entry_point(
     so the SystemExit's __context__ is the error: a user error exits with its own status."""
     import hydra
 
-    sys.argv = prepare_argv(sys.argv)
+    sys.argv = prepare_argv(search_as_multirun(sys.argv))
     conf = Path(script).resolve().parent / "conf"
     if HELP_FLAGS & set(sys.argv[1:]):
         print_help(conf, config_name, [a for a in sys.argv[1:] if not a.startswith("-")])
@@ -109,7 +115,9 @@ def entry_point(
     # Hydra reads the config path and the job's name from the task function's module; the job
     # name is set in the config (hydra.job.name), the config path is the script's conf/.
     task_function.__module__ = __name__
-    main = hydra.main(version_base="1.3", config_path=str(conf), config_name=config_name)
+    main = hydra.main(
+        config_path=str(conf), config_name=config_name, **VERSION_BASE, **EXECUTION_WHITELIST
+    )
     try:
         main(task_function)()
     except SystemExit as e:
@@ -138,7 +146,7 @@ def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(conf), **VERSION_BASE):
         cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
     template = cfg.hydra.help.template
     with open_dict(cfg):
@@ -276,7 +284,6 @@ def run_rank(spec: Any, rank: int) -> Any:
     from hydra._internal.callbacks import Callbacks
     from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job
-    from hydra.types import HydraContext
     from omegaconf import OmegaConf, open_dict, read_write
 
     Singleton.set_state(spec.singleton_state)
@@ -289,7 +296,7 @@ def run_rank(spec: Any, rank: int) -> Any:
             config.hydra.job_logging = OmegaConf.load(OTHER_RANKS_LOGGING)
     if context is None or rank != 0:
         loader = context.config_loader if context is not None else None
-        context = HydraContext(config_loader=loader, callbacks=Callbacks())
+        context = hydra_context(config_loader=loader, callbacks=Callbacks())
     ret = run_job(
         hydra_context=context,
         config=config,
