@@ -313,6 +313,31 @@ def test_the_readme_stays_a_landing_page():
     assert not unlinked, f"README.md does not link {unlinked}"
 
 
+def readme_test_command() -> str:
+    """README command 2, the line under `# 2. ...`, found as .ci/run finds it."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    return next(lines[n + 1] for n, line in enumerate(lines) if line.startswith("# 2. "))
+
+
+def test_ci_and_the_workflow_run_the_readmes_test_command():
+    """.ci/run runs README command 2 as the README writes it (it reads the line), and the GitHub
+    workflow runs the same line: the whole suite on each Python of its matrix, and the line
+    with `-m "not slow"` on the newest."""
+    import yaml
+
+    command = readme_test_command()
+    assert command == "pip install -r requirements.txt && python -m pytest"
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "grep -A1 '^# 2\\. ' README.md" in ci and 'eval "$readme_tests"' in ci
+    jobs = yaml.safe_load((REPO / ".github" / "workflows" / "tests.yml").read_text())["jobs"]
+    runs = {name: [step.get("run", "") for step in job["steps"]] for name, job in jobs.items()}
+    assert any(f"'{command}'" in run for run in runs["suite"]), runs["suite"]
+    assert f'{command} -m "not slow"' in runs["not-slow"], runs["not-slow"]
+    pythons = jobs["suite"]["strategy"]["matrix"]["python"]
+    newest = max(pythons, key=lambda v: tuple(map(int, v.split("."))))
+    assert jobs["not-slow"]["steps"][1]["with"]["python-version"] == newest
+
+
 def named_files(path: Path) -> list[tuple[int, str]]:
     """The repository files a page names: `folder/file.py` anywhere, and a bare `file.py` in a
     table row or under a heading that names its folder (`| \\`launch/\\` | ... \\`slurm.py\\``,
