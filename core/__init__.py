@@ -9,4 +9,6 @@ components/, the scripts), importing none of them:
 * wandb_mode.py: W&B's mode from `wandb.mode` (credentials, offline, disabled);
 * trials.py: how an Optuna trial and its job's rank 0 find each other (storage, pruner, env);
 * requeue.py: `scontrol requeue` of this SLURM job (preemption, and a SLURM task's stop handler).
+* hydra_compat.py: what Hydra 1.3 and 1.4 each need (version_base, the `_target_` whitelist, a
+  search config's multirun).
 """

@@ -131,10 +131,10 @@ def build_recipe(augment_cfg: Any) -> Recipe:
         return Recipe()
     try:
         return instantiate(augment_cfg)
-    except InstantiationException as e:
+    except Exception as e:  # Hydra 1.3 wraps a transform's error, 1.4 raises it as it is
         if find_user_error(e) is not None:
             raise
-        cause = e.__cause__ or e
+        cause = (e.__cause__ if isinstance(e, InstantiationException) else None) or e
         raise UserError(f"augment: {one_line(cause)}: fix augment.*") from None
 
 

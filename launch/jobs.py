@@ -205,8 +205,17 @@ def failed_job_return(
     verdict.__cause__ = error if isinstance(error, BaseException) else None
     if not isinstance(ret, JobReturn):
         return job_return(job, JobStatus.FAILED, verdict)
-    ret.return_value, ret.status = verdict, JobStatus.FAILED
-    return ret
+    # A new JobReturn with rank 0's fields, not rank 0's own with its value swapped: Hydra 1.4's
+    # carries the rank's traceback, which Hydra would then print with the verdict.
+    return JobReturn(
+        overrides=ret.overrides,
+        cfg=ret.cfg,
+        hydra_cfg=ret.hydra_cfg,
+        working_dir=ret.working_dir,
+        task_name=ret.task_name,
+        status=JobStatus.FAILED,
+        _return_value=verdict,
+    )
 
 
 def record_failure(job: Job, reason: str, *, user_error: bool = False) -> None:

@@ -30,6 +30,7 @@ import yaml
 from PIL import Image
 from torch.utils.data import Dataset
 
+from core.hydra_compat import VERSION_BASE
 from core.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -180,7 +181,7 @@ def train_composer() -> Iterator[SimpleNamespace]:
     setup_globals()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(str(REPO / "conf"), version_base="1.3", job_name="t"):
+        with initialize_config_dir(str(REPO / "conf"), **VERSION_BASE, job_name="t"):
             loader = GlobalHydra.instance().config_loader()
             yield SimpleNamespace(
                 compose=lambda *o: compose("train", list(o), return_hydra_config=True),
@@ -630,7 +631,7 @@ def compose(config_name: str, run_dir: Path, *overrides: str):
 
     import conf.schema  # noqa: F401 - registers the schema
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), **VERSION_BASE):
         cfg = hydra_compose(
             config_name,
             overrides=[*overrides, f"hydra.run.dir={run_dir}"],

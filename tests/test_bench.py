@@ -16,6 +16,7 @@ from PIL import Image
 from torchvision.datasets import MNIST
 
 import conf.schema  # noqa: F401 - registers the schema for compose()
+from core.hydra_compat import VERSION_BASE
 from data import build_datasets
 from data.transforms import NORMALIZATION, build_recipe
 from docs.bench import bench, common, workloads
@@ -37,7 +38,7 @@ def composed(workload: str, data_root: Path | None = None, workers: int | None =
     overrides = [
         o for o in bench.train_overrides(setup, Path("unused")) if not o.startswith("hydra.")
     ]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), **VERSION_BASE):
         return compose("train", overrides=overrides)
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from core.hydra_compat import VERSION_BASE
+
 REPO = Path(__file__).resolve().parent.parent  # tests/helpers.py would import torch
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -157,7 +159,7 @@ def compose(command: Command, configs: list | None = None) -> int:
     GlobalHydra.instance().clear()
     composed = 0
     try:
-        with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        with initialize_config_dir(str(REPO / "conf"), **VERSION_BASE):
             for overrides in jobs(command):
                 try:
                     cfg = hydra_compose(
@@ -309,6 +311,31 @@ def test_the_readme_stays_a_landing_page():
     assert "pip install -r requirements.txt && python -m pytest\n" in readme
     unlinked = [p.name for p in DOCS[1:] if f"(docs/{p.name})" not in readme]
     assert not unlinked, f"README.md does not link {unlinked}"
+
+
+def readme_test_command() -> str:
+    """README command 2, the line under `# 2. ...`, found as .ci/run finds it."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    return next(lines[n + 1] for n, line in enumerate(lines) if line.startswith("# 2. "))
+
+
+def test_ci_and_the_workflow_run_the_readmes_test_command():
+    """.ci/run runs README command 2 as the README writes it (it reads the line), and the GitHub
+    workflow runs the same line: the whole suite on each Python of its matrix, and the line
+    with `-m "not slow"` on the newest."""
+    import yaml
+
+    command = readme_test_command()
+    assert command == "pip install -r requirements.txt && python -m pytest"
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "grep -A1 '^# 2\\. ' README.md" in ci and 'eval "$readme_tests"' in ci
+    jobs = yaml.safe_load((REPO / ".github" / "workflows" / "tests.yml").read_text())["jobs"]
+    runs = {name: [step.get("run", "") for step in job["steps"]] for name, job in jobs.items()}
+    assert any(f"'{command}'" in run for run in runs["suite"]), runs["suite"]
+    assert f'{command} -m "not slow"' in runs["not-slow"], runs["not-slow"]
+    pythons = jobs["suite"]["strategy"]["matrix"]["python"]
+    newest = max(pythons, key=lambda v: tuple(map(int, v.split("."))))
+    assert jobs["not-slow"]["steps"][1]["with"]["python-version"] == newest
 
 
 def named_files(path: Path) -> list[tuple[int, str]]:

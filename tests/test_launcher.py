@@ -618,6 +618,20 @@ PARALLEL = "hydra.launcher.max_parallel=2"
 class TestTorchrunLauncher(LauncherTestSuite):
     """Hydra's launcher suite: in-process sweeps of hydra.test_utils apps."""
 
+    if hasattr(LauncherTestSuite, "test_failure_preserves_task_traceback"):  # Hydra 1.4's suite
+
+        @pytest.mark.xfail(
+            strict=True,
+            reason="Hydra 1.4 asks a launcher to hand back the task's own exception; a failed "
+            "job's value here is its one-line verdict, JobFailed (caused by rank 0's error)",
+        )
+        def test_failure_preserves_task_traceback(
+            self, hydra_sweep_runner, launcher_name, overrides, tmpdir
+        ) -> None:
+            super().test_failure_preserves_task_traceback(
+                hydra_sweep_runner, launcher_name, overrides, tmpdir
+            )
+
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("repo_on_pythonpath")

@@ -15,6 +15,7 @@ from torch import nn
 
 import conf.schema  # registers the ConfigStore schemas the YAMLs extend
 from core.errors import UserError
+from core.hydra_compat import VERSION_BASE
 from models import SmallCNN, build_torchvision_model
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -36,7 +37,7 @@ IMAGE_SIZE = 32
 
 
 def compose_model(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=list(overrides)).model
 
 

@@ -22,6 +22,7 @@ from components.monitor import Monitor
 from components.optim import param_groups, scaled_lr
 from conf.schema import MixupConfig
 from core.errors import UserError
+from core.hydra_compat import VERSION_BASE
 from data import build_datasets, build_loaders
 from data.fast import erase, erase_params
 from data.mixing import BatchMix
@@ -46,7 +47,7 @@ MIX = ["trainer.mixup.mixup_alpha=0.2", "trainer.mixup.cutmix_alpha=1.0"]
 
 
 def choices(*overrides: str) -> dict:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), **VERSION_BASE):
         cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
     return dict(cfg.hydra.runtime.choices)
 
@@ -436,7 +437,7 @@ def test_every_optimizer_trains_digits(tmp_path, optim):
 
 
 def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), **VERSION_BASE):
         return compose("train", overrides=list(overrides))
 
 

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 import conf.schema  # noqa: F401 - registers the schema for compose()
 from components.checkpoint import load_checkpoint
 from core.errors import UserError
+from core.hydra_compat import VERSION_BASE
 from tests.helpers import (
     OFFLINE,
     QUICK,
@@ -49,7 +50,7 @@ def only_error_lines(text: str) -> list[str]:
 def composition_error(config_dir: Path, overrides: list[str]) -> str:
     """Hydra's error (with its cause) when composing fails; the test fails if it does not."""
     with (
-        initialize_config_dir(config_dir=str(config_dir), version_base="1.3"),
+        initialize_config_dir(config_dir=str(config_dir), **VERSION_BASE),
         pytest.raises(Exception) as failure,  # Hydra's own error types vary
     ):
         compose("train", overrides=overrides)
@@ -61,7 +62,7 @@ def composition_error(config_dir: Path, overrides: list[str]) -> str:
     [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))],
 )
 def test_every_group_choice_composes(group, choice):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), **VERSION_BASE):
         cfg = compose("train", overrides=[f"{group}={choice}"])
     # every choice is typed by its schema (so typos and wrong types fail at composition)
     assert OmegaConf.get_type(cfg[group]).__module__ == "conf.schema"
@@ -73,7 +74,7 @@ def test_every_group_choice_composes(group, choice):
     + [f"hparams_search={p.stem}" for p in sorted((CONF / "hparams_search").glob("*.yaml"))],
 )
 def test_experiments_and_search_spaces_compose(choice):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), **VERSION_BASE):
         cfg = compose("train", overrides=[choice], return_hydra_config=True)
     assert cfg.hydra.runtime.choices[choice.split("=")[0]] == choice.split("=")[1]
 

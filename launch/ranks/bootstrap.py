@@ -27,6 +27,7 @@ from typing import Any
 from hydra.errors import CompactHydraException
 
 from core.errors import UserError, describe, find_user_error, job_value
+from core.hydra_compat import hydra_context
 from launch.ranks.forked import check_not_a_bad_fork, start_like_a_new_process
 from launch.ranks.handoff import JOB_JSON, RESULT_PKL, JobRecord, write_job_return
 from launch.ranks.lifeline import die_with_parent
@@ -80,7 +81,6 @@ def run_rank(spec: Any, rank: int) -> Any:
     from hydra._internal.callbacks import Callbacks
     from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job
-    from hydra.types import HydraContext
     from omegaconf import open_dict, read_write
 
     Singleton.set_state(spec.singleton_state)
@@ -92,7 +92,7 @@ def run_rank(spec: Any, rank: int) -> Any:
             quiet_other_rank(config)
     if context is None or rank != 0:
         loader = context.config_loader if context is not None else None
-        context = HydraContext(config_loader=loader, callbacks=Callbacks())
+        context = hydra_context(config_loader=loader, callbacks=Callbacks())
     ret = run_job(
         hydra_context=context,
         config=config,

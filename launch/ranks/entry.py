@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserError, find_user_error
+from core.hydra_compat import EXECUTION_WHITELIST, VERSION_BASE, search_as_multirun
 from core.run_dir import process_start_time
 from launch.ranks.bootstrap import OTHER_RANK_OVERRIDES, run_task
 
@@ -60,7 +61,7 @@ def entry_point(
     so the SystemExit's __context__ is the error: a user error exits with its own status."""
     import hydra
 
-    sys.argv = prepare_argv(sys.argv)
+    sys.argv = prepare_argv(search_as_multirun(sys.argv))
     conf = Path(script).resolve().parent / "conf"
     if HELP_FLAGS & set(sys.argv[1:]):
         print_help(conf, config_name, [a for a in sys.argv[1:] if not a.startswith("-")])
@@ -71,7 +72,9 @@ def entry_point(
     # Hydra reads the config path and the job's name from the task function's module; the job
     # name is set in the config (hydra.job.name), the config path is the script's conf/.
     task_function.__module__ = __name__
-    main = hydra.main(version_base="1.3", config_path=str(conf), config_name=config_name)
+    main = hydra.main(
+        config_path=str(conf), config_name=config_name, **VERSION_BASE, **EXECUTION_WHITELIST
+    )
     try:
         main(task_function)()
     except SystemExit as e:
@@ -100,7 +103,7 @@ def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(conf), **VERSION_BASE):
         cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
     template = cfg.hydra.help.template
     with open_dict(cfg):

@@ -25,7 +25,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from core.errors import UserError, job_value
+from core.errors import UserError, instantiate, job_value
 from core.run_dir import LAUNCH_FILE, read_result
 from core.trials import (
     JOB_NUM_ATTR,
@@ -116,8 +116,11 @@ class OptunaSweeperBase(Sweeper):
             raise UserError("hydra.sweeper.max_failure_rate: a fraction between 0 and 1")
         if conf.n_jobs < 1:
             raise UserError(f"hydra.sweeper.n_jobs={conf.n_jobs}: at least 1")
-        self.sampler = None if conf.sampler is MISSING else conf.sampler
-        self.direction, self.storage = conf.direction, conf.storage
+        sampler = None if conf.sampler is MISSING else conf.sampler
+        if OmegaConf.is_dict(sampler) and "_target_" in sampler:
+            # Hydra 1.4 instantiates a plugin without its nested `_target_`s (1.3 with them)
+            sampler = instantiate(sampler)
+        self.sampler, self.direction, self.storage = sampler, conf.direction, conf.storage
         self.study_name, self.n_trials, self.n_jobs = conf.study_name, conf.n_trials, conf.n_jobs
         self.max_failure_rate, self.params = conf.max_failure_rate, conf.params
         self.custom_search_space, self.pruner = conf.custom_search_space, conf.pruner

@@ -1,0 +1,74 @@
+"""What the installed Hydra needs from the project's entry points, the pinned 1.3 and 1.4 alike
+(docs/architecture.md#hydra-versions):
+
+* VERSION_BASE: hydra.main's and initialize*()'s `version_base`. Hydra 1.3 needs "1.3" (without
+  it, 1.1's defaults and a warning); Hydra 1.4 deprecates the parameter (a warning in every
+  process that passes it) and its defaults are the current ones: it gets none.
+* TRUSTED_TARGETS / EXECUTION_WHITELIST: the `_target_`s this project's configs may name.
+  Hydra 1.4 reads an execution whitelist from hydra.main(execution_whitelist=...) and from a
+  HydraContext's `execution_whitelist` (what run_job runs a job under); without one it warns
+  for every `_target_` and, from 1.5, refuses it. Hydra 1.3 has neither parameter: empty.
+* search_as_multirun: a search config (`hparams_search=<name>`) is a multirun with or without
+  -m. Hydra 1.4 reads `hydra.mode` only from the primary config or the command line, so the
+  search configs' `hydra.mode: MULTIRUN` alone ends in "hydra.mode changed during config
+  composition": the entry point puts -m on the command line for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from typing import Any
+
+import hydra
+from hydra.types import HydraContext
+
+HYDRA_VERSION = tuple(int(n) for n in re.findall(r"\d+", hydra.__version__)[:2])
+
+VERSION_BASE: dict[str, str] = {} if HYDRA_VERSION >= (1, 4) else {"version_base": "1.3"}
+
+# Packages, not single names, so a new class in one of them needs no edit here. A target of
+# your own package (a dataset, a transform, a model) goes here too: the whitelist must come
+# from code, not config, for it to mean anything (Hydra's threat model).
+TRUSTED_TARGETS: tuple[str, ...] = (
+    # the project's own
+    "components.*",
+    "conf.*",
+    "core.*",
+    "data.*",
+    "launch.*",
+    "models.*",
+    # libraries its configs name: optimizers, torchvision transforms and models, Optuna's
+    # samplers and pruners (hydra.sweeper.sampler, hydra.sweeper.pruner)
+    "torch.optim.*",
+    "torchvision.*",
+    "optuna.samplers.*",
+    "optuna.pruners.*",
+)
+
+EXECUTION_WHITELIST: dict[str, Any] = (
+    {"execution_whitelist": TRUSTED_TARGETS}
+    if "execution_whitelist" in inspect.signature(hydra.main).parameters
+    else {}
+)
+
+SEARCH_GROUP = "hparams_search"
+MULTIRUN_FLAGS = {"-m", "--multirun"}
+_SEARCH_OVERRIDE = re.compile(rf"^\+{{0,2}}{SEARCH_GROUP}=(?!null$)\S")
+
+
+def hydra_context(**fields: Any) -> HydraContext:
+    """A HydraContext that carries the project's execution whitelist where Hydra has one."""
+    if any(f.name == "execution_whitelist" for f in dataclasses.fields(HydraContext)):
+        fields.setdefault("execution_whitelist", TRUSTED_TARGETS)
+    return HydraContext(**fields)
+
+
+def search_as_multirun(argv: list[str]) -> list[str]:
+    """`argv` with -m added when it picks a search config (`hparams_search=<name>`) without
+    -m/--multirun: what the search configs' own `hydra.mode: MULTIRUN` says, where Hydra 1.4
+    reads it."""
+    if MULTIRUN_FLAGS & set(argv[1:]) or not any(_SEARCH_OVERRIDE.match(a) for a in argv[1:]):
+        return argv
+    return [argv[0], "-m", *argv[1:]]
