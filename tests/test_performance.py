@@ -90,6 +90,8 @@ def test_compiled_ddp_trains_like_eager_on_two_ranks(tmp_path):
     common = [*QUICK, "dist.nproc_per_node=2", "trainer.batch_size=128"]
     common += ["trainer.accumulate_grad_batches=2"]  # no_sync through the compiled module
     runs = {}
+    # Every rank's output on the console (one run shows local rank 0's), to see both ranks' line
+    common += ["hydra.launcher.tee=3"]
     for name, extra in (("eager", []), ("compiled", ["trainer.compile=true"])):
         runs[name] = tmp_path / name
         proc = run(
