@@ -356,20 +356,21 @@ class TorchrunBackend:
             (files / stale).unlink(missing_ok=True)
         with open(files / JOB_PKL, "wb") as f:
             cloudpickle.dump(job.spec, f)
+        env = self.job_env(job, gpus, cpus)
         log.log(
             logging.DEBUG if job.in_sweep else logging.INFO,
             "#%d %s: %d rank(s)%s",
             job.num,
             " ".join(job.overrides) or "(no overrides)",
             job.nproc * job.nnodes,
-            f" on GPUs {self.job_env(job, gpus, cpus)['CUDA_VISIBLE_DEVICES']}" if gpus else "",
+            f" on GPUs {env['CUDA_VISIBLE_DEVICES']}" if gpus else "",
         )
         job.started = time.time()
         # Started by a sweep's first job, kept for every later one (it has imported torch).
         self.warm.ensure_running(
             task_modules(job.spec.task_function), wandb=wandb_wanted(job.spec.config)
         )
-        return self.warm.start(self.agent_spec(job, self.job_env(job, gpus, cpus), cpus))
+        return self.warm.start(self.agent_spec(job, env, cpus))
 
     @staticmethod
     def record(_process: Any) -> None:
