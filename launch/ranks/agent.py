@@ -158,37 +158,40 @@ def other_ranks_errors(torch_failures: dict, seen: list[dict]) -> list[dict]:
         except (OSError, ValueError, KeyError):
             continue
         info = message.get("extraInfo", {})
-        found.append(
-            {
-                "rank": rank - failure.local_rank + local,
-                "local_rank": local,
-                "pid": None,
-                "exitcode": info.get("exitcode"),
-                "signal": None,
-                "error": message.get("message"),
-                "timestamp": int(info.get("timestamp", 0)),
-                "time": info.get("time"),
-                "lost_a_peer": info.get("lost_a_peer", False),
-            }
-        )
+        rank_here, stamp = rank - failure.local_rank + local, int(info.get("timestamp", 0))
+        found.append(failure_record(rank_here, local, None, info.get("exitcode"), message, stamp))
     return found
 
 
 def rank_failure(rank: int, failure: Any) -> dict:
     """A JSON view of torch's ProcessFailure; `error` only when the rank recorded one."""
-    message = failure.message
-    if isinstance(message, dict):  # torch's ErrorHandler format: {"message": ..., "extraInfo"}
-        message = message.get("message")
-    has_error_file = bool(failure.error_file) and os.path.isfile(failure.error_file)
-    info = failure.message.get("extraInfo", {}) if isinstance(failure.message, dict) else {}
+    recorded = bool(failure.error_file) and os.path.isfile(failure.error_file)
+    record = failure_record(
+        rank,
+        failure.local_rank,
+        failure.pid,
+        failure.exitcode,
+        failure.message if recorded else None,
+        failure.timestamp,
+    )
+    return record | {"signal": failure.signal_name() if failure.exitcode < 0 else None}
+
+
+def failure_record(
+    rank: int, local_rank: int, pid: int | None, exitcode: Any, message: Any, timestamp: int
+) -> dict:
+    """One failed rank in failures.json; `message`: its error file's, in torch's ErrorHandler
+    format (launch/ranks/bootstrap.py's record_rank_error), or None."""
+    info = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+    error = message.get("message") if isinstance(message, dict) else message
     return {
         "rank": rank,
-        "local_rank": failure.local_rank,
-        "pid": failure.pid,
-        "exitcode": failure.exitcode,
-        "signal": failure.signal_name() if failure.exitcode < 0 else None,
-        "error": str(message) if has_error_file and message else None,
-        "timestamp": failure.timestamp,
+        "local_rank": local_rank,
+        "pid": pid,
+        "exitcode": exitcode,
+        "signal": None,
+        "error": str(error) if error else None,
+        "timestamp": timestamp,
         "time": info.get("time"),
         "lost_a_peer": info.get("lost_a_peer", False),
     }
