@@ -1,10 +1,7 @@
-"""The torchrun agent of one job, forked by the warm start's server (launch/warm.py): it becomes
-the job's process (:func:`run_agent`: session, environment, working dir, output, CPUs) and runs
-torch's elastic agent (`elastic_launch` with a callable entrypoint: it starts, supervises and
-restarts the ranks; we write no process manager). The ranks are forked from it
-(start_method="fork") and run launch/ranks/bootstrap.py's rank_main, so a job imports nothing.
-When ranks fail, which ones and how (exit code, signal, error) is written to the job's
-failures.json for the launcher, and printed as one line per rank instead of torch's traceback.
+"""The torchrun agent of one job, forked by the warm start's server: it becomes the job's process
+(:func:`run_agent`) and runs torch's elastic agent (`elastic_launch`: it starts, supervises and
+restarts the ranks, forked from here to run bootstrap.py's rank_main). Which ranks failed and
+how goes to the job's failures.json, and one line per rank instead of torch's traceback.
 """
 
 from __future__ import annotations
