@@ -53,7 +53,6 @@ LAUNCH_FILE = "launch.json"
 # sweeps start a job again; a torchrun restart or SLURM requeue is the same attempt).
 ATTEMPT_ENV = "HYDRA_DDP_ATTEMPT"
 
-STATUSES = ("running", "completed", "failed", "preempted", "interrupted")
 # The exit status of a rank that stopped at an agreed step after a stop signal and saved a
 # checkpoint: EX_TEMPFAIL, "temporary failure, try again" (requeue me; resume=auto continues).
 REQUEUE_EXIT_CODE = 75

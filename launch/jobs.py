@@ -1,12 +1,7 @@
-"""The job model both launchers share (launch/torchrun.py, launch/slurm.py; their common
-lifecycle is launch/lifecycle.py): every job's config is composed here, in the launching process
-(:func:`compose_jobs`, as Hydra's own launchers do). What a sweep prints: one line when it
-starts, one line per finished job (:func:`job_done`), the summary table at the end
-(launch/report/); the ranks' own output goes to their log files. A failed job gets one reason
-from one channel, most specific first (:func:`failure_reason`), and a record in its run dir
-whatever stopped it (:func:`record_failure`). A bad input found by the launcher itself is one
-line and exit status 2 (:func:`launcher_errors`); a stop signal stops the running jobs the way
-preemption does (:func:`stop_signals`, :class:`SweepStopped`).
+"""The job model both launchers share: every job's config is composed here, in the launching process
+(:func:`compose_jobs`, as Hydra's own launchers do). A sweep prints one line per finished job
+(:func:`job_done`) and the report at its end; a failed job gets one reason, most specific first
+(:func:`failure_reason`), and a result.json whatever stopped it (:func:`record_failure`).
 """
 
 from __future__ import annotations

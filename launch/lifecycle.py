@@ -1,14 +1,9 @@
-"""A job's life, written once for every backend (launch/torchrun.py, launch/slurm.py):
-
-    compose (launch/jobs.py) -> place -> prepare (launch/resume.py: done earlier, re-attach to
-    an earlier attempt, or run) -> start an attempt -> wait -> outcome -> close the attempt ->
-    retry (back to the head of the queue) or report (one line, launch/jobs.py's job_done)
-
-A :class:`Backend` implements only what differs between places a job can run; this module names
-none of them. Jobs start in order (strict FIFO: none is starved) as soon as the backend has room
-for the next one, so a caller may hand jobs over lazily (:func:`run_jobs` takes any iterable and
-asks for the next job only when it could start now). Any error, Ctrl-C or stop signal on the way
-stops the running attempts through the backend and records each (result.json, launch.json).
+"""A job's life, written once for every backend (launch/torchrun.py, launch/slurm.py): compose
+(jobs.py) -> place -> prepare (resume.py: done, re-attach or run) -> start an attempt -> wait ->
+outcome -> close the attempt -> retry or report (jobs.py's job_done). A :class:`Backend`
+implements only what differs. Jobs start in strict FIFO order as soon as the backend has room,
+so :func:`run_jobs` takes any iterable and asks for a job only when it could start now. Any
+error or stop signal stops the running attempts through the backend and records each.
 """
 
 from __future__ import annotations

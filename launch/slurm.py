@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -267,8 +268,9 @@ class SlurmBackend:
     def __init__(self, launcher: Any) -> None:
         self.launcher = launcher
         self.poll_s = float(launcher.params.get("poll_interval_s") or 5.0)
-        self.gpus_by_partition: dict[str | None, int] = {}
-        self.cpus_by_partition: dict[str | None, int | None] = {}  # CPUs per GPU
+        # What sinfo says of a partition, asked once per partition.
+        self.gpus_per_node = functools.cache(cluster_gpus_per_node)
+        self.cpus_per_gpu = functools.cache(cluster_cpus_per_gpu)
         self.plans: dict[int, Submitted] = {}  # job num -> its submission's parameters
 
     def place(self, job: Job) -> None:
@@ -277,18 +279,8 @@ class SlurmBackend:
         settings = DDPSlurmQueueConf.from_config(job.spec.config.hydra.launcher)
         gpus = launcher_count(settings, "gpus_per_node", minimum=0)
         if gpus is None:
-            if settings.partition not in self.gpus_by_partition:
-                self.gpus_by_partition[settings.partition] = cluster_gpus_per_node(
-                    settings.partition
-                )
-            gpus = self.gpus_by_partition[settings.partition]
-        cpus = None
-        if settings.cpus_per_task is None:
-            if settings.partition not in self.cpus_by_partition:
-                self.cpus_by_partition[settings.partition] = cluster_cpus_per_gpu(
-                    settings.partition
-                )
-            cpus = self.cpus_by_partition[settings.partition]
+            gpus = self.gpus_per_node(settings.partition)
+        cpus = self.cpus_per_gpu(settings.partition) if settings.cpus_per_task is None else None
         params = job_resources(job.spec.config, settings, gpus, cpus)
         job.nproc, job.nnodes = params["tasks_per_node"], params["nodes"]
         job.uses_gpus = "gpus_per_node" in params
@@ -374,10 +366,8 @@ class SlurmBackend:
     def outcome(job: Job, s: Submitted) -> Any:
         """The JobReturn of one job: rank 0's own, or a failed one saying what went wrong."""
         outcome = load_outcome(result_path(s))
-        ret = outcome[1] if outcome and outcome[0] == "success" else None
-        if not isinstance(ret, JobReturn):
-            ret = None
-        elif ret.status == JobStatus.COMPLETED:
+        ret = rank0_return(outcome)
+        if ret is not None and ret.status == JobStatus.COMPLETED:
             return ret
         rank0: BaseException | str | None = None
         if ret is not None:  # rank 0's failed JobReturn
@@ -399,9 +389,7 @@ class SlurmBackend:
         path = JobPaths(
             found["slurm_folder"], job_id=found["slurm_job_id"], task_id=0
         ).result_pickle
-        outcome = load_outcome(path)
-        ret = outcome[1] if outcome and outcome[0] == "success" else None
-        return ret if isinstance(ret, JobReturn) else None
+        return rank0_return(load_outcome(path))
 
     def reattach(self, job: Job, attempt: Any) -> Submitted | None:
         """The SLURM job of an earlier launch's attempt, if SLURM still has it queued or
@@ -469,6 +457,12 @@ def load_outcome(path: Path) -> tuple[str, Any] | None:
         except Exception as e:  # noqa: BLE001 - e.g. a class this process cannot import
             return "error", f"unreadable {path} ({type(e).__name__}: {e})"
     return None
+
+
+def rank0_return(outcome: tuple[str, Any] | None) -> JobReturn | None:
+    """Rank 0's JobReturn in a submitit outcome, if it sent one."""
+    ret = outcome[1] if outcome and outcome[0] == "success" else None
+    return ret if isinstance(ret, JobReturn) else None
 
 
 def ended_without_result(s: Submitted) -> str:

@@ -1,29 +1,14 @@
 """Run Hydra jobs as torchrun jobs: `hydra/launcher=torchrun`, and `python train.py
 dist.nproc_per_node=N` (:func:`run_in_torchrun`).
 
-Each job is one torchrun agent (torch's elastic agent through `elastic_launch`: it starts,
-supervises and restarts the ranks; we write no process manager), forked by this process's warm
-start (launch/warm.py: multiprocessing's forkserver, which has imported torch and the task once)
-and handed its settings as an AgentSpec (launch/ranks/agent.py). When ranks fail, which ones
-and how (exit code, signal, error) is written down for the launcher rather than only printed.
-Its ranks, forked from the agent, run launch/ranks/bootstrap.py's rank_main on the pickled job
-(launch/ranks/job_spec.py's JobSpec: cloudpickle, as Hydra's submitit launcher does); rank 0
-hands back its JobReturn in result.pkl.
-
-A scheduler (launch/lifecycle.py) starts jobs in order as resources allow: on a GPU node each
-job gets a disjoint set of the launcher's GPUs, CUDA_VISIBLE_DEVICES entries kept as written
-(ids, UUIDs, MIG); at most `max_parallel` jobs run at once, and jobs that run at once share
-the launcher's CPU cores without overlap (each its own slice: threads and DataLoader workers
-are sized from it). Every single-node job gets its own rendezvous port (c10d on localhost:0),
-so jobs never collide. A failed job is started again up to `retries` times, and a resumed sweep
-(`resume`) runs only what is unfinished (launch/resume.py).
-
-Nothing outlives the launcher: the warm start's server dies with it, each agent with the
-server, each rank with its agent (launch/ranks/lifeline.py); SIGINT, SIGTERM or SIGHUP of the
-launcher stop the running jobs as preemption does (checkpoint, exit 75, result.json
-`preempted`) before it exits. The options are :class:`TorchrunLauncherConf`; the Launcher class
-Hydra instantiates is hydra_plugins/hydra_ddp_torchrun_launcher's subclass of
-:class:`TorchrunLauncherBase` (Hydra only instantiates launchers defined under hydra_plugins).
+A job is one torchrun agent (launch/ranks/agent.py: torch's `elastic_launch` starts, supervises
+and restarts the ranks), forked by this process's warm start (launch/warm.py); its ranks run
+launch/ranks/bootstrap.py's rank_main on the pickled JobSpec, and rank 0 hands back its
+JobReturn in result.pkl. :class:`TorchrunBackend` gives each job its GPUs, CPU slice and (single
+node) its own rendezvous port, so jobs that run at once never collide. Nothing outlives the
+launcher (launch/ranks/lifeline.py); its SIGINT, SIGTERM or SIGHUP stop the running jobs as
+preemption does. Hydra instantiates hydra_plugins/hydra_ddp_torchrun_launcher's subclass of
+:class:`TorchrunLauncherBase` (it only instantiates launchers defined under hydra_plugins).
 """
 
 from __future__ import annotations

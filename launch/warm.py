@@ -1,11 +1,6 @@
 """The launcher's side of the warm start: multiprocessing's forkserver, whose server
-launch/ranks/warm.py prepares (torch, torchvision, the agent and the task imported once per
-launcher process), forks every job's torchrun agent (launch/ranks/agent.py's run_agent) and the
-sweep's report. A job pays no import; the launcher itself never imports torch.
-
-:class:`WarmStart` starts the server at the sweep's first job (or earlier, so that it imports
-while the launcher composes the jobs) and returns each agent as a `multiprocessing.Process`:
-pid, exitcode (negative for a signal), join(timeout). The server exits when this process does.
+launch/ranks/warm.py prepares, forks every job's torchrun agent and the sweep's report, so a job
+pays no import and the launcher never imports torch. The server exits when this process does.
 """
 
 from __future__ import annotations

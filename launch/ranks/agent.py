@@ -1,10 +1,7 @@
-"""The torchrun agent of one job, forked by the warm start's server (launch/warm.py): it becomes
-the job's process (:func:`run_agent`: session, environment, working dir, output, CPUs) and runs
-torch's elastic agent (`elastic_launch` with a callable entrypoint: it starts, supervises and
-restarts the ranks; we write no process manager). The ranks are forked from it
-(start_method="fork") and run launch/ranks/bootstrap.py's rank_main, so a job imports nothing.
-When ranks fail, which ones and how (exit code, signal, error) is written to the job's
-failures.json for the launcher, and printed as one line per rank instead of torch's traceback.
+"""The torchrun agent of one job, forked by the warm start's server: it becomes the job's process
+(:func:`run_agent`) and runs torch's elastic agent (`elastic_launch`: it starts, supervises and
+restarts the ranks, forked from here to run bootstrap.py's rank_main). Which ranks failed and
+how goes to the job's failures.json, and one line per rank instead of torch's traceback.
 """
 
 from __future__ import annotations
@@ -158,37 +155,40 @@ def other_ranks_errors(torch_failures: dict, seen: list[dict]) -> list[dict]:
         except (OSError, ValueError, KeyError):
             continue
         info = message.get("extraInfo", {})
-        found.append(
-            {
-                "rank": rank - failure.local_rank + local,
-                "local_rank": local,
-                "pid": None,
-                "exitcode": info.get("exitcode"),
-                "signal": None,
-                "error": message.get("message"),
-                "timestamp": int(info.get("timestamp", 0)),
-                "time": info.get("time"),
-                "lost_a_peer": info.get("lost_a_peer", False),
-            }
-        )
+        rank_here, stamp = rank - failure.local_rank + local, int(info.get("timestamp", 0))
+        found.append(failure_record(rank_here, local, None, info.get("exitcode"), message, stamp))
     return found
 
 
 def rank_failure(rank: int, failure: Any) -> dict:
     """A JSON view of torch's ProcessFailure; `error` only when the rank recorded one."""
-    message = failure.message
-    if isinstance(message, dict):  # torch's ErrorHandler format: {"message": ..., "extraInfo"}
-        message = message.get("message")
-    has_error_file = bool(failure.error_file) and os.path.isfile(failure.error_file)
-    info = failure.message.get("extraInfo", {}) if isinstance(failure.message, dict) else {}
+    recorded = bool(failure.error_file) and os.path.isfile(failure.error_file)
+    record = failure_record(
+        rank,
+        failure.local_rank,
+        failure.pid,
+        failure.exitcode,
+        failure.message if recorded else None,
+        failure.timestamp,
+    )
+    return record | {"signal": failure.signal_name() if failure.exitcode < 0 else None}
+
+
+def failure_record(
+    rank: int, local_rank: int, pid: int | None, exitcode: Any, message: Any, timestamp: int
+) -> dict:
+    """One failed rank in failures.json; `message`: its error file's, in torch's ErrorHandler
+    format (launch/ranks/bootstrap.py's record_rank_error), or None."""
+    info = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+    error = message.get("message") if isinstance(message, dict) else message
     return {
         "rank": rank,
-        "local_rank": failure.local_rank,
-        "pid": failure.pid,
-        "exitcode": failure.exitcode,
-        "signal": failure.signal_name() if failure.exitcode < 0 else None,
-        "error": str(message) if has_error_file and message else None,
-        "timestamp": failure.timestamp,
+        "local_rank": local_rank,
+        "pid": pid,
+        "exitcode": exitcode,
+        "signal": None,
+        "error": str(error) if error else None,
+        "timestamp": timestamp,
         "time": info.get("time"),
         "lost_a_peer": info.get("lost_a_peer", False),
     }

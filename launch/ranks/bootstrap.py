@@ -1,13 +1,8 @@
-"""The bootstrap of a rank a launcher started: a torchrun launcher's rank (:func:`rank_main`, the
-entrypoint torch's elastic agent runs in each forked rank, launch/ranks/agent.py), a SLURM task
-(slurm_task.py), and the training process of every run (:func:`run_task`).
-
-Rank 0 runs the job as the Hydra job (job dir, `.hydra/`, log, callbacks); the other ranks run
-it with OTHER_RANK_OVERRIDES applied and no callbacks, so they write nothing. A failure is
-reported here, once: one line (a traceback only for an error that is not the user's), the
-error left in torchrun's error file for the launcher, and the exit status UserError.exit_code
-(2) or 1. Torchrun's rank 0 also writes its JobReturn (result.pkl) and a record of the run
-(job.json: pid, rendezvous address, times).
+"""The bootstrap of a rank a launcher started: a torchrun rank (:func:`rank_main`, run by torch's
+elastic agent in each forked rank), a SLURM task (slurm_task.py), and the training process of
+every run (:func:`run_task`). Rank 0 runs the job as the Hydra job; the other ranks write
+nothing. A failure is reported here, once (:func:`report_failure`), with the exit status
+UserError.exit_code (2) or 1; torchrun's rank 0 also writes result.pkl and job.json.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""The entry point of train.py and eval.py (`entry_point(...)` under the script's `if __name__
-== "__main__":`), in the process you start and in every rank that something else starts
-(plain `torchrun train.py`, `srun python train.py`).
-
-Hydra composes the config first, so `--help`, `--cfg` and a config that does not compose come
-back before torch is imported. Every rank of a plain torchrun run agrees on one start instant,
-so `${now:}` names one run dir, and ranks other than 0 write nothing (:func:`prepare_argv`).
-Hydra reports a task's error itself (a user error as its message alone) and exits 1; a user
-error's exit status becomes UserError.exit_code.
+"""The entry point of train.py and eval.py (`entry_point(...)` under the script's `if __name__ ==
+"__main__":`), in the process you start and in every rank something else starts (plain
+`torchrun train.py`, `srun python train.py`). Hydra composes first, so `--help`, `--cfg` and a
+config that does not compose answer before torch is imported; the ranks of a plain torchrun run
+agree on one run dir, and ranks other than 0 write nothing (:func:`prepare_argv`).
 """
 
 from __future__ import annotations
@@ -50,12 +46,8 @@ def entry_point(
 ) -> None:
     """Run a script (train.py, eval.py) as this process's program: Hydra composes
     `conf/<config_name>.yaml` from the command line, then runs the task function `task`
-    ("module:function") as its job (see the module docstring).
-
-    The script calls this at its very top, before its own imports: Hydra answers `--help`,
-    `--cfg` and a config that does not compose in a fraction of a second, and torch is
-    imported (with the script, as a module) only when a job runs. A launcher pickles the task
-    function by reference (`run_task` and the name), so its ranks import the script the same way.
+    ("module:function") as its job. The script calls this before its own imports; a launcher
+    pickles the task function by reference, so its ranks import the script the same way.
 
     Hydra's run_and_report prints a task's error and calls sys.exit(1) inside its except block,
     so the SystemExit's __context__ is the error: a user error exits with its own status."""

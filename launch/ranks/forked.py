@@ -1,12 +1,7 @@
 """A process forked from the warm start (an agent, or a rank of it) starts from the state a new
-interpreter would have, and never from a parent that has called into the CUDA driver.
-
-Why both: the warm start's server (launch/ranks/warm.py) imports torch once so that jobs import
-nothing, and fork copies its state, a parent's signal handlers, buffering and random
-generators included. A process forked after its parent asked CUDA anything (even
-torch.cuda.is_available()) is a "bad fork" to torch: its first CUDA call raises "Cannot
-re-initialize CUDA in forked subprocess". torch sets that flag with or without a GPU, so the
-check below holds on a CPU machine too (tests/test_gpu_fork.py).
+interpreter would have, and never from a parent that has called into the CUDA driver: torch
+marks such a child a "bad fork" (its first CUDA call raises), with or without a GPU, so
+tests/test_gpu_fork.py checks it on the CPU.
 """
 
 from __future__ import annotations

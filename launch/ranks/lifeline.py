@@ -1,11 +1,7 @@
-"""Nothing a launcher starts outlives it: each process it starts (a job's agent, each rank of
-the agent, the sweep's report) has the kernel SIGKILL it when its parent ends, however the
-parent ends (SIGKILL included): Linux's parent-death signal, prctl(PR_SET_PDEATHSIG).
-
-A parent names itself in PARENT_PID_ENV before it starts a child (the warm start's server for
-its agents, an agent for its ranks: `die_with_parent(children_too=True)`), so a child can tell a
-parent that ended before the prctl call (it is reparented by then) and ends itself. A SLURM task
-belongs to SLURM, not to the launcher: nothing names its parent, and nothing here applies.
+"""Nothing a launcher starts outlives it: the kernel SIGKILLs each process it starts (an agent, a
+rank, the sweep's report) when its parent ends, however it ends (prctl(PR_SET_PDEATHSIG)).
+A parent names itself in PARENT_PID_ENV, so a child whose parent ended before its prctl call
+(it is reparented by then) ends itself. A SLURM task belongs to SLURM: nothing here applies.
 """
 
 from __future__ import annotations

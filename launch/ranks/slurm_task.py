@@ -1,22 +1,10 @@
-"""In each SLURM task (one task = one rank): SLURM's variables -> torch's, and the rank.
-
-* **SLURM -> torch**: :func:`torch_env` maps a task's SLURM variables to what
-  `init_process_group("env://")` and components/distributed.py read: RANK = SLURM_PROCID,
-  LOCAL_RANK = SLURM_LOCALID, WORLD_SIZE = tasks of the step, LOCAL_WORLD_SIZE = tasks on this
-  node, MASTER_ADDR = the step's first node, MASTER_PORT = a port derived from the job id and
-  restart count (the same in every task, a different one for every job and every requeue).
-  No torchrun runs inside a task. `python -m launch.ranks.slurm_task env` prints the mapping of
-  the task it runs in; launch/sbatch_example.sh maps the same in bash for `srun python train.py`.
-* **The rank** (:func:`run_task`): bootstrap.py's rank bootstrap, as in a torchrun rank:
-  rank 0 runs the job as the Hydra job (`.hydra/`, log, callbacks) and returns its JobReturn
-  (submitit's result); the other ranks write nothing and return None.
-* **Preemption and time limits**: sbatch `--signal=USR1@<signal_delay_s>` and `--requeue`.
-  USR1/TERM reach train.py's components/preemption.py (agreed stop, checkpoint, rank 0 runs
-  `scontrol requeue`, exit 75); the requeued job runs the same pickled job again: same job dir,
-  SLURM_RESTART_COUNT > 0 makes train.py resume, the same W&B run continues. Ranks other than 0
-  end a preempted task with exit 0 so that `srun --kill-on-bad-exit` leaves rank 0 the time to
-  finish. submitit's own handlers (USR2: its checkpoint-and-requeue, TERM: ignored) are
-  replaced in each task until train.py installs its own (:func:`install_stop_handlers`).
+"""In each SLURM task (one task = one rank): SLURM's variables -> torch's (:func:`torch_env`, as
+docs/slurm.md lists them; no torchrun runs inside a task; launch/sbatch_example.sh maps the same
+in bash), and the rank (:func:`run_task`: bootstrap.py's, as in a torchrun rank; rank 0 returns
+the JobReturn submitit pickles). A preempted task ends with exit 75 on rank 0 and 0 on the others,
+so that `srun --kill-on-bad-exit` leaves rank 0 the time to requeue; submitit's own handlers
+are replaced until train.py installs its own (:func:`install_stop_handlers`).
+`python -m launch.ranks.slurm_task env` prints the mapping of the task it runs in.
 """
 
 from __future__ import annotations

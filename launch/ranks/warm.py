@@ -1,20 +1,9 @@
-"""The warm start's server, prepared: multiprocessing's forkserver (launch/warm.py starts it)
-imports this module, and only this one, before it forks anything.
-
-It imports torch, torchvision, the agent and the task's modules (train, eval) once, starts the
-sweep's one W&B service when the sweep records to W&B, lists the installed packages once (every
-run's repro/), checks that it is clean to fork, and moves what it imported out of the garbage
-collector's sight. Then every job's agent, and through it every rank, is forked from it: a job
-pays no import at all.
-
-Clean to fork means: one thread, no CUDA context, no open W&B run, and no call into the CUDA
-driver (after one, torch marks every process forked later a "bad fork": even
-torch.cuda.is_available() does it, and torch.cuda.is_initialized() does not show it, so a
-probe child is forked once to read torch's own flag). A server that is not clean forks agents
-that refuse to run (:func:`refuse_if_unclean`, one line).
-
-What to import comes from the environment the launcher started it with (PRELOAD_ENV, removed
-here): multiprocessing's preload takes module names only, and imports them without our guard.
+"""The warm start's server, prepared: multiprocessing's forkserver (launch/warm.py) imports this
+module, and only this one, before it forks anything: torch, the agent and the task's modules
+once, the sweep's one W&B service, then a check that it is clean to fork (:func:`why_unclean`)
+and gc.freeze(). Every job's agent, and through it every rank, is forked from it: a job pays
+no import. What to import comes from PRELOAD_ENV (removed here): multiprocessing's preload
+takes module names only.
 """
 
 from __future__ import annotations

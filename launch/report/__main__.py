@@ -7,11 +7,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launch.report.groups import format_groups
 from launch.report.jobs import METRICS, MODES, MULTIRUN_YAML, flat, read_multirun_config
 from launch.report.seeds import DEFAULT_OVER
-from launch.report.sweep import headline, write_summary
-from launch.report.tables import format_table
+from launch.report.sweep import headline, tables_text, write_summary
 from launch.report.wandb_run import log_to_wandb, wandb_settings
 
 
@@ -55,9 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {flat(e)}", file=sys.stderr)
         return 2
     print(headline(summary))
-    print(format_table(summary.rows, summary.swept_keys))
-    if summary.groups:
-        print("\n" + format_groups(summary.groups, summary.swept_keys, aggregate))
+    print(tables_text(summary, aggregate))
     if args.wandb:
         found = wandb_settings(read_multirun_config(args.sweep_dir))
         if found is None:

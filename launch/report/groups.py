@@ -5,13 +5,12 @@ the job table, a section of summary.md, summary_groups.csv, and a W&B Table."""
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Sequence
 
 from core.naming import fmt_value, label, short_keys
 from launch.report.jobs import JobSummary
 from launch.report.seeds import DEFAULT_OVER, Group, group_jobs, rank_groups
+from launch.report.tables import markdown_lines, text_lines, to_csv
 
 GROUPS_CSV = "summary_groups.csv"
 
@@ -89,23 +88,18 @@ def group_table(groups: Sequence[Group], keys: Sequence[str]) -> list[list]:
 
 def format_groups(groups: Sequence[Group], keys: Sequence[str], over: Sequence[str]) -> str:
     table = group_table(groups, keys)
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
     title = f"Aggregated over {', '.join(over)}: {len(groups)} group(s), best mean first"
-    return "\n".join([title, *lines])
+    return "\n".join([title, *text_lines(table, [False] * len(table[0]))])
 
 
 def groups_markdown(groups: Sequence[Group], keys: Sequence[str], over: Sequence[str]) -> str:
     table = group_table(groups, keys)
-    esc = [[c.replace("|", "\\|") for c in r] for r in table]
     lines = [f"## Aggregated over {', '.join(over)}", ""]
     lines.append(
         "Mean ± sample standard deviation (n − 1) and the 95 % Student-t interval of the mean; "
         "completed jobs only."
     )
-    lines += ["", "| " + " | ".join(esc[0]) + " |", "|" + " --- |" * len(esc[0])]
-    lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
+    lines += ["", *markdown_lines(table, ["---"] * len(table[0]))]
     return "\n".join([*lines, ""])
 
 
@@ -128,10 +122,4 @@ def groups_records(groups: Sequence[Group], keys: Sequence[str]) -> tuple[list[s
 
 
 def groups_csv(groups: Sequence[Group], keys: Sequence[str]) -> str:
-    columns, rows = groups_records(groups, keys)
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow(["" if v is None else v for v in row])
-    return buf.getvalue()
+    return to_csv(*groups_records(groups, keys))

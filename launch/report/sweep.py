@@ -79,6 +79,14 @@ def write_summary(
     return summary
 
 
+def tables_text(summary: SweepSummary, aggregate: Sequence[str]) -> str:
+    """The job table, then the seeds table when jobs were aggregated."""
+    text = format_table(summary.rows, summary.swept_keys)
+    if summary.groups:
+        text += "\n\n" + format_groups(summary.groups, summary.swept_keys, aggregate)
+    return text
+
+
 def headline(summary: SweepSummary) -> str:
     rows = summary.rows
     done = sum(r.status == "completed" for r in rows)
@@ -150,9 +158,7 @@ def write_report(
         return
     try:
         print(f"\n{headline(summary)}{when}:")
-        print(format_table(summary.rows, summary.swept_keys), flush=True)
-        if summary.groups:
-            print("\n" + format_groups(summary.groups, summary.swept_keys, aggregate), flush=True)
+        print(tables_text(summary, aggregate), flush=True)
     except Exception as e:  # noqa: BLE001 - e.g. a closed stdout
         log.warning("sweep summary written to %s but not printed (%s)", sweep_dir, e)
     if wandb_settings is not None:

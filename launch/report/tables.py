@@ -94,18 +94,8 @@ def format_table(rows: Sequence[JobSummary], keys: Sequence[str] | None = None) 
     ``keys``: the swept keys (default: those the rows have values for)."""
     keys = list(keys) if keys is not None else list(dict.fromkeys(k for r in rows for k in r.swept))
     cols = columns(rows, keys, brief=True)
-    body = [[_cell(c, r) for c in cols] for r in rows]
-    widths = [max(len(x) for x in col) for col in zip([c.header for c in cols], *body, strict=True)]
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [
-            cell.rjust(w) if c.numeric else cell.ljust(w)
-            for c, cell, w in zip(cols, cells, widths, strict=True)
-        ]
-        return "  ".join(parts).rstrip()
-
-    out = [line([c.header for c in cols]), line(["-" * w for w in widths])]
-    out += [line(cells) for cells in body]
+    table = [[c.header for c in cols], *([_cell(c, r) for c in cols] for r in rows)]
+    out = text_lines(table, [c.numeric for c in cols])
     failed = _failures(rows)
     if failed:
         out += ["", "Failed jobs:"]
@@ -115,25 +105,50 @@ def format_table(rows: Sequence[JobSummary], keys: Sequence[str] | None = None) 
     return "\n".join(out)
 
 
-def _md_escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|")
+def text_lines(table: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    """A header row and body rows as fixed-width lines, a rule under the header; `right`:
+    which columns are right-aligned (numbers)."""
+    widths = [max(len(cell) for cell in col) for col in zip(*table, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            cell.rjust(w) if r else cell.ljust(w)
+            for cell, w, r in zip(cells, widths, right, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return [line(table[0]), line(["-" * w for w in widths]), *(line(r) for r in table[1:])]
+
+
+def markdown_lines(table: Sequence[Sequence[str]], align: Sequence[str]) -> list[str]:
+    """A header row and body rows as a Markdown table, `|` escaped in every cell."""
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("\\", "\\\\").replace("|", "\\|") for c in cells) + " |"
+
+    return [line(table[0]), "| " + " | ".join(align) + " |", *(line(r) for r in table[1:])]
+
+
+def to_csv(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """CSV text, None as an empty cell."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(["" if v is None else v for v in row] for row in rows)
+    return buf.getvalue()
 
 
 def format_markdown(summary: SweepSummary, title: str = "") -> str:
     rows, cols = summary.rows, columns(summary.rows, summary.swept_keys, brief=True)
-    headers = ["rank", *(c.header for c in cols), "error"]
     lines = [f"# Sweep summary{': ' + title if title else ''}", ""]
-    mode = summary.mode
     lines.append(
         f"{len(rows)} jobs, {sum(r.status == 'completed' for r in rows)} completed; "
-        f"ranked by `{summary.ranked_by}` ({mode})."
+        f"ranked by `{summary.ranked_by}` ({summary.mode})."
     )
-    lines += ["", "| " + " | ".join(headers) + " |"]
+    table = [["rank", *(c.header for c in cols), "error"]]
+    table += [[str(i), *(_cell(c, r) for c in cols), r.error or ""] for i, r in enumerate(rows, 1)]
     align = ["---:", *("---:" if c.numeric else "---" for c in cols), "---"]
-    lines.append("| " + " | ".join(align) + " |")
-    for rank, row in enumerate(rows, 1):
-        cells = [str(rank), *(_cell(c, row) for c in cols), row.error or ""]
-        lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
+    lines += ["", *markdown_lines(table, align)]
     lines += ["", f"![{', '.join(PANELS)} per epoch]({PNG_NAME})", ""]
     return "\n".join(lines)
 
@@ -148,10 +163,6 @@ def csv_text(summary: SweepSummary) -> str:
         *([] if any(c.csv == "attempts" for c in cols) else [("attempts", lambda r: r.attempts)]),
         ("error", lambda r: r.error),
     ]
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([*(c.csv for c in cols), *(name for name, _ in extra)])
-    for row in summary.rows:
-        values = [*(c.get(row) for c in cols), *(get(row) for _, get in extra)]
-        writer.writerow(["" if v is None else v for v in values])
-    return buf.getvalue()
+    header = [*(c.csv for c in cols), *(name for name, _ in extra)]
+    rows = [[*(c.get(r) for c in cols), *(get(r) for _, get in extra)] for r in summary.rows]
+    return to_csv(header, rows)
