@@ -211,6 +211,38 @@ def test_smoke_end_to_end(tmp_path):
     } <= set(report["targets"])
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_compare_python_runs_every_mode_again_with_the_other_interpreter(tmp_path):
+    """--compare-python PY (torch versions side by side): each cell runs its modes under both
+    interpreters in one rotation; one row each, labelled with its Python and torch."""
+    out = tmp_path / "r.json"
+    other = tmp_path / "other-python"  # another path to this interpreter: it must be the one run
+    other.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    other.chmod(0o755)
+    cmd = [sys.executable, "-m", "docs.bench", "--smoke", "--workloads", "B"]
+    proc = subprocess.run(
+        [*cmd, "--compare-python", str(other), "--out", str(out)],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["workload"] for row in rows] == ["B", "B"]
+    import torch
+
+    label = f"py {sys.version.split()[0]}, torch {torch.__version__}"
+    assert [row["python"] for row in rows] == [label, label]
+    for row, python in zip(rows, (sys.executable, str(other)), strict=True):
+        for mode in workloads.MODES:
+            (run,) = row["runs"][mode]
+            assert run["samples_per_s"] > 0 and run["command"][0] == python, (mode, run)
+    assert f"B ({label})" in proc.stdout
+
+
 # --- workload G: the GPU check (docs/bench/gpu.py) -------------------------------------------
 
 

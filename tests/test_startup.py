@@ -123,6 +123,10 @@ def test_the_startup_benchmark_reads_fixed_costs_and_ratios_from_medians() -> No
     assert figures[f"{startup.SWEEP_1}-job sweep of 1-rank jobs: per job"] == 2.0
     text = startup.table([Path("new"), Path("old")], [medians, {**medians, "floor": 1.5}])
     assert "python train.py: fixed cost | 4.50 (+1.50) | 4.50 (+3.00) | 1.00" in text
+    # --compare-python: every command is run by the interpreter given
+    assert {cmd[0] for cmd in startup.commands(Path("/tmp"), "/venv/bin/python").values()} == {
+        "/venv/bin/python"
+    }
 
 
 @pytest.mark.slow

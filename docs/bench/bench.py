@@ -1,7 +1,7 @@
 """Throughput benchmark: train.py against the plain DDP recipe and a raw loop, same workload.
 
     python -m docs.bench [--workloads A,B] [--world-sizes 1,2] [--repeats 3] [--steps N]
-                           [--smoke] [--out results.json]
+                           [--smoke] [--out results.json] [--compare-python OTHER_PYTHON]
 
 For each workload x world size it runs three modes, each as its own process (world size 2:
 ``python -m torch.distributed.run --standalone --nproc-per-node=2 ...``), alternating them
@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from docs.bench.common import (
@@ -165,7 +166,7 @@ def run_mode(s: Setup, mode: str, run_dir: Path) -> dict:
         ]
         if s.data_root is not None:
             target += ["--data-root", str(s.data_root)]
-    cmd = launch(s.world_size, target)
+    cmd = launch(s.world_size, target, s.python)
     tic = time.perf_counter()
     stdout, stderr, rc = run_process(cmd, run_env(s.threads), s.timeout_s)
     wall = time.perf_counter() - tic
@@ -210,11 +211,11 @@ def reference_result(stdout: str) -> dict:
     raise ValueError(f"no {RESULT_TAG.strip()} line in the output")
 
 
-def import_time(threads: int) -> float:
+def import_time(threads: int, python: str | None = None) -> float:
     """Wall time of ``python -c "import torch, torchvision"`` (interpreter start included)."""
     tic = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", "import torch, torchvision"],
+        [python or sys.executable, "-c", "import torch, torchvision"],
         cwd=REPO,
         env=run_env(threads),
         check=True,
@@ -225,19 +226,40 @@ def import_time(threads: int) -> float:
 
 def bench_cell(s: Setup, repeats: int, work: Path) -> dict:
     """All modes of one workload x world size, alternated ``repeats`` times; the summary row."""
-    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
-    imports = []
+    (row,) = bench_cells([s], repeats, work)
+    return row
+
+
+def bench_cells(setups: list[Setup], repeats: int, work: Path) -> list[dict]:
+    """All modes of each setup (one cell under several interpreters: --compare-python), every
+    setup's modes in turn, ``repeats`` rounds; a summary row per setup."""
+    runs: list[dict[str, list[dict]]] = [{mode: [] for mode in MODES} for _ in setups]
+    imports: list[list[float]] = [[] for _ in setups]
     items = ("import", *MODES)  # the import timing takes its turn in the rotation too
     for r in range(repeats):
-        for mode in items[r % len(items) :] + items[: r % len(items)]:
-            if mode == "import":
-                imports.append(import_time(s.threads))
-                continue
-            run_dir = work / cell_name(s) / f"r{r}-{mode.replace('.', '_')}"
-            res = run_mode(s, mode, run_dir)
-            runs[mode].append(res)
-            progress(s, r, repeats, res)
-    return summarize(s, runs, imports)
+        for i, s in enumerate(setups):
+            for mode in items[r % len(items) :] + items[: r % len(items)]:
+                if mode == "import":
+                    imports[i].append(import_time(s.threads, s.python))
+                    continue
+                run_dir = work / f"{cell_name(s)}-py{i}" / f"r{r}-{mode.replace('.', '_')}"
+                res = run_mode(s, mode, run_dir)
+                runs[i][mode].append(res)
+                progress(s, r, repeats, res)
+    rows = [summarize(s, runs[i], imports[i]) for i, s in enumerate(setups)]
+    if len(setups) > 1:
+        for s, row in zip(setups, rows, strict=True):
+            row["python"] = torch_label(s.python)
+    return rows
+
+
+def torch_label(python: str | None) -> str:
+    """`python`'s Python and torch versions, to tell compared interpreters apart."""
+    code = "import sys, torch; print(sys.version.split()[0], torch.__version__)"
+    out = subprocess.run(
+        [python or sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return f"py {out[0]}, torch {out[1]}"
 
 
 def cell_name(s: Setup) -> str:
@@ -279,6 +301,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         metavar="OTHER_TREE",
         help="workload S: also time another checkout of this repo, in turn, and print ratios",
+    )
+    p.add_argument(
+        "--compare-python",
+        action="append",
+        default=[],
+        metavar="PYTHON",
+        help="workloads S and A-D: also run every command with this interpreter (another "
+        "venv's, e.g. with another torch), in the same rotation; repeatable",
     )
     p.add_argument(
         "--e-datasets",
@@ -503,7 +533,9 @@ def main(argv: list[str] | None = None) -> int:
         if STARTUP in args.workloads:
             from docs.bench import startup
 
-            startup_table = startup.run(args.repeats, work / "startup", args.compare, args.timeout)
+            startup_table = startup.run(
+                args.repeats, work / "startup", args.compare, args.timeout, args.compare_python
+            )
         for workload in (w for w in args.workloads if w in WORKLOADS):
             spec = WORKLOADS[workload]
             steps = args.steps or spec.steps
@@ -521,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
                     timeout_s=args.timeout,
                     workers=workers,
                 )
-                rows.append(bench_cell(setup, args.repeats, work / "runs"))
+                others = [replace(setup, python=py) for py in args.compare_python]
+                rows += bench_cells([setup, *others], args.repeats, work / "runs")
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -88,11 +88,14 @@ def make_jpegs(root: Path, per_class: int, val_per_class: int = JPEG_VAL_PER_CLA
     return root
 
 
-def launch(world_size: int, target: list[str]) -> list[str]:
+def launch(world_size: int, target: list[str], python: str | None = None) -> list[str]:
+    """`target`'s command line at `world_size` (torchrun above 1), run by `python` (None: this
+    interpreter; another venv's to compare torch versions)."""
+    python = python or sys.executable
     if world_size == 1:
-        return [sys.executable, *target]
+        return [python, *target]
     return [
-        sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         "--standalone",

@@ -22,9 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 SWEEP_1, SWEEP_2 = 10, 4  # jobs in the 1-rank sweep and in the 2-rank sweep
 
 
-def commands(out: Path) -> dict[str, list[str]]:
-    """The timed commands, by name; `out` holds their run dirs."""
-    py = sys.executable
+def commands(out: Path, py: str | None = None) -> dict[str, list[str]]:
+    """The timed commands, by name, run by the interpreter `py` (None: this one); `out` holds
+    their run dirs."""
+    py = py or sys.executable
 
     def train(name: str, *overrides: str) -> list[str]:
         return [py, "train.py", *overrides, f"hydra.run.dir={out / name}"]
@@ -72,12 +73,15 @@ def timed(cmd: list[str], tree: Path, timeout_s: float) -> float:
     return wall
 
 
-def measure(trees: list[Path], repeats: int, work: Path, timeout_s: float) -> list[dict]:
-    """{name: [walls]} per tree, every command in turn, tree after tree, `repeats` rounds."""
+def measure(
+    trees: list[tuple[Path, str]], repeats: int, work: Path, timeout_s: float
+) -> list[dict]:
+    """{name: [walls]} per (tree, interpreter), every command in turn, one after another,
+    `repeats` rounds."""
     walls: list[dict[str, list[float]]] = [{} for _ in trees]
     for r in range(repeats):
-        for i, tree in enumerate(trees):
-            for name, cmd in commands(work / f"t{i}r{r}").items():
+        for i, (tree, py) in enumerate(trees):
+            for name, cmd in commands(work / f"t{i}r{r}", py).items():
                 walls[i].setdefault(name, []).append(timed(cmd, tree, timeout_s))
     return [{name: statistics.median(w) for name, w in tree.items()} for tree in walls]
 
@@ -104,10 +108,10 @@ def figures(m: dict[str, float]) -> dict[str, float]:
     }
 
 
-def table(trees: list[Path], results: list[dict[str, float]]) -> str:
+def table(labels: list[str], results: list[dict[str, float]]) -> str:
     rows = [figures(m) for m in results]
-    head = ["figure", *(f"{t.name or t} s (over floor)" for t in trees)]
-    if len(trees) == 2:
+    head = ["figure", *(f"{label} s (over floor)" for label in labels)]
+    if len(labels) == 2:
         head.append("this / other")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for key in rows[0]:
@@ -115,13 +119,30 @@ def table(trees: list[Path], results: list[dict[str, float]]) -> str:
         for row in rows:
             over = row[key] - row["floor: import torch, torch._dynamo"]
             cells.append(f"{row[key]:.2f} ({over:+.2f})")
-        if len(trees) == 2:
+        if len(labels) == 2:
             cells.append(f"{rows[0][key] / rows[1][key]:.2f}")
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 
 
-def run(repeats: int, work: Path, compare: Path | None, timeout_s: float) -> str:
-    trees = [REPO, *([compare.resolve()] if compare else [])]
-    text = table(trees, measure(trees, repeats, work, timeout_s))
+def run(
+    repeats: int,
+    work: Path,
+    compare: Path | None,
+    timeout_s: float,
+    compare_python: list[str] = (),
+) -> str:
+    """`compare`: another checkout, run by this interpreter; `compare_python`: other
+    interpreters (another torch, say), each running this checkout (or `compare`)."""
+    trees = [(REPO, sys.executable)]
+    if compare:
+        trees.append((compare.resolve(), sys.executable))
+    trees += [(trees[-1][0], py) for py in compare_python]
+    labels = [tree.name or str(tree) for tree, _ in trees]
+    if compare_python:
+        from docs.bench.bench import torch_label
+
+        pythons = [py for _, py in trees]
+        labels = [f"{t} ({torch_label(py)})" for t, py in zip(labels, pythons, strict=True)]
+    text = table(labels, measure(trees, repeats, work, timeout_s))
     return f"Workload S: start-up, medians of {repeats}, in turn\n{text}"

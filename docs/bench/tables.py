@@ -115,7 +115,7 @@ def table(rows: list[dict]) -> str:
         verdicts = "; ".join(f"{name} {t['verdict']}" for name, t in row["targets"].items())
         lines.append(
             [
-                row["workload"],
+                workload_label(row),
                 str(row["world_size"]),
                 fmt_workers(row.get("workers")),
                 *(fmt(rate[m], ".1f") for m in MODES),
@@ -129,6 +129,11 @@ def table(rows: list[dict]) -> str:
             ]
         )
     return markdown(lines)
+
+
+def workload_label(row: dict) -> str:
+    """The workload, and its interpreter where several were compared (--compare-python)."""
+    return row["workload"] + (f" ({row['python']})" if row.get("python") else "")
 
 
 def fmt_workers(workers: int | None) -> str:
@@ -153,7 +158,7 @@ def best_table(rows: list[dict]) -> str:
         best, ratios = row["best_window_samples_per_s"], row["best_window_ratios"]
         lines.append(
             [
-                row["workload"],
+                workload_label(row),
                 str(row["world_size"]),
                 fmt_workers(row.get("workers")),
                 *(fmt(best[m], ".1f") for m in MODES),

@@ -115,3 +115,4 @@ class Setup:
     train_overrides: tuple[str, ...] = ()
     timeout_s: float = 1800.0
     workers: int | None = None  # DataLoader workers per rank, both sides (None: B's fast path)
+    python: str | None = None  # the interpreter of every mode (None: this one; --compare-python)
