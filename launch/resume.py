@@ -50,8 +50,8 @@ from core.run_dir import (
     read_launch_record,
     read_result,
     write_launch_record,
-    write_result,
 )
+from launch.jobs import write_launcher_result
 from launch.ranks.job_spec import job_return
 from launch.report.jobs import read_overrides
 
@@ -266,13 +266,8 @@ def record_stopped(job: Any, signal_name: str) -> str:
     attempt gets result.json `interrupted`. Returns the status."""
     result = read_result(job.job_dir, since=job.started) if job.started else None
     if result is None or result.status == "running":
-        result = RunResult(
-            status="interrupted",
-            overrides=list(job.overrides),
-            job_num=job.num,
-            error=f"the sweep was stopped ({signal_name}) before the job ended",
-        )
-        write_result(job.job_dir, result)
+        why = f"the sweep was stopped ({signal_name}) before the job ended"
+        result = write_launcher_result(job, "interrupted", why)
     update_attempt(job, ended=time.time(), status=result.status, error=result.error)
     log.warning(
         "#%d %s: %s%s",
