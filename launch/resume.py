@@ -242,21 +242,18 @@ def update_attempt(job: Any, **values: Any) -> None:
     write_launch_record(job.job_dir, record)
 
 
-def attempt_outcome(job: Any, ret: Any) -> tuple[str, str | None]:
-    """(status, one-line error) of the attempt that just ended with `ret`: the run's own
-    result.json status when this attempt wrote one (preempted, interrupted, failed), else the
-    JobReturn's."""
+def close_attempt(job: Any, ret: Any) -> None:
+    """Record how the attempt that just ended with `ret` ended: the run's own result.json
+    status when this attempt wrote one (pruned, preempted, interrupted, failed), else the
+    JobReturn's, with its one-line error."""
     result = read_result(job.job_dir, since=job.started)
     if ret.status.name == "COMPLETED":
         pruned = result is not None and result.status == "pruned"
-        return ("pruned", result.error) if pruned else ("completed", None)
-    if result is not None and result.status in ("failed", "preempted", "interrupted"):
-        return result.status, result.error
-    return "failed", describe(job_value(ret))
-
-
-def close_attempt(job: Any, ret: Any) -> None:
-    status, error = attempt_outcome(job, ret)
+        status, error = ("pruned", result.error) if pruned else ("completed", None)
+    elif result is not None and result.status in ("failed", "preempted", "interrupted"):
+        status, error = result.status, result.error
+    else:
+        status, error = "failed", describe(job_value(ret))
     update_attempt(job, ended=time.time(), status=status, error=error)
 
 
