@@ -228,16 +228,16 @@ def record_failure(job: Job, reason: str, *, user_error: bool = False) -> None:
     if user_error and (job.job_dir / RESULT_FILE).exists():
         return
     wall_time = round(time.time() - job.started, 3) if job.started else None
-    write_result(
-        job.job_dir,
-        RunResult(
-            status="failed",
-            error=reason,
-            overrides=job.overrides,
-            job_num=job.num,
-            wall_time_s=wall_time,
-        ),
+    write_launcher_result(job, "failed", reason, wall_time_s=wall_time)
+
+
+def write_launcher_result(job: Job, status: str, error: str, **fields: Any) -> RunResult:
+    """Write the result.json of a job whose run left none of its own (the launcher's word)."""
+    result = RunResult(
+        status=status, error=error, overrides=list(job.overrides), job_num=job.num, **fields
     )
+    write_result(job.job_dir, result)
+    return result
 
 
 def job_done(job: Job, ret: Any) -> Any:

@@ -50,8 +50,8 @@ from core.run_dir import (
     read_launch_record,
     read_result,
     write_launch_record,
-    write_result,
 )
+from launch.jobs import write_launcher_result
 from launch.ranks.job_spec import job_return
 from launch.report.jobs import read_overrides
 
@@ -242,21 +242,18 @@ def update_attempt(job: Any, **values: Any) -> None:
     write_launch_record(job.job_dir, record)
 
 
-def attempt_outcome(job: Any, ret: Any) -> tuple[str, str | None]:
-    """(status, one-line error) of the attempt that just ended with `ret`: the run's own
-    result.json status when this attempt wrote one (preempted, interrupted, failed), else the
-    JobReturn's."""
+def close_attempt(job: Any, ret: Any) -> None:
+    """Record how the attempt that just ended with `ret` ended: the run's own result.json
+    status when this attempt wrote one (pruned, preempted, interrupted, failed), else the
+    JobReturn's, with its one-line error."""
     result = read_result(job.job_dir, since=job.started)
     if ret.status.name == "COMPLETED":
         pruned = result is not None and result.status == "pruned"
-        return ("pruned", result.error) if pruned else ("completed", None)
-    if result is not None and result.status in ("failed", "preempted", "interrupted"):
-        return result.status, result.error
-    return "failed", describe(job_value(ret))
-
-
-def close_attempt(job: Any, ret: Any) -> None:
-    status, error = attempt_outcome(job, ret)
+        status, error = ("pruned", result.error) if pruned else ("completed", None)
+    elif result is not None and result.status in ("failed", "preempted", "interrupted"):
+        status, error = result.status, result.error
+    else:
+        status, error = "failed", describe(job_value(ret))
     update_attempt(job, ended=time.time(), status=status, error=error)
 
 
@@ -266,13 +263,8 @@ def record_stopped(job: Any, signal_name: str) -> str:
     attempt gets result.json `interrupted`. Returns the status."""
     result = read_result(job.job_dir, since=job.started) if job.started else None
     if result is None or result.status == "running":
-        result = RunResult(
-            status="interrupted",
-            overrides=list(job.overrides),
-            job_num=job.num,
-            error=f"the sweep was stopped ({signal_name}) before the job ended",
-        )
-        write_result(job.job_dir, result)
+        why = f"the sweep was stopped ({signal_name}) before the job ended"
+        result = write_launcher_result(job, "interrupted", why)
     update_attempt(job, ended=time.time(), status=result.status, error=result.error)
     log.warning(
         "#%d %s: %s%s",

@@ -44,28 +44,27 @@ def cpus_per_gpu_in_sinfo(text: str) -> int | None:
     return min(shares, default=None)
 
 
-def cluster_cpus_per_gpu(partition: str | None) -> int | None:
-    """CPUs per GPU of `partition`'s GPU nodes (sinfo); None when unknown."""
-    cmd = ["sinfo", "--noheader", "--format=%c %G"]
+def sinfo(partition: str | None, fmt: str) -> str:
+    """`sinfo --format=<fmt>` of `partition` (the default partition when None); "" when sinfo
+    cannot be run."""
+    cmd = ["sinfo", "--noheader", f"--format={fmt}"]
     if partition:
         cmd.append(f"--partition={partition}")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    return cpus_per_gpu_in_sinfo(out)
+        return ""
+
+
+def cluster_cpus_per_gpu(partition: str | None) -> int | None:
+    """CPUs per GPU of `partition`'s GPU nodes (sinfo); None when unknown."""
+    return cpus_per_gpu_in_sinfo(sinfo(partition, "%c %G"))
 
 
 def cluster_gpus_per_node(partition: str | None) -> int:
-    """GPUs per node of `partition` (the default partition when None) as `sinfo` reports
-    them in the nodes' generic resources; 0 when none or unknown (a CPU cluster)."""
-    cmd = ["sinfo", "--noheader", "--format=%G"]
-    if partition:
-        cmd.append(f"--partition={partition}")
-    try:
-        return gpus_in_gres(subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout)
-    except (OSError, subprocess.SubprocessError):
-        return 0
+    """GPUs per node of `partition` as `sinfo` reports them in the nodes' generic resources; 0
+    when none or unknown (a CPU cluster)."""
+    return gpus_in_gres(sinfo(partition, "%G"))
 
 
 def require_slurm() -> None:

@@ -15,8 +15,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from core.run_dir import write_json_atomic
 from core.wandb_service import SERVICE_ENV
-from launch.ranks.handoff import describe_failure, write_failures
+from launch.ranks.handoff import describe_failure
 from launch.ranks.job_spec import AgentSpec
 from launch.ranks.lifeline import PARENT_PID_ENV, die_with_parent
 from launch.ranks.warm import refuse_if_unclean
@@ -79,7 +80,7 @@ def agent_main(spec: AgentSpec) -> int:
             failures + other_ranks_errors(e.failures, failures),
             key=lambda f: (f.get("lost_a_peer", False), f.get("time", f["timestamp"])),
         )
-        write_failures(failures, Path(spec.failures))
+        write_json_atomic(Path(spec.failures), failures)
         for i, failure in enumerate(failures if spec.log else ()):
             what = "first failure" if i == 0 else "then"
             print(f"torchrun: {what}: {describe_failure(failure)}", file=sys.stderr, flush=True)

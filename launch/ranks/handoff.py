@@ -80,10 +80,6 @@ def read_job_return(path: Path, job: Any) -> Any:
         return None
 
 
-def write_failures(failures: list[dict], path: Path) -> None:
-    write_json_atomic(path, failures)
-
-
 def read_failures(path: Path) -> list[dict]:
     try:
         failures = json.loads(path.read_text())

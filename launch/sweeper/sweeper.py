@@ -120,11 +120,9 @@ class OptunaSweeperBase(Sweeper):
         if OmegaConf.is_dict(sampler) and "_target_" in sampler:
             # Hydra 1.4 instantiates a plugin without its nested `_target_`s (1.3 with them)
             sampler = instantiate(sampler)
-        self.sampler, self.direction, self.storage = sampler, conf.direction, conf.storage
-        self.study_name, self.n_trials, self.n_jobs = conf.study_name, conf.n_trials, conf.n_jobs
-        self.max_failure_rate, self.params = conf.max_failure_rate, conf.params
-        self.custom_search_space, self.pruner = conf.custom_search_space, conf.pruner
-        self.stream = conf.stream
+        self.conf = conf
+        # set again by setup (the sweep dir's name) and continue_study (what is left to ask)
+        self.sampler, self.study_name, self.n_trials = sampler, conf.study_name, conf.n_trials
         # a resumed study's first job to run (launch/sweeper/study.py's plan_trials)
         self.job_idx = 0
         self.resume = False
@@ -143,7 +141,7 @@ class OptunaSweeperBase(Sweeper):
         self.resume = bool(OmegaConf.select(config, "hydra.launcher.resume", default=False))
         self.sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         self.sweep_dir.mkdir(parents=True, exist_ok=True)  # SQLite makes the file, not its dir
-        self.storage_spec = storage_spec(self.storage, config, self.sweep_dir)
+        self.storage_spec = storage_spec(self.conf.storage, config, self.sweep_dir)
         if self.study_name is None:
             self.study_name = self.sweep_dir.name
 
@@ -160,7 +158,7 @@ class OptunaSweeperBase(Sweeper):
                 f"{self.study_name} in {shown(self.storage_spec)}: start a new sweep dir, or "
                 "give the storage and study_name the sweep had"
             )
-        space, fixed = search_space(self.params, arguments)
+        space, fixed = search_space(self.conf.params, arguments)
         sampler = self.sampler
         if isinstance(sampler, functools.partial):  # GridSampler: the space is known only now
             grid = {key: grid_choices(key, d) for key, d in space.items()}
@@ -172,21 +170,22 @@ class OptunaSweeperBase(Sweeper):
             storage=open_storage(self.storage_spec),
             sampler=sampler,
             pruner=build_pruner(pruner),
-            directions=directions(self.direction),
+            directions=directions(self.conf.direction),
             load_if_exists=True,
         )
         # The ranks reach their trials through the storage (components/pruning.py).
         os.environ[STORAGE_ENV], os.environ[STUDY_ENV] = self.storage_spec, study.study_name
         os.environ[PRUNER_ENV] = json.dumps(pruner)
-        extend = get_method(self.custom_search_space) if self.custom_search_space else None
+        custom = self.conf.custom_search_space
+        extend = get_method(custom) if custom else None
         trials = Trials(self, study, space, fixed, extend)
-        usage = SlotUsage(self.n_jobs)
-        stream = getattr(self.launcher, "launch_stream", None) if self.stream else None
+        usage = SlotUsage(self.conf.n_jobs)
+        stream = getattr(self.launcher, "launch_stream", None) if self.conf.stream else None
         if stream is not None:
-            stream(trials.next_overrides, trials.tell, self.n_jobs)
+            stream(trials.next_overrides, trials.tell, self.conf.n_jobs)
         else:
             while trials.to_ask > 0 and not trials.too_many_failures():
-                batch = [o for o in (trials.next_overrides() for _ in range(self.n_jobs)) if o]
+                batch = [o for o in (trials.next_overrides() for _ in range(self.conf.n_jobs)) if o]
                 for run in consecutive(batch):  # a launch numbers its jobs from the first on
                     returns = self.launcher.launch(
                         [overrides for _, overrides in run], initial_job_idx=run[0][0]
@@ -208,7 +207,7 @@ class OptunaSweeperBase(Sweeper):
         the ranks build the same pruner from it."""
         node = OmegaConf.select(self.config or {}, "hydra.sweeper.pruner", default=None)
         if node is None:
-            return None if hasattr(self.pruner, "prune") else self.pruner
+            return None if hasattr(self.conf.pruner, "prune") else self.conf.pruner
         return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
     def serialize(self, study: Any) -> None:
@@ -275,7 +274,7 @@ class Trials:
 
     def too_many_failures(self) -> bool:
         return bool(self.failures) and (
-            len(self.failures) / max(self.told, 1) > self.sweeper.max_failure_rate
+            len(self.failures) / max(self.told, 1) > self.sweeper.conf.max_failure_rate
         )
 
     def next_overrides(self) -> tuple[int, list[str]] | None:
@@ -327,7 +326,7 @@ class Trials:
                 "%d of %d trial(s) failed (max_failure_rate=%g)",
                 len(self.failures),
                 self.told,
-                self.sweeper.max_failure_rate,
+                self.sweeper.conf.max_failure_rate,
             )
             self.failures[0].return_value  # noqa: B018 - JobReturn raises the job's own error
 
