@@ -338,6 +338,19 @@ def test_ci_and_the_workflow_run_the_readmes_test_command():
     assert jobs["not-slow"]["steps"][1]["with"]["python-version"] == newest
 
 
+def test_requires_python_is_what_the_workflow_tests():
+    """pyproject.toml's requires-python allows exactly the Pythons the workflow's suite runs
+    on, each tested here (docs/architecture.md#python-versions)."""
+    import yaml
+
+    # (tomllib is 3.11's: the suite runs on 3.10 too)
+    spec = re.search(r'^requires-python = "(.*)"$', (REPO / "pyproject.toml").read_text(), re.M)
+    low, high = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", spec[1]).groups()
+    jobs = yaml.safe_load((REPO / ".github" / "workflows" / "tests.yml").read_text())["jobs"]
+    tested = jobs["suite"]["strategy"]["matrix"]["python"]
+    assert tested == [f"3.{minor}" for minor in range(int(low), int(high))]
+
+
 def named_files(path: Path) -> list[tuple[int, str]]:
     """The repository files a page names: `folder/file.py` anywhere, and a bare `file.py` in a
     table row or under a heading that names its folder (`| \\`launch/\\` | ... \\`slurm.py\\``,
