@@ -123,6 +123,8 @@ def run_jobs(
     The next job is taken from `jobs` only when the backend has room to start it now, and
     `on_done(job, ret)` hears of each job as soon as its final JobReturn is known (a caller
     that makes jobs as slots free, e.g. an ask-and-tell sweeper, tells its result there)."""
+    if retries < 0:
+        raise UserError(f"hydra.launcher.retries={retries}: use 0 (no retry) or more")
     if isinstance(jobs, Sequence):  # every job dir checked before any job starts
         for job in jobs:
             if job.in_sweep:
