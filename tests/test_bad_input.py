@@ -104,7 +104,7 @@ def test_skip_unreadable_leaves_the_bad_images_out_in_one_warning(tmp_path):
     proc = run([*cmd, "dataset.skip_unreadable=true", f"hydra.run.dir={run_dir}"])
     out = output(proc)
     assert proc.returncode == 0, out[-3000:]
-    warnings = [line for line in out.splitlines() if "skip_unreadable" in line]
+    warnings = [line for line in out.splitlines() if "unreadable image(s)" in line]
     assert len(warnings) == 1 and f"left out {len(bad)} unreadable image(s)" in warnings[0], out
     assert read_json(run_dir / "result.json")["status"] == "completed"
 
