@@ -250,7 +250,7 @@ class SplitView(Dataset):
             path = self.sample_file(index)
             if path is None or readable_file(path):  # not the file's fault
                 raise
-            reason = re.sub(r" ?<_io\.BytesIO object at \w+>", "", describe(e))
+            reason = re.sub(r" ?<_io\.BytesIO object at \w+>|\w+, /\S+:\d+, ", "", describe(e))
             if os.path.getsize(path) == 0:
                 reason = "an empty file"
 
