@@ -141,10 +141,12 @@ def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path, nproc):
 @pytest.mark.parametrize(
     "entry",
     [
-        ["train.py"],
-        ["train.py", "-m"],
-        ["eval.py"],
-        pytest.param(["train.py", "dist.nproc_per_node=2"], marks=pytest.mark.slow),
+        ["train.py", "experiment=broken"],
+        ["train.py", "-m", "experiment=broken"],
+        ["eval.py", "+experiment=broken"],  # (eval.py's config has no experiment default)
+        pytest.param(
+            ["train.py", "dist.nproc_per_node=2", "experiment=broken"], marks=pytest.mark.slow
+        ),
     ],
     ids=["run", "sweep", "eval", "2-ranks"],
 )
@@ -154,7 +156,7 @@ def test_a_yaml_syntax_error_in_a_config_is_one_line_naming_the_file(tmp_path, e
     bad.write_text("trainer:\n  max_epochs: [1\n")
     script, *rest = entry
     dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    cmd = train_cmd("--config-dir", str(tmp_path / "conf"), *rest, "experiment=broken", *dirs)
+    cmd = train_cmd("--config-dir", str(tmp_path / "conf"), *rest, *dirs)
     proc = run([*cmd[:1], script, *cmd[2:]])
     one_line_error(proc, f"config file {bad}, line 3 is not valid YAML", "fix the file")
 
