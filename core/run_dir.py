@@ -318,10 +318,9 @@ class KeepRunDirOnRefusal(Callback):
 
 
 class CheckOutputDirs(Callback):
-    """Hydra callback: the dirs a start writes, checked before Hydra writes in them (its own
-    error would be a traceback from its mkdir, or from its logging setup). A run dir, or a
-    sweep dir, must be writable; a resumed sweep's dir must be there (a mistyped one would
-    start a fresh sweep). Hydra turns a callback's exception into a warning and goes on: a
+    """Hydra callback: the dir a start writes (a run dir, a sweep dir), checked before Hydra
+    writes in it (its own error would be a traceback from its mkdir, or from its logging
+    setup). Hydra turns a callback's exception into a warning and goes on: a
     refusal is one log line and SystemExit, as core.errors.ReportUserError's."""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
@@ -330,7 +329,7 @@ class CheckOutputDirs(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         with refusing():
-            check_sweep_dir(config)
+            check_writable(config, "hydra.sweep.dir")
 
 
 @contextmanager
@@ -340,21 +339,6 @@ def refusing() -> Iterator[None]:
     except UserError as e:
         logging.getLogger(__name__).error("%s", e)
         raise SystemExit(e.exit_code) from None
-
-
-def check_sweep_dir(config: Any) -> None:
-    """A resumed sweep's dir is there; any sweep's dir is writable."""
-    from omegaconf import OmegaConf
-
-    sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
-    resume = OmegaConf.select(config, "hydra.launcher.resume", default=False)
-    if resume and not sweep_dir.is_dir():
-        raise UserError(
-            f"hydra.launcher.resume=true: there is no sweep dir {sweep_dir} to continue: "
-            "set hydra.sweep.dir to the dir of the sweep to resume, or drop "
-            "hydra.launcher.resume to start a new sweep"
-        )
-    check_writable(config, "hydra.sweep.dir")
 
 
 def check_writable(config: Any, key: str) -> None:

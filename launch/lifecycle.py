@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from core.errors import UserError, describe
+from core.run_dir import LAUNCH_FILE
 from core.world import check_batch_size
 from launch.jobs import (
     Job,
@@ -282,6 +283,9 @@ class LifecycleLauncher:
                 hold_sweep_lock(sweep_dir)
             if first:  # Optuna hands out trials a few at a time: one line per sweep
                 resuming = " (resuming)" if opts["resume"] else ""
+                if opts["resume"] and not any(sweep_dir.glob(f"*/{LAUNCH_FILE}")):
+                    # resume=true also starts a sweep resumable: say which this is (a typo)
+                    resuming = " (hydra.launcher.resume=true: no earlier jobs there, a new sweep)"
                 log.info("%s: sweep dir %s%s", self.launcher_name, sweep_dir, resuming)
             try:
                 with stop_signals(stop_on):

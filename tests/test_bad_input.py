@@ -169,10 +169,6 @@ SWEEP_BAD_INPUT = [
     (["hydra.launcher.max_parallel=-3"], ["hydra.launcher.max_parallel=-3", ">= 1"]),
     (["hydra.launcher.retries=-1"], ["hydra.launcher.retries=-1", "0 (no retry) or more"]),
     (
-        ["hydra.launcher.resume=true", "hydra.sweep.dir={tmp}/no-such-sweep"],
-        ["hydra.launcher.resume=true", "no sweep dir {tmp}/no-such-sweep"],
-    ),
-    (
         ["hydra.sweep.dir={tmp}/a-file/sweep"],
         ["hydra.sweep.dir={tmp}/a-file/sweep cannot be written"],
     ),
@@ -204,8 +200,18 @@ def test_bad_sweep_input_is_one_line_naming_the_key(tmp_path, overrides, fragmen
     proc = _sweep(overrides)
     one_line_error(proc, *(f.format(tmp=tmp_path) for f in fragments))
     assert "pw@" not in output(proc)  # a URL's password stays out of the console
-    if "hydra.launcher.resume=true" in overrides:  # refused: no fresh sweep started there
-        assert not (tmp_path / "no-such-sweep").exists()
+
+
+def test_resume_where_no_sweep_ran_says_it_starts_a_new_one(tmp_path):
+    """hydra.launcher.resume=true also starts a sweep resumable (docs/fault-tolerance.md): on a
+    sweep dir without earlier jobs (a new one, or a mistyped one) it says so, where it said
+    "(resuming)"."""
+    proc = _sweep(["hydra.launcher.resume=true", f"hydra.sweep.dir={tmp_path / 'typo'}"])
+    out = output(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert "(resuming)" not in out and "no earlier jobs there, a new sweep" in out, out
+    proc = _sweep(["hydra.launcher.resume=true", f"hydra.sweep.dir={tmp_path / 'typo'}"])
+    assert "(resuming)" in output(proc) and "completed earlier, not run again" in output(proc)
 
 
 def _sweep(overrides: list[str]):
