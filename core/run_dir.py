@@ -320,8 +320,8 @@ class KeepRunDirOnRefusal(Callback):
 class CheckOutputDirs(Callback):
     """Hydra callback: the dir a start writes (a run dir, a sweep dir), checked before Hydra
     writes in it (its own error would be a traceback from its mkdir, or from its logging
-    setup). Hydra turns a callback's exception into a warning and goes on: a
-    refusal is one log line and SystemExit, as core.errors.ReportUserError's."""
+    setup). Hydra turns a callback's exception into a warning and goes on: a refusal is one
+    log line and SystemExit, as core.errors.ReportUserError's."""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         with refusing():

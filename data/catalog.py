@@ -28,13 +28,13 @@ from data.decode import DecodeImage, looks_readable, read_bytes
 from data.digits import Digits
 from data.transforms import NORMALIZATION, Recipe, train_transform, val_transform
 
+log = logging.getLogger(__name__)
+
 DOWNLOAD_FIX = "set dataset.download=true or point dataset.root at a copy"
 IMAGENET_FIX = (
     "put ILSVRC2012_devkit_t12.tar.gz and ILSVRC2012_img_train.tar/ILSVRC2012_img_val.tar "
     "(or the train/, val/ folders and meta.bin torchvision made from them) there"
 )
-log = logging.getLogger(__name__)
-
 FOLDER_FIX = "point dataset.root at a folder holding train/<class>/* (and optional val/, test/)"
 
 
@@ -212,8 +212,9 @@ def leave_out_unreadable(root: str, folders: list[tvd.DatasetFolder]) -> None:
     that still does not decode stops the run naming it (data.datasets.SplitView)."""
     skipped = []
     for folder in folders:
-        kept = [s for s in folder.samples if looks_readable(s[0])]
-        skipped += [s[0] for s in folder.samples if s not in kept]
+        readable = [looks_readable(path) for path, _ in folder.samples]
+        kept = [s for s, ok in zip(folder.samples, readable, strict=True) if ok]
+        skipped += [s[0] for s, ok in zip(folder.samples, readable, strict=True) if not ok]
         folder.samples = folder.imgs = kept
         folder.targets = [label for _, label in kept]
     if skipped:

@@ -253,7 +253,6 @@ class SplitView(Dataset):
             reason = re.sub(r" ?<_io\.BytesIO object at \w+>|\w+, /\S+:\d+, ", "", describe(e))
             if os.path.getsize(path) == 0:
                 reason = "an empty file"
-
             raise UnreadableImage(
                 f"image {path} cannot be read ({reason}): remove or replace it, or set "
                 "dataset.skip_unreadable=true to leave out unreadable images"
