@@ -67,6 +67,9 @@ class ImageFolderDatasetConfig(DatasetConfig):
     download: bool = False  # never possible; kept so that asking for it names the fix
     image_size: int = 224
     val_fraction: float = 0.1  # carved from train where the set has no val split of its own
+    # true: leave out files that are not readable images (empty, no image header, cut short),
+    # counted in one warning; false: such a file stops the run naming it
+    skip_unreadable: bool = False
 
 
 @dataclass

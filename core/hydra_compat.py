@@ -72,3 +72,40 @@ def search_as_multirun(argv: list[str]) -> list[str]:
     if MULTIRUN_FLAGS & set(argv[1:]) or not any(_SEARCH_OVERRIDE.match(a) for a in argv[1:]):
         return argv
     return [argv[0], "-m", *argv[1:]]
+
+
+def yaml_errors_as_user_errors() -> None:
+    """A config file that is not valid YAML: one line naming the file, the line and the
+    problem (a UserError, which Hydra prints alone), not yaml's traceback through Hydra's
+    composition. Hydra reads every config file through its `file` config source's
+    load_config and has no hook around it: the method is wrapped, once. (Hydra's plugin scan
+    loads its core plugins' modules afresh: the class to wrap is the one it registered.)"""
+    try:
+        from hydra._internal.sources_registry import SourcesRegistry
+        from hydra.core.plugins import Plugins
+    except ImportError:  # a Hydra without them: its own traceback, as before
+        return
+    Plugins.instance()  # the scan that registers the config sources
+    FileConfigSource = SourcesRegistry.instance().resolve("file")
+    load = FileConfigSource.load_config
+    if getattr(load, "names_yaml_errors", False):
+        return
+
+    def load_config(self: Any, config_path: str) -> Any:
+        import yaml
+
+        from core.errors import UserError
+
+        try:
+            return load(self, config_path)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f", line {mark.line + 1}" if mark is not None else ""
+            problem = " ".join(str(getattr(e, "problem", None) or e).split())
+            path = f"{self.path}/{self._normalize_file_name(config_path)}"
+            raise UserError(
+                f"config file {path}{where} is not valid YAML ({problem}): fix the file"
+            ) from None
+
+    load_config.names_yaml_errors = True  # type: ignore[attr-defined]
+    FileConfigSource.load_config = load_config  # type: ignore[method-assign]

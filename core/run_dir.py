@@ -28,7 +28,9 @@ summary and the benchmark (readers).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -312,6 +314,45 @@ class KeepRunDirOnRefusal(Callback):
             for path, data in files.items():
                 if not path.is_file() or path.read_bytes() != data:
                     write_atomic(path, data)
+
+
+class CheckOutputDirs(Callback):
+    """Hydra callback: the dir a start writes (a run dir, a sweep dir), checked before Hydra
+    writes in it (its own error would be a traceback from its mkdir, or from its logging
+    setup). Hydra turns a callback's exception into a warning and goes on: a refusal is one
+    log line and SystemExit, as core.errors.ReportUserError's."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        with refusing():
+            check_writable(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        with refusing():
+            check_writable(config, "hydra.sweep.dir")
+
+
+@contextmanager
+def refusing() -> Iterator[None]:
+    try:
+        yield
+    except UserError as e:
+        logging.getLogger(__name__).error("%s", e)
+        raise SystemExit(e.exit_code) from None
+
+
+def check_writable(config: Any, key: str) -> None:
+    """The dir at config `key` exists (made if not) and takes a file; else a UserError."""
+    from omegaconf import OmegaConf
+
+    path = Path(str(OmegaConf.select(config, key)))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()  # removed as it closes
+    except OSError as e:
+        raise UserError(
+            f"{key}={path} cannot be written ({e.strerror or type(e).__name__}): choose a "
+            f"writable dir with {key}=<dir>"
+        ) from None
 
 
 def read_result(run_dir: Path, *, since: float | None = None) -> RunResult | None:

@@ -5,10 +5,11 @@ names and the pruner `hydra.sweeper.pruner` names. Optuna is imported only when 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from core.errors import UserError
+from core.errors import UserError, one_line
 
 STORAGE_ENV = "HYDRA_DDP_OPTUNA_STORAGE"  # an RDB URL, or journal:<path> (a journal file)
 STUDY_ENV = "HYDRA_DDP_OPTUNA_STUDY"
@@ -62,9 +63,21 @@ def open_storage(spec: str) -> Any:
     safe on NFS-like file systems, Optuna's file-lock backend), anything else a database URL
     (SQLite waits for a lock rather than failing at once: trials report concurrently)."""
     import optuna
+    from sqlalchemy.exc import SQLAlchemyError
 
-    if spec.startswith(JOURNAL_PREFIX):
-        path = spec[len(JOURNAL_PREFIX) :]
-        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
-    engine_kwargs = {"connect_args": {"timeout": 60}} if spec.startswith("sqlite:") else None
-    return optuna.storages.RDBStorage(spec, engine_kwargs=engine_kwargs)
+    try:
+        if spec.startswith(JOURNAL_PREFIX):
+            path = spec[len(JOURNAL_PREFIX) :]
+            backend = optuna.storages.journal.JournalFileBackend(path)
+            return optuna.storages.JournalStorage(backend)
+        engine_kwargs = {"connect_args": {"timeout": 60}} if spec.startswith("sqlite:") else None
+        return optuna.storages.RDBStorage(spec, engine_kwargs=engine_kwargs)
+    except (ImportError, OSError, ValueError, SQLAlchemyError) as e:
+        # (a URL's password stays out of the line)
+        where = re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", spec)
+        what = one_line(getattr(e, "orig", None) or e)  # SQLAlchemy's own, not its wrapper's
+        raise UserError(
+            f"hydra.sweeper.storage: cannot open the Optuna storage {where} "
+            f"({type(e).__name__}: {what}): make its directory, install the URL's database "
+            "driver, or use storage=sqlite or journal (a file in the sweep dir)"
+        ) from None

@@ -9,6 +9,7 @@ change, never as torchvision's traceback.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,9 +24,11 @@ from torchvision.transforms.functional import to_pil_image
 
 from core.errors import UserError
 from data.datasets import DataSource, FastPath, carve_val, holdout_size, stratified_holdout
-from data.decode import DecodeImage, read_bytes
+from data.decode import DecodeImage, looks_readable, read_bytes
 from data.digits import Digits
 from data.transforms import NORMALIZATION, Recipe, train_transform, val_transform
+
+log = logging.getLogger(__name__)
 
 DOWNLOAD_FIX = "set dataset.download=true or point dataset.root at a copy"
 IMAGENET_FIX = (
@@ -177,6 +180,7 @@ def imagenet(
     augment: Recipe | None = None,
     image_size: int = 224,
     val_fraction: float = 0.02,
+    skip_unreadable: bool = False,
 ) -> DataSource:
     """torchvision's ImageNet layout under ``root``: val carved from the training set (by
     class), the official validation set held out as test. Never downloaded."""
@@ -185,6 +189,8 @@ def imagenet(
     with reading("imagenet", root, download, IMAGENET_FIX):
         train = tvd.ImageNet(root, split="train", loader=read_bytes)
         test = tvd.ImageNet(root, split="val", loader=read_bytes)
+    if skip_unreadable:
+        leave_out_unreadable(root, [train, test])
     train_part, val = carve_val(train, val_fraction)
     names = [c[0] if isinstance(c, tuple) else str(c) for c in train.classes]
     return DataSource(
@@ -199,24 +205,75 @@ def imagenet(
     )
 
 
+def leave_out_unreadable(root: str, folders: list[tvd.DatasetFolder]) -> None:
+    """dataset.skip_unreadable=true: drop the files that are empty, have no image header or
+    end before their format's end marker (JPEG, PNG) from ``folders``, counted in one line.
+    Every rank drops the same files, so their shards still agree; a file these checks pass
+    that still does not decode stops the run naming it (data.datasets.SplitView)."""
+    skipped = []
+    for folder in folders:
+        readable = [looks_readable(path) for path, _ in folder.samples]
+        kept = [s for s, ok in zip(folder.samples, readable, strict=True) if ok]
+        skipped += [s[0] for s, ok in zip(folder.samples, readable, strict=True) if not ok]
+        folder.samples = folder.imgs = kept
+        folder.targets = [label for _, label in kept]
+    if skipped:
+        log.warning(
+            "dataset.skip_unreadable=true: left out %d unreadable image(s) under %s (%s%s)",
+            len(skipped),
+            root,
+            ", ".join(os.path.relpath(p, root) for p in skipped[:3]),
+            ", ..." if len(skipped) > 3 else "",
+        )
+
+
+def _image_folder(root: str, split: str) -> tvd.ImageFolder:
+    """torchvision's ImageFolder of ``<root>/<split>``; a class folder without an image is
+    named (torchvision's error names the class only, and `reading` would say "not found")."""
+    try:
+        return tvd.ImageFolder(os.path.join(root, split), loader=read_bytes)
+    except FileNotFoundError:
+        split_dir = Path(root, split)
+        empty = sorted(
+            f"{split}/{folder.name}"
+            for folder in (split_dir.iterdir() if split_dir.is_dir() else ())
+            if folder.is_dir()
+            and not any(
+                tvd.folder.has_file_allowed_extension(f.name, tvd.folder.IMG_EXTENSIONS)
+                for f in folder.rglob("*")
+            )
+        )
+        if not empty:
+            raise
+        raise UserError(
+            f"class folder {', '.join(empty[:5])} of {root} holds no image: put its images "
+            "there, or remove the folder (a class needs images in train/ and in val/, test/ "
+            "if present)"
+        ) from None
+
+
 def imagefolder(
     root: str,
     download: bool = False,
     augment: Recipe | None = None,
     image_size: int = 224,
     val_fraction: float = 0.1,
+    skip_unreadable: bool = False,
 ) -> DataSource:
     """Any ``<root>/train/<class>/*`` tree; ``val/`` if present (else val carved from train,
-    by class) and ``test/`` if present (else no test split), with the same class folders."""
+    by class) and ``test/`` if present (else no test split), with the same class folders.
+    ``skip_unreadable``: leave out files that are not images (leave_out_unreadable)."""
     root, size = _root(root), _check_size(image_size)
     _manual("imagefolder", root, download)
     with reading("imagefolder", root, download, FOLDER_FIX):
-        train = tvd.ImageFolder(os.path.join(root, "train"), loader=read_bytes)
+        train = _image_folder(root, "train")
         found = {
-            split: tvd.ImageFolder(os.path.join(root, split), loader=read_bytes)
+            split: _image_folder(root, split)
             for split in ("val", "test")
             if Path(root, split).is_dir()
         }
+    if skip_unreadable:
+        leave_out_unreadable(root, [train, *found.values()])
     for split, folder in found.items():
         # Labels are class-folder indices: differing folder sets would silently mislabel.
         if folder.classes != train.classes:

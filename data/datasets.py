@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from torch.utils.data import Dataset, Subset
 
-from core.errors import UserError, instantiate, one_line
+from core.errors import UserError, describe, instantiate, one_line
 from data.fast import InMemoryData, as_uint8_nchw
 from data.seeding import EpochSeededDataset
 from data.transforms import Recipe, is_random
@@ -206,6 +208,27 @@ def carve_val(
     return Subset(train, kept.tolist()), Subset(train, held.tolist())
 
 
+class UnreadableImage(UserError):
+    """An image file that does not decode. A DataLoader worker's exception reaches the training
+    process as type(e)(a text holding the worker's traceback): this keeps the message alone."""
+
+    def __init__(self, message: str) -> None:
+        if message.startswith(f"Caught {type(self).__name__} "):
+            message = one_line(message.strip().splitlines()[-1].partition(": ")[2]) or message
+        super().__init__(message)
+
+
+def readable_file(path: str) -> bool:
+    """Whether the image file at ``path`` decodes (data.decode's decoder, as the loader's)."""
+    from data.decode import decode, read_bytes
+
+    try:
+        decode(read_bytes(path))
+    except Exception:
+        return False
+    return True
+
+
 class SplitView(Dataset):
     """One split with its transform applied: ``(transform(image), label)``.
 
@@ -220,8 +243,28 @@ class SplitView(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        image, label = self.dataset[index]
-        return (image if self.transform is None else self.transform(image)), label
+        try:  # a file-based set reads the file here, and decodes it in the transform
+            image, label = self.dataset[index]
+            return (image if self.transform is None else self.transform(image)), label
+        except Exception as e:
+            path = self.sample_file(index)
+            if path is None or readable_file(path):  # not the file's fault
+                raise
+            reason = re.sub(r" ?<_io\.BytesIO object at \w+>|\w+, /\S+:\d+, ", "", describe(e))
+            if os.path.getsize(path) == 0:
+                reason = "an empty file"
+            raise UnreadableImage(
+                f"image {path} cannot be read ({reason}): remove or replace it, or set "
+                "dataset.skip_unreadable=true to leave out unreadable images"
+            ) from None
+
+    def sample_file(self, index: int) -> str | None:
+        """The file of sample ``index`` where samples are files (ImageFolder), else None."""
+        base, indices = unwrap(self.dataset)
+        samples = getattr(base, "samples", None)
+        if samples is None:
+            return None
+        return str(samples[index if indices is None else int(indices[index])][0])
 
     @property
     def targets(self) -> np.ndarray | None:

@@ -51,6 +51,24 @@ def read_bytes(path: str) -> torch.Tensor:
     return torch.frombuffer(data, dtype=torch.uint8)
 
 
+def looks_readable(path: str) -> bool:
+    """A cheap check of an image file (its size, header and last bytes, not its pixels): not
+    empty, an image format PIL knows, and a JPEG or PNG not cut short (its end marker there)."""
+    try:
+        with Image.open(path) as image:
+            kind = image.format
+        with open(path, "rb") as f:
+            f.seek(-12, os.SEEK_END)
+            tail = f.read()
+    except (OSError, ValueError, SyntaxError):  # PIL's errors for files it cannot identify
+        return False
+    if kind == "JPEG":
+        return tail.rstrip(b"\0").endswith(b"\xff\xd9")
+    if kind == "PNG":
+        return tail[4:8] == b"IEND"
+    return True
+
+
 def is_jpeg(data: torch.Tensor) -> bool:
     return bytes(data[:3].tolist()) == _JPEG_MAGIC
 
@@ -61,13 +79,21 @@ def decode(data: torch.Tensor) -> torch.Tensor:
     head = bytes(data[:4].tolist())
     if head.startswith(_JPEG_MAGIC):
         return decode_jpeg(data, mode=ImageReadMode.RGB)
-    if head.startswith(_DECODABLE):
+    if head.startswith(_DECODABLE) and not _damaged_png(data):
         try:
             return decode_image(data, mode=ImageReadMode.RGB)
         except RuntimeError:
             pass  # e.g. a RIFF file that is not WebP: let PIL say what it is
     with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
         return v2.functional.pil_to_tensor(image.convert("RGB"))
+
+
+def _damaged_png(data: torch.Tensor) -> bool:
+    """A PNG without its header chunk first or its end chunk last: libpng would print its
+    error to stderr before torchvision raises; PIL says what is wrong in its exception."""
+    return bytes(data[:4].tolist()) == b"\x89PNG" and (
+        bytes(data[12:16].tolist()) != b"IHDR" or bytes(data[-8:-4].tolist()) != b"IEND"
+    )
 
 
 class DecodeImage:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from core.errors import UserError, describe
+from core.run_dir import LAUNCH_FILE
 from core.world import check_batch_size
 from launch.jobs import (
     Job,
@@ -118,6 +119,8 @@ def run_jobs(
     The next job is taken from `jobs` only when the backend has room to start it now, and
     `on_done(job, ret)` hears of each job as soon as its final JobReturn is known (a caller
     that makes jobs as slots free, e.g. an ask-and-tell sweeper, tells its result there)."""
+    if retries < 0:
+        raise UserError(f"hydra.launcher.retries={retries}: use 0 (no retry) or more")
     if isinstance(jobs, Sequence):  # every job dir checked before any job starts
         for job in jobs:
             if job.in_sweep:
@@ -275,6 +278,9 @@ class LifecycleLauncher:
                 hold_sweep_lock(sweep_dir)
             if first:  # Optuna hands out trials a few at a time: one line per sweep
                 resuming = " (resuming)" if opts["resume"] else ""
+                if opts["resume"] and not any(sweep_dir.glob(f"*/{LAUNCH_FILE}")):
+                    # resume=true also starts a sweep resumable: say which this is (a typo)
+                    resuming = " (hydra.launcher.resume=true: no earlier jobs there, a new sweep)"
                 log.info("%s: sweep dir %s%s", self.launcher_name, sweep_dir, resuming)
             try:
                 with stop_signals(stop_on):

@@ -50,6 +50,7 @@ from core.run_dir import (
     read_launch_record,
     read_result,
     write_launch_record,
+    write_result,
 )
 from launch.jobs import write_launcher_result
 from launch.ranks.job_spec import job_return
@@ -265,13 +266,24 @@ def record_stopped(job: Any, signal_name: str) -> str:
     if result is None or result.status == "running":
         why = f"the sweep was stopped ({signal_name}) before the job ended"
         result = write_launcher_result(job, "interrupted", why)
+    ctrl_c = not job.in_sweep and signal_name == "SIGINT"
+    if ctrl_c and result.status in ("preempted", "interrupted"):
+        # `python train.py dist.nproc_per_node=N` Ctrl-C'd: its ranks stopped at a checkpoint
+        # as preemption does, but the user stopped the run; resume=auto continues it
+        result.status = "interrupted"
+        result.error = "interrupted (Ctrl-C)" + (
+            result.error.partition("preempted")[2] if result.error.startswith("preempted") else ""
+        )
+        write_result(job.job_dir, result)
     update_attempt(job, ended=time.time(), status=result.status, error=result.error)
     log.warning(
         "#%d %s: %s%s",
         job.num,
         " ".join(job.overrides),
         result.status,
-        "" if result.status == "completed" else ": hydra.launcher.resume=true continues it",
+        ""
+        if result.status == "completed" or ctrl_c
+        else ": hydra.launcher.resume=true continues it",
     )
     return result.status
 

@@ -236,6 +236,11 @@ class TorchrunBackend:
                 f"({','.join(self.gpu_ids) or 'none'}): use numbers from 0 to "
                 f"{len(self.gpu_ids) - 1}, or null for all"
             )
+        if settings.max_parallel is not None and settings.max_parallel < 1:
+            raise UserError(
+                f"hydra.launcher.max_parallel={settings.max_parallel}: use a number of jobs >= 1, "
+                "or null for one per GPU set (1 on CPU)"
+            )
         self.gpus, self.free = list(gpus), list(gpus)
         self.limit = settings.max_parallel or max(len(gpus), 1)
         self.cores = usable_cores() if cores is None else list(cores)

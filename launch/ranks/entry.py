@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserError, find_user_error
-from core.hydra_compat import EXECUTION_WHITELIST, VERSION_BASE, search_as_multirun
+from core.hydra_compat import (
+    EXECUTION_WHITELIST,
+    VERSION_BASE,
+    search_as_multirun,
+    yaml_errors_as_user_errors,
+)
 from core.run_dir import process_start_time
 from launch.ranks.bootstrap import OTHER_RANK_OVERRIDES, run_task
 
@@ -54,6 +59,7 @@ def entry_point(
     import hydra
 
     sys.argv = prepare_argv(search_as_multirun(sys.argv))
+    yaml_errors_as_user_errors()
     conf = Path(script).resolve().parent / "conf"
     if HELP_FLAGS & set(sys.argv[1:]):
         print_help(conf, config_name, [a for a in sys.argv[1:] if not a.startswith("-")])

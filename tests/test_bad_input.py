@@ -1,0 +1,266 @@
+"""Bad input that was not yet one line (issue 44's table), through the real entry points:
+`python train.py ...`, `python train.py dist.nproc_per_node=2 ...` and `python train.py -m ...`.
+Each case asserts the exit status (2: the user's to fix), at most 3 console lines, no traceback,
+and that the line names the file or key and the fix."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import (
+    QUICK,
+    make_imagefolder,
+    output,
+    read_json,
+    run,
+    run_env,
+    sigint_as_in_a_terminal,
+    train_cmd,
+    wait_for_rows,
+)
+from tests.test_records import one_line_error
+
+# An image folder run whose only console lines are its end (explicit augment and no lr scaling:
+# dataset=imagefolder announces the recipe it picks, optim.lr_scaling its scaled lr).
+FOLDER = [
+    "dataset=imagefolder",
+    "dataset.image_size=32",
+    "augment=shift",
+    "optim.lr_scaling=none",
+    "trainer.batch_size=4",
+]
+
+
+def jpeg_bytes() -> bytes:
+    path = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8))
+    target = path / f"bad-input-{id(rng)}.jpg"
+    image.save(target)
+    data = target.read_bytes()
+    target.unlink()
+    return data
+
+
+# What each kind of unreadable file holds.
+BAD_FILES = {
+    "empty.png": lambda: b"",
+    "truncated.jpg": lambda: jpeg_bytes()[:300],
+    "corrupt.png": lambda: b"\x89PNG\r\n\x1a\n" + b"not an image" * 20,
+    "text.jpg": lambda: b"hello, not a JPEG\n",
+}
+
+
+def folder_with(root: Path, *bad: str) -> list[Path]:
+    """An image folder (3 classes, 8 train and 2 val images each) plus the `bad` files in
+    train/cat/ (BAD_FILES); their paths."""
+    make_imagefolder(root, {"train": 8, "val": 2})
+    paths = []
+    for name in bad:
+        path = root / "train" / "cat" / name
+        path.write_bytes(BAD_FILES[name]())
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# an ImageFolder with one unreadable image: its path and the fix, on 1 and 2 ranks
+
+
+@pytest.mark.parametrize(
+    "name,nproc",
+    [
+        ("empty.png", 1),
+        ("truncated.jpg", 1),
+        ("corrupt.png", 1),
+        ("text.jpg", 1),
+        pytest.param("truncated.jpg", 2, marks=pytest.mark.slow),
+        pytest.param("empty.png", 2, marks=pytest.mark.slow),
+    ],
+)
+def test_an_unreadable_image_is_one_line_naming_it(tmp_path, name, nproc):
+    (bad,) = folder_with(tmp_path / "data", name)
+    run_dir = tmp_path / "run"
+    ranks = [f"dist.nproc_per_node={nproc}"] if nproc > 1 else []
+    cmd = train_cmd(*QUICK, *FOLDER, f"dataset.root={tmp_path / 'data'}", *ranks)
+    proc = run([*cmd, f"hydra.run.dir={run_dir}"], timeout=300)
+    # On 2 ranks the launcher's line that the job started is not counted (a 1-rank run has
+    # none): the rank that did not read the file says it stopped because another failed.
+    started = (f": {nproc} rank(s)",)
+    one_line_error(
+        proc, str(bad), "remove or replace it", "skip_unreadable=true", not_counted=started
+    )
+    error = read_json(run_dir / "result.json")["error"]
+    assert str(bad) in error and "gloo" not in error and "Connection" not in error, error
+
+
+def test_skip_unreadable_leaves_the_bad_images_out_in_one_warning(tmp_path):
+    """dataset.skip_unreadable=true: each kind of unreadable file is left out, counted in one
+    warning; the run trains on the rest and completes."""
+    bad = folder_with(tmp_path / "data", *BAD_FILES)
+    run_dir = tmp_path / "run"
+    cmd = train_cmd(*QUICK, *FOLDER, f"dataset.root={tmp_path / 'data'}")
+    proc = run([*cmd, "dataset.skip_unreadable=true", f"hydra.run.dir={run_dir}"])
+    out = output(proc)
+    assert proc.returncode == 0, out[-3000:]
+    warnings = [line for line in out.splitlines() if "unreadable image(s)" in line]
+    assert len(warnings) == 1 and f"left out {len(bad)} unreadable image(s)" in warnings[0], out
+    assert read_json(run_dir / "result.json")["status"] == "completed"
+
+
+# ---------------------------------------------------------------------------------------------
+# a run's own bad input: the file or key named, on every way of starting the run
+
+
+def test_an_empty_class_folder_is_named(tmp_path):
+    make_imagefolder(tmp_path / "data", {"train": 4, "val": 2})
+    for image in (tmp_path / "data" / "train" / "emu").iterdir():
+        image.unlink()
+    cmd = train_cmd(*QUICK, *FOLDER, f"dataset.root={tmp_path / 'data'}")
+    proc = run([*cmd, f"hydra.run.dir={tmp_path / 'run'}"])
+    one_line_error(proc, "train/emu", "holds no image")
+
+
+@pytest.mark.parametrize(
+    "nproc", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["1-rank", "2-ranks"]
+)
+def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path, nproc):
+    (tmp_path / "a-file").write_text("")
+    run_dir = tmp_path / "a-file" / "run"  # under a file: no dir can be made there
+    ranks = [f"dist.nproc_per_node={nproc}"] if nproc > 1 else []
+    proc = run(train_cmd(*QUICK, *ranks, f"hydra.run.dir={run_dir}"))
+    one_line_error(proc, f"hydra.run.dir={run_dir} cannot be written", "writable")
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ["train.py", "experiment=broken"],
+        ["train.py", "-m", "experiment=broken"],
+        ["eval.py", "+experiment=broken"],  # (eval.py's config has no experiment default)
+        pytest.param(
+            ["train.py", "dist.nproc_per_node=2", "experiment=broken"], marks=pytest.mark.slow
+        ),
+    ],
+    ids=["run", "sweep", "eval", "2-ranks"],
+)
+def test_a_yaml_syntax_error_in_a_config_is_one_line_naming_the_file(tmp_path, entry):
+    bad = tmp_path / "conf" / "experiment" / "broken.yaml"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("trainer:\n  max_epochs: [1\n")
+    script, *rest = entry
+    dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    cmd = train_cmd("--config-dir", str(tmp_path / "conf"), *rest, *dirs)
+    proc = run([*cmd[:1], script, *cmd[2:]])
+    one_line_error(proc, f"config file {bad}, line 3 is not valid YAML", "fix the file")
+
+
+# ---------------------------------------------------------------------------------------------
+# a sweep's bad input: the launcher's and the sweeper's keys
+
+SWEEP_BAD_INPUT = [
+    (["hydra.launcher.max_parallel=0"], ["hydra.launcher.max_parallel=0", ">= 1"]),
+    (["hydra.launcher.max_parallel=-3"], ["hydra.launcher.max_parallel=-3", ">= 1"]),
+    (["hydra.launcher.retries=-1"], ["hydra.launcher.retries=-1", "0 (no retry) or more"]),
+    (
+        ["hydra.sweep.dir={tmp}/a-file/sweep"],
+        ["hydra.sweep.dir={tmp}/a-file/sweep cannot be written"],
+    ),
+    (
+        ["hparams_search=digits_optuna", "hydra.sweeper.storage=sqlite:///{tmp}/no-dir/s.db"],
+        ["hydra.sweeper.storage", "{tmp}/no-dir/s.db", "make its directory"],
+    ),
+    (
+        ["hparams_search=digits_optuna", "hydra.sweeper.storage=journal:{tmp}/no-dir/s.log"],
+        ["hydra.sweeper.storage", "{tmp}/no-dir/s.log", "make its directory"],
+    ),
+    (
+        ["hparams_search=digits_optuna", "hydra.sweeper.storage=postgresql://u:pw@localhost/db"],
+        ["hydra.sweeper.storage", "postgresql://u:***@localhost/db", "driver"],
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides,fragments", SWEEP_BAD_INPUT)
+def test_bad_sweep_input_is_one_line_naming_the_key(tmp_path, overrides, fragments):
+    if any("postgresql" in o for o in overrides):
+        pytest.importorskip("optuna")
+        if any(_importable(m) for m in ("psycopg2", "psycopg", "pg8000")):
+            pytest.skip("a PostgreSQL driver is installed: the URL's driver is not missing")
+    (tmp_path / "a-file").write_text("")
+    overrides = [o.format(tmp=tmp_path) for o in overrides]
+    if not any(o.startswith("hydra.sweep.dir=") for o in overrides):
+        overrides.append(f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    proc = _sweep(overrides)
+    one_line_error(proc, *(f.format(tmp=tmp_path) for f in fragments))
+    assert "pw@" not in output(proc)  # a URL's password stays out of the console
+
+
+def test_resume_where_no_sweep_ran_says_it_starts_a_new_one(tmp_path):
+    """hydra.launcher.resume=true also starts a sweep resumable (docs/fault-tolerance.md): on a
+    sweep dir without earlier jobs (a new one, or a mistyped one) it says so, where it said
+    "(resuming)"."""
+    proc = _sweep(["hydra.launcher.resume=true", f"hydra.sweep.dir={tmp_path / 'typo'}"])
+    out = output(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert "(resuming)" not in out and "no earlier jobs there, a new sweep" in out, out
+    proc = _sweep(["hydra.launcher.resume=true", f"hydra.sweep.dir={tmp_path / 'typo'}"])
+    assert "(resuming)" in output(proc) and "completed earlier, not run again" in output(proc)
+
+
+def _sweep(overrides: list[str]):
+    optuna = ["hydra.sweeper.n_trials=1"] if "hparams_search=digits_optuna" in overrides else []
+    return run(train_cmd("-m", *QUICK, *optuna, *overrides), timeout=300)
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C of a 2-rank run
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_two_rank_run_is_recorded_as_interrupted(tmp_path):
+    """SIGINT to the launcher of `python train.py dist.nproc_per_node=2` (Ctrl-C in its
+    terminal): the ranks stop at a checkpoint, and the run is recorded `interrupted` (it was
+    stopped by its user, not preempted), with resume=auto as the way on: not the sweep's
+    hydra.launcher.resume=true."""
+    run_dir = tmp_path / "run"
+    cmd = train_cmd(
+        "trainer.max_epochs=50",
+        "wandb.mode=disabled",
+        "trainer.progress_bar=false",
+        "trainer.log_every_n_steps=2",
+        "dist.nproc_per_node=2",
+        f"hydra.run.dir={run_dir}",
+    )
+    launcher = subprocess.Popen(
+        cmd,
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=sigint_as_in_a_terminal,
+    )
+    try:
+        wait_for_rows(run_dir / "metrics.jsonl", 3, launcher)
+        launcher.send_signal(signal.SIGINT)
+        out, _ = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert launcher.returncode == 130, out[-3000:]
+    assert "Traceback" not in out and "hydra.launcher.resume=true" not in out, out[-3000:]
+    result = read_json(run_dir / "result.json")
+    assert result["status"] == "interrupted", result
+    assert result["error"].startswith("interrupted (Ctrl-C)") and "resume=auto" in result["error"]
