@@ -236,7 +236,10 @@ class RunLogger:
         from hydra.types import RunMode
 
         sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-        check_start(self.run_dir, continues=continues, start_over=start_over, sweep=sweep)
+        rank = int(os.environ.get("RANK", "0"))
+        check_start(
+            self.run_dir, continues=continues, start_over=start_over, sweep=sweep, rank=rank
+        )
         if self.enabled and start_over and not continues:
             aside = set_aside(self.run_dir)
             if aside is not None:

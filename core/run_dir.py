@@ -249,11 +249,18 @@ def holds_run(run_dir: Path) -> bool:
     )
 
 
-def check_start(run_dir: Path, *, continues: bool, start_over: bool, sweep: bool) -> None:
+def check_start(
+    run_dir: Path, *, continues: bool, start_over: bool, sweep: bool, rank: int = 0
+) -> None:
     """A run dir holds one trajectory: a start that neither continues it (`continues`: resume
     is auto or a path) nor asks to start over is refused in one line, before anything is
     written. Every rank may call it (it only reads)."""
     if continues or start_over or not holds_run(run_dir):
+        return
+    result = Path(run_dir) / RESULT_FILE
+    if rank != 0 and result.exists() and result.stat().st_mtime >= time.time() - process_age_s():
+        # Rank 0 of this same run wrote it after this rank started (it got past this check,
+        # then failed first): its error is the run's, not "already holds a failed run".
         return
     earlier = read_result(run_dir)
     what = f"a {earlier.status} run" if earlier is not None else "a run that left no result"

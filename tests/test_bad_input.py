@@ -264,3 +264,25 @@ def test_ctrl_c_of_a_two_rank_run_is_recorded_as_interrupted(tmp_path):
     result = read_json(run_dir / "result.json")
     assert result["status"] == "interrupted", result
     assert result["error"].startswith("interrupted (Ctrl-C)") and "resume=auto" in result["error"]
+
+
+# ---------------------------------------------------------------------------------------------
+# plain `torchrun --nproc_per_node=2 train.py`: torch's agent reports the failure and exits 1
+# with its own ChildFailedError traceback (torch/distributed/run.py's main re-raises it; no rank
+# can change that). What train.py controls: rank 0 says the one line and exits 2, and no rank
+# gives another reason (rank 1 said "already holds a failed run" when it read the result.json
+# that rank 0 had just written for this same run).
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", ["trainer.batch_size=0", "trainer.max_epochs=-1"])
+def test_a_user_error_under_plain_torchrun_is_rank_0s_one_line(tmp_path, bad):
+    proc = run(train_cmd(*QUICK, bad, f"hydra.run.dir={tmp_path / 'r'}", nproc=2), timeout=300)
+    out = output(proc)
+    said = [line for line in out.splitlines() if bad in line and "ERROR" in line]
+    rank_0 = [line.partition("[ERROR] - ")[2] for line in said if not line.startswith("[rank")]
+    assert rank_0 and all(line.endswith(rank_0[0]) for line in said), out[-3000:]
+    assert "exitcode  : 2" in out.partition("Root Cause")[2], out[-3000:]
+    assert out.count("Traceback") == 1, out[-3000:]  # torchrun's own, no rank's
+    for other in ("already holds", "not divisible", "Connection closed"):
+        assert other not in out, (other, out[-3000:])
