@@ -31,6 +31,7 @@ from tests.helpers import (
     read_json,
     rows,
     run,
+    summary_rows,
     train_cmd,
     train_in_process,
     train_rows,
@@ -698,3 +699,38 @@ def test_an_unreached_target_leaves_its_record_empty_and_does_not_stop(tmp_path)
     no_target = tmp_path / "none"
     train_in_process(no_target, *QUICK)
     assert read_json(no_target / "result.json")["target"] is None
+
+
+@pytest.mark.slow
+def test_the_sweep_summary_has_a_column_of_the_time_to_target(tmp_path):
+    """`python train.py -m seed=0,1 trainer.target=0.9`: "time to 90 %" is one column of the
+    sweep's summary (each job's result.json record)."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run(
+        train_cmd(
+            "-m",
+            "seed=0,1",
+            "trainer.target=0.9",
+            "trainer.max_epochs=4",
+            "wandb.mode=disabled",
+            f"hydra.sweep.dir={sweep_dir}",
+        )
+    )
+    assert proc.returncode == 0, output(proc)
+    table = {r["seed"]: r for r in summary_rows(sweep_dir)}
+    assert set(table) == {"0", "1"}
+    for job in ("0", "1"):
+        target = read_json(sweep_dir / job / "result.json")["target"]
+        row = table[str(target_seed(sweep_dir / job))]
+        assert target["reached_at_s"] is not None
+        assert float(row["target_reached_at_s"]) == target["reached_at_s"]
+        assert int(float(row["target_reached_at_step"])) == target["reached_at_step"]
+    assert "s to val/acc>=0.9" in (sweep_dir / "summary.md").read_text()
+
+
+def target_seed(job_dir: Path) -> int:
+    return next(
+        int(o.split("=")[1])
+        for o in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")
+        if o.startswith("seed=")
+    )
