@@ -59,7 +59,7 @@ from components.ema import EMA, build_ema
 from components.evaluation import evaluate
 from components.loss_window import LossWindow
 from components.metrics import RunLogger, run_facts
-from components.monitor import Monitor
+from components.monitor import Monitor, check_target
 from components.optim import build_optimizer, lr_schedule, warmup_steps
 from components.precision import grad_scaler, memory_format, model_dtype, precision_context
 from components.preemption import Preempted, StopRequest, cpu_group
@@ -71,6 +71,7 @@ from components.wandb_media import ValMedia
 from conf.folder_recipe import folder_augment
 from core.errors import UserError
 from core.requeue import requeue_on_slurm
+from core.run_dir import process_age_s
 from core.world import per_rank_batch, rank_world_size
 from data import (
     DataSplits,
@@ -199,7 +200,11 @@ def build(
     scaler = grad_scaler(tc.precision, env.device)
     ema = build_ema(model, tc.ema)
     monitor = Monitor(
-        tc.monitor.metric, tc.monitor.mode, tc.early_stopping.patience, tc.early_stopping.min_delta
+        tc.monitor.metric,
+        tc.monitor.mode,
+        tc.early_stopping.patience,
+        tc.early_stopping.min_delta,
+        target=tc.target,
     )
     progress, window = Progress(max_epochs=tc.max_epochs), LossWindow(env.device)
     trial = pruner_for(env.rank)  # rank 0's Optuna trial when the sweeper prunes (else None)
@@ -311,6 +316,15 @@ def fit(t: Training) -> float | None:
                 log.info("early stopping before epoch %d: %s", epoch + 1, monitor.describe_stop())
                 run.stopped_early()
                 break
+            # trainer.stop_at_target: the target was reached (also before a resume).
+            if tc.stop_at_target and rank0_decides(monitor.reached is not None, env.device):
+                log.info(
+                    "stopping at the target before epoch %d: %s",
+                    epoch + 1,
+                    monitor.describe_target(),
+                )
+                run.stopped_at_target()
+                break
             progress.epoch = epoch
             # Every rank reshuffles the same way each epoch (and skips what a resumed
             # checkpoint already trained).
@@ -360,6 +374,10 @@ def fit(t: Training) -> float | None:
             run.epoch_validated(epoch + 1, progress.step, val, media=media)
             # best.pt: the best epoch by the monitored metric (the same on every rank).
             is_best = monitor.update(epoch + 1, val)
+            # trainer.target: the first validation at it, timed from process start.
+            if monitor.reach_target(epoch + 1, progress.step, process_age_s()):
+                log.info("%s", monitor.describe_target())
+                run.target_reached()
             t.console.end_epoch(
                 val, monitor=monitor.metric, best=monitor.best, best_epoch=monitor.best_epoch
             )
@@ -409,6 +427,11 @@ def check_trainer(tc: DictConfig) -> None:
         value = tc[key]
         if value is not None and value < 1:
             raise UserError(f"trainer.{key}={value} is not valid: use an integer >= 1")
+    check_target(tc.monitor.metric, tc.target)
+    if tc.stop_at_target and tc.target is None:
+        raise UserError(
+            "trainer.stop_at_target=true needs a trainer.target: set one, e.g. trainer.target=0.99"
+        )
     if tc.progress_every_s <= 0:
         raise UserError(f"trainer.progress_every_s={tc.progress_every_s}: use a positive number")
 

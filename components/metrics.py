@@ -203,10 +203,10 @@ class RunLogger:
     every step exactly once; rows W&B lost in a kill are replayed from metrics.jsonl.
 
     result.json (RunResult) is this object's alone: the training loop reports events (a train
-    row logged, `epoch_validated`, `checkpoint_saved`, `stopped_early`, `trained`, `tested`)
-    and the fields follow from them. The best value, its epoch and val/acc's best are read
-    from the Monitor given to `open` (the one place that keeps them), when result.json is
-    written.
+    row logged, `epoch_validated`, `checkpoint_saved`, `target_reached`, `stopped_early`,
+    `trained`, `tested`) and the fields follow from them. The best value, its epoch, val/acc's
+    best and the target's record are read from the Monitor given to `open` (the one place that
+    keeps them), when result.json is written.
     """
 
     def __init__(self, run_dir: Path, *, enabled: bool):
@@ -296,6 +296,7 @@ class RunLogger:
             return
         r = self.result
         r.best, r.best_epoch, r.best_val_acc = m.best, m.best_epoch, m.best_val_acc
+        r.target = m.target_record()
         saved = self._saved_best
         if saved is not None and r.best_checkpoint and saved[1] != m.best_epoch:
             r.best, r.best_epoch = saved  # a save failed: best.pt holds the earlier best
@@ -325,6 +326,19 @@ class RunLogger:
     def stopped_early(self) -> None:
         """Event: early stopping ended the run (trainer.early_stopping)."""
         self.result.stopped_early = True
+
+    def target_reached(self) -> None:
+        """Event: the monitored metric reached trainer.target (the Monitor given to `open` has
+        when): result.json's `target` and the W&B run's summary (target/reached_at_s, ...)."""
+        record = self._monitor.target_record()
+        self.result.target = record
+        if self.wandb is not None:
+            summary = {f"target/{k}": v for k, v in record.items() if k not in ("metric", "mode")}
+            self._guarded("target summary", self.wandb.summary.update, summary)
+
+    def stopped_at_target(self) -> None:
+        """Event: trainer.stop_at_target ended the run at the target."""
+        self.result.stopped_at_target = True
 
     def trained(self, time_to_first_step_s: float | None, peak_memory_mb: list[float]) -> None:
         """Event: the training loop is over (every epoch, or stopped early)."""

@@ -4,7 +4,8 @@ sweepers and ranks the sweep summary; early stopping (`trainer.early_stopping`) 
 Its state is saved in every checkpoint, so a resumed run keeps its best and its patience count.
 It is the one place the run's bests live: best.pt's value and epoch, and val/acc's best whatever
 the monitored metric is (result.json's best_val_acc); the console, result.json and the W&B
-checkpoint artifacts read them here.
+checkpoint artifacts read them here. So does the target (`trainer.target`): the first validation
+at which the monitored metric reached a given value, and when (result.json's `target`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ MODES = ("max", "min")
 
 
 class Monitor:
-    def __init__(self, metric: str, mode: str, patience: int | None = None, min_delta: float = 0.0):
+    def __init__(
+        self,
+        metric: str,
+        mode: str,
+        patience: int | None = None,
+        min_delta: float = 0.0,
+        target: float | None = None,
+    ):
         if mode not in MODES:
             raise UserError(f"trainer.monitor.mode={mode} is not valid: use max or min")
         if patience is not None and patience < 1:
@@ -32,6 +40,10 @@ class Monitor:
         self.reference: float | None = None  # early stopping's: the last value that improved
         self.stale = 0  # validations in a row without an improvement by more than min_delta
         self.best_val_acc: float | None = None  # val/acc's best, whatever `metric` is
+        self.target = check_target(self.metric, target)
+        self.last: float | None = None  # the latest validation's value
+        # The first validation at the target: {reached_at_s, reached_at_step, epoch, reached_value}
+        self.reached: dict[str, Any] | None = None
 
     def better(self, value: float, than: float | None, margin: float = 0.0) -> bool:
         if not math.isfinite(value):
@@ -48,7 +60,7 @@ class Monitor:
                 f"trainer.monitor.metric={self.metric} is not a validation metric "
                 f"of this run: use one of {known}"
             )
-        value = float(metrics[self.metric])
+        value = self.last = float(metrics[self.metric])
         if "val/acc" in metrics:
             self.best_val_acc = max(self.best_val_acc or 0.0, float(metrics["val/acc"]))
         is_best = self.better(value, self.best)
@@ -59,6 +71,42 @@ class Monitor:
         else:
             self.stale += 1
         return is_best
+
+    def reach_target(self, epoch: int, step: int, seconds: float) -> bool:
+        """After `update`: whether the latest validation (epoch `epoch`, at optimizer step
+        `step`, `seconds` from process start) is the first at the target; records it if so."""
+        if self.target is None or self.reached is not None or self.last is None:
+            return False
+        if not math.isfinite(self.last):
+            return False
+        at = self.last >= self.target if self.mode == "max" else self.last <= self.target
+        if at:
+            self.reached = {
+                "reached_at_s": round(seconds, 3),
+                "reached_at_step": step,
+                "epoch": epoch,
+                "reached_value": self.last,
+            }
+        return at
+
+    def target_record(self) -> dict[str, Any] | None:
+        """result.json's `target`: None without trainer.target; the reached_* fields are None
+        while the metric has not reached it."""
+        if self.target is None:
+            return None
+        reached = self.reached or dict.fromkeys(
+            ("reached_at_s", "reached_at_step", "epoch", "reached_value")
+        )
+        return {"value": self.target, "metric": self.metric, "mode": self.mode, **reached}
+
+    def describe_target(self) -> str:
+        """The target reached, in words (for its log line)."""
+        r = self.reached or {}
+        return (
+            f"{self.metric} reached the target {self.target:g} ({r.get('reached_value', 0):.4f}) "
+            f"at epoch {r.get('epoch')}, step {r.get('reached_at_step')}, "
+            f"{r.get('reached_at_s', 0):.1f} s from process start"
+        )
 
     def describe_stop(self) -> str:
         """Why early stopping stops, in words (for its log line)."""
@@ -78,6 +126,7 @@ class Monitor:
             "reference": self.reference,
             "stale": self.stale,
             "best_val_acc": self.best_val_acc,
+            "reached": self.reached,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -86,3 +135,23 @@ class Monitor:
             if key in state:
                 setattr(self, key, state[key])
         self.stale = int(self.stale or 0)
+
+
+# Metrics whose values are fractions in [0, 1] (val/acc, val_ema/acc5, ...): a target outside
+# that is a percentage typed by habit (99 for 0.99), never reached.
+FRACTIONS = ("/acc", "/acc5", "/ece")
+
+
+def check_target(metric: str, target: float | None) -> float | None:
+    """trainer.target as a float (None: off), or one line naming the fix."""
+    if target is None:
+        return None
+    value = float(target)
+    if not math.isfinite(value):
+        raise UserError(f"trainer.target={target} is not a number: use a value of {metric}")
+    if metric.endswith(FRACTIONS) and not 0.0 <= value <= 1.0:
+        hint = f", e.g. trainer.target={value / 100:g}" if 0 < value <= 100 else ""
+        raise UserError(
+            f"trainer.target={target} is outside {metric}'s range: use a fraction in [0, 1]{hint}"
+        )
+    return value

@@ -277,6 +277,12 @@ class TrainerConfig:
     ema: EmaConfig = field(default_factory=EmaConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    # A value of the monitored metric (trainer.monitor; null: off): the first validation at it
+    # is recorded with the seconds from process start and the step (result.json's `target`,
+    # the W&B summary's target/*, the sweep summary's column); stop_at_target=true then ends
+    # the run there, as its last epoch would (checkpoint saved, best.pt tested).
+    target: float | None = None
+    stop_at_target: bool = False
     progress_bar: bool = True  # rank 0 only, and only when stdout is a TTY
     # Without a TTY (SLURM logs, files): a plain progress line every this many seconds.
     progress_every_s: float = 30.0

@@ -75,6 +75,10 @@ class RunResult:
     test: dict[str, float] = field(default_factory=dict)  # test/* of the best checkpoint
     epochs: int | None = None  # epochs completed
     stopped_early: bool | None = None  # true: trainer.early_stopping ended the run
+    # trainer.target: {value, metric, mode, reached_at_s (from process start), reached_at_step,
+    # epoch, reached_value}, the reached_* fields null until reached; null: no target
+    target: dict[str, Any] | None = None
+    stopped_at_target: bool | None = None  # true: trainer.stop_at_target ended the run
     params: int | None = None  # the model's parameters (trainable ones)
     flops_per_sample: float | None = None  # forward FLOPs of one sample (torch flop counter)
     wandb_run_id: str | None = None

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from tests.helpers import (
     read_json,
     rows,
     run,
+    summary_rows,
     train_cmd,
     train_in_process,
     train_rows,
@@ -86,6 +88,7 @@ def test_experiments_and_search_spaces_compose(choice):
         ("trainer.max_epochs=abc", "could not be converted to Integer"),
         ("model.nme=x", "Could not override 'model.nme'"),
         ("augment.flip=maybe", "is not a valid bool"),
+        ("trainer.target=high", "could not be converted to Float"),
     ],
 )
 def test_typo_or_wrong_type_fails_at_composition(override, message):
@@ -333,6 +336,12 @@ BAD_INPUTS = [
         ["trainer.monitor.metric=val/f1 is not a validation metric", "val/acc"],
     ),
     (["trainer.monitor.mode=up"], ["trainer.monitor.mode=up is not valid", "max or min"]),
+    (
+        ["trainer.target=99"],
+        ["trainer.target=99", "outside val/acc's range", "e.g. trainer.target=0.99"],
+    ),
+    (["trainer.target=nan"], ["trainer.target=nan is not a number", "val/acc"]),
+    (["trainer.stop_at_target=true"], ["trainer.stop_at_target=true needs a trainer.target"]),
 ]
 
 
@@ -616,3 +625,112 @@ def test_a_diverging_run_says_so_once_and_records_it(tmp_path, caplog):
     (wb,) = offline_runs(run_dir)
     assert wb.summary["train/diverged_step"] == found["step"]
     assert wb.summary["train/diverged_lr"] == found["lr"]
+
+
+# ------------------------------------------------------------------------------ trainer.target
+
+
+def test_target_records_when_the_metric_first_reached_it(tmp_path):
+    """digits with trainer.target=0.9: result.json and the W&B summary record the first
+    validation at >= 0.9 (its epoch and step, the seconds from process start on the same clock
+    as time_to_first_step_s); the run goes on to its last epoch."""
+    run_dir = tmp_path / "run"
+    started = time.time()
+    proc = run(train_cmd(f"hydra.run.dir={run_dir}", OFFLINE, "trainer.target=0.9"))
+    ran_s = time.time() - started
+    assert proc.returncode == 0, output(proc)
+    result = read_json(run_dir / "result.json")
+    vals = val_rows(run_dir)
+    first = next(v for v in vals if v["val/acc"] >= 0.9)
+    target = result["target"]
+    assert target["value"] == 0.9 and target["metric"] == "val/acc" and target["mode"] == "max"
+    assert target["epoch"] == first["epoch"] and target["reached_at_step"] == first["step"]
+    assert target["reached_value"] == first["val/acc"]
+    # after the first step, before the process ended
+    assert result["time_to_first_step_s"] < target["reached_at_s"] < ran_s
+    assert result["epochs"] == len(vals) == 10 and result["stopped_at_target"] is None
+    assert f"val/acc reached the target 0.9 ({first['val/acc']:.4f}) at epoch" in output(proc)
+    (wb,) = offline_runs(run_dir)
+    assert wb.summary["target/reached_at_step"] == first["step"]
+    assert wb.summary["target/reached_at_s"] == target["reached_at_s"]
+
+
+def test_stop_at_target_ends_the_run_as_its_last_epoch_would(tmp_path):
+    """trainer.stop_at_target=true: the run ends after the first validation at the target,
+    completed, with its checkpoint saved and best.pt tested."""
+    run_dir = tmp_path / "run"
+    train_in_process(
+        run_dir,
+        *QUICK,
+        "trainer.max_epochs=10",
+        "trainer.target=0.9",
+        "trainer.stop_at_target=true",
+    )
+    result = read_json(run_dir / "result.json")
+    vals = val_rows(run_dir)
+    reached = result["target"]["epoch"]
+    assert reached is not None and reached < 10
+    assert [v["epoch"] for v in vals] == list(range(1, reached + 1))
+    assert vals[-1]["val/acc"] >= 0.9 > max(v["val/acc"] for v in vals[:-1])
+    assert result["status"] == "completed" and result["stopped_at_target"] is True
+    assert result["epochs"] == reached and result["test"]["test/acc"] > 0
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert last["progress"]["epoch"] == reached
+    assert last["progress"]["step"] == result["target"]["reached_at_step"]
+
+
+def test_an_unreached_target_leaves_its_record_empty_and_does_not_stop(tmp_path):
+    run_dir = tmp_path / "run"
+    train_in_process(
+        run_dir, *QUICK, "trainer.max_epochs=2", "trainer.target=1.0", "trainer.stop_at_target=true"
+    )
+    result = read_json(run_dir / "result.json")
+    assert result["epochs"] == 2 and result["stopped_at_target"] is None
+    assert max(v["val/acc"] for v in val_rows(run_dir)) < 1.0
+    assert result["target"] == {
+        "value": 1.0,
+        "metric": "val/acc",
+        "mode": "max",
+        "reached_at_s": None,
+        "reached_at_step": None,
+        "epoch": None,
+        "reached_value": None,
+    }
+    no_target = tmp_path / "none"
+    train_in_process(no_target, *QUICK)
+    assert read_json(no_target / "result.json")["target"] is None
+
+
+@pytest.mark.slow
+def test_the_sweep_summary_has_a_column_of_the_time_to_target(tmp_path):
+    """`python train.py -m seed=0,1 trainer.target=0.9`: "time to 90 %" is one column of the
+    sweep's summary (each job's result.json record)."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run(
+        train_cmd(
+            "-m",
+            "seed=0,1",
+            "trainer.target=0.9",
+            "trainer.max_epochs=4",
+            "wandb.mode=disabled",
+            f"hydra.sweep.dir={sweep_dir}",
+        )
+    )
+    assert proc.returncode == 0, output(proc)
+    table = {r["seed"]: r for r in summary_rows(sweep_dir)}
+    assert set(table) == {"0", "1"}
+    for job in ("0", "1"):
+        target = read_json(sweep_dir / job / "result.json")["target"]
+        row = table[str(target_seed(sweep_dir / job))]
+        assert target["reached_at_s"] is not None
+        assert float(row["target_reached_at_s"]) == target["reached_at_s"]
+        assert int(float(row["target_reached_at_step"])) == target["reached_at_step"]
+    assert "s to val/acc>=0.9" in (sweep_dir / "summary.md").read_text()
+
+
+def target_seed(job_dir: Path) -> int:
+    return next(
+        int(o.split("=")[1])
+        for o in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")
+        if o.startswith("seed=")
+    )

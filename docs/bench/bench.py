@@ -23,7 +23,8 @@ time, peak RSS per rank. Targets are printed PASS/MISS for information: only a r
 makes the exit status non-zero.
 
 Workload E (docs/bench/time_to_accuracy.py, `--workloads E --real-data DIR`): time to accuracy on
-real MNIST and Fashion-MNIST (built by docs/bench/real_data.py), train.py against the seed recipe.
+real MNIST and Fashion-MNIST (built by docs/bench/real_data.py), seeds 0-4 (`--e-seeds 0`: a
+quick look): this tree's train.py, b2beecb's (`--e-baseline`) and the seed recipe side by side.
 Workload V (docs/bench/seed_spread.py, `--workloads V`): every shipped default on seeds 0-4, one
 seed sweep each: mean, std and the worst seed. Workload G (docs/bench/gpu.py, `--workloads G`):
 the prepared GPU check, <= 5 min on one GPU (without one: one line, exit status 2).
@@ -110,6 +111,10 @@ def train_overrides(s: Setup, run_dir: Path) -> list[str]:
         ]
     elif s.workload == "B":
         data = ["model=small_cnn", "dataset=mnist", f"dataset.root={s.data_root}"]
+        # the reference's model, math and augmentation, not MNIST's time-to-accuracy recipe
+        # (conf/recipe/mnist.yaml: --train-override B:... measures its levers against raw)
+        data += ["model.channels=[32,64]", "model.batch_norm=false", "optim.nesterov=false"]
+        data += ["trainer.precision=32", "trainer.channels_last=false", "augment=shift"]
     else:
         data = [
             "model=small_cnn",
@@ -316,6 +321,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="workload E's datasets, comma-separated (default mnist,fashion_mnist)",
     )
     p.add_argument(
+        "--e-seeds",
+        default="0,1,2,3,4",
+        help="workload E's seeds, comma-separated (default 0,1,2,3,4; 0 for a quick look)",
+    )
+    p.add_argument(
+        "--e-baseline",
+        default="b2beecb",
+        help="workload E: the commit whose train.py also runs, from a git worktree (default "
+        "b2beecb; none: skip it)",
+    )
+    p.add_argument(
         "--v-defaults",
         default="digits,folder32,folder96,mnist_small,mnist,fashion_mnist",
         help="workload V's defaults, comma-separated (mnist and fashion_mnist need --real-data)",
@@ -377,6 +393,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.e_datasets = tuple(d.strip() for d in args.e_datasets.split(",") if d.strip())
     if not args.e_datasets or not set(args.e_datasets) <= {"mnist", "fashion_mnist"}:
         p.error("--e-datasets: mnist, fashion_mnist or both")
+    try:
+        args.e_seeds = tuple(int(x) for x in args.e_seeds.split(",") if x.strip())
+    except ValueError:
+        p.error("--e-seeds: comma-separated integers, e.g. 0,1,2,3,4")
+    if not args.e_seeds:
+        p.error("--e-seeds: comma-separated integers, e.g. 0,1,2,3,4")
+    args.e_baseline = None if args.e_baseline.lower() == "none" else args.e_baseline
     if TIME_TO_ACCURACY in args.workloads and args.real_data is None:
         p.error(
             "--workloads E needs --real-data DIR (build: python -m docs.bench.real_data --out DIR)"
@@ -446,7 +469,9 @@ def print_report(report: dict) -> None:
         from docs.bench import time_to_accuracy
 
         print(("\n" if rows else "") + time_to_accuracy.table(e_rows))
-        print("\n" + time_to_accuracy.legend(report["repeats"], report["cores"]))
+        print("\n" + time_to_accuracy.side_table(e_rows))
+        seeds = max(len(runs) for e in e_rows for runs in e["runs"].values())
+        print("\n" + time_to_accuracy.legend(seeds, report["cores"]))
     if report.get("seed_spread"):
         from docs.bench import seed_spread
 
@@ -517,12 +542,13 @@ def main(argv: list[str] | None = None) -> int:
             e_rows = time_to_accuracy.run(
                 args.real_data.expanduser().resolve(),
                 args.world_sizes or [1, 2],
-                args.repeats,
+                args.e_seeds,
                 cores,
                 work / "runs",
                 datasets=args.e_datasets,
                 train_overrides=overrides_for(TIME_TO_ACCURACY, args.train_override),
                 timeout_s=args.timeout,
+                baseline=args.e_baseline,
             )
         if SEED_SPREAD in args.workloads:
             from docs.bench import seed_spread

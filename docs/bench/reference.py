@@ -3,7 +3,7 @@
     python -m docs.bench.reference --workload A|B|C|D --mode reference|raw --steps N --log-every K
                               [--num-workers W] [--data-root DIR]
     python -m docs.bench.reference --workload E --dataset mnist|fashion_mnist --data-root DIR
-                              --target ACC --max-epochs N
+                              [--epochs N] [--seed S]
     python -m torch.distributed.run --standalone --nproc-per-node=2 -m docs.bench.reference ...
 
 reference: init_process_group(gloo) -> torchvision dataset (FakeData, MNIST, ImageFolder) with
@@ -48,9 +48,11 @@ FASHION_MNIST_NORM = ((0.2860,), (0.3530,))
 IMAGENET_NORM = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # imagefolder's
 MNIST_PADDING = 3  # conf/dataset/mnist.yaml's augment=shift: 28 // 8
 LR, MOMENTUM, WEIGHT_DECAY = PLAIN_LR, 0.9, 5e-4  # conf/optim/sgd.yaml's at the batch of 64
-# Workload E's seed recipe: the lesson's plain loop at train.py's default global batch;
-# val: conf/dataset/mnist.yaml's val_fraction.
-SEED_BATCH, VAL_FRACTION, VAL_TAG = 64, 0.1, "E_VAL "
+# Workload E's seed recipe: the lesson's plain loop at train.py's default global batch (before
+# the time-to-accuracy recipes: b2beecb's), for b2beecb's 5 epochs; val: conf/dataset/mnist.yaml's
+# val_fraction.
+SEED_BATCH, SEED_EPOCHS, VAL_FRACTION = 64, 5, 0.1
+VAL_TAG, TEST_TAG = "E_VAL ", "E_TEST "
 
 
 def build_dataset(workload: str, size: int, data_root: str | None):
@@ -106,12 +108,12 @@ def seed_recipe(args: argparse.Namespace) -> None:
     """Workload E's seed recipe (the DDP lesson's): the small CNN, SGD at a constant lr with
     momentum, no augmentation (ToTensor + Normalize), DistributedSampler + set_epoch; after each
     epoch rank 0 validates on the same val split train.py carves (data.datasets.carve_val:
-    10 %, by class, fixed seed) and prints VAL_TAG + {epoch, val_acc, time}; it stops at the
-    first validation at ``--target`` (or after ``--max-epochs``)."""
+    10 %, by class, fixed seed) and prints VAL_TAG + {epoch, val_acc, time}; after ``--epochs``
+    (its recipe's end) it tests on the official test set and prints TEST_TAG + {test_acc}."""
     from data.datasets import carve_val
 
     rank, world = init_gloo()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     cls = {"mnist": torchvision.datasets.MNIST, "fashion_mnist": torchvision.datasets.FashionMNIST}
     norm = {"mnist": MNIST_NORM, "fashion_mnist": FASHION_MNIST_NORM}[args.dataset]
     tf = v1.Compose([v1.ToTensor(), v1.Normalize(*norm)])
@@ -122,7 +124,7 @@ def seed_recipe(args: argparse.Namespace) -> None:
     model = small_cnn(1, 28)
     ddp = DDP(model) if world > 1 else model
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
-    for epoch in range(args.max_epochs):
+    for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         ddp.train()
         for x, y in loader:
@@ -130,15 +132,15 @@ def seed_recipe(args: argparse.Namespace) -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        reached = torch.zeros(1)
         if rank == 0:
             acc = accuracy(model, DataLoader(val, batch_size=1000))
             print(VAL_TAG + json.dumps({"epoch": epoch + 1, "val_acc": acc, "time": time.time()}))
             sys.stdout.flush()
-            reached[0] = float(acc >= args.target)
-        dist.broadcast(reached, 0)  # every rank stops together
-        if reached.item():
-            break
+        dist.barrier()
+    if rank == 0:
+        test = cls[args.dataset](args.data_root, train=False, transform=tf)
+        acc = accuracy(model, DataLoader(test, batch_size=1000))
+        print(TEST_TAG + json.dumps({"test_acc": acc}), flush=True)
     dist.destroy_process_group()
 
 
@@ -167,12 +169,12 @@ def main() -> None:
     p.add_argument("--data-root", help="MNIST root (workloads B, E), ImageFolder root (D)")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
     p.add_argument("--dataset", choices=("mnist", "fashion_mnist"), help="workload E's data")
-    p.add_argument("--target", type=float, help="workload E: val accuracy to reach")
-    p.add_argument("--max-epochs", type=int, default=10, help="workload E: at most")
+    p.add_argument("--epochs", type=int, default=SEED_EPOCHS, help="workload E: its end")
+    p.add_argument("--seed", type=int, default=0, help="workload E: torch.manual_seed")
     args = p.parse_args()
     if args.workload == "E":
-        if args.dataset is None or args.target is None or args.data_root is None:
-            p.error("--workload E needs --dataset, --target and --data-root")
+        if args.dataset is None or args.data_root is None:
+            p.error("--workload E needs --dataset and --data-root")
         return seed_recipe(args)
     if args.steps is None or args.log_every is None:
         p.error(f"--workload {args.workload} needs --steps and --log-every")

@@ -63,20 +63,20 @@ DEFAULTS = {
         "val/acc",
     ),
     "mnist_small": Default(
-        "MNIST-format set of 28.7k upscaled digit scans, batch 256, augment=none (5 epochs)",
+        "MNIST-format set of 28.7k upscaled digit scans, MNIST's recipe (3 epochs, batch 256)",
         ("dataset=mnist", "trainer.batch_size=256", "augment=none"),
         "mnist_small",
         "test/acc",
     ),
     "mnist": Default(
-        "MNIST, small_cnn (5 epochs)",
+        "MNIST, its recipe (3 epochs)",
         ("dataset=mnist",),
         "real",
         "test/acc",
-        0.993,
+        0.992,  # issue #45: the time-to-accuracy recipe's mean (was 0.993 for the 5-epoch one)
     ),
     "fashion_mnist": Default(
-        "Fashion-MNIST, small_cnn (5 epochs)",
+        "Fashion-MNIST, its recipe (5 epochs)",
         ("dataset=fashion_mnist",),
         "real",
         "test/acc",

@@ -67,6 +67,9 @@ class JobSummary:
     final_val_loss: float | None = None
     wall_time_s: float | None = None
     samples_per_s: float | None = None
+    # trainer.target (result.json's `target`): its value and metric, and when the job first
+    # reached it (None: no target, or not reached)
+    target: dict[str, Any] | None = None
     wandb_run_id: str | None = None
     attempts: int | None = None  # launch.json's: a launcher's retries and resumed sweeps
     # An eval.py job (eval.json, no result.json): its split and what it measured there.
@@ -76,6 +79,10 @@ class JobSummary:
     # per epoch: {"epoch": e, "val/acc": ..., "val/loss": ...}; train: (epochs done, train/loss)
     val_curve: list[dict[str, float]] = field(default_factory=list)
     train_curve: list[tuple[float, float]] = field(default_factory=list)
+
+    def reached(self, key: str) -> float | None:
+        """trainer.target's reached_at_s or reached_at_step (None: not reached, no target)."""
+        return _number((self.target or {}).get(key))
 
     @property
     def epochs(self) -> list[tuple[int | float, float]]:
@@ -279,6 +286,7 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         final_val_loss=pick(result.final_val_loss, last.get("val/loss")),
         wall_time_s=_number(result.wall_time_s),
         samples_per_s=pick(result.samples_per_s, derived["samples_per_s"]),
+        target=result.target if isinstance(result.target, dict) else None,
         wandb_run_id=result.wandb_run_id,
         attempts=_attempts(job_dir),
         val_curve=curve,

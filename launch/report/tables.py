@@ -63,6 +63,15 @@ def columns(rows: Sequence[JobSummary], keys: Sequence[str], brief: bool = False
             cols.append(Column("split", "split", lambda r: r.split, numeric=False))
         measured = list(dict.fromkeys(k for r in rows for k in r.eval))
         cols += [Column(k, f"eval_{k}", lambda r, k=k: r.eval.get(k)) for k in measured]
+    targets = list(
+        dict.fromkeys(f"{r.target['metric']}>={r.target['value']:g}" for r in rows if r.target)
+    )
+    if targets:  # trainer.target: when each job first reached it (its seconds from process start)
+        what = targets[0] if len(targets) == 1 else "target"
+        cols += [
+            Column(f"s to {what}", "target_reached_at_s", lambda r: r.reached("reached_at_s")),
+            Column("step", "target_reached_at_step", lambda r: r.reached("reached_at_step")),
+        ]
     cols += [
         Column(
             "wall", "wall_time_s", lambda r: r.wall_time_s, text=fmt_duration, wandb="wall_time_s"
