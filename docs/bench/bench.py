@@ -58,6 +58,7 @@ from docs.bench.common import (
     make_mnist,
     run_env,
     run_process,
+    torch_label,
 )
 from docs.bench.tables import best_table, legend, summarize, table
 from docs.bench.workloads import (
@@ -256,15 +257,6 @@ def bench_cells(setups: list[Setup], repeats: int, work: Path) -> list[dict]:
         for s, row in zip(setups, rows, strict=True):
             row["python"] = torch_label(s.python)
     return rows
-
-
-def torch_label(python: str | None) -> str:
-    """`python`'s Python and torch versions, to tell compared interpreters apart."""
-    code = "import sys, torch; print(sys.version.split()[0], torch.__version__)"
-    out = subprocess.run(
-        [python or sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.split()
-    return f"py {out[0]}, torch {out[1]}"
 
 
 def cell_name(s: Setup) -> str:

@@ -159,3 +159,12 @@ def markdown(lines: list[list[str]]) -> str:
     ]
     text.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(text)
+
+
+def torch_label(python: str | None) -> str:
+    """`python`'s Python and torch versions, to tell compared interpreters apart."""
+    code = "import sys, torch; print(sys.version.split()[0], torch.__version__)"
+    out = subprocess.run(
+        [python or sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return f"py {out[0]}, torch {out[1]}"

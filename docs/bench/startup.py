@@ -140,7 +140,7 @@ def run(
     trees += [(trees[-1][0], py) for py in compare_python]
     labels = [tree.name or str(tree) for tree, _ in trees]
     if compare_python:
-        from docs.bench.bench import torch_label
+        from docs.bench.common import torch_label
 
         pythons = [py for _, py in trees]
         labels = [f"{t} ({torch_label(py)})" for t, py in zip(labels, pythons, strict=True)]
