@@ -6,15 +6,18 @@ real processes (slow; CPU, gloo, W&B off): a 4-job sweep, 2 jobs at a time, is t
 uninterrupted reference; the same sweep is SIGKILLed at a random moment (the seed is printed;
 `RESUME_SEED=<seed>` replays the kill point) or Ctrl-C'd, then resumed: no process of it
 survives, only unfinished jobs start, and every job ends with the reference's weights and
-metrics. Then retries, a foreign Hydra app, and an Optuna study continued across a kill.
+metrics. Then retries, a foreign Hydra app, an Optuna study continued across a kill, and a
+sweep dir the last release (b2beecb) wrote, killed mid-job: it reports and resumes.
 SLURM re-attachment is in tests/test_slurm.py (the one-node cluster).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -712,3 +715,80 @@ def test_optuna_resume_keeps_the_trial_count(tmp_path: Path) -> None:
     assert "3 trial(s) finished, 0 to run again, 0 to ask" in output(again)
     assert len(study_trials(sweep_dir)) == 3
     assert [len(attempts(sweep_dir / str(n))) for n in range(3)] == [1, 2, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# a sweep dir the last release wrote
+#
+# tests/data/sweep_b2beecb: a 3-job sweep run by b2beecb (the release before the records,
+# result.json, launch.json and Hydra/torch changes that followed), its launcher SIGKILLed once
+# job 2 held a step checkpoint; jobs 0 and 1 had completed. Made with
+#   git worktree add --detach /tmp/b2beecb-tree b2beecb && cd /tmp/b2beecb-tree
+#   python train.py -m <OLD_SWEEP_ARGS below> hydra.sweep.dir=multirun/sweep_b2beecb &
+#   # SIGKILL that launcher once multirun/sweep_b2beecb/2/checkpoints/step-*.pt exists
+# (OMP_NUM_THREADS=1, on CPU), then copied without what neither the report nor a resume reads
+# (rank_logs/, repro/, .torchrun/job.pkl, the completed jobs' checkpoints). Its records name
+# /tmp/b2beecb-tree, where it ran; the test runs it from another dir.
+OLD_SWEEP = REPO / "tests" / "data" / "sweep_b2beecb"
+OLD_SWEEP_ARGS = [
+    "trainer.max_epochs=2",
+    "trainer.batch_size=32",
+    "model.channels=[8,16]",
+    "model.hidden=32",
+    "trainer.log_every_n_steps=4",
+    "trainer.checkpoint_every_n_steps=5",
+    "trainer.progress_bar=false",
+    "wandb.mode=disabled",
+    "optim.lr=0.05,0.1,0.2",
+]
+
+
+@pytest.mark.slow
+def test_a_sweep_dir_of_the_last_release_reports_and_resumes(tmp_path: Path) -> None:
+    """The old sweep dir reports (every job listed, the killed one not completed), and resumes
+    with its command line: the completed jobs are not run again (result.json and metrics.jsonl
+    keep their bytes, one attempt each), the killed job continues from its last checkpoint to
+    completion, keeping its rows up to it, each step once; the summary lists every job
+    completed."""
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(OLD_SWEEP, sweep_dir)
+    done, killed = (0, 1), sweep_dir / "2"
+    kept = {
+        (n, name): (sweep_dir / str(n) / name).read_bytes()
+        for n in done
+        for name in ("result.json", "metrics.jsonl", "launch.json")
+    }
+    assert status(killed) is None and attempts(killed)[-1].ended is None  # as it was left
+    killed_rows = (killed / "metrics.jsonl").read_text().splitlines()
+
+    report = run([sys.executable, "-m", "launch.report", str(sweep_dir)])
+    assert report.returncode == 0, output(report)[-5000:]
+    table = {r["job"]: r["status"] for r in summary_rows(sweep_dir)}
+    assert table.keys() == {"0", "1", "2"}, table
+    assert [table["0"], table["1"]] == ["completed", "completed"] and table["2"] != "completed"
+    printed = {line.split()[0] for line in report.stdout.splitlines() if line[:1].isdigit()}
+    assert printed >= {"0", "1", "2"}, report.stdout
+
+    resumed = run(train_cmd("-m", f"hydra.sweep.dir={sweep_dir}", *OLD_SWEEP_ARGS, RESUME))
+    assert resumed.returncode == 0, output(resumed)[-5000:]
+    for (n, name), before in kept.items():
+        if name != "launch.json":
+            assert (sweep_dir / str(n) / name).read_bytes() == before, (n, name)
+        assert f"#{n} " in output(resumed), output(resumed)[-3000:]
+        assert len(attempts(sweep_dir / str(n))) == 1, attempts(sweep_dir / str(n))
+    assert output(resumed).count("completed earlier, not run again") == len(done)
+
+    assert status(killed) == "completed", read_result(killed)
+    assert [a.status for a in attempts(killed)] == ["interrupted", "completed"]
+    assert attempts(killed)[-1].continued
+    assert "resumed from" in (killed / "train.log").read_text()
+    steps = [r["step"] for r in rows(killed) if "train/loss" in r]
+    assert steps == [r["step"] for r in rows(sweep_dir / "0") if "train/loss" in r]  # each once
+    lines = (killed / "metrics.jsonl").read_text().splitlines()
+    before_ckpt = [line for line in killed_rows if json.loads(line)["step"] <= 15]
+    assert lines[: len(before_ckpt)] == before_ckpt  # the rows up to step-00000015.pt kept
+
+    table = {r["job"]: r for r in summary_rows(sweep_dir)}
+    assert table.keys() == {"0", "1", "2"}, table
+    assert all(r["status"] == "completed" for r in table.values()), table
+    assert [table[n]["attempts"] for n in ("0", "1", "2")] == ["1", "1", "2"]
