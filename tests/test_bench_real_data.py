@@ -111,7 +111,8 @@ def test_workload_e_runs_both_sides_to_a_target_on_generated_data(tmp_path):
         cores=2,
         work=tmp_path / "work",
         datasets=("mnist",),
-        train_overrides=("trainer.max_epochs=2",),
+        # the recipe's batch of 256 is more than these 230 train samples
+        train_overrides=("trainer.max_epochs=2", "trainer.batch_size=64"),
         digests=sums,
         targets={"mnist": 0.0},  # random labels: any first validation reaches it
         baseline=None,
