@@ -8,7 +8,6 @@ takes module names only.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import os
 import sys
@@ -16,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from launch.ranks.forked import freeze_imported
 from launch.ranks.lifeline import die_with_parent
 
 PRELOAD_ENV = "HYDRA_DDP_WARM_PRELOAD"  # the task's modules, comma-separated; WANDB_PRELOAD too
@@ -68,7 +68,7 @@ def prepare(modules: list[str]) -> None:
     # What Python's docs advise before fork without exec: the preloaded objects move to a
     # permanent generation, so a job's garbage collections skip them (each full one walked
     # all of torch's, 0.5 s of every job, and touched their pages, copying them).
-    gc.freeze()
+    freeze_imported()
 
 
 def why_unclean() -> str | None:
