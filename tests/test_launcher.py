@@ -1060,9 +1060,13 @@ def test_the_rank_that_failed_first_is_named_before_rank_0s_lost_peer(tmp_path: 
     assert proc.returncode == 1, output(proc)
     error = result_json(run_dir)["error"]
     assert error.startswith("rank 1 failed: InjectedFault: injected fault at step 1 on rank 1")
-    assert "(rank 0: " in error, error
     failures = json.loads((run_dir / LAUNCHER_DIR / FAILURES_JSON).read_text())
-    assert [f["rank"] for f in failures] == [1, 0] and failures[1]["lost_a_peer"], failures
+    assert [f["rank"] for f in failures if f.get("error")][0] == 1, failures
+    # rank 0 fails in its collective unless torch stops it first (now and then, once it has
+    # seen rank 1 exit): whenever rank 0 recorded its lost peer, it follows in brackets
+    if any(f["rank"] == 0 and f.get("error") for f in failures):
+        assert "(rank 0: " in error, (error, failures)
+        assert [f["rank"] for f in failures] == [1, 0] and failures[1]["lost_a_peer"], failures
 
     run_dir = tmp_path / "killed"
     cmd = train_cmd("dist.nproc_per_node=2", *QUICK, f"hydra.run.dir={run_dir}")
