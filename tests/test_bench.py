@@ -160,12 +160,10 @@ def test_process_age_is_positive():
     assert 0 < common.process_age() < 1e6
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_smoke_end_to_end(tmp_path):
-    out = tmp_path / "r.json"
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    """`python -m docs.bench ARGS` to completion; it must exit 0."""
     proc = subprocess.run(
-        [sys.executable, "-m", "docs.bench", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "docs.bench", *args],
         cwd=REPO,
         env=run_env(),
         capture_output=True,
@@ -173,6 +171,14 @@ def test_smoke_end_to_end(tmp_path):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_smoke_end_to_end(tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_bench("--smoke", "--out", str(out))
     report = json.loads(out.read_text())
     rows = {(row["workload"], row["world_size"]): row for row in report["rows"]}
     assert set(rows) == {
@@ -220,16 +226,9 @@ def test_compare_python_runs_every_mode_again_with_the_other_interpreter(tmp_pat
     other = tmp_path / "other-python"  # another path to this interpreter: it must be the one run
     other.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     other.chmod(0o755)
-    cmd = [sys.executable, "-m", "docs.bench", "--smoke", "--workloads", "B"]
-    proc = subprocess.run(
-        [*cmd, "--compare-python", str(other), "--out", str(out)],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
+    proc = run_bench(
+        "--smoke", "--workloads", "B", "--compare-python", str(other), "--out", str(out)
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [row["workload"] for row in rows] == ["B", "B"]
     import torch
