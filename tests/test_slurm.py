@@ -440,25 +440,28 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(
 # the launcher's death: a resumed sweep re-attaches to its SLURM jobs
 
 
-@pytest.mark.slow
 def hold(cluster: SlurmCluster, job_id: str) -> str | None:
     """Keep a SLURM job from running on: `scontrol hold` while it is queued, `suspend` once it
     runs (`hold` of a job that has just started succeeds and does nothing, so the state after
-    is what counts); the verb that took, or None (it has ended)."""
+    is what counts); the scontrol verb that undoes it, or None (it has ended)."""
 
     def state() -> str:
         squeue = cluster.run("squeue", "--noheader", "--array", "--format=%T", f"--jobs={job_id}")
         return squeue.stdout.strip()
 
-    verbs = (("hold", "PENDING", "PENDING"), ("suspend", "RUNNING", "SUSPENDED"))
-    for verb, before, after in verbs:
+    verbs = (
+        ("hold", "PENDING", "PENDING", "release"),
+        ("suspend", "RUNNING", "SUSPENDED", "resume"),
+    )
+    for verb, before, after, undo in verbs:
         if state() == before:
             cluster.run("scontrol", verb, job_id)
             if state() == after:
-                return verb
+                return undo
     return None
 
 
+@pytest.mark.slow
 def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(
     idle_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -485,10 +488,13 @@ def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(
             else None
         )
 
-    with open(tmp_path / "killed.log", "w") as log:
-        launcher = subprocess.Popen(
-            cmd, cwd=REPO, env=run_env(**idle_cluster.env), stdout=log, stderr=subprocess.STDOUT
-        )
+    def start(log_name: str) -> subprocess.Popen:
+        with open(tmp_path / log_name, "w") as log:
+            return subprocess.Popen(
+                cmd, cwd=REPO, env=run_env(**idle_cluster.env), stdout=log, stderr=subprocess.STDOUT
+            )
+
+    launcher = start("killed.log")
     try:
         deadline = time.time() + 180
         while not (all(slurm_job(j) for j in jobs) and (jobs[0] / "metrics.jsonl").exists()):
@@ -504,27 +510,23 @@ def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(
     assert still_there, f"the SLURM jobs {submitted} did not outlive the launcher"
     # SLURM holds the jobs still there (queued: `hold`; running: `suspend`) until the rerun has
     # re-attached to them: on a loaded machine they could otherwise all end before it starts.
-    held = {job_id: verb for job_id in still_there if (verb := hold(idle_cluster, job_id))}
+    held = {job_id: undo for job_id in still_there if (undo := hold(idle_cluster, job_id))}
     assert held, f"the SLURM jobs {sorted(still_there)} ended before they could be held"
 
-    with open(tmp_path / "resumed.log", "w") as log:
-        resumer = subprocess.Popen(
-            cmd, cwd=REPO, env=run_env(**idle_cluster.env), stdout=log, stderr=subprocess.STDOUT
-        )
+    resumer = start("resumed.log")
     try:
         deadline = time.time() + 180
         while held:
             out = (tmp_path / "resumed.log").read_text()
             for job_id in [j for j in held if f"SLURM job {j}): re-attached" in out]:
-                release = {"hold": "release", "suspend": "resume"}[held.pop(job_id)]
-                idle_cluster.run("scontrol", release, job_id)
+                idle_cluster.run("scontrol", held.pop(job_id), job_id)
             assert not held or resumer.poll() is None, out[-5000:]
             assert time.time() < deadline, f"the rerun never re-attached to {held}\n{out[-3000:]}"
             time.sleep(0.2)
         resumer.wait(timeout=400)
     finally:
-        for job_id, verb in held.items():
-            idle_cluster.run("scontrol", {"hold": "release", "suspend": "resume"}[verb], job_id)
+        for job_id, undo in held.items():
+            idle_cluster.run("scontrol", undo, job_id)
         resumer.kill()
         resumer.wait()
     out = (tmp_path / "resumed.log").read_text()
