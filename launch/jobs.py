@@ -1,7 +1,6 @@
-"""The job model both launchers share: every job's config is composed here, in the launching process
-(:func:`compose_jobs`, as Hydra's own launchers do). A sweep prints one line per finished job
-(:func:`job_done`) and the report at its end; a failed job gets one reason, most specific first
-(:func:`failure_reason`), and a result.json whatever stopped it (:func:`record_failure`).
+"""The job model both launchers share: every job's config is composed in the launching process
+(:func:`compose_jobs`, as Hydra's own launchers do); one line per finished job (:func:`job_done`);
+a failed job's one reason (:func:`failure_reason`) and result.json (:func:`record_failure`).
 """
 
 from __future__ import annotations
@@ -68,8 +67,8 @@ class Interrupted(KeyboardInterrupt):
     """A stop signal the launcher received (:func:`stop_signals`), raised like Ctrl-C."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
         self.signal_name = signal.Signals(signum).name
+        super().__init__(self.signal_name)
 
 
 def stop_reason(error: BaseException) -> str:
@@ -81,9 +80,8 @@ def stop_reason(error: BaseException) -> str:
 
 @contextmanager
 def stop_signals(signums: Sequence[int]) -> Iterator[None]:
-    """While launching: each of `signums` raises Interrupted in the main thread, as Ctrl-C
-    raises KeyboardInterrupt, so the launcher stops its jobs on its way out instead of dying
-    with them running (SIGTERM's default) or leaving them to the parent-death signal. A signal
+    """While launching, each of `signums` raises Interrupted in the main thread, as Ctrl-C does,
+    so the launcher stops its jobs on its way out instead of dying with them running. A signal
     this process ignores stays ignored (`nohup` ignores SIGHUP: the sweep outlives the shell)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -187,10 +185,9 @@ def failure_reason(
 def failed_job_return(
     job: Job, reason: str, ret: Any = None, cause: BaseException | None = None
 ) -> Any:
-    """Record a failed job in its run dir and return its failed JobReturn: rank 0's own (`ret`)
-    when it sent one, with the verdict as its value (its cause: `cause` when given, e.g. the
-    user error that kept the job from starting or that another rank hit first, else rank 0's
-    error). :func:`job_done` reports it."""
+    """Record a failed job in its run dir; its failed JobReturn (rank 0's `ret` when it sent one)
+    with the verdict as its value, caused by `cause` when given (e.g. the user error another
+    rank hit first), else by rank 0's error."""
     from hydra.core.utils import JobReturn, JobStatus
 
     error = cause if cause is not None else job_value(ret) if isinstance(ret, JobReturn) else None
@@ -214,11 +211,9 @@ def failed_job_return(
 
 
 def record_failure(job: Job, reason: str, *, user_error: bool = False) -> None:
-    """Give a failed job a result.json (the sweep summary reads it) unless this attempt of the
-    run wrote its own: that one stays as the run left it, but for the job's verdict as its
-    error (rank 0's own error can be a consequence: another rank failed first); so does an
-    earlier run's, when this attempt was refused (a user error before it started: it changes
-    nothing there)."""
+    """Give a failed job a result.json (the sweep summary reads it) unless this attempt wrote its
+    own: that one gets the job's verdict as its error (rank 0's can be a consequence of another
+    rank's), and an earlier run's stays as it is when a user error refused this attempt."""
     own = read_result(job.job_dir, since=job.started or time.time())
     if own is not None:
         if own.status == "failed" and own.error != reason:
@@ -270,9 +265,8 @@ def job_done(job: Job, ret: Any) -> Any:
 
 
 def configure_sweep_logging(config: DictConfig) -> None:
-    """Apply the sweep's `hydra.hydra_logging` again once the sweeper is set up (Launcher.setup):
-    libraries the sweeper imported meanwhile set their own log levels (optuna's study banner),
-    and the sweep's config says which of their lines reach the console."""
+    """Apply the sweep's `hydra.hydra_logging` again once the sweeper is set up: libraries it
+    imported meanwhile set their own log levels (optuna's study banner)."""
     from hydra.core.utils import configure_log
 
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)

@@ -45,17 +45,19 @@ from launch.resume import (
 
 log = logging.getLogger(__name__)
 
+# A supply of jobs: the next one's (job number, overrides), or None when none starts now.
+NextOverrides = Callable[[], tuple[int, Sequence[str]] | None]
+
 
 class Backend(Protocol):
-    """Where and how a job's attempts run. A handle is the backend's own object for one
-    running attempt; `record(handle)` is what launch.json keeps of it (opaque JSON), handed back
-    as `attempt.backend` to `earlier_return` and `reattach` when a sweep resumes."""
+    """Where and how a job's attempts run. A handle is the backend's object for one running
+    attempt; `record(handle)` is what launch.json keeps of it (opaque JSON), handed back as
+    `attempt.backend` to `earlier_return` and `reattach` when a sweep resumes."""
 
     poll_s: float  # how often the lifecycle asks `ended`
 
     def place(self, job: Job) -> None:
-        """Set job.nproc, job.nnodes, job.uses_gpus from its config (its world size here);
-        UserError when it cannot run on this backend."""
+        """Set job.nproc, .nnodes, .uses_gpus from its config; UserError if it cannot run here."""
 
     def reserve(self, job: Job) -> Any:
         """The resources the job gets if it can start now (e.g. its GPUs), else None."""
@@ -64,8 +66,7 @@ class Backend(Protocol):
         """Give a finished attempt's resources back."""
 
     def start(self, batch: list[tuple[Job, Any]]) -> list[Any]:
-        """Start one attempt of each (job, slot) (all at once: SLURM makes job arrays of them);
-        return their handles in order."""
+        """Start one attempt of each (job, slot), all at once; their handles, in order."""
 
     def record(self, handle: Any) -> dict | None:
         """What launch.json keeps of a started attempt to find it again (None: nothing)."""
@@ -74,8 +75,7 @@ class Backend(Protocol):
         """Those of the running attempts' handles that have ended."""
 
     def outcome(self, job: Job, handle: Any) -> Any:
-        """The ended attempt's JobReturn: rank 0's own, or a failed one saying why
-        (launch/jobs.py's failed_job_return)."""
+        """The ended attempt's JobReturn: rank 0's own, or a failed one saying why."""
 
     def stop(self, running: list[tuple[Job, Any]], why: str) -> None:
         """Stop the running attempts as preemption does (they checkpoint) and wait for them."""
@@ -116,9 +116,8 @@ def run_jobs(
     on_done: Callable[[Job, Any], Any] | None = None,
 ) -> dict[int, Any]:
     """Run `jobs` through their whole life on `backend`; return {job num: final JobReturn}.
-    The next job is taken from `jobs` only when the backend has room to start it now, and
-    `on_done(job, ret)` hears of each job as soon as its final JobReturn is known (a caller
-    that makes jobs as slots free, e.g. an ask-and-tell sweeper, tells its result there)."""
+    The next job is taken from `jobs` only when the backend has room to start it now;
+    `on_done(job, ret)` hears of each job's final JobReturn at once (an ask-and-tell sweeper)."""
     if retries < 0:
         raise UserError(f"hydra.launcher.retries={retries}: use 0 (no retry) or more")
     if isinstance(jobs, Sequence):  # every job dir checked before any job starts
@@ -204,9 +203,8 @@ def run_jobs(
 
 
 class LifecycleLauncher:
-    """Hydra's `Launcher.launch` (a batch) and `launch_stream` (jobs one at a time, for a
-    sweeper that decides each from the results so far) for a launcher that runs its jobs
-    through this lifecycle: it names itself (`launcher_name`), says whether it can launch here
+    """Hydra's `Launcher.launch` (a batch) and `launch_stream` (jobs one at a time) through this
+    lifecycle. A subclass names itself (`launcher_name`), says whether it can launch here
     (`check`: a UserError if not) and with what (`options`: backend, resume, retries, and
     optionally stop_on, the signals that stop a sweep, and lock, one launcher per sweep dir)."""
 
@@ -235,15 +233,10 @@ class LifecycleLauncher:
         return [results[job.num] for job in jobs]
 
     def launch_stream(
-        self,
-        next_overrides: Callable[[], tuple[int, Sequence[str]] | None],
-        on_result: Callable[[int, Any], Any],
-        slots: int,
+        self, next_overrides: NextOverrides, on_result: Callable[[int, Any], Any], slots: int
     ) -> None:
-        """Jobs supplied one at a time: whenever fewer than `slots` of them run,
-        `next_overrides()` gives the next one's (job number, overrides), or None when there is
-        none to start now; `on_result(num, ret)` hears of each job's final JobReturn as soon as
-        it ends. No slot waits for a batch to end."""
+        """Jobs supplied one at a time, as slots free (see :class:`JobFeed`); `on_result(num,
+        ret)` hears of each job's final JobReturn as soon as it ends."""
         feed = JobFeed(self, next_overrides, slots)
 
         def ended(job: Job, ret: Any) -> None:
@@ -258,10 +251,10 @@ class LifecycleLauncher:
         first: bool,
         on_done: Callable[[Job, Any], Any] | None = None,
     ) -> dict[int, Any]:
-        """:func:`run_jobs` once Hydra's globals and the sweep's logging are set, the sweeper
-        checked and the sweep dir made (and locked, unless the options' `lock` is false); `jobs()`
-        is called then. A stop signal (the options' `stop_on`) ends the sweep with SweepStopped
-        once the running jobs are stopped and recorded. A failed job reports the sweep so far."""
+        """:func:`run_jobs` on `jobs()` once Hydra's globals and logging are set, the sweeper
+        checked and the sweep dir made (and locked unless `lock` is false). A stop signal ends
+        the sweep with SweepStopped once the running jobs are stopped and recorded; a failed
+        job, the report of the sweep so far."""
         from hydra.core.utils import setup_globals
 
         with launcher_errors():
@@ -298,16 +291,10 @@ class LifecycleLauncher:
 
 
 class JobFeed:
-    """Jobs composed one at a time, when fewer than `slots` of them run: `next_overrides()`
-    gives the next (job number, overrides) or None (nothing to start now). An iterator that
-    may end and go on again: :func:`run_jobs` asks it again whenever a job has ended."""
+    """Jobs composed one at a time, while fewer than `slots` run. An iterator that may end and
+    go on again: :func:`run_jobs` asks it again whenever a job has ended."""
 
-    def __init__(
-        self,
-        launcher: Any,
-        next_overrides: Callable[[], tuple[int, Sequence[str]] | None],
-        slots: int,
-    ) -> None:
+    def __init__(self, launcher: Any, next_overrides: NextOverrides, slots: int) -> None:
         self.launcher, self.next_overrides, self.slots = launcher, next_overrides, slots
         self.running = 0
 

@@ -1,30 +1,26 @@
 """Resuming a sweep and retrying its jobs: what a job dir's records say, and what to do next.
 
-Hydra has no resume, but its sweepers make one possible: the same command line gives the same
-jobs in the same order (BasicSweeper), or the same stored study (launch/sweeper/sweeper.py), so a
-rerun with `hydra.launcher.resume=true` and the old `hydra.sweep.dir` meets every job in the dir
-it had. What happens to a job is decided from its job dir alone (:func:`decide`):
+Hydra has no resume, but the same command line gives the same jobs in the same order
+(BasicSweeper) or the same stored study (launch/sweeper/sweeper.py), so a rerun with
+`hydra.launcher.resume=true` and the old `hydra.sweep.dir` meets every job in the dir it had.
+A job's fate is decided from its job dir alone (:func:`decide`):
 
-    launch.json            the launcher's record (written atomically, by the launcher only): the
-                           job's number and overrides, one entry per attempt (when it started and
-                           ended, how, its SLURM job id)
-    result.json            the run's own record, written by rank 0 however the run ends:
-                           completed | failed | preempted | interrupted (core/run_dir.py)
-    rank 0's JobReturn     .torchrun/result.pkl, or the submitit result pickle of the attempt's
-                           SLURM job: the value the sweeper gets
+    launch.json            the launcher's record: the job's number and overrides, one entry per
+                           attempt (start, end, how, its SLURM job id)
+    result.json            the run's own record, written by rank 0 however the run ends
+    rank 0's JobReturn     .torchrun/result.pkl, or the attempt's submitit result pickle
     .hydra/overrides.yaml  Hydra's record of the overrides (for dirs without launch.json)
 
-* completed (rank 0's JobReturn, or result.json, says so): not run again; its JobReturn (else a
-  JobReturn holding result.json's `best`) goes to the sweeper;
+* completed: not run again; its JobReturn (else one holding result.json's `best`) goes to the
+  sweeper;
 * its SLURM job still queued or running (the launcher died, the job did not): waited for;
-* anything else (failed, preempted, interrupted, never started): run again in its own dir, with
-  `resume=auto`, so it continues where its checkpoints stopped (from the start where it has
-  none: the rows of the attempt before are dropped), in the same W&B run;
+* anything else: run again in its own dir with `resume=auto`, continuing from its checkpoints
+  (from the start where it has none), in the same W&B run;
 * recorded overrides that differ from the job's: an error naming both (one sweep per dir).
 
 `hydra.launcher.retries=N` reruns a failed job the same way, up to N times per launch, unless its
-error is the user's (bad input fails the same way again). Every attempt is in launch.json and
-the sweep summary's `attempts` column. Both launchers use this module; it imports no torch.
+error is the user's (bad input fails the same way again). Both launchers use this module; it
+imports no torch.
 """
 
 from __future__ import annotations
@@ -52,7 +48,7 @@ from core.run_dir import (
     write_launch_record,
     write_result,
 )
-from launch.jobs import write_launcher_result
+from launch.jobs import STOPPED, write_launcher_result
 from launch.ranks.job_spec import job_return
 from launch.report.jobs import read_overrides
 
@@ -65,16 +61,6 @@ LOCK_FILE = ".launcher.lock"  # in the sweep dir: one launcher per sweep dir at 
 # hydra-optuna-sweeper's sweeper (a config's `_target_` line may still name it): it would start
 # its study over (the project's hydra/sweeper=optuna continues it).
 HYDRA_OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
-
-
-def recorded_overrides(job_dir: Path, record: LaunchRecord | None) -> list[str] | None:
-    """The overrides of the job that ran in `job_dir`: launch.json's, else Hydra's
-    .hydra/overrides.yaml, else result.json's (a launcher's failure record); None if none."""
-    if record is not None:
-        return record.overrides
-    overrides = read_overrides(job_dir)
-    result = read_result(job_dir) if overrides is None else None
-    return overrides if result is None else result.overrides
 
 
 def check_overrides(
@@ -122,21 +108,28 @@ def decide(
     return Decision("run", "never started")
 
 
+def attempt_end(
+    result: RunResult | None, completed: bool, ended_as: tuple[str, ...]
+) -> tuple[str, str | None] | None:
+    """(status, error) of an attempt: completed (pruned if its result.json says so), else its
+    result.json's status when one of `ended_as`; None otherwise."""
+    if completed:
+        pruned = result is not None and result.status == "pruned"
+        return ("pruned", result.error) if pruned else ("completed", None)
+    if result is not None and result.status in ended_as:
+        return result.status, result.error
+    return None
+
+
 def settle(job_dir: Path, record: LaunchRecord, completed: bool) -> None:
     """Record how the last attempt ended when its launcher died before it could: completed,
     or what this attempt's result.json says, else interrupted (killed with the launcher)."""
     last = record.last
-    path = Path(job_dir) / RESULT_FILE
     result = read_result(job_dir, since=last.started)
-    if result is not None and result.status == "pruned":
-        last.status, last.error = "pruned", result.error
-    elif completed or (result is not None and result.status == "completed"):
-        last.status, last.error = "completed", None
-    elif result is not None and result.status != "running":
-        last.status, last.error = result.status, result.error
-    else:
-        last.status, last.error = "interrupted", "ended with its launcher, leaving no result"
-    last.ended = path.stat().st_mtime if result is not None else time.time()
+    completed = completed or (result is not None and result.status == "completed")
+    died = ("interrupted", "ended with its launcher, leaving no result")
+    last.status, last.error = attempt_end(result, completed, ("pruned", "failed", *STOPPED)) or died
+    last.ended = (Path(job_dir) / RESULT_FILE).stat().st_mtime if result else time.time()
     write_launch_record(job_dir, record)
 
 
@@ -146,18 +139,21 @@ def has_checkpoints(job_dir: Path) -> bool:
 
 
 def check_job_dir(job: Any) -> LaunchRecord | None:
-    """The job dir's launch record, after checking the dir holds this job (else a UserError)."""
+    """The job dir's launch record, after checking the dir holds this job (else a UserError):
+    its overrides are launch.json's, else Hydra's .hydra/overrides.yaml, else result.json's."""
     record = read_launch_record(job.job_dir)
-    check_overrides(job.num, job.overrides, job.job_dir, recorded_overrides(job.job_dir, record))
+    recorded = record.overrides if record is not None else read_overrides(job.job_dir)
+    if recorded is None and (result := read_result(job.job_dir)) is not None:
+        recorded = result.overrides
+    check_overrides(job.num, job.overrides, job.job_dir, recorded)
     return record
 
 
 def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[Any, Any]:
     """Read a sweep job's records before it runs: check its dir holds this job, give it its
     attempt count and retries, and with `resume` decide what to do with it. Returns (rank 0's
-    JobReturn when it completed earlier, else None; the backend's handle of an earlier attempt
-    still running, to wait for, else None). `backend` (launch/lifecycle.py) reads an earlier
-    attempt's JobReturn and re-attaches to an attempt that still runs."""
+    JobReturn when it completed earlier, else None; the `backend`'s handle of an earlier
+    attempt still running, to wait for, else None)."""
     from hydra.core.utils import JobStatus
 
     job.retries_left = retries
@@ -167,8 +163,9 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
     job.attempt = len(record.attempts) if record is not None else 0
     result = read_result(job.job_dir)
     last = record.last if record is not None else None
+    left_open = last is not None and last.ended is None  # its launcher died
     if not resume:
-        if last is not None and last.ended is None:
+        if left_open:
             settle(job.job_dir, record, completed=False)
         if record is not None or result is not None:
             log.warning(
@@ -180,13 +177,11 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
         return None, None
     ret = backend.earlier_return(job, last)
     completed = ret is not None and ret.status == JobStatus.COMPLETED
-    handle = None
-    if not completed and last is not None and last.ended is None:
-        handle = backend.reattach(job, last)
+    handle = backend.reattach(job, last) if left_open and not completed else None
     decision = decide(
         rank0_completed=completed, result=result, last=last, attachable=handle is not None
     )
-    if last is not None and last.ended is None and decision.action != "attach":
+    if left_open and decision.action != "attach":
         settle(job.job_dir, record, completed)
     label = f"#{job.num} {' '.join(job.overrides) or '(no overrides)'}"
     if decision.action == "done":
@@ -200,12 +195,8 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
         log.info("%s: %s: waiting for it", label, decision.why)
         return None, handle
     if record is not None or result is not None:
-        log.info(
-            "%s: %s: runs again%s",
-            label,
-            decision.why,
-            " from its checkpoints" if has_checkpoints(job.job_dir) else "",
-        )
+        again = " from its checkpoints" if has_checkpoints(job.job_dir) else ""
+        log.info("%s: %s: runs again%s", label, decision.why, again)
     return None, None
 
 
@@ -216,19 +207,15 @@ def start_attempt(job: Any) -> None:
     job.attempt += 1
     job.started = time.time()
     continued = job.continues and has_checkpoints(job.job_dir)
-    if job.continues:  # with no checkpoint yet, it starts over the attempt before (one W&B run)
-        set_resume_auto(job.spec.config)
+    config = job.spec.config
+    # with no checkpoint yet, it starts over the attempt before (one W&B run)
+    if job.continues and "resume" in config and config.resume != "auto":
+        with open_dict(config):
+            config.resume = "auto"
     if job.in_sweep:
         record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))
         record.attempts.append(Attempt(job.attempt, job.started, continued=continued))
         write_launch_record(job.job_dir, record)
-
-
-def set_resume_auto(config: DictConfig) -> None:
-    if OmegaConf.select(config, "resume", default=None) == "auto" or "resume" not in config:
-        return
-    with open_dict(config):
-        config.resume = "auto"
 
 
 def update_attempt(job: Any, **values: Any) -> None:
@@ -248,13 +235,8 @@ def close_attempt(job: Any, ret: Any) -> None:
     status when this attempt wrote one (pruned, preempted, interrupted, failed), else the
     JobReturn's, with its one-line error."""
     result = read_result(job.job_dir, since=job.started)
-    if ret.status.name == "COMPLETED":
-        pruned = result is not None and result.status == "pruned"
-        status, error = ("pruned", result.error) if pruned else ("completed", None)
-    elif result is not None and result.status in ("failed", "preempted", "interrupted"):
-        status, error = result.status, result.error
-    else:
-        status, error = "failed", describe(job_value(ret))
+    ended = attempt_end(result, ret.status.name == "COMPLETED", ("failed", *STOPPED))
+    status, error = ended or ("failed", describe(job_value(ret)))
     update_attempt(job, ended=time.time(), status=status, error=error)
 
 
@@ -276,15 +258,9 @@ def record_stopped(job: Any, signal_name: str) -> str:
         )
         write_result(job.job_dir, result)
     update_attempt(job, ended=time.time(), status=result.status, error=result.error)
-    log.warning(
-        "#%d %s: %s%s",
-        job.num,
-        " ".join(job.overrides),
-        result.status,
-        ""
-        if result.status == "completed" or ctrl_c
-        else ": hydra.launcher.resume=true continues it",
-    )
+    resumable = result.status != "completed" and not ctrl_c
+    hint = ": hydra.launcher.resume=true continues it" if resumable else ""
+    log.warning("#%d %s: %s%s", job.num, " ".join(job.overrides), result.status, hint)
     return result.status
 
 
@@ -299,13 +275,10 @@ def should_retry(job: Any, ret: Any) -> bool:
         return False
     job.retries_left -= 1
     job.continues = True
+    again = " from its checkpoints" if has_checkpoints(job.job_dir) else ""
+    left = f"{job.retries_left} retr{'y' if job.retries_left == 1 else 'ies'} left"
     log.warning(
-        "#%d: attempt %d did not complete; retrying%s (%d retr%s left)",
-        job.num,
-        job.attempt,
-        " from its checkpoints" if has_checkpoints(job.job_dir) else "",
-        job.retries_left,
-        "y" if job.retries_left == 1 else "ies",
+        "#%d: attempt %d did not complete; retrying%s (%s)", job.num, job.attempt, again, left
     )
     return True
 
@@ -314,10 +287,9 @@ _HELD_LOCKS: dict[str, int] = {}
 
 
 def hold_sweep_lock(sweep_dir: Path) -> None:
-    """Hold <sweep dir>/.launcher.lock (an flock) while this process lives: a second launcher
-    on the same sweep dir (a resume while the first still runs) is an error instead of two
-    launchers running the same jobs in the same dirs. The kernel drops the lock when the
-    process ends, however it ends. File systems without flock: no lock, a warning."""
+    """Hold <sweep dir>/.launcher.lock (an flock, dropped by the kernel however this process
+    ends): a second launcher on the same sweep dir is an error instead of two launchers running
+    the same jobs. File systems without flock: no lock, a warning."""
     path = (Path(sweep_dir) / LOCK_FILE).resolve()
     if str(path) in _HELD_LOCKS:
         return

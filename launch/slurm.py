@@ -1,17 +1,13 @@
 """`hydra/launcher=slurm`: every sweep job is a SLURM job whose tasks are its ranks.
 
-* **The launcher** (:class:`DDPSlurmLauncherBase`, subclassed by
-  hydra_plugins/hydra_ddp_slurm_launcher; options: :class:`DDPSlurmQueueConf`): runs the sweep
-  through launch/lifecycle.py with :class:`SlurmBackend`: each job's world size
-  (`dist.nnodes` x `dist.nproc_per_node`) becomes its SLURM resources (nodes, tasks per node,
-  GPUs); jobs that ask for the same resources go out as one submitit job array; the backend then
-  waits for rank 0's JobReturn of each (the sweeper's value), or says why a job ended without
-  one. launch.json keeps each attempt's SLURM job, so a resumed sweep waits for the SLURM jobs a
-  dead launcher left queued or running instead of submitting them twice. SIGINT/SIGTERM of the
-  launcher cancel the sweep's jobs (their ranks checkpoint on SLURM's SIGTERM) and record them;
-  SIGHUP (a dropped SSH session) leaves them running, for a resumed sweep to collect.
-* **In each task**: launch/ranks/slurm_task.py (SLURM -> torch variables, the rank bootstrap,
-  preemption and requeue); `python -m launch.ranks.slurm_task env` prints a task's mapping.
+The launcher (:class:`DDPSlurmLauncherBase`, options :class:`DDPSlurmQueueConf`) runs the sweep
+through launch/lifecycle.py with :class:`SlurmBackend`: each job's world size (`dist.nnodes` x
+`dist.nproc_per_node`) becomes its SLURM nodes, tasks per node and GPUs; jobs asking for the
+same resources go out as one submitit job array, then rank 0's JobReturn of each is collected
+(or why it ended without one). launch.json keeps each attempt's SLURM job, so a resumed sweep
+waits for the jobs a dead launcher left instead of submitting them twice. SIGINT/SIGTERM cancel
+the sweep's jobs (their ranks checkpoint on SLURM's SIGTERM) and record them; SIGHUP (a dropped
+SSH session) leaves them running. Each task runs launch/ranks/slurm_task.py.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +46,7 @@ from launch.lifecycle import LifecycleLauncher
 from launch.ranks.slurm_task import in_slurm_task, run_task
 from launch.slurm_queue import (
     ACTIVE_STATES,
-    cluster_cpus_per_gpu,
-    cluster_gpus_per_node,
+    partition_resources,
     require_slurm,
     sbatch_errors,
     slurm_states,
@@ -71,38 +66,23 @@ SLURM_KEYS = (
 
 @dataclass
 class DDPSlurmQueueConf(SlurmQueueConf):
-    """hydra-submitit-launcher's SLURM options, plus what a DDP job needs.
-
-    A job's world size comes from its own config, not from here: each job gets
-    nodes = dist.nnodes and tasks per node = dist.nproc_per_node (one task per rank), and
-    GPU jobs one GPU per task. `auto` resolves as with the torchrun launcher: nproc = the GPUs
-    of a node (gpus_per_node), 1 on CPU or with dist.backend=gloo; nnodes = 1. The project's
-    ready-to-use config, with every key documented, is conf/hydra/launcher/slurm.yaml.
-    """
+    """hydra-submitit-launcher's SLURM options, plus what a DDP job needs. A job's world size
+    comes from its own `dist` config (one task per rank; job_resources). Every key is documented
+    in conf/hydra/launcher/slurm.yaml."""
 
     _target_: str = "hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher.DDPSlurmLauncher"
-    # auto: each job's dist.nnodes / dist.nproc_per_node. An integer fixes the value for every
-    # job of the sweep (then a job's explicit dist value must agree with it).
+    # auto: each job's dist.nnodes / dist.nproc_per_node; an integer fixes it for every job
     nodes: Any = "auto"
     tasks_per_node: Any = "auto"
-    # The GPUs a node offers to a job; GPU jobs ask for one per task (--gpus-per-node=<tasks>).
-    # auto: what `sinfo` reports for the partition (gres gpu:N), 0 on a CPU cluster.
-    gpus_per_node: Any = "auto"
-    # Sent signal_delay_s seconds before the time limit (sbatch --signal): components/preemption.py
-    # checkpoints, requeues the job (sbatch --requeue) and exits; the requeued job resumes.
+    gpus_per_node: Any = "auto"  # GPUs a node offers a job; auto: sinfo's gres gpu:N, 0 if none
+    # sent signal_delay_s before the time limit: the ranks checkpoint and requeue the job
     signal: str = "USR1"
     signal_delay_s: int = 120
     requeue: bool = True
-    # Extra srun arguments (sbatch arguments: additional_parameters).
     srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
-    # How often the launcher asks SLURM (squeue, else sacct) about its jobs.
-    poll_interval_s: float = 5.0
-    # Rerun with the same command and hydra.sweep.dir: completed jobs are not run again, jobs
-    # still queued or running are waited for, the others continue from their checkpoints.
-    resume: bool = False
-    # Submit a failed job again (from its checkpoints) up to this many times; user errors are
-    # not retried.
-    retries: int = 0
+    poll_interval_s: float = 5.0  # how often to ask SLURM (squeue, else sacct) about the jobs
+    resume: bool = False  # continue the sweep in hydra.sweep.dir (launch/resume.py)
+    retries: int = 0  # submit a failed job again up to N times (user errors: never)
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> DDPSlurmQueueConf:
@@ -167,31 +147,24 @@ def job_resources(
 ) -> dict:
     """This job's submitit parameters, from its own `dist` config: one task per rank.
 
-    nproc `auto` = the GPUs of a node for GPU jobs (`hydra.launcher.gpus_per_node`), 1 on CPU
-    (or with dist.backend=gloo), as with the torchrun launcher; GPU jobs ask for one GPU per
-    task (`--gpus-per-node=<tasks per node>`), each rank taking GPU LOCAL_RANK. A GPU job's
-    tasks get `cpus_per_task` CPUs each; null: the node's CPUs per GPU (`cpus_per_gpu`, from
-    sinfo), GPU_TASK_CPUS where unknown (SLURM's own default, 1, would leave each rank one
-    thread and no DataLoader workers).
+    nproc `auto` = the GPUs of a node for GPU jobs (`cluster_gpus`), 1 on CPU or with gloo, as
+    with torchrun; GPU jobs ask for one GPU per task, each rank taking GPU LOCAL_RANK, and
+    `cpus_per_task` CPUs per task; null: the node's CPUs per GPU (`cpus_per_gpu`, from sinfo),
+    GPU_TASK_CPUS where unknown (SLURM's default, 1, leaves no DataLoader workers).
     """
     nproc, nnodes, gpu_job = job_world(config, cluster_gpus)
-    for launcher_key, dist_key in (
-        ("tasks_per_node", "dist.nproc_per_node"),
-        ("nodes", "dist.nnodes"),
-    ):
-        fixed = launcher_count(settings, launcher_key)
-        if fixed is None or fixed == (nproc if launcher_key == "tasks_per_node" else nnodes):
+    world = {"tasks_per_node": nproc, "nodes": nnodes}
+    for key, dist_key in (("tasks_per_node", "dist.nproc_per_node"), ("nodes", "dist.nnodes")):
+        fixed = launcher_count(settings, key)
+        if fixed is None or fixed == world[key]:
             continue
         if str(OmegaConf.select(config, dist_key, default="auto")) != "auto":
             raise UserError(
-                f"{dist_key}={OmegaConf.select(config, dist_key)} but hydra.launcher."
-                f"{launcher_key}={fixed}: drop one of them (hydra.launcher.{launcher_key}=auto "
-                f"takes each job's {dist_key})"
+                f"{dist_key}={OmegaConf.select(config, dist_key)} but hydra.launcher.{key}="
+                f"{fixed}: drop one of them (hydra.launcher.{key}=auto takes each job's {dist_key})"
             )
-        if launcher_key == "tasks_per_node":
-            nproc = fixed
-        else:
-            nnodes = fixed
+        world[key] = fixed
+    nproc, nnodes = world["tasks_per_node"], world["nodes"]
     if settings.gpus_per_task:
         raise UserError(
             "hydra.launcher.gpus_per_task binds each task to its own GPU, but ranks pick GPU "
@@ -250,10 +223,6 @@ class Submitted:
     ran: bool = False  # seen running since it was (re)queued
     restarts: int = 0
 
-    def reset(self) -> None:
-        """Before it is submitted again (a retry)."""
-        self.slurm, self.state, self.ended_since, self.ran, self.restarts = None, "", None, False, 0
-
     @property
     def label(self) -> str:
         slurm = f" (SLURM job {self.slurm.job_id})" if self.slurm is not None else ""
@@ -268,9 +237,7 @@ class SlurmBackend:
     def __init__(self, launcher: Any) -> None:
         self.launcher = launcher
         self.poll_s = float(launcher.params.get("poll_interval_s") or 5.0)
-        # What sinfo says of a partition, asked once per partition.
-        self.gpus_per_node = functools.cache(cluster_gpus_per_node)
-        self.cpus_per_gpu = functools.cache(cluster_cpus_per_gpu)
+        self.partition = functools.cache(partition_resources)  # sinfo, once per partition
         self.plans: dict[int, Submitted] = {}  # job num -> its submission's parameters
 
     def place(self, job: Job) -> None:
@@ -278,9 +245,10 @@ class SlurmBackend:
         UserError when SLURM cannot give it its world size."""
         settings = DDPSlurmQueueConf.from_config(job.spec.config.hydra.launcher)
         gpus = launcher_count(settings, "gpus_per_node", minimum=0)
-        if gpus is None:
-            gpus = self.gpus_per_node(settings.partition)
-        cpus = self.cpus_per_gpu(settings.partition) if settings.cpus_per_task is None else None
+        cpus = None  # per GPU: job_resources reads it only where cpus_per_task is null
+        if gpus is None or settings.cpus_per_task is None:
+            found, cpus = self.partition(settings.partition)
+            gpus = found if gpus is None else gpus
         params = job_resources(job.spec.config, settings, gpus, cpus)
         job.nproc, job.nnodes = params["tasks_per_node"], params["nodes"]
         job.uses_gpus = "gpus_per_node" in params
@@ -303,9 +271,7 @@ class SlurmBackend:
         def key(s: Submitted) -> str:
             return json.dumps([s.folder, s.max_num_timeout, s.params], sort_keys=True, default=str)
 
-        todo = [self.plans[job.num] for job, _ in batch]
-        for s in todo:
-            s.reset()
+        todo = [replace(self.plans[job.num]) for job, _ in batch]  # a fresh one per attempt
         submitted: list[Submitted] = []
         for _, group in itertools.groupby(sorted(todo, key=key), key=key):
             group = sorted(group, key=lambda s: s.job.num)
@@ -489,13 +455,8 @@ def other_task_failures(s: Submitted) -> list[str]:
         return []
     found = []
     for host, tasks, what in _SRUN_TASK_ERROR.findall(text):
-        ranks = [int(t) for part in tasks.split(",") for t in _span(part)]
-        ranks = [r for r in ranks if r != 0]
+        spans = [[int(t) for t in part.split("-")] for part in tasks.split(",")]  # 1-3,5
+        ranks = [r for span in spans for r in range(span[0], span[-1] + 1) if r != 0]
         if ranks and "exit code 75" not in what:  # 75: preempted, not a failure
             found.append(f"rank {','.join(map(str, ranks))} on {host}: {what.strip().lower()}")
     return found
-
-
-def _span(part: str) -> list[int]:
-    low, _, high = part.partition("-")
-    return list(range(int(low), int(high or low) + 1))

@@ -20,13 +20,12 @@ _ACTIVE = (
 ACTIVE_STATES = frozenset(_ACTIVE.split())
 
 
-_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
+_GPU_GRES = re.compile(r"(?:^|[\s,])gpu(?::[^:,(\s]+)?:(\d+)")
 
 
 def gpus_in_gres(text: str) -> int:
-    """The most GPUs of any node in `sinfo --format=%G` output: gpu:8, gpu:a100:8(S:0-1)."""
-    counts = [int(m) for line in text.splitlines() for m in _GPU_GRES.findall(line.strip())]
-    return max(counts, default=0)
+    """The most GPUs of any node in sinfo's gres (%G) output: gpu:8, gpu:a100:8(S:0-1)."""
+    return max(map(int, _GPU_GRES.findall(text)), default=0)
 
 
 _CPUS_GRES = re.compile(r"^\s*(\d+)\+?\s+(\S+)")
@@ -44,27 +43,17 @@ def cpus_per_gpu_in_sinfo(text: str) -> int | None:
     return min(shares, default=None)
 
 
-def sinfo(partition: str | None, fmt: str) -> str:
-    """`sinfo --format=<fmt>` of `partition` (the default partition when None); "" when sinfo
-    cannot be run."""
-    cmd = ["sinfo", "--noheader", f"--format={fmt}"]
+def partition_resources(partition: str | None) -> tuple[int, int | None]:
+    """GPUs per node of `partition` (the default one when None) and CPUs per GPU of its GPU
+    nodes, from one `sinfo`: 0 and None when there are none or sinfo cannot be run."""
+    cmd = ["sinfo", "--noheader", "--format=%c %G"]
     if partition:
         cmd.append(f"--partition={partition}")
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+        text = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def cluster_cpus_per_gpu(partition: str | None) -> int | None:
-    """CPUs per GPU of `partition`'s GPU nodes (sinfo); None when unknown."""
-    return cpus_per_gpu_in_sinfo(sinfo(partition, "%c %G"))
-
-
-def cluster_gpus_per_node(partition: str | None) -> int:
-    """GPUs per node of `partition` as `sinfo` reports them in the nodes' generic resources; 0
-    when none or unknown (a CPU cluster)."""
-    return gpus_in_gres(sinfo(partition, "%G"))
+        text = ""
+    return gpus_in_gres(text), cpus_per_gpu_in_sinfo(text)
 
 
 def require_slurm() -> None:
@@ -107,20 +96,12 @@ def submission_env() -> Iterator[None]:
     variables from sbatch and the new job (its SLURM_* but SLURM_CONF; SLURMD_*, SRUN_*,
     SUBMITIT_*, torch's rank variables), as submitit.helpers.clean_env does; SBATCH_* (the
     user's sbatch defaults) are kept."""
-    torch_names = {
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-    }
+    torch_names = "MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK"
     hidden = {
         k: os.environ.pop(k)
         for k in list(os.environ)
         if (k.startswith(("SLURM_", "SLURMD_", "SRUN_", "SUBMITIT_")) and k != "SLURM_CONF")
-        or k in torch_names
+        or k in torch_names.split()
     }
     try:
         yield
@@ -136,20 +117,15 @@ def slurm_states(job_ids: Sequence[str]) -> dict[str, str]:
     states: dict[str, str] = {}
     base = ",".join(sorted({j.split("_")[0] for j in job_ids}))
     for cmd in (
-        ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T", f"--jobs={base}"],
-        [
-            "sacct",
-            "--noheader",
-            "--parsable2",
-            "--allocations",
-            "--format=JobID,State",
-            f"--jobs={base}",
-        ],
+        "squeue --noheader --array --states=all --format=%i|%T",
+        "sacct --noheader --parsable2 --allocations --format=JobID,State",
     ):
         if all(j in states for j in job_ids):
             break
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(
+                [*cmd.split(), f"--jobs={base}"], capture_output=True, text=True, timeout=60
+            )
         except (OSError, subprocess.SubprocessError):
             continue
         if proc.returncode != 0:

@@ -26,7 +26,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from core.errors import UserError, describe, find_user_error, job_value
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
@@ -60,7 +60,6 @@ from launch.ranks.handoff import (
     read_job_return,
 )
 from launch.ranks.job_spec import AgentSpec, JobSpec, Stopped, job_return
-from launch.report import sweep as sweep_report
 from launch.warm import WarmStart, import_path, task_modules
 
 log = logging.getLogger(__name__)
@@ -136,13 +135,8 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
     def start_warm(self) -> None:
         """The warm start's server imports torch (on another core) while this process has the
         sweeper validate the batch (Hydra composes every job) and composes the jobs itself;
-        later batches (Optuna's) find it running. The report, too, is forked from there."""
-        self.warm.ensure_running(
-            task_modules(self.task_function), wandb=wandb_wanted(self.config), report=True
-        )
-        hydra = self.config.hydra
-        logging = (OmegaConf.to_container(hydra.hydra_logging, resolve=True), hydra.verbose)
-        sweep_report.run_elsewhere = functools.partial(self.warm.call, logging=logging)
+        later batches (Optuna's) find it running."""
+        self.warm.ensure_running(task_modules(self.task_function), wandb=wandb_wanted(self.config))
 
     def options(self) -> dict[str, Any]:
         s = self.settings
@@ -224,6 +218,7 @@ class TorchrunBackend:
         warm: WarmStart | None = None,
     ) -> None:
         self.settings = settings
+        self.tee = settings.tee if settings.tee is not None else "0"
         self.warm = warm if warm is not None else WarmStart()
         # CUDA_VISIBLE_DEVICES entries as written (a job's are a subset of them); the launcher's
         # `gpus` are positions in this list.
@@ -292,14 +287,10 @@ class TorchrunBackend:
     def files(self, job: Job) -> Path:
         return job.job_dir / LAUNCHER_DIR / self.node(job)
 
-    def tee(self) -> str:
-        return self.settings.tee if self.settings.tee is not None else "0"
-
     def job_env(self, job: Job, gpus: list[int], cpus: list[int] | None) -> dict[str, str]:
         """The environment of a job's agent and ranks: this process's, plus its GPUs (the
         launcher's CUDA_VISIBLE_DEVICES entries at those positions, as written) and threads."""
         env = dict(os.environ)
-        # Ranks import the task function's modules by reference: give them our import path.
         env["PYTHONPATH"] = import_path()
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_ids[g] for g in gpus)
@@ -320,13 +311,13 @@ class TorchrunBackend:
             max_restarts=s.max_restarts,
             monitor_interval=s.monitor_interval,
             log_dir=str(job.job_dir / s.log_dir / self.node(job)),
-            tee=self.tee(),
+            tee=self.tee,
             line_prefix=f"[{job.label}rank${{rank}}]: ",
             env=env,
             cwd=os.getcwd(),
             # Nothing of a job reaches a quiet sweep's console (the launcher says how it
             # ended): the agent's own lines go to agent.log beside the ranks' files.
-            log=None if self.tee() != "0" else str(files / AGENT_LOG),
+            log=None if self.tee != "0" else str(files / AGENT_LOG),
             cpus=cpus,
         )
         if job.nnodes > 1 or s.rdzv_endpoint is not None:
@@ -424,7 +415,7 @@ class TorchrunBackend:
         failed = failed_job_return(job, reason, ret, cause=user)
         # Rank 0 printed its own error where the user watches (`python train.py
         # dist.nproc_per_node=N` shows rank 0's output): the launcher need not say it again.
-        job_value(failed).already_said = not stopped and self.tee() != "0"
+        job_value(failed).already_said = not stopped and self.tee != "0"
         return failed
 
     @staticmethod

@@ -26,7 +26,7 @@ def test_describe_mean_sample_std_and_t_interval() -> None:
     assert stat.ci_low == pytest.approx(2.0 - half) and stat.ci_high == pytest.approx(2.0 + half)
     pair = describe([0.5, 0.7])
     assert pair.std == pytest.approx(math.sqrt(0.02))
-    assert pair.half_width == pytest.approx(T975[1] * math.sqrt(0.02) / math.sqrt(2))
+    assert pair.ci_high - pair.mean == pytest.approx(T975[1] * math.sqrt(0.02) / math.sqrt(2))
     one = describe([0.9])
     assert (one.n, one.mean, one.std, one.ci_low, one.ci_high) == (1, 0.9, None, None, None)
     with pytest.raises(ValueError):

@@ -24,7 +24,7 @@ from core.naming import (
 )
 from launch.report.callback import SweepSummaryCallback
 from launch.report.figure import summary_figure
-from launch.report.jobs import JOB_TYPE, PANELS, collect_jobs, read_sweep
+from launch.report.jobs import JOB_TYPE, PANELS, read_sweep
 from launch.report.sweep import write_summary
 from launch.report.tables import format_table
 from launch.report.wandb_run import log_to_wandb
@@ -225,8 +225,13 @@ def test_names_use_short_keys_and_four_significant_digits() -> None:
 # reading a sweep
 
 
-def test_collect_jobs_reads_results_and_derives_from_metrics(sweep: Path) -> None:
-    jobs = {j.job: j for j in collect_jobs(sweep)}
+def _epochs(job) -> list[tuple[float, float]]:
+    """(epoch, val/acc) per validated epoch."""
+    return [(v["epoch"], v["val/acc"]) for v in job.val_curve if "val/acc" in v]
+
+
+def test_read_sweep_reads_results_and_derives_from_metrics(sweep: Path) -> None:
+    jobs = {j.job: j for j in read_sweep(sweep)[0]}
     assert sorted(jobs) == ["0", "1", "2", "3", "4"]
     assert jobs["1"].swept == {"optim.lr": 0.1}  # the constant override is not swept
     assert jobs["1"].status == "completed" and jobs["1"].error is None
@@ -237,7 +242,7 @@ def test_collect_jobs_reads_results_and_derives_from_metrics(sweep: Path) -> Non
         2,
     )
     assert jobs["1"].final == {"val/loss": pytest.approx(1.1), "val/acc": 0.9, "val/count": 50}
-    assert jobs["1"].epochs == [(1, 0.6), (2, 0.92), (3, 0.9)]
+    assert _epochs(jobs["1"]) == [(1, 0.6), (2, 0.92), (3, 0.9)]
     # train/loss over epochs: step / steps per epoch (2)
     assert [x for x, _ in jobs["1"].train_curve] == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
     # an older result.json: best, its epoch and the last epoch's metrics from metrics.jsonl
@@ -247,14 +252,14 @@ def test_collect_jobs_reads_results_and_derives_from_metrics(sweep: Path) -> Non
     # failed: status and error from result.json
     assert jobs["3"].status == "failed"
     assert jobs["3"].error == "FloatingPointError: loss is nan at step 7"
-    assert jobs["3"].best is None and jobs["3"].epochs == []
+    assert jobs["3"].best is None and _epochs(jobs["3"]) == []
     # killed: no result.json; truncated last line skipped (its 0.99 must not count)
     killed = jobs["4"]
     assert killed.status == "failed" and killed.error == "no result.json"
     assert (killed.best, killed.best_epoch) == (0.83, 1)
     assert killed.final["val/acc"] == pytest.approx(0.81)
     assert killed.wall_time_s is None
-    assert killed.epochs == [(1, 0.83), (2, 0.81)]
+    assert _epochs(killed) == [(1, 0.83), (2, 0.81)]
 
 
 def test_write_summary_files(sweep: Path) -> None:
@@ -417,7 +422,7 @@ def test_job_dirs_with_any_name_and_natural_order(tmp_path: Path) -> None:
     (tmp_path / "only_metrics" / "metrics.jsonl").write_text('{"epoch": 1, "val/acc": 0.1}\n')
     (tmp_path / ".submitit").mkdir()
     (tmp_path / "wandb").mkdir()  # the sweep-summary run's dir
-    jobs = collect_jobs(tmp_path)
+    jobs = read_sweep(tmp_path)[0]
     assert [j.job for j in jobs] == ["2", "10", "lr_big", "only_metrics"]
     assert jobs[3].overrides == "" and jobs[3].best == pytest.approx(0.1)
     # ties keep job order

@@ -1,4 +1,4 @@
-"""Hydra sweeper plugin `hydra/sweeper=optuna` (also `ddp_optuna`, its earlier name).
+"""Hydra sweeper plugin `hydra/sweeper=optuna`.
 
 Hydra discovers sweepers only inside the `hydra_plugins` namespace package (and instantiates
 only classes defined there), so this shim holds the Sweeper class and nothing else; the schema

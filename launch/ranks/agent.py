@@ -25,17 +25,15 @@ from launch.ranks.warm import refuse_if_unclean
 
 def run_agent(spec: AgentSpec) -> None:
     """In the child the warm start's server forked: become the job's agent, in a session of its
-    own (the launcher signals the agent and its ranks as one group), with the environment,
-    working dir, output (a log file, or the launcher's) and CPUs the launcher chose; then run
-    it, exiting with its status."""
+    own (the launcher signals it and its ranks as one group), with the environment, working dir,
+    output and CPUs the launcher chose; run it and exit with its status."""
     refuse_if_unclean()
     server = dict(os.environ)  # the server's: it named itself our parent (launch/ranks/warm.py)
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     os.environ.clear()
-    os.environ.update(spec.env)
-    os.environ[PARENT_PID_ENV] = server[PARENT_PID_ENV]
+    os.environ.update({**spec.env, PARENT_PID_ENV: server[PARENT_PID_ENV]})
     if SERVICE_ENV in server:
         os.environ.setdefault(SERVICE_ENV, server[SERVICE_ENV])  # the sweep's one W&B service
     die_with_parent(children_too=True)  # with the server, and its ranks with it
@@ -51,11 +49,9 @@ def run_agent(spec: AgentSpec) -> None:
 
 
 def agent_main(spec: AgentSpec) -> int:
-    """Run torch's elastic agent for the job. When ranks fail, write who failed and how to the
-    job's failures.json, earliest first, and, in the agent's own log (a sweep's agent.log),
-    one line per failed rank: the launcher says the job's verdict on the console. torch's own
-    traceback of each failed forked rank (ProcessExitedException, its multiprocessing logger)
-    says nothing those lines do not."""
+    """Run torch's elastic agent for the job. When ranks fail, write who failed and how to
+    failures.json, earliest first, and one line per failed rank to the agent's own log, in
+    place of torch's traceback of each (ProcessExitedException, its multiprocessing logger)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -73,12 +69,12 @@ def agent_main(spec: AgentSpec) -> int:
         print(f"torchrun: stopped by {e.sigval.name}", file=sys.stderr, flush=True)
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        # In the order torch observed them (ranks it stopped itself come last); the earliest
-        # first, as torch picks its root cause (timestamps have 1 s resolution: ties keep order).
+        # Earliest first, as torch picks its root cause; own errors before lost peers; ties
+        # (torch's timestamps have 1 s resolution) in torch's order (ranks it stopped last).
         failures = [rank_failure(rank, failure) for rank, failure in e.failures.items()]
         failures = sorted(
             failures + other_ranks_errors(e.failures, failures),
-            key=lambda f: (f.get("lost_a_peer", False), f.get("time", f["timestamp"])),
+            key=lambda f: (f["lost_a_peer"], f["time"] or f["timestamp"]),
         )
         write_json_atomic(Path(spec.failures), failures)
         for i, failure in enumerate(failures if spec.log else ()):
@@ -89,13 +85,10 @@ def agent_main(spec: AgentSpec) -> int:
 
 
 def launch_config(spec: AgentSpec, logs_specs: Any) -> Any:
-    """torch's LaunchConfig for the job, built without a call into the CUDA driver.
-
-    Given no numa_options, LaunchConfig.__post_init__ asks torch.accelerator whether a device
-    is there, to pick a default NUMA binding (torch/distributed/launcher/api.py). That call
-    makes every process forked after it a CUDA "bad fork" (on a machine without a GPU too), so
-    every rank forked from here would fail at its first CUDA call. Any numa_options skips the
-    question; ours is then taken back: no binding (the launcher chose the job's CPUs)."""
+    """torch's LaunchConfig for the job, built without a call into the CUDA driver: without
+    numa_options, LaunchConfig.__post_init__ asks torch.accelerator for a device (to pick a NUMA
+    binding), which makes every rank forked after it a CUDA "bad fork", GPU or not. Any
+    numa_options skips the question; ours is then taken back (the launcher chose the CPUs)."""
     from torch.distributed.launcher.api import LaunchConfig
     from torch.numa.binding import AffinityMode, NumaOptions
 
@@ -121,11 +114,9 @@ def launch_config(spec: AgentSpec, logs_specs: Any) -> Any:
 
 
 def cheap_rendezvous_event_names() -> None:
-    """torch's rendezvous names each event it records after the method that records it,
-    calling inspect.stack() twice for it (dynamic_rendezvous.get_method_name): that reads
-    every frame's source file and, with torch imported, searches thousands of modules for
-    each frame, 0.5 s of every job's rendezvous (measured with py-spy). The same name, read
-    from the frame itself."""
+    """torch's rendezvous names each event after the method recording it with inspect.stack()
+    (dynamic_rendezvous.get_method_name): it reads every frame's source, searching thousands of
+    modules, 0.5 s of every job's rendezvous (py-spy). The same name, read from the frame."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     def get_method_name(depth: int = 2) -> str:
@@ -138,10 +129,9 @@ def cheap_rendezvous_event_names() -> None:
 
 
 def other_ranks_errors(torch_failures: dict, seen: list[dict]) -> list[dict]:
-    """The failures torch did not report: with forked ranks it reports the first it notices
-    (often rank 0, whose collective failed because another rank had), and stops the others;
-    a rank that failed on its own left its error file beside the reported one's
-    (<log dir>/<run>/attempt_<n>/<local rank>/error.json: launch/ranks/bootstrap.py)."""
+    """The failures torch did not report (it reports the first it notices, often rank 0's lost
+    peer, and stops the others), from the error files beside the reported one's
+    (<log dir>/<run>/attempt_<n>/<local rank>/error.json: bootstrap.py)."""
     rank, failure = next(iter(torch_failures.items()))
     if not failure.error_file:
         return []
@@ -161,18 +151,11 @@ def other_ranks_errors(torch_failures: dict, seen: list[dict]) -> list[dict]:
     return found
 
 
-def rank_failure(rank: int, failure: Any) -> dict:
-    """A JSON view of torch's ProcessFailure; `error` only when the rank recorded one."""
-    recorded = bool(failure.error_file) and os.path.isfile(failure.error_file)
-    record = failure_record(
-        rank,
-        failure.local_rank,
-        failure.pid,
-        failure.exitcode,
-        failure.message if recorded else None,
-        failure.timestamp,
-    )
-    return record | {"signal": failure.signal_name() if failure.exitcode < 0 else None}
+def rank_failure(rank: int, f: Any) -> dict:
+    """A JSON view of torch's ProcessFailure `f`; `error` only when the rank recorded one."""
+    message = f.message if f.error_file and os.path.isfile(f.error_file) else None
+    record = failure_record(rank, f.local_rank, f.pid, f.exitcode, message, f.timestamp)
+    return record | {"signal": f.signal_name() if f.exitcode < 0 else None}
 
 
 def failure_record(

@@ -1,8 +1,6 @@
-"""The bootstrap of a rank a launcher started: a torchrun rank (:func:`rank_main`, run by torch's
-elastic agent in each forked rank), a SLURM task (slurm_task.py), and the training process of
-every run (:func:`run_task`). Rank 0 runs the job as the Hydra job; the other ranks write
-nothing. A failure is reported here, once (:func:`report_failure`), with the exit status
-UserError.exit_code (2) or 1; torchrun's rank 0 also writes result.pkl and job.json.
+"""The bootstrap of a rank a launcher started (a torchrun rank: :func:`rank_main`; a SLURM task:
+slurm_task.py) and of every run's training process (:func:`run_task`). A failure is reported
+here, once (:func:`report_failure`), with the exit status UserError.exit_code (2) or 1.
 """
 
 from __future__ import annotations
@@ -29,15 +27,13 @@ from launch.ranks.lifeline import die_with_parent
 log = logging.getLogger(__name__)
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-# Ranks other than 0 write nothing: no `.hydra/` output, errors-only logging. As Hydra
-# overrides where a rank's Hydra composes its config (plain torchrun: launch/ranks/entry.py);
-# applied to the composed config (:func:`quiet_other_rank`) where a launcher composed it.
+# Ranks other than 0 write nothing: no `.hydra/`, errors-only logging. Overrides where a rank
+# composes its config (plain torchrun: entry.py), else applied by :func:`quiet_other_rank`.
 OTHER_RANK_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=other_ranks")
 
 
 def quiet_other_rank(config: Any) -> None:
-    """OTHER_RANK_OVERRIDES on a composed config: a value, or a config group's option (its
-    file under conf/ replaces the node)."""
+    """OTHER_RANK_OVERRIDES on a composed config (a group's option: its conf/ file)."""
     from omegaconf import OmegaConf
 
     for override in OTHER_RANK_OVERRIDES:
@@ -50,8 +46,8 @@ def quiet_other_rank(config: Any) -> None:
 
 
 def run_task(task: str, cfg: Any) -> Any:
-    """Import the task's module ("module:function") and run the function on the job's config.
-    The process that trains starts the W&B service first: it starts while torch imports."""
+    """Run the task ("module:function") on the job's config; rank 0 starts the W&B service first,
+    so that it starts while torch imports."""
     import importlib
 
     check_not_a_bad_fork()  # before the task's first CUDA call
@@ -67,8 +63,8 @@ def run_task(task: str, cfg: Any) -> Any:
 
 
 def run_rank(spec: Any, rank: int) -> Any:
-    """Run one rank of a job (a launch.ranks.job_spec.JobSpec); return its JobReturn. A failure is
-    reported here (:func:`report_failure`); a SystemExit of the task (75: requeue me) passes."""
+    """Run one rank of a job (a JobSpec); return its JobReturn. A failure is reported here; a
+    SystemExit of the task (75: requeue me) passes."""
     # Hydra's only way to an empty callback list for HydraContext (no public constructor).
     from hydra._internal.callbacks import Callbacks
     from hydra.core.singleton import Singleton
@@ -98,12 +94,10 @@ def run_rank(spec: Any, rank: int) -> Any:
 
 
 def report_failure(error: BaseException) -> int:
-    """Say once why this rank failed: one line for a user error (or another error Hydra prints
-    alone: a CompactHydraException), else a traceback; leave it in torchrun's error file too.
-    Returns the rank's exit status."""
+    """Say once why this rank failed (also in torchrun's error file): one line for the user's to
+    fix (a user error, a CompactHydraException), else a traceback. Returns the exit status."""
     record_rank_error(error)
     if find_user_error(error) is not None or isinstance(error, CompactHydraException):
-        # the user's to fix: one line, no traceback, as the run's own (train.log, console)
         logging.getLogger("train").error("%s", describe(error))
     elif lost_a_peer(error):  # the cause is another rank's, in its own report
         log.error("stopped: another rank failed first (its error says why)")
@@ -112,8 +106,7 @@ def report_failure(error: BaseException) -> int:
     return exit_status(error)
 
 
-# What a collective says when another rank died or failed under it (gloo, NCCL): the failure
-# is that rank's, not this one's.
+# What a collective (gloo, NCCL) says when another rank died or failed under it: its failure.
 PEER_LOST = (
     "Connection closed by peer",
     "Connection reset by peer",
@@ -129,14 +122,14 @@ def lost_a_peer(error: BaseException) -> bool:
 
 
 def exit_status(error: BaseException | None) -> int:
-    """A failed rank's exit status: a user error's own (UserError.exit_code: 2), else 1."""
+    """A failed rank's exit status: a user error's own, else 1."""
     user_error = find_user_error(error)
     return user_error.exit_code if user_error is not None else 1
 
 
 def record_rank_error(error: BaseException) -> None:
-    """Leave this rank's error where torchrun looks for it (TORCHELASTIC_ERROR_FILE, in the
-    format of torch's ErrorHandler): the launcher's failure report then names it."""
+    """Leave this rank's error in TORCHELASTIC_ERROR_FILE (torch's ErrorHandler format), where
+    the launcher's failure report finds it."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
@@ -162,9 +155,8 @@ def record_rank_error(error: BaseException) -> None:
 
 
 class TaskExit(UserError):
-    """A task function ended itself with sys.exit(n), n not 0 and not 75 (requeue me): it has
-    said what went wrong, so the job fails with that one line and the rank exits with n
-    (sys.exit("message"): a user error's 2)."""
+    """A task ended itself with sys.exit(n), n not 0 nor 75 (requeue me): it has said why, so
+    the job fails with one line and the rank exits with n (2 for sys.exit("message"))."""
 
     def __init__(self, message: str, exit_code: int = UserError.exit_code) -> None:
         super().__init__(message)
@@ -175,9 +167,8 @@ class TaskExit(UserError):
 
 
 def exits_as_errors(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Hydra's run_job records a task's exceptions in its JobReturn, but SystemExit passes
-    through it (no JobReturn, no on_job_end callbacks): make a failing exit an exception. The
-    preemption exit (75, "requeue me") stays an exit: the task ends without a result."""
+    """A failing exit as an exception (:class:`TaskExit`): Hydra's run_job lets SystemExit pass
+    (no JobReturn, no on_job_end callbacks). 75 (requeue me) stays an exit: no result."""
     from core.run_dir import REQUEUE_EXIT_CODE
 
     @functools.wraps(task_function)
@@ -197,9 +188,8 @@ def exits_as_errors(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]
 
 
 def rank_main(payload: str) -> None:
-    """One rank of a job the torchrun launcher started: torch's elastic agent forks it and calls
-    this with the pickled JobSpec's path (<job dir>/.torchrun/job.pkl). Exits with the rank's
-    status when the job failed (2: the user's to fix)."""
+    """One rank of a torchrun job, forked by torch's elastic agent and given the pickled JobSpec's
+    path (<job dir>/.torchrun/job.pkl); exits with the rank's status when the job failed."""
     die_with_parent()
     start_like_a_new_process()
     try:

@@ -1,8 +1,6 @@
-"""The entry point of train.py and eval.py (`entry_point(...)` under the script's `if __name__ ==
-"__main__":`), in the process you start and in every rank something else starts (plain
-`torchrun train.py`, `srun python train.py`). Hydra composes first, so `--help`, `--cfg` and a
-config that does not compose answer before torch is imported; the ranks of a plain torchrun run
-agree on one run dir, and ranks other than 0 write nothing (:func:`prepare_argv`).
+"""The entry point of train.py and eval.py, in the process you start and in every rank something
+else starts (plain `torchrun train.py`, `srun python train.py`). Hydra composes first, so
+`--help`, `--cfg` and a config that does not compose answer before torch is imported.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from typing import Any
 from core.errors import UserError, find_user_error
 from core.hydra_compat import (
     EXECUTION_WHITELIST,
+    MULTIRUN_FLAGS,
     VERSION_BASE,
     search_as_multirun,
     yaml_errors_as_user_errors,
@@ -26,7 +25,7 @@ from core.hydra_compat import (
 from core.run_dir import process_start_time
 from launch.ranks.bootstrap import OTHER_RANK_OVERRIDES, run_task
 
-INFO_FLAGS = {
+INFO_FLAGS = {  # Hydra's flags that print and exit: no run dir for the ranks to agree on
     "--help",
     "-h",
     "--hydra-help",
@@ -41,27 +40,20 @@ INFO_FLAGS = {
     "-p",
     "--package",
 }
-MULTIRUN_FLAGS = {"-m", "--multirun"}
-HELP_FLAGS = {"--help", "-h"}
-START_TIME_KEY = "hydra_ddp/start_time"
 
 
 def entry_point(
     script: str, task: str, config_name: str, hand_off: Callable[[str, Any], Any] | None = None
 ) -> None:
-    """Run a script (train.py, eval.py) as this process's program: Hydra composes
-    `conf/<config_name>.yaml` from the command line, then runs the task function `task`
-    ("module:function") as its job. The script calls this before its own imports; a launcher
-    pickles the task function by reference, so its ranks import the script the same way.
-
-    Hydra's run_and_report prints a task's error and calls sys.exit(1) inside its except block,
-    so the SystemExit's __context__ is the error: a user error exits with its own status."""
+    """Run `conf/<config_name>.yaml`, composed from the command line, with the task function
+    `task` ("module:function") as its job. The script calls this before its own imports; a
+    launcher pickles the task function by reference, so its ranks import the script alike."""
     import hydra
 
     sys.argv = prepare_argv(search_as_multirun(sys.argv))
     yaml_errors_as_user_errors()
     conf = Path(script).resolve().parent / "conf"
-    if HELP_FLAGS & set(sys.argv[1:]):
+    if {"--help", "-h"} & set(sys.argv[1:]):
         print_help(conf, config_name, [a for a in sys.argv[1:] if not a.startswith("-")])
         raise SystemExit(0)
     # `hand_off(task, cfg)` decides where the task runs (launch/torchrun.py's run_task_or_hand_off:
@@ -75,7 +67,7 @@ def entry_point(
     )
     try:
         main(task_function)()
-    except SystemExit as e:
+    except SystemExit as e:  # Hydra prints a task's error, then sys.exit(1) in its except block
         user_error = find_user_error(e.__context__) if e.code == 1 else None
         if user_error is not None:
             raise SystemExit(user_error.exit_code) from None
@@ -91,11 +83,8 @@ def entry_point(
 
 
 def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
-    """`--help`: the app's help template (conf/hydra/help/) with its user-facing config groups
-    (conf/'s folders, not Hydra's nor the typed schemas') and the composed config.
-
-    Hydra's own --help lists groups by asking its config repository once per group, deep-copying
-    the whole repository each time: seconds here. `--hydra-help` is still Hydra's."""
+    """`--help`: conf/hydra/help/'s template with conf/'s groups (not Hydra's) and the composed
+    config. Hydra's --help deep-copies its config repository once per group: seconds."""
     import string
 
     from hydra import compose, initialize_config_dir
@@ -110,8 +99,7 @@ def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
         f"{folder.relative_to(conf)}: {', '.join(sorted(p.stem for p in folder.glob('*.yaml')))}"
         for folder in conf.rglob("*")
         if folder.is_dir()
-        and folder.name != "hydra"
-        and "hydra" not in folder.parts
+        and "hydra" not in folder.relative_to(conf).parts
         and any(folder.glob("*.yaml"))
     )
     print(
@@ -125,12 +113,10 @@ def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
 
 
 def prepare_argv(argv: list[str]) -> list[str]:
-    """The command line each rank of a plain torchrun (or srun) run hands to Hydra.
-
-    Every rank runs Hydra, which resolves `${now:}` per process: ranks that start in different
-    seconds would land in different directories (hydra #2070), and every rank would write
-    `.hydra/` and a log. So the ranks agree on one start instant through torchrun's store and
-    pin Hydra's `now` to it, and ranks other than 0 write nothing."""
+    """The command line each rank of a plain torchrun (or srun) run hands to Hydra, which
+    resolves `${now:}` per process: ranks started in different seconds would get different run
+    dirs (hydra #2070), so they pin `now` to one agreed instant; ranks other than 0 get
+    OTHER_RANK_OVERRIDES."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return argv
     if MULTIRUN_FLAGS & set(argv):
@@ -144,17 +130,13 @@ def prepare_argv(argv: list[str]) -> list[str]:
         return argv
     pin_now(agreed_start_time())
     if int(os.environ["RANK"]) != 0:
-        argv = [*argv, *OTHER_RANK_OVERRIDES]  # Hydra composes this rank's config: as overrides
+        argv = [*argv, *OTHER_RANK_OVERRIDES]
     return argv
 
 
 def pin_now(timestamp: float) -> None:
-    """Make Hydra's `${now:...}` resolve to `timestamp` in this process.
-
-    Hydra registers `now` as `lambda p: datetime.now().strftime(p)` over the `datetime` name in
-    hydra.core.utils, and re-registers it at every start, so we swap that name for a datetime
-    whose now() is the run's agreed start instant.
-    """
+    """Make Hydra's `${now:...}` resolve to `timestamp` here: Hydra's resolver (re-registered at
+    every start) calls `datetime.now()` on hydra.core.utils's `datetime` name, which we swap."""
     import hydra.core.utils
 
     fixed = datetime.fromtimestamp(timestamp)
@@ -180,7 +162,7 @@ def agreed_start_time() -> float:
             is_master=False,
             timeout=timedelta(seconds=120),
         )
-        key = f"{START_TIME_KEY}/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
+        key = f"hydra_ddp/start_time/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
         if int(os.environ["RANK"]) == 0:
             value = store.compare_set(key, "", repr(time.time()))
         else:

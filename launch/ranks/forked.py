@@ -21,9 +21,8 @@ class BadFork(UserError):
 
 
 def check_not_a_bad_fork() -> None:
-    """Stop with one line, before any CUDA call, in a process that torch marks a CUDA bad fork.
-    A process that has not imported torch cannot be one (exec clears the flag; only a fork
-    of a torch-importing parent inherits it), so this imports nothing."""
+    """Stop with one line, before any CUDA call, in a process torch marks a CUDA bad fork (only
+    a fork of a torch-importing parent can be one: this imports nothing)."""
     torch = sys.modules.get("torch")
     if torch is not None and torch._C._cuda_isInBadFork():
         raise BadFork(
@@ -35,11 +34,10 @@ def check_not_a_bad_fork() -> None:
 
 
 def start_like_a_new_process() -> None:
-    """Unbuffered-like output (torchrun runs `python -u`); the thread count the launcher chose
-    (OMP_NUM_THREADS is read when OpenMP loads: before this job's environment existed); numpy's
-    global generator from fresh entropy (`random` reseeds itself after a fork; torch's generator
-    is seeded by the task); and Python's own signal handlers, not the agent's (its SIGTERM
-    handler would turn the agent's stop into an error of this rank's task)."""
+    """Python's own signal handlers (the agent's SIGTERM handler would make its stop this rank's
+    error), line-buffered output (torchrun runs `python -u`), the launcher's thread count
+    (OpenMP read OMP_NUM_THREADS before this job's environment existed) and numpy's generator
+    from fresh entropy (`random` reseeds itself after a fork; the task seeds torch's)."""
     for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
         with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, signal.SIG_DFL)
@@ -59,12 +57,10 @@ def start_like_a_new_process() -> None:
 
 
 def freeze_imported() -> None:
-    """What is imported lives as long as the process: gc.freeze() moves it out of the garbage
-    collector's sight, so full collections no longer walk torch's ~360k objects (0.17 s each,
-    here, and 0.7 s at exit), and a fork does not copy their pages when a collection touches
-    them. Triton's nanobind bindings (triton 3.9, torch 2.15's) count what is still frozen at
-    exit as leaked and print ~30 lines (the upstream fix: triton-lang/triton#11552): where
-    they are loaded, the frozen objects go back to the collector at exit."""
+    """gc.freeze() what is imported (it lives as long as the process): full collections no
+    longer walk torch's ~360k objects (0.17 s each, 0.7 s at exit), nor copy their pages after
+    a fork. Triton's nanobind bindings count what is frozen at exit as leaked (~30 lines,
+    triton-lang/triton#11552): where they are loaded, it is unfrozen at exit."""
     gc.freeze()
     atexit.register(_unfreeze_for_nanobind)
 

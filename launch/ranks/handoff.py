@@ -1,8 +1,6 @@
 """The torchrun launcher's hand-off files, in <job dir>/.torchrun/ (core/run_dir.py's
-LAUNCHER_DIR; a multi-node job keeps one folder per node below it): each file's name, its
-writer and its reader in one place. The launcher (launch/torchrun.py) writes job.pkl and reads
-the others; rank 0 (launch/ranks/bootstrap.py) writes result.pkl and job.json; the agent
-(launch/ranks/agent.py) writes failures.json."""
+LAUNCHER_DIR; one folder per node below it for a multi-node job), each in one place: the
+launcher (launch/torchrun.py) writes job.pkl and reads the others."""
 
 from __future__ import annotations
 
@@ -19,9 +17,9 @@ from core.run_dir import write_atomic, write_json_atomic
 log = logging.getLogger(__name__)
 
 JOB_PKL = "job.pkl"  # the JobSpec, written by the launcher
-RESULT_PKL = "result.pkl"  # rank 0's JobReturn
-JOB_JSON = "job.json"  # rank 0's record: pid, rendezvous address, start and end times
-FAILURES_JSON = "failures.json"  # the agent's record of the ranks that failed, first first
+RESULT_PKL = "result.pkl"  # rank 0's JobReturn (bootstrap.py)
+JOB_JSON = "job.json"  # rank 0's (bootstrap.py): pid, rendezvous address, start and end times
+FAILURES_JSON = "failures.json"  # agent.py's record of the ranks that failed, first first
 
 
 class JobRecord:
@@ -42,13 +40,10 @@ class JobRecord:
             "finished": None,
             "status": "running",
         }
-        self.write()
+        write_json_atomic(path, self.data)
 
     def finish(self, status: str) -> None:
         self.data.update(finished=time.time(), status=status)
-        self.write()
-
-    def write(self) -> None:
         write_json_atomic(self.path, self.data)
 
 

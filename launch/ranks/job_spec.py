@@ -1,7 +1,5 @@
-"""What a launcher hands the ranks of a job (:class:`JobSpec`, pickled: launch/jobs.py composes
-it, bootstrap.py runs it), what the torchrun launcher hands a job's agent (:class:`AgentSpec`:
-agent.py runs it), and what comes back when no rank returned one (:class:`Stopped`,
-:func:`job_return`)."""
+"""What a launcher hands a job's ranks (:class:`JobSpec`) and the torchrun launcher a job's agent
+(:class:`AgentSpec`), and what comes back when no rank returned one (:func:`job_return`)."""
 
 from __future__ import annotations
 
@@ -26,9 +24,8 @@ class JobSpec:
 
 @dataclass
 class AgentSpec:
-    """One job's torchrun agent (torch's elastic agent, launch/ranks/agent.py), as the launcher
-    (launch/torchrun.py) asks for it: torch's LaunchConfig in plain values, and the process the
-    agent becomes (its environment, working dir, output, CPUs)."""
+    """One job's torchrun agent (agent.py): torch's LaunchConfig in plain values, and the process
+    the agent becomes (its environment, working dir, output, CPUs)."""
 
     payload: str  # the pickled JobSpec each rank runs (<job dir>/.torchrun/job.pkl)
     failures: str  # where the agent writes which ranks failed and how (failures.json)
@@ -56,7 +53,7 @@ class Stopped(CompactHydraException):
 
 def job_return(job: Any, status: Any, value: Any) -> Any:
     """A JobReturn made by the launcher, or by a SLURM task stopped before its task ran (rank 0
-    returned none). `job`: a launch.jobs.Job (its overrides, spec.config and job_dir)."""
+    returned none), for `job`, a launch.jobs.Job."""
     from hydra.core.utils import JobReturn
 
     ret = JobReturn(overrides=job.overrides, cfg=job.spec.config, hydra_cfg=job.spec.config)

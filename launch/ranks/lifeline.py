@@ -14,12 +14,10 @@ PARENT_PID_ENV = "HYDRA_DDP_PARENT_PID"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def die_with_parent(children_too: bool = False, environ=os.environ) -> bool:
-    """Die with the parent named in PARENT_PID_ENV (nothing without one); `children_too`: then
-    name this process there, so that what it starts dies with it. Returns whether this process
-    is set to die with its parent."""
-    parent = environ.get(PARENT_PID_ENV)
-    bound = False
+def die_with_parent(children_too: bool = False) -> None:
+    """Die with the parent named in PARENT_PID_ENV, if any; `children_too`: then name this
+    process there, for what it starts."""
+    parent = os.environ.get(PARENT_PID_ENV)
     if parent and sys.platform.startswith("linux"):
         import ctypes
 
@@ -28,5 +26,4 @@ def die_with_parent(children_too: bool = False, environ=os.environ) -> bool:
         if bound and os.getppid() != int(parent):  # reparented: the parent is gone already
             os.kill(os.getpid(), signal.SIGKILL)
     if children_too:
-        environ[PARENT_PID_ENV] = str(os.getpid())
-    return bound
+        os.environ[PARENT_PID_ENV] = str(os.getpid())

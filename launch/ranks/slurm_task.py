@@ -1,9 +1,8 @@
-"""In each SLURM task (one task = one rank): SLURM's variables -> torch's (:func:`torch_env`, as
-docs/slurm.md lists them; no torchrun runs inside a task; launch/sbatch_example.sh maps the same
-in bash), and the rank (:func:`run_task`: bootstrap.py's, as in a torchrun rank; rank 0 returns
-the JobReturn submitit pickles). A preempted task ends with exit 75 on rank 0 and 0 on the others,
-so that `srun --kill-on-bad-exit` leaves rank 0 the time to requeue; submitit's own handlers
-are replaced until train.py installs its own (:func:`install_stop_handlers`).
+"""In each SLURM task (one task = one rank, no torchrun): SLURM's variables -> torch's
+(:func:`torch_env`, as docs/slurm.md lists them; launch/sbatch_example.sh maps the same in bash),
+then the rank (:func:`run_task`, through bootstrap.py; rank 0 returns the JobReturn submitit
+pickles). A preempted task ends with exit 75 on rank 0 and 0 on the others, so that
+`srun --kill-on-bad-exit` leaves rank 0 the time to requeue.
 `python -m launch.ranks.slurm_task env` prints the mapping of the task it runs in.
 """
 
@@ -30,9 +29,6 @@ log = logging.getLogger(__name__)
 
 PORT_RANGE = (20000, 60000)
 
-# ---------------------------------------------------------------------------------------------
-# SLURM environment -> torch.distributed environment
-
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """SLURM's compressed host list -> host names: `gpu[01-03,7],cpu1` -> gpu01 gpu02 gpu03 gpu7
@@ -47,11 +43,8 @@ def expand_nodelist(nodelist: str) -> list[str]:
                 continue
             suffixes = []
             for item in part.split(","):
-                low, _, high = item.partition("-")
-                if not high:
-                    suffixes.append(low)
-                else:
-                    suffixes += [f"{n:0{len(low)}d}" for n in range(int(low), int(high) + 1)]
+                low, _, high = item.partition("-")  # zero-padded as `low` is
+                suffixes += [f"{n:0{len(low)}d}" for n in range(int(low), int(high or low) + 1)]
             names = [n + s for n in names for s in suffixes]
         hosts += [n for n in names if n]
     return hosts
@@ -113,25 +106,14 @@ def torch_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     }
 
 
-def export_torch_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Set this task's torch variables (overwriting any the submitting shell passed on: the
-    SLURM variables are the truth here) and a default OMP_NUM_THREADS. Returns them."""
-    environ = os.environ if environ is None else environ
-    values = torch_env(environ)
-    environ.update(values)
-    environ.setdefault("OMP_NUM_THREADS", environ.get("SLURM_CPUS_PER_TASK", "1"))
-    return values
-
-
-# ---------------------------------------------------------------------------------------------
-# in each SLURM task
-
-
 def run_task(job: Any) -> Any:
     """One task of a sweep job (a launch.jobs.Job): one rank, through bootstrap.py. Rank 0
     returns the job's JobReturn (submitit pickles it for the launcher); the other ranks return
     None."""
-    rank = int(export_torch_env()["RANK"])
+    values = torch_env()
+    os.environ.update(values)  # over any the submitting shell passed on: SLURM's are the truth
+    os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+    rank = int(values["RANK"])
     install_stop_handlers(rank)
     os.environ[ATTEMPT_ENV] = str(job.attempt)
     try:
@@ -158,13 +140,10 @@ def run_task(job: Any) -> Any:
 
 
 def install_stop_handlers(rank: int) -> None:
-    """Replace submitit's signal handlers (USR2: its own checkpoint-and-requeue; TERM: ignored)
-    until train.py installs components/preemption.py's. Before training has started there is
-    nothing new to save: USR1 (our time-limit signal) requeues the job at once and ends the
-    task with exit 75; TERM ends the task (it is also how srun stops the other tasks when one
-    fails, and how scancel cancels: no requeue; SLURM's own preemption requeues by itself).
-    submitit's USR2 (`job._interrupt()`) is forwarded as USR1, so it always takes our path.
-    Installed first thing in a task, before anything slow (torch is imported only on USR1):
+    """Replace submitit's signal handlers until train.py installs components/preemption.py's.
+    Before training there is nothing to save: USR1 (our time-limit signal) requeues the job and
+    ends the task with exit 75; TERM (srun stopping the tasks when one fails, scancel) ends it
+    without requeue; submitit's USR2 is forwarded as USR1. Installed first thing in a task:
     until then submitit ignores TERM, and a task stopped meanwhile is killed without a word."""
     stopping = []
 
@@ -192,10 +171,6 @@ def install_stop_handlers(rank: int) -> None:
     submitit_signal = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
     if submitit_signal not in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(submitit_signal, forward_as_usr1)
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI: `srun python -m launch.ranks.slurm_task env` in a task prints its mapping
 
 
 def main(argv: Sequence[str]) -> int:

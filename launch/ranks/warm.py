@@ -12,8 +12,6 @@ import importlib
 import os
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any
 
 from launch.ranks.forked import freeze_imported
 from launch.ranks.lifeline import die_with_parent
@@ -35,8 +33,6 @@ PRELOAD = (
     "launch.ranks.bootstrap",
     "conf.schema",
 )
-REPORT_PRELOAD = "+report"  # a sweep's launcher: the modules of its report, imported last
-REPORT_MODULES = ("matplotlib.pyplot", "scipy.special", "launch.report.sweep")
 UNCLEAN: str | None = None  # why this server must not be forked from (None: it may)
 
 
@@ -48,14 +44,7 @@ def prepare(modules: list[str]) -> None:
         from core.wandb_service import start_wandb_service
 
         start_wandb_service()
-    report = REPORT_MODULES if REPORT_PRELOAD in modules else ()
-    if report:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only; what launch/report/figure.py selects
-    for name in (*PRELOAD, *modules, *report):
-        if name in (WANDB_PRELOAD, REPORT_PRELOAD):
-            continue
+    for name in (*PRELOAD, *(m for m in modules if m != WANDB_PRELOAD)):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the job's ranks import it again and report why
@@ -97,20 +86,6 @@ def refuse_if_unclean() -> None:
     if UNCLEAN is not None:
         print(f"warm start: the server holds {UNCLEAN}: not forking a job", file=sys.stderr)
         os._exit(1)
-
-
-def run_call(target: Callable[..., Any], kwargs: dict, logging: Any, cwd: str) -> None:
-    """In a process forked from the server: `target(**kwargs)` (the sweep's report) in the
-    launcher's working dir, logging as the launcher does (launch/warm.py's WarmStart.call)."""
-    refuse_if_unclean()
-    os.chdir(cwd)
-    if logging:
-        from hydra.core.utils import configure_log
-        from omegaconf import OmegaConf
-
-        logging_config, verbose = logging
-        configure_log(OmegaConf.create(logging_config), verbose)
-    target(**kwargs)
 
 
 if (_preload := os.environ.pop(PRELOAD_ENV, None)) is not None:  # in the server only

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 class SweepSummaryCallback(Callback):
     """`hydra.callbacks.sweep_summary: {_target_: launch.report.callback.SweepSummaryCallback}`: the
-    sweep's report ranked by `metric` (`mode`), with its W&B run unless `wandb` is false."""
+    sweep's report ranked by `metric` (`mode`), jobs aggregated over the `aggregate` keys (seeds),
+    with its W&B run unless `wandb` is false."""
 
     def __init__(
         self,
@@ -35,8 +36,7 @@ class SweepSummaryCallback(Callback):
         wandb: bool = True,
         aggregate: Sequence[str] = DEFAULT_OVER,
     ) -> None:
-        self.metric, self.mode, self.wandb = metric, mode, wandb
-        self.aggregate = list(aggregate or [])  # keys whose jobs are aggregated (seeds)
+        self.settings = dict(metric=metric, mode=mode, wandb=wandb, aggregate=list(aggregate or []))
         self._pid: int | None = None  # the process that runs the multirun
         self._failed = False
 
@@ -46,15 +46,7 @@ class SweepSummaryCallback(Callback):
         except Exception as e:  # noqa: BLE001 - a report problem must not fail the sweep
             log.warning("sweep summary: no sweep dir (%s: %s)", type(e).__name__, e)
             return
-        report_sweep(
-            sweep_dir,
-            config,
-            metric=self.metric,
-            mode=self.mode,
-            wandb=self.wandb,
-            when=when,
-            aggregate=self.aggregate,
-        )
+        report_sweep(sweep_dir, config, when=when, **self.settings)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         self._pid, self._failed = os.getpid(), False

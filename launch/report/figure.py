@@ -10,9 +10,6 @@ from core.run_dir import atomic_path
 from launch.report.jobs import PANELS, SweepSummary
 from launch.report.tables import job_label
 
-# --------------------------------------------------------------------------------------------
-# The plot
-
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 LINESTYLES = ("-", "--", ":", "-.")
 
@@ -74,9 +71,8 @@ def summary_figure(summary: SweepSummary, title: str = "") -> Any:
                     (handle,) = ax.plot(xs, ys, markevery=every, **style)
             if handle is not None:
                 handles.append(handle)
-                what = job_label(row, summary.swept_keys) or row.overrides or "(no overrides)"
                 status = "" if row.status == "completed" else f" [{row.status}]"
-                labels.append(f"#{row.job} {what}{status}")
+                labels.append(f"#{row.job} {job_label(row, summary.swept_keys)}{status}")
         for ax, key in zip(axes, PANELS, strict=True):
             ax.set_title(key, fontsize="medium")
             ax.set_xlabel("epoch")

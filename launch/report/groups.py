@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from core.naming import fmt_value, label, short_keys
 from launch.report.jobs import JobSummary
-from launch.report.seeds import DEFAULT_OVER, Group, group_jobs, rank_groups
+from launch.report.seeds import DEFAULT_OVER, Group, Stat, group_jobs, rank_groups
 from launch.report.tables import markdown_lines, text_lines, to_csv
 
 GROUPS_CSV = "summary_groups.csv"
@@ -53,20 +53,14 @@ def config_label(group: Group, keys: Sequence[str]) -> str:
     return label({short.get(k, k): v for k, v in group.config.items()}, " ") or "(all jobs)"
 
 
-def mean_std(group: Group, metric: str) -> str:
-    stat = group.stats.get(metric)
+def stat_cells(stat: Stat | None) -> list[str]:
+    """Mean ± std and the 95 % interval; n = 1: the mean, and no interval rather than a zero one."""
     if stat is None:
-        return "-"
+        return ["-", "-"]
     if stat.std is None:
-        return fmt_value(stat.mean)
-    return f"{fmt_value(stat.mean)} ± {fmt_value(stat.std)}"
-
-
-def interval(group: Group, metric: str) -> str:
-    stat = group.stats.get(metric)
-    if stat is None or stat.ci_low is None:
-        return "-"  # n = 1: no interval rather than a zero one
-    return f"[{fmt_value(stat.ci_low)}, {fmt_value(stat.ci_high)}]"
+        return [fmt_value(stat.mean), "-"]
+    ci = f"[{fmt_value(stat.ci_low)}, {fmt_value(stat.ci_high)}]"
+    return [f"{fmt_value(stat.mean)} ± {fmt_value(stat.std)}", ci]
 
 
 def group_table(groups: Sequence[Group], keys: Sequence[str]) -> list[list]:
@@ -81,7 +75,7 @@ def group_table(groups: Sequence[Group], keys: Sequence[str]) -> list[list]:
         n = max((s.n for s in g.stats.values()), default=len(g.jobs))
         row = [str(rank), config_label(g, keys), str(n), ",".join(g.jobs)]
         for m in metrics:
-            row += [mean_std(g, m), interval(g, m)]
+            row += stat_cells(g.stats.get(m))
         rows.append(row)
     return rows
 
@@ -94,13 +88,9 @@ def format_groups(groups: Sequence[Group], keys: Sequence[str], over: Sequence[s
 
 def groups_markdown(groups: Sequence[Group], keys: Sequence[str], over: Sequence[str]) -> str:
     table = group_table(groups, keys)
-    lines = [f"## Aggregated over {', '.join(over)}", ""]
-    lines.append(
-        "Mean ± sample standard deviation (n − 1) and the 95 % Student-t interval of the mean; "
-        "completed jobs only."
-    )
-    lines += ["", *markdown_lines(table, ["---"] * len(table[0]))]
-    return "\n".join([*lines, ""])
+    note = "Mean ± sample standard deviation (n − 1) and the 95 % Student-t interval of the mean"
+    lines = [f"## Aggregated over {', '.join(over)}", "", f"{note}; completed jobs only.", ""]
+    return "\n".join([*lines, *markdown_lines(table, ["---"] * len(table[0])), ""])
 
 
 def groups_records(groups: Sequence[Group], keys: Sequence[str]) -> tuple[list[str], list[list]]:

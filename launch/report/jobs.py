@@ -32,7 +32,6 @@ CSV_NAME = "summary.csv"
 MD_NAME = "summary.md"
 PNG_NAME = "summary.png"
 MULTIRUN_YAML = "multirun.yaml"
-NO_RESULT_ERROR = f"no {RESULT_FILE}"
 JOB_TYPE = "sweep_summary"  # the W&B summary run's job_type
 
 # What a sweep can be ranked by: `best` is each job's monitored metric (result.json).
@@ -75,7 +74,7 @@ class JobSummary:
     # An eval.py job (eval.json, no result.json): its split and what it measured there.
     split: str | None = None
     eval: dict[str, float] = field(default_factory=dict)  # acc, acc5, loss, ece
-    swept: dict[str, Any] = field(default_factory=dict)  # {swept key: value}, set by collect_jobs
+    swept: dict[str, Any] = field(default_factory=dict)  # {swept key: value}, set by read_sweep
     # per epoch: {"epoch": e, "val/acc": ..., "val/loss": ...}; train: (epochs done, train/loss)
     val_curve: list[dict[str, float]] = field(default_factory=list)
     train_curve: list[tuple[float, float]] = field(default_factory=list)
@@ -84,28 +83,18 @@ class JobSummary:
         """trainer.target's reached_at_s or reached_at_step (None: not reached, no target)."""
         return _number((self.target or {}).get(key))
 
-    @property
-    def epochs(self) -> list[tuple[int | float, float]]:
-        """(epoch, val/acc) per validated epoch."""
-        return [(v["epoch"], v["val/acc"]) for v in self.val_curve if "val/acc" in v]
-
 
 @dataclass
 class SweepSummary:
-    """What :func:`write_summary` wrote: the three files, the rows best first, and the keys."""
+    """What sweep.py's write_summary wrote (its files are in `sweep_dir`): the rows best first."""
 
     sweep_dir: Path
-    csv_path: Path
-    md_path: Path
-    png_path: Path
     rows: list[JobSummary]
     metric: str = "best"
     mode: str = "max"
     swept_keys: list[str] = field(default_factory=list)
     monitor: str = "val/acc"
-    # groups.py: jobs aggregated over these keys (seeds), best mean first; [] when none
-    aggregate_over: list[str] = field(default_factory=list)
-    groups: list[Any] = field(default_factory=list)
+    groups: list[Any] = field(default_factory=list)  # seeds.py's, best mean first; [] when none
 
     @property
     def ranked_by(self) -> str:
@@ -211,10 +200,9 @@ def read_eval_job(job_dir: Path, evaluation: dict[str, Any]) -> JobSummary:
         for k, v in (evaluation.get("metrics") or {}).items()
         if _number(v) is not None and not count_key(k)
     }
-    overrides = read_overrides(job_dir) or []
     return JobSummary(
         job=job_dir.name,
-        overrides=" ".join(overrides),
+        overrides=" ".join(read_overrides(job_dir) or []),
         status=flat(evaluation.get("status") or "failed"),
         monitor=f"{split}/acc",
         best=measured.get("acc"),
@@ -236,7 +224,6 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
     """Summarise one job dir: result.json first (core/run_dir.py's RunResult), gaps filled
     from metrics.jsonl (a job killed before its result.json still has its curves); an eval.py
     job from its eval.json."""
-
     job_dir = Path(job_dir)
     if not (job_dir / RESULT_FILE).is_file() and (job_dir / EVAL_FILE).is_file():
         try:
@@ -246,7 +233,7 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         if isinstance(evaluation, dict):
             return read_eval_job(job_dir, evaluation)
     derived = _from_metrics(read_metrics(job_dir / METRICS_FILE))
-    result = RunResult(status="failed", error=NO_RESULT_ERROR)
+    result = RunResult(status="failed", error=f"no {RESULT_FILE}")
     result_path = job_dir / RESULT_FILE
     if result_path.is_file():
         try:
@@ -316,11 +303,6 @@ def read_sweep(sweep_dir: str | os.PathLike) -> tuple[list[JobSummary], list[str
         values = override_values(job.overrides.split())
         job.swept = {k: values[k] for k in keys if k in values}
     return jobs, keys
-
-
-def collect_jobs(sweep_dir: str | os.PathLike) -> list[JobSummary]:
-    """:func:`read_sweep`'s jobs."""
-    return read_sweep(sweep_dir)[0]
 
 
 def check_metric(metric: str, mode: str | None) -> None:

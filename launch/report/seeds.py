@@ -28,10 +28,6 @@ class Stat:
     ci_low: float | None = None  # the 95 % Student-t interval of the mean; None for n = 1
     ci_high: float | None = None
 
-    @property
-    def half_width(self) -> float | None:
-        return None if self.ci_high is None else self.ci_high - self.mean
-
 
 @dataclass
 class Group:
@@ -41,14 +37,6 @@ class Group:
     jobs: list[str] = field(default_factory=list)
     over: dict[str, list[Any]] = field(default_factory=dict)  # aggregated key -> its values
     stats: dict[str, Stat] = field(default_factory=dict)
-
-
-def t_quantile(p: float, dof: int) -> float:
-    """Student's t quantile (scipy.special's, the function behind scipy.stats.t.ppf: half
-    the import time of scipy.stats, paid by every sweep's report)."""
-    from scipy.special import stdtrit
-
-    return float(stdtrit(dof, p))
 
 
 def describe(values: Sequence[float], confidence: float = CONFIDENCE) -> Stat:
@@ -61,7 +49,9 @@ def describe(values: Sequence[float], confidence: float = CONFIDENCE) -> Stat:
     if n == 1:
         return Stat(1, mean)
     std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = t_quantile(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
+    from scipy.special import stdtrit  # Student's t quantile: scipy.stats.t.ppf's, half the import
+
+    half = float(stdtrit(n - 1, 0.5 + confidence / 2)) * std / math.sqrt(n)
     return Stat(n, mean, std, mean - half, mean + half)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,9 @@ def write_summary(
     mode: str | None = None,
     aggregate: Sequence[str] = DEFAULT_OVER,
 ) -> SweepSummary:
-    """Write summary.csv, summary.md and summary.png into ``sweep_dir``; rows best first. Jobs
-    that differ only in the `aggregate` keys (seeds) are also aggregated (launch/report/groups.py:
-    summary_groups.csv and a section of summary.md) when some configuration has several.
+    """Write summary.csv, summary.md and summary.png into ``sweep_dir``, rows best first; when
+    some configuration has several jobs that differ only in the `aggregate` keys (seeds), their
+    aggregates too (groups.py: summary_groups.csv and a section of summary.md).
 
     Raises ValueError for an unknown metric/mode and FileNotFoundError when ``sweep_dir`` has
     no job dirs.
@@ -53,29 +53,18 @@ def write_summary(
         )
     rows = sort_jobs(jobs, metric, mode)
     monitor, monitor_mode = sweep_monitor(rows)
-    summary = SweepSummary(
-        root,
-        root / CSV_NAME,
-        root / MD_NAME,
-        root / PNG_NAME,
-        rows,
-        metric,
-        mode or (monitor_mode if metric == "best" else "max"),
-        keys,
-        monitor,
-        list(aggregate),
-        seed_groups(rows, keys, aggregate),
-    )
-    write_atomic(summary.csv_path, csv_text(summary))
+    mode = mode or (monitor_mode if metric == "best" else "max")
+    groups = seed_groups(rows, keys, aggregate)
+    summary = SweepSummary(root, rows, metric, mode, keys, monitor, groups)
+    write_atomic(root / CSV_NAME, csv_text(summary))
     markdown = format_markdown(summary, root.name)
-    groups_path = root / GROUPS_CSV
-    if summary.groups:
-        markdown += "\n" + groups_markdown(summary.groups, keys, aggregate)
-        write_atomic(groups_path, groups_csv(summary.groups, keys))
+    if groups:
+        markdown += "\n" + groups_markdown(groups, keys, aggregate)
+        write_atomic(root / GROUPS_CSV, groups_csv(groups, keys))
     else:
-        groups_path.unlink(missing_ok=True)  # an earlier report's, of jobs since changed
-    write_atomic(summary.md_path, markdown)
-    plot_summary(summary, summary.png_path, root.name)
+        (root / GROUPS_CSV).unlink(missing_ok=True)  # an earlier report's, of jobs since changed
+    write_atomic(root / MD_NAME, markdown)
+    plot_summary(summary, root / PNG_NAME, root.name)
     return summary
 
 
@@ -99,13 +88,6 @@ def headline(summary: SweepSummary) -> str:
     )
 
 
-# Where the report runs. A launcher with a warm start (launch/torchrun.py) sets this to run it
-# in a child forked from its server, which has W&B imported and its service running (and the
-# figure's and intervals' modules: launch/ranks/warm.py). Returns False when it could not, and
-# the report runs here.
-run_elsewhere: Callable[[Callable[..., None], dict[str, Any]], bool] | None = None
-
-
 def report_sweep(
     sweep_dir: Path,
     config: Any = None,
@@ -122,33 +104,6 @@ def report_sweep(
     report problem is a warning, never a failed sweep."""
     if not find_job_dirs(sweep_dir):
         return
-    found = None
-    if wandb:
-        try:
-            found = wandb_settings(config)
-        except Exception as e:  # noqa: BLE001 - e.g. an interpolation that does not resolve
-            log.warning("sweep summary: no W&B run (%s)", flat(e))
-    job = {
-        "sweep_dir": str(sweep_dir),
-        "metric": metric,
-        "mode": mode,
-        "when": when,
-        "aggregate": list(aggregate),
-        "wandb_settings": found,
-    }
-    if run_elsewhere is None or not run_elsewhere(write_report, job):
-        write_report(**job)
-
-
-def write_report(
-    sweep_dir: str,
-    metric: str,
-    mode: str | None,
-    when: str,
-    aggregate: Sequence[str],
-    wandb_settings: tuple[dict[str, Any], str | None] | None,
-) -> None:
-    """report_sweep's work, from plain values (a forked child runs it too)."""
     try:
         summary = write_summary(sweep_dir, metric, mode, aggregate)
     except Exception as e:  # noqa: BLE001 - never fail the sweep over its report
@@ -161,5 +116,10 @@ def write_report(
         print(tables_text(summary, aggregate), flush=True)
     except Exception as e:  # noqa: BLE001 - e.g. a closed stdout
         log.warning("sweep summary written to %s but not printed (%s)", sweep_dir, e)
-    if wandb_settings is not None:
-        log_to_wandb(summary, *wandb_settings)
+    try:
+        found = wandb_settings(config) if wandb else None
+    except Exception as e:  # noqa: BLE001 - e.g. an interpolation that does not resolve
+        log.warning("sweep summary: no W&B run (%s)", flat(e))
+        return
+    if found is not None:
+        log_to_wandb(summary, *found)

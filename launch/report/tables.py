@@ -9,16 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.naming import (
-    fmt_duration,
-    fmt_value,
-    label,
-    short_keys,
-)
+from core.naming import fmt_duration, fmt_value, label, short_keys
 from launch.report.jobs import PANELS, PNG_NAME, JobSummary, SweepSummary, count_key, sweep_monitor
-
-# --------------------------------------------------------------------------------------------
-# The table
 
 
 @dataclass
@@ -88,14 +80,11 @@ def _cell(col: Column, row: JobSummary) -> str:
     return "-" if value is None else col.text(value)
 
 
-def _failures(rows: Sequence[JobSummary]) -> list[JobSummary]:
-    """Jobs that did not finish (a pruned one did: the sweeper's pruner ended it early)."""
-    return [r for r in rows if r.status not in ("completed", "pruned")]
-
-
-def job_label(row: JobSummary, keys: Sequence[str], sep: str = " ") -> str:
+def job_label(row: JobSummary, keys: Sequence[str]) -> str:
+    """Its swept values, else its overrides."""
     short = short_keys(keys)
-    return label({short[k]: v for k, v in row.swept.items()}, sep)
+    swept = label({short[k]: v for k, v in row.swept.items()}, " ")
+    return swept or row.overrides or "(no overrides)"
 
 
 def format_table(rows: Sequence[JobSummary], keys: Sequence[str] | None = None) -> str:
@@ -105,12 +94,13 @@ def format_table(rows: Sequence[JobSummary], keys: Sequence[str] | None = None) 
     cols = columns(rows, keys, brief=True)
     table = [[c.header for c in cols], *([_cell(c, r) for c in cols] for r in rows)]
     out = text_lines(table, [c.numeric for c in cols])
-    failed = _failures(rows)
+    # A pruned job finished: the sweeper's pruner ended it early.
+    failed = [r for r in rows if r.status not in ("completed", "pruned")]
     if failed:
         out += ["", "Failed jobs:"]
         for r in failed:
-            what = job_label(r, keys) or r.overrides or "(no overrides)"
-            out.append(f"  job {r.job} [{r.status}] {what}: {r.error or 'no error recorded'}")
+            error = r.error or "no error recorded"
+            out.append(f"  job {r.job} [{r.status}] {job_label(r, keys)}: {error}")
     return "\n".join(out)
 
 
@@ -139,11 +129,9 @@ def markdown_lines(table: Sequence[Sequence[str]], align: Sequence[str]) -> list
 
 
 def to_csv(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """CSV text, None as an empty cell."""
+    """CSV text, None as an empty cell (as csv writes it)."""
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(["" if v is None else v for v in row] for row in rows)
+    csv.writer(buf, lineterminator="\n").writerows([header, *rows])
     return buf.getvalue()
 
 
@@ -164,14 +152,9 @@ def format_markdown(summary: SweepSummary, title: str = "") -> str:
 
 def csv_text(summary: SweepSummary) -> str:
     cols = columns(summary.rows, summary.swept_keys)
-    extra = [
-        ("monitor", lambda r: r.monitor),
-        ("mode", lambda r: r.mode),
-        ("wandb_run_id", lambda r: r.wandb_run_id),
-        ("overrides", lambda r: r.overrides),
-        *([] if any(c.csv == "attempts" for c in cols) else [("attempts", lambda r: r.attempts)]),
-        ("error", lambda r: r.error),
-    ]
-    header = [*(c.csv for c in cols), *(name for name, _ in extra)]
-    rows = [[*(c.get(r) for c in cols), *(get(r) for _, get in extra)] for r in summary.rows]
+    extra = ["monitor", "mode", "wandb_run_id", "overrides", "attempts", "error"]  # JobSummary's
+    if any(c.csv == "attempts" for c in cols):
+        extra.remove("attempts")  # a column already
+    header = [*(c.csv for c in cols), *extra]
+    rows = [[*(c.get(r) for c in cols), *(getattr(r, k) for k in extra)] for r in summary.rows]
     return to_csv(header, rows)

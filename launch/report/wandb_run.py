@@ -7,11 +7,9 @@ import contextlib
 import logging
 from typing import Any
 
-from core.naming import (
-    sweep_group,
-)
+from core.naming import sweep_group
 from launch.report.groups import groups_records
-from launch.report.jobs import JOB_TYPE, SweepSummary, flat
+from launch.report.jobs import JOB_TYPE, PNG_NAME, SweepSummary, flat
 from launch.report.tables import columns
 
 log = logging.getLogger(__name__)
@@ -73,17 +71,17 @@ def log_to_wandb(
             mode=mode,
             settings=run_settings(wandb, mode, float(settings.get("init_timeout_s", 60))),
         )
-        runs_url = None if mode == "offline" else (run.url or "").rsplit("/runs/", 1)[0]
+        project = "" if mode == "offline" else (run.url or "").rsplit("/runs/", 1)[0]
+        runs = f"{project}/runs/" if project else ""  # offline: a job run's id, not its URL
         cols = columns(summary.rows, summary.swept_keys)
-        data = []
-        for row in summary.rows:
-            link = row.wandb_run_id and (
-                f"{runs_url}/runs/{row.wandb_run_id}" if runs_url else row.wandb_run_id
-            )
-            data.append([*(c.get(row) for c in cols), link or None, row.error])
+        data = [
+            [*(c.get(r) for c in cols), runs + r.wandb_run_id if r.wandb_run_id else None, r.error]
+            for r in summary.rows
+        ]
         headers = [*(c.wandb or c.header for c in cols), "run", "error"]
         table = wandb.Table(columns=headers, data=data, allow_mixed_types=True)
-        logged = {"sweep/table": table, "sweep/plot": wandb.Image(str(summary.png_path))}
+        plot = wandb.Image(str(summary.sweep_dir / PNG_NAME))
+        logged = {"sweep/table": table, "sweep/plot": plot}
         if summary.groups:  # seeds aggregated: one row per configuration
             names, rows = groups_records(summary.groups, summary.swept_keys)
             logged["sweep/groups"] = wandb.Table(columns=names, data=rows, allow_mixed_types=True)

@@ -1,15 +1,12 @@
-"""The search space: Hydra's override grammar (`hydra.sweeper.params` and sweep arguments on the
-command line) to Optuna 5 distributions, read the way hydra-optuna-sweeper 1.3 reads it, so the
-configs users already have keep their meaning:
+"""The search space: Hydra's override grammar (`hydra.sweeper.params` and the sweep's arguments),
+parsed by Hydra's own OverridesParser, to Optuna distributions, read as hydra-optuna-sweeper 1.3
+reads it so that existing configs keep their meaning:
 
-* `interval(a, b)`: FloatDistribution(a, b); with int bounds (`int(interval(a, b))`)
-  IntDistribution; `tag(log, interval(a, b))` the same on a log scale;
-* `choice(x, y, ...)`: CategoricalDistribution; `range(a, b, step)`: IntDistribution(a, b, step)
-  (or a float one with a float bound/step) with `b` included, as the plugin has it; a shuffled
-  range is a categorical one;
+* `interval(a, b)`: FloatDistribution (IntDistribution with int bounds: `int(interval(a, b))`);
+  `tag(log, interval(a, b))` on a log scale;
+* `choice(x, y, ...)`: CategoricalDistribution; `range(a, b, step)`: IntDistribution (a float
+  one with a float bound or step) with `b` included, as the plugin has it; shuffled: categorical;
 * anything else (`key=value`): a fixed parameter, passed to every trial as is.
-
-The grammar is Hydra's own (its OverridesParser), not re-implemented here.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""The study of an Optuna sweep: where it is stored and how a resumed sweep
-continues it (`n_trials` as the total, interrupted trials asked again into their job dirs).
+"""The study of an Optuna sweep: where it is stored (outside the launching process: the ranks
+report to it) and how a resumed sweep continues it.
 
-Storage (`hydra.sweeper.storage`): `null`/`auto` picks by launcher: a journal file on the shared
-sweep dir under SLURM (no database server; Optuna's file lock works on NFS-like file systems),
-SQLite in the sweep dir otherwise; `sqlite` or `journal` force one of them, and a database URL
-of your own (postgresql://..., sqlite:///...) is used as is. The study always lives outside
-the launching process: the ranks report to it (pruning), and a resumed sweep continues it.
+`hydra.sweeper.storage`: `null`/`auto` is a journal file in the sweep dir under SLURM (no
+database server; Optuna's file lock works on NFS-like file systems), else SQLite there;
+`sqlite` or `journal` force one; a database URL of your own is used as is.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +69,6 @@ def directions(direction: Any) -> list[str]:
     return names
 
 
-# ---------------------------------------------------------------------------------------------
-# resuming
-
-
 @dataclass(frozen=True)
 class TrialPlan:
     """How a resumed sweep continues its study."""
@@ -90,11 +85,7 @@ def plan_trials(states: Sequence[tuple[int, str]], n_trials: int) -> TrialPlan:
     the study (a dead sweep's last trials) are asked again in order, so their job numbers stay
     their trial numbers; other running ones are marked failed; `n_trials` counts the total."""
     states = sorted(states)
-    tail: list[int] = []
-    for number, state in reversed(states):
-        if state not in OPEN_STATES:
-            break
-        tail.insert(0, number)
+    tail = [n for n, _ in takewhile(lambda t: t[1] in OPEN_STATES, reversed(states))][::-1]
     fail = [n for n, state in states if state == "RUNNING" and n not in tail]
     finished = sum(state not in OPEN_STATES for _, state in states) + len(fail)
     first = [n for n, state in states if state == "WAITING" and n not in tail] + tail
@@ -108,10 +99,9 @@ def plan_trials(states: Sequence[tuple[int, str]], n_trials: int) -> TrialPlan:
 
 
 def continue_study(sweeper: Any) -> bool:
-    """Prepare `sweeper` (storage, study_name, n_trials, sampler) to continue its stored study,
-    if there is one (else False): trials to ask again set waiting (Optuna asks waiting trials
-    first), `n_trials` and `job_idx` set to the count left to ask and the first job number, the
-    sampler reseeded (it would otherwise propose its first points again)."""
+    """Prepare `sweeper` to continue its stored study, if there is one (else False): trials to
+    ask again set waiting (Optuna asks those first), `n_trials` and `job_idx` set to what is left
+    to ask and its first job number, the sampler reseeded (else it proposes its first points)."""
     from optuna.trial import TrialState
 
     from core.trials import open_storage
@@ -124,13 +114,11 @@ def continue_study(sweeper: Any) -> bool:
     trials = storage.get_all_trials(study_id, deepcopy=False)
     plan = plan_trials([(t.number, t.state.name) for t in trials], sweeper.n_trials)
     state = {t.number: t.state for t in trials}
-    for number in plan.fail:
+    reset = {n: TrialState.FAIL for n in plan.fail}
+    reset |= {n: TrialState.WAITING for n in plan.rerun if state[n] == TrialState.RUNNING}
+    for number, new_state in reset.items():
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-        storage.set_trial_state_values(trial_id, TrialState.FAIL)
-    for number in plan.rerun:
-        if state[number] == TrialState.RUNNING:
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-            storage.set_trial_state_values(trial_id, TrialState.WAITING)
+        storage.set_trial_state_values(trial_id, new_state)
     sweeper.n_trials, sweeper.job_idx = plan.to_ask, plan.first_job
     if trials and hasattr(sweeper.sampler, "reseed_rng"):
         sweeper.sampler.reseed_rng()

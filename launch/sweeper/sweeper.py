@@ -1,22 +1,18 @@
-"""`hydra/sweeper=optuna`: the project's Optuna sweeper, on current Optuna (docs/sweeps.md,
-"Optuna"). It reads the configuration of Hydra's Optuna sweeper (hydra-optuna-sweeper 1.3) and
-adds pruning across a DDP job's ranks (`pruner`: core/trials.py, components/pruning.py), no
-idle slots (with a launcher that takes jobs one at a time, `launch_stream`, a new trial is asked
-and started as soon as any running one ends; other launchers get batches, `launch`), a study
-stored beside its jobs (study.py; job number = trial number) and resume
-(`hydra.launcher.resume=true`: study.py's continue_study).
-
-The Sweeper class Hydra instantiates is hydra_plugins/hydra_ddp_optuna_sweeper's subclass.
+"""`hydra/sweeper=optuna` (docs/sweeps.md, "Optuna"): hydra-optuna-sweeper 1.3's configuration
+on current Optuna, plus pruning across a DDP job's ranks (`pruner`: components/pruning.py), a new
+trial whenever any running one ends (a launcher's `launch_stream`; else batches, `launch`), the
+study beside its jobs (study.py; job number = trial number) and resume (study.py). Hydra
+instantiates the subclass in hydra_plugins/hydra_ddp_optuna_sweeper.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +46,7 @@ SAMPLERS = {  # hydra/sweeper/sampler=NAME, as hydra-optuna-sweeper names them
     "nsgaii": "optuna.samplers.NSGAIISampler",
     "qmc": "optuna.samplers.QMCSampler",
     "gp": "optuna.samplers.GPSampler",
+    "grid": "optuna.samplers.GridSampler",  # partial: given its grid (the space) in sweep()
 }
 
 
@@ -63,9 +60,7 @@ class OptunaSweeperConf:
     # (hydra/sweeper/sampler=tpe) stays unless this is set (None here would replace it)
     sampler: Any = MISSING
     direction: Any = "minimize"  # or maximize, or a list of them
-    # auto (null): SQLite in the sweep dir, a journal file there under SLURM; sqlite, journal,
-    # journal:<file>, or a database URL (launch/sweeper/study.py)
-    storage: Any = None
+    storage: Any = None  # null (auto), sqlite, journal, journal:<file>, a URL: study.py
     study_name: str | None = None  # null: the sweep dir's name
     n_trials: int = 20  # with hydra.launcher.resume=true: the study's total
     n_jobs: int = 2  # trials running at once
@@ -74,36 +69,22 @@ class OptunaSweeperConf:
     custom_search_space: str | None = None  # a callable(config, trial) adding to the space
     # median | percentile | hyperband | successive_halving | none, or {type: NAME, args...}
     pruner: Any = None
-    # true: a new trial starts whenever one ends (with a launcher that can: launch_stream);
-    # false: batches of n_jobs trials, each batch waiting for its slowest (hydra-optuna-sweeper)
-    stream: bool = True
+    stream: bool = True  # false: batches of n_jobs trials, each waiting for its slowest
 
 
 ConfigStore.instance().store(
     group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="hydra-ddp"
 )
-# The name this sweeper had before it was the project's own `optuna`.
-ConfigStore.instance().store(
-    group="hydra/sweeper", name="ddp_optuna", node=OptunaSweeperConf, provider="hydra-ddp"
-)
 for _name, _target in SAMPLERS.items():
     ConfigStore.instance().store(
         group="hydra/sweeper/sampler",
         name=_name,
-        node={"_target_": _target, "seed": None},
+        node={"_target_": _target, "seed": None} | ({"_partial_": True} if _name == "grid" else {}),
         provider="hydra-ddp",
     )
-ConfigStore.instance().store(
-    group="hydra/sweeper/sampler",
-    name="grid",
-    node={"_target_": "optuna.samplers.GridSampler", "_partial_": True, "seed": None},
-    provider="hydra-ddp",
-)
 
 
 class OptunaSweeperBase(Sweeper):
-    """See the module docstring."""
-
     def __init__(self, search_space: Any = None, **settings: Any) -> None:
         """`settings`: OptunaSweeperConf's fields (its defaults for those not given)."""
         if search_space:
@@ -147,7 +128,6 @@ class OptunaSweeperBase(Sweeper):
 
     def sweep(self, arguments: list[str]) -> None:
         import optuna
-        from hydra.utils import get_method
 
         from core.trials import open_storage
 
@@ -176,9 +156,7 @@ class OptunaSweeperBase(Sweeper):
         # The ranks reach their trials through the storage (components/pruning.py).
         os.environ[STORAGE_ENV], os.environ[STUDY_ENV] = self.storage_spec, study.study_name
         os.environ[PRUNER_ENV] = json.dumps(pruner)
-        custom = self.conf.custom_search_space
-        extend = get_method(custom) if custom else None
-        trials = Trials(self, study, space, fixed, extend)
+        trials = Trials(self, study, space, fixed)
         usage = SlotUsage(self.conf.n_jobs)
         stream = getattr(self.launcher, "launch_stream", None) if self.conf.stream else None
         if stream is not None:
@@ -186,7 +164,9 @@ class OptunaSweeperBase(Sweeper):
         else:
             while trials.to_ask > 0 and not trials.too_many_failures():
                 batch = [o for o in (trials.next_overrides() for _ in range(self.conf.n_jobs)) if o]
-                for run in consecutive(batch):  # a launch numbers its jobs from the first on
+                # a launch numbers its jobs on from the first: one per run of consecutive numbers
+                for _, group in itertools.groupby(enumerate(batch), lambda p: p[1][0] - p[0]):
+                    run = [item for _, item in group]
                     returns = self.launcher.launch(
                         [overrides for _, overrides in run], initial_job_idx=run[0][0]
                     )
@@ -226,17 +206,6 @@ class OptunaSweeperBase(Sweeper):
         OmegaConf.save(OmegaConf.create(results), self.sweep_dir / RESULTS_FILE)
 
 
-def consecutive(batch: list[tuple[int, Any]]) -> list[list[tuple[int, Any]]]:
-    """(job number, overrides) pairs split into runs of consecutive job numbers."""
-    runs: list[list[tuple[int, Any]]] = []
-    for item in batch:
-        if runs and runs[-1][-1][0] + 1 == item[0]:
-            runs[-1].append(item)
-        else:
-            runs.append([item])
-    return runs
-
-
 def grid_choices(key: str, distribution: Any) -> list[Any]:
     """A discrete distribution's values, for GridSampler."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -256,15 +225,13 @@ class Trials:
     (`tell`), with the counts the sweep's last line gives."""
 
     def __init__(
-        self,
-        sweeper: OptunaSweeperBase,
-        study: Any,
-        space: dict[str, Any],
-        fixed: dict[str, str],
-        extend: Callable | None,
+        self, sweeper: OptunaSweeperBase, study: Any, space: dict[str, Any], fixed: dict[str, str]
     ) -> None:
+        from hydra.utils import get_method
+
         self.sweeper, self.study, self.space, self.fixed = sweeper, study, space, fixed
-        self.extend = extend
+        custom = sweeper.conf.custom_search_space
+        self.extend = get_method(custom) if custom else None
         self.to_ask = sweeper.n_trials
         self.running: dict[int, Any] = {}  # job number -> trial
         self.job_dirs: dict[int, Path] = {}

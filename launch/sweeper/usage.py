@@ -1,8 +1,6 @@
-"""Slot utilisation of a sweep: busy slot-seconds / (slots x the sweep's wall time).
-
-A slot is busy from an attempt's start to its end as the job's launch record (launch.json) has
-them, whichever launcher ran it: the same measure for batches and for jobs started one at a
-time, so the two can be compared. Attempts of earlier runs of a resumed sweep do not count.
+"""Slot utilisation of a sweep: busy slot-seconds / (slots x the sweep's wall time). A slot is
+busy from an attempt's start to its end in the job's launch.json, whichever launcher ran it (so
+batches and streams compare); attempts of earlier runs of a resumed sweep do not count.
 """
 
 from __future__ import annotations
