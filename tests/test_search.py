@@ -272,6 +272,18 @@ def test_a_search_config_is_a_multirun_on_the_command_line(argv, multirun) -> No
     assert search_as_multirun(argv) == expected
 
 
+def one_epoch_search(sweep_dir: Path, *args: str) -> str:
+    """Run `train.py *args` (a search), its trials 1 epoch each, into `sweep_dir`; it must end
+    well. Its console output."""
+    from tests.helpers import output, run, train_cmd
+
+    cmd = train_cmd(*args, "trainer.max_epochs=1", "trainer.progress_bar=false")
+    proc = run([*cmd, f"hydra.sweep.dir={sweep_dir}"])
+    out = output(proc)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
 @pytest.mark.slow
 def test_the_search_config_runs_without_m_and_without_warnings(tmp_path: Path) -> None:
     """`python train.py hparams_search=digits_optuna` as docs/sweeps.md writes it (no -m), one
@@ -279,24 +291,51 @@ def test_the_search_config_runs_without_m_and_without_warnings(tmp_path: Path) -
     under 1.4 too). Under 1.4 it ended in "hydra.mode changed during config composition", its
     sampler reached Optuna uninstantiated, and every rank warned of `version_base` and of each
     `_target_` without an execution whitelist."""
-    from tests.helpers import output, run, train_cmd
-
     sweep_dir = tmp_path / "sweep"
-    proc = run(
-        train_cmd(
-            "hparams_search=digits_optuna",
-            "hydra.sweeper.n_trials=1",
-            "trainer.max_epochs=1",
-            "trainer.progress_bar=false",
-            "dist.nproc_per_node=2",
-            f"hydra.sweep.dir={sweep_dir}",
-        )
+    out = one_epoch_search(
+        sweep_dir,
+        "hparams_search=digits_optuna",
+        "hydra.sweeper.n_trials=1",
+        "dist.nproc_per_node=2",
     )
-    out = output(proc)
-    assert proc.returncode == 0, out[-4000:]
     assert "#0 completed" in out, out[-4000:]
     rank_logs = sorted((sweep_dir / "0" / "rank_logs").rglob("std*.log"))
     assert len(rank_logs) >= 2, rank_logs  # each rank's stdout/stderr
     for name, text in [("console", out)] + [(str(p), p.read_text()) for p in rank_logs]:
         for warning in ("version_base", "execution whitelist", "_execution_whitelist_"):
             assert warning not in text, f"{name}: {warning}\n{text[-3000:]}"
+
+
+GRID_SEARCH = """# @package _global_
+defaults:
+  - override /hydra/sweeper: optuna
+  - override /hydra/sweeper/sampler: grid
+hydra:
+  mode: MULTIRUN
+  sweeper:
+    n_jobs: 2
+    direction: maximize
+    n_trials: 5
+    params:
+      trainer.batch_size: choice(64, 128)
+"""
+
+
+@pytest.mark.slow
+def test_a_grid_search_runs_its_grid_once_and_ends(tmp_path: Path) -> None:
+    """hydra/sweeper/sampler=grid (docs/sweeps.md): n_trials is cut to the grid's 2 points, each
+    run once, and the sweep ends well (Optuna's GridSampler stops the study when its grid is
+    done, which raised outside study.optimize once the last trial was told)."""
+    conf = tmp_path / "conf"
+    (conf / "hparams_search").mkdir(parents=True)
+    (conf / "hparams_search" / "grid.yaml").write_text(GRID_SEARCH)
+    sweep_dir = tmp_path / "sweep"
+    one_epoch_search(
+        sweep_dir, "--config-dir", str(conf), "hparams_search=grid", "wandb.mode=disabled"
+    )
+    study = optuna.load_study(
+        study_name=sweep_dir.name, storage=open_storage(f"sqlite:///{sweep_dir / 'optuna.db'}")
+    )
+    assert sorted(t.params["trainer.batch_size"] for t in study.trials) == [64, 128]
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert (sweep_dir / "optimization_results.yaml").exists()

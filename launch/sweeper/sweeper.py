@@ -282,7 +282,15 @@ class Trials:
                 state = TrialState.COMPLETE if values is not None else TrialState.FAIL
         if state == TrialState.FAIL:
             self.failures.append(ret)
-        self.study.tell(trial, values, state=state, skip_if_finished=True)
+        try:
+            self.study.tell(trial, values, state=state, skip_if_finished=True)
+        except RuntimeError:
+            # GridSampler stops the study once its grid is done (after_trial), which raises
+            # outside study.optimize, after the trial is stored; n_trials ends the sweep there.
+            from optuna.samplers import GridSampler
+
+            if not isinstance(self.study.sampler, GridSampler):
+                raise
         self.told += 1
         self.states[state.name.lower()] = self.states.get(state.name.lower(), 0) + 1
 
