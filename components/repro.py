@@ -79,11 +79,18 @@ def git_state(run_dir: Path | None = None) -> GitState:
 @functools.cache  # the warm interpreter (launch/ranks/warm.py) lists them once for all its jobs
 def requirements() -> str:
     """`name==version` of every installed distribution, sorted, one per line (pip freeze)."""
+    import email
+
     found: dict[str, str] = {}
     for dist in metadata.distributions():
-        name = dist.metadata["Name"]
+        # Name and Version are headers (core metadata: the header block ends at the first blank
+        # line). dist.metadata and dist.version each parse the whole file, long description
+        # too: 76 ms of every run's start for ~180 packages, against 20 ms for the headers.
+        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+        headers = email.message_from_string(text.partition("\n\n")[0])
+        name = headers["Name"]
         if name and name.lower() not in found:
-            found[name.lower()] = f"{name}=={dist.version}"
+            found[name.lower()] = f"{name}=={headers['Version']}"
     return "".join(line + "\n" for _, line in sorted(found.items()))
 
 

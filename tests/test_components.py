@@ -593,3 +593,20 @@ def test_conv_share_of_the_flops_is_counted(monkeypatch):
         torch.device("cuda", 0), "32", samples_per_step=64, flops_per_sample=1e9, conv_share=share
     )
     assert 19.5e12 < speed.peak_flops < 156e12
+
+
+def test_requirements_lists_every_distribution_as_importlib_metadata_reads_it() -> None:
+    """repro's requirements.txt (read from the METADATA headers only) equals the listing from
+    importlib.metadata's full parse: one `Name==Version` per distribution, sorted, first wins."""
+    from importlib import metadata
+
+    from components.repro import requirements
+
+    expected: dict[str, str] = {}
+    for distribution in metadata.distributions():
+        name = distribution.metadata["Name"]
+        if name and name.lower() not in expected:
+            expected[name.lower()] = f"{name}=={distribution.version}"
+    lines = requirements().splitlines()
+    assert lines == [line for _, line in sorted(expected.items())]
+    assert len(lines) > 10
