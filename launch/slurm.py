@@ -43,7 +43,7 @@ from launch.jobs import (
     settings_from,
 )
 from launch.lifecycle import LifecycleLauncher
-from launch.ranks.slurm_task import in_slurm_task, run_task
+from launch.ranks.slurm_task import in_slurm_task, number_range, run_task
 from launch.slurm_queue import (
     ACTIVE_STATES,
     partition_resources,
@@ -455,8 +455,7 @@ def other_task_failures(s: Submitted) -> list[str]:
         return []
     found = []
     for host, tasks, what in _SRUN_TASK_ERROR.findall(text):
-        spans = [[int(t) for t in part.split("-")] for part in tasks.split(",")]  # 1-3,5
-        ranks = [r for span in spans for r in range(span[0], span[-1] + 1) if r != 0]
+        ranks = [r for part in tasks.split(",") for r in number_range(part) if r != 0]
         if ranks and "exit code 75" not in what:  # 75: preempted, not a failure
             found.append(f"rank {','.join(map(str, ranks))} on {host}: {what.strip().lower()}")
     return found

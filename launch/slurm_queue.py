@@ -96,12 +96,20 @@ def submission_env() -> Iterator[None]:
     variables from sbatch and the new job (its SLURM_* but SLURM_CONF; SLURMD_*, SRUN_*,
     SUBMITIT_*, torch's rank variables), as submitit.helpers.clean_env does; SBATCH_* (the
     user's sbatch defaults) are kept."""
-    torch_names = "MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK"
+    torch_names = {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+    }
     hidden = {
         k: os.environ.pop(k)
         for k in list(os.environ)
         if (k.startswith(("SLURM_", "SLURMD_", "SRUN_", "SUBMITIT_")) and k != "SLURM_CONF")
-        or k in torch_names.split()
+        or k in torch_names
     }
     try:
         yield

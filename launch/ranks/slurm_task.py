@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 PORT_RANGE = (20000, 60000)
 
 
+def number_range(item: str) -> range:
+    """SLURM's `3` or `1-3` (in host lists and srun's task lists)."""
+    low, _, high = item.partition("-")
+    return range(int(low), int(high or low) + 1)
+
+
 def expand_nodelist(nodelist: str) -> list[str]:
     """SLURM's compressed host list -> host names: `gpu[01-03,7],cpu1` -> gpu01 gpu02 gpu03 gpu7
     cpu1 (what `scontrol show hostnames` prints)."""
@@ -43,8 +49,8 @@ def expand_nodelist(nodelist: str) -> list[str]:
                 continue
             suffixes = []
             for item in part.split(","):
-                low, _, high = item.partition("-")  # zero-padded as `low` is
-                suffixes += [f"{n:0{len(low)}d}" for n in range(int(low), int(high or low) + 1)]
+                width = len(item.partition("-")[0])  # zero-padded as the range's start is
+                suffixes += [f"{n:0{width}d}" for n in number_range(item)]
             names = [n + s for n in names for s in suffixes]
         hosts += [n for n in names if n]
     return hosts

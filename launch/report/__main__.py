@@ -44,13 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     aggregate = [k for k in args.aggregate.split(",") if k]
+    if not args.sweep_dir.is_dir():
+        print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
+        return 2  # a user error (core/errors.py's policy)
     try:
-        if not args.sweep_dir.is_dir():
-            raise FileNotFoundError(f"{args.sweep_dir} is not a directory")
         summary = write_summary(args.sweep_dir, args.metric, args.mode, aggregate)
     except FileNotFoundError as e:
         print(f"error: {flat(e)}", file=sys.stderr)
-        return 2  # a user error (core/errors.py's policy)
+        return 2
     print(headline(summary))
     print(tables_text(summary, aggregate))
     if args.wandb:
