@@ -36,8 +36,9 @@ import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 from components.distributed import init_distributed
 from components.eval_record import EvalRecord
 from components.evaluation import Predictions, evaluate
+from components.manifest import find_checkpoint
 from components.precision import memory_format, precision_context
-from components.trained import find_checkpoint, load_trained, load_weights, trained_config
+from components.trained import load_trained, load_weights, trained_config
 from core.run_dir import EvalReport
 from data import ImageFiles, build_datasets, eval_loader, loader_options, sample_positions
 from data.datasets import SPLITS

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from components.checkpoint import Checkpointer, TrainingState, load_checkpoint, resume_choice
+from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
 from components.console import Console
 from components.distributed import (
     DistEnv,
@@ -59,7 +59,7 @@ from components.ema import EMA, build_ema
 from components.evaluation import evaluate
 from components.loss_window import LossWindow
 from components.metrics import RunLogger, run_facts
-from components.monitor import Monitor, check_target
+from components.monitor import Monitor
 from components.optim import build_optimizer, lr_schedule, warmup_steps
 from components.precision import grad_scaler, memory_format, model_dtype, precision_context
 from components.preemption import Preempted, StopRequest, cpu_group
@@ -68,6 +68,7 @@ from components.pruning import Pruned, TrialLink, check_prune, pruner_for
 from components.speed import Speed, model_facts, peak_memory_mb
 from components.train_step import Progress, TrainStep, train_row
 from components.wandb_media import ValMedia
+from conf.checks import checkpoint_fit
 from conf.folder_recipe import folder_augment
 from core.errors import UserError
 from core.requeue import requeue_on_slurm
@@ -110,16 +111,16 @@ def train(cfg: DictConfig) -> float | None:
     """One run, in every rank; returns the monitored metric's best value."""
     tc = cfg.trainer
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # `run`: rank 0's metrics.jsonl, W&B run and result.json, however the run ends.
-    with RunLogger(run_dir, enabled=int(os.environ.get("RANK", "0")) == 0) as run:
-        # A run dir holds one run: continue it, start it over (asked for), or refuse here.
-        run.start(continues=resume_choice(cfg.resume) is not None, start_over=cfg.start_over)
-        # Settings every rank checks alike before any of them joins the process group.
-        micro_batch = per_rank_batch(tc.batch_size, rank_world_size(), tc.accumulate_grad_batches)
-        check_trainer(tc)
-        # `env`: this rank's place in the process group and its pinned device (GPU LOCAL_RANK).
-        with init_distributed(cfg.dist, tc.device) as env:
-            return fit(build(cfg, run, env, run_dir, micro_batch))
+    # The gate (core/gate.py, conf/checks.py) checked the settings and the run dir where the
+    # run started, before anything was written.
+    micro_batch = per_rank_batch(tc.batch_size, rank_world_size(), tc.accumulate_grad_batches)
+    # `run`: rank 0's metrics.jsonl, W&B run and result.json, however the run ends; `env`: this
+    # rank's place in the process group and its pinned device (GPU LOCAL_RANK).
+    with (
+        RunLogger(run_dir, enabled=int(os.environ.get("RANK", "0")) == 0) as run,
+        init_distributed(cfg.dist, tc.device) as env,
+    ):
+        return fit(build(cfg, run, env, run_dir, micro_batch))
 
 
 @dataclass
@@ -228,6 +229,7 @@ def build(
         rank=env.rank,
         keep=tc.keep_checkpoints,
         enabled=tc.save_checkpoints,
+        fit=checkpoint_fit(cfg),  # what a resume must match (the gate checks it)
         on_save=run.checkpoint_saved,
     )
     resumed = checkpoints.restore(state, cfg.resume)  # rank 0 chooses, every rank follows
@@ -411,29 +413,6 @@ def validate(t: Training, predictions=None) -> tuple[dict, Any]:
         ema_val = ema_metrics.result().scalars("val_ema")
         val |= {k: v for k, v in ema_val.items() if not k.endswith("/count")}
     return val, result
-
-
-def check_trainer(tc: DictConfig) -> None:
-    """Trainer settings no schema type can check: one line naming the key and the fix."""
-    for key in (
-        "max_epochs",
-        "log_every_n_steps",
-        "eval_batch_size",
-        "keep_checkpoints",
-        "preemption_check_every_n_steps",
-        "overfit_batches",
-        "checkpoint_every_n_steps",
-    ):
-        value = tc[key]
-        if value is not None and value < 1:
-            raise UserError(f"trainer.{key}={value} is not valid: use an integer >= 1")
-    check_target(tc.monitor.metric, tc.target)
-    if tc.stop_at_target and tc.target is None:
-        raise UserError(
-            "trainer.stop_at_target=true needs a trainer.target: set one, e.g. trainer.target=0.99"
-        )
-    if tc.progress_every_s <= 0:
-        raise UserError(f"trainer.progress_every_s={tc.progress_every_s}: use a positive number")
 
 
 def epoch_steps(available: int, tc: DictConfig, train_size: int) -> int:

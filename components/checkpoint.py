@@ -1,16 +1,20 @@
 """Checkpoints: written by rank 0 only, atomically and verifiably; loaded with weights_only=True.
 
 Layout of <run dir>/checkpoints/:
-  step-00000120.pt         one per step saved (again at its epoch's end, with its validation);
-                           the newest 2 are kept (plus the best)
-  step-00000120.pt.sha256  its SHA-256, written before the checkpoint is renamed into place
-  last.pt, best.pt         hard links to the newest and the best step file (+ .sha256)
+  manifest.json            the commit record (components/manifest.py): which step files are
+                           committed, with their SHA-256, and which last.pt and best.pt are
+  step-00000120.pt         one per step saved (a step saved again: step-00000120-1.pt); the
+                           newest `keep` are kept, plus the best
+  step-00000120.pt.sha256  its SHA-256 (also in the manifest), for a copy taken elsewhere
+  last.pt, best.pt         hard links to the newest and the best committed step file
 
-A save serialises in memory, writes a temp file (+ fsync), the digest, then renames the file
-into place (+ dir fsync; a step saved again loses its old file before its digest changes): a
-SIGKILL at any point leaves only whole files, and a file that does not match its digest (torn
-by a crash elsewhere, corrupted on disk) is never loaded. Resuming takes the newest
-checkpoint that verifies and names every newer one it skipped.
+A save serialises in memory, writes the step file's digest, then the step file (temp file,
+fsync, rename), links last.pt (and best.pt) to it, and commits with one durable rename of
+manifest.json; then prunes. A kill at any point leaves the previous commit or the new one: a
+resume first settles the dir (:func:`settle`): it keeps what the manifest names, removes what a
+killed save left uncommitted, and puts the links back. A file that does not match its digest
+(corrupted on disk) is never loaded: resuming takes the newest committed checkpoint that
+verifies, names every newer one it skipped, and rolls the commit back to it.
 
 What goes in is one TrainingState, which owns the whole format (encoded by its state_dict(),
 decoded by its load_state_dict()): everything a resume needs (model, optimizer, scheduler,
@@ -34,7 +38,6 @@ import logging
 import os
 import platform
 import random
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,83 +47,71 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from components.manifest import (
+    BEST,
+    LAST,
+    LINKS,
+    MANIFEST,
+    STEP_FILE,
+    Entry,
+    Manifest,
+    commit,
+    committed_file,
+    digest_path,
+    fresh_name,
+    order,
+    read_manifest,
+    usable,
+    verify,
+)
 from core.errors import UserError, one_line, resolved_yaml
+from core.fault_points import point
 from core.run_dir import CHECKPOINT_DIR, atomic_path, write_atomic
 
 log = logging.getLogger(__name__)
 
-LAST = "last.pt"
-BEST = "best.pt"
 KEEP = 2  # newest step files kept, besides the best
-STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 
 
 def atomic_save(obj: Any, path: Path) -> str:
-    """torch.save `obj` to `path` atomically, with `<path>.sha256` beside it. Returns the digest."""
+    """torch.save `obj` to `path` atomically and durably, `<path>.sha256` first; returns the
+    digest. `path` is a name no commit holds (components/manifest.fresh_name): nothing
+    committed is ever written over."""
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     torch.save(obj, buf)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
+    write_atomic(digest_path(path), f"{digest}\n", durable=True)
+    point("save.digest_written")
     with atomic_path(path, durable=True) as staged:
         staged.write_bytes(data)
-        # A step saved again (at its epoch's end, with its validation) changes its digest: the
-        # old file goes before the new digest comes, so no crash leaves the old bytes beside
-        # the new digest (last.pt and best.pt are links of their own and keep the old pair).
-        path.unlink(missing_ok=True)
-        write_atomic(digest_path(path), f"{digest}\n", durable=True)
+    point("save.step_written")
     return digest
 
 
-def digest_path(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def _link_atomic(target: Path, link: Path) -> None:
-    """Point `link` at `target`'s data (hard link, or a copy where links are unsupported)."""
-    with atomic_path(link) as tmp:
+def link(target: Path, name: Path) -> None:
+    """Point `name` at `target`'s data (a hard link, or a copy where links are unsupported)."""
+    with atomic_path(name) as tmp:
         try:
             os.link(target, tmp)
         except OSError:
             tmp.write_bytes(target.read_bytes())
 
 
-def verify(path: Path) -> str | None:
-    """None if `path` matches its recorded digest; else why it does not (a checkpoint without
-    its digest cannot be told from a damaged one: every save writes both)."""
-    recorded = digest_path(path)
-    if not recorded.exists():
-        return f"no {recorded.name} beside it: not known to be whole"
-    expected = recorded.read_text().strip()
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    return None if actual == expected else "SHA-256 mismatch: torn or corrupt"
-
-
 def load_checkpoint(path: Path, key: str = "resume") -> dict[str, Any]:
-    """The checkpoint at `path`, verified and loaded with weights_only=True; a UserError naming
-    the setting `key` (resume=, ckpt=) to change when it cannot be used."""
-    fresh = " or resume=null to start fresh" if key == "resume" else ""
-    if path.is_dir():
+    """The checkpoint at `path` (last.pt, best.pt: what the commit names), verified
+    (components/manifest.usable) and loaded with weights_only=True; a UserError naming the
+    setting `key` (resume=, ckpt=) to change when it cannot be used."""
+    target = usable(path, key)
+    try:
+        state = torch.load(target, map_location="cpu", weights_only=True)
+    except Exception as e:  # torn file, not a checkpoint, or pickled code we refuse to run
+        fresh = " or resume=null to start fresh" if key == "resume" else ""
         raise UserError(
-            f"{key}={path} is a directory: pass {key}=<a .pt file in it>, e.g. "
-            f"{key}={path / CHECKPOINT_DIR / LAST}" + (" or resume=auto" if key == "resume" else "")
-        )
-    if not path.is_file():
-        raise UserError(
-            f"checkpoint {path} does not exist: pass {key}=<an existing .pt file>"
-            + (" or resume=null" if key == "resume" else "")
-        )
-    problem = verify(path)
-    if problem is None:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # torn file, not a checkpoint, or pickled code we refuse to run
-            problem = one_line(e)[:160] or type(e).__name__
-    if problem is not None:
-        raise UserError(
-            f"checkpoint {path} cannot be loaded ({problem}): "
+            f"checkpoint {path} cannot be loaded ({one_line(e)[:160] or type(e).__name__}): "
             f"pass {key}=<another checkpoint>{fresh}"
-        )
+        ) from None
     required = {"model", "progress"}
     missing = required - set(state) if isinstance(state, dict) else required
     if missing:
@@ -133,29 +124,154 @@ def load_checkpoint(path: Path, key: str = "resume") -> dict[str, Any]:
 
 def step_files(ckpt_dir: Path) -> list[Path]:
     """Step checkpoints, newest first."""
-    found = [p for p in ckpt_dir.glob("step-*.pt") if STEP_FILE.match(p.name)]
-    return sorted(found, key=lambda p: int(STEP_FILE.match(p.name).group(1)), reverse=True)
+    found = [p for p in Path(ckpt_dir).glob("step-*.pt") if STEP_FILE.match(p.name)]
+    return sorted(found, key=lambda p: order(p.name), reverse=True)
 
 
-def load_latest_valid(ckpt_dir: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies and loads; logs each newer one it had to skip."""
-    candidates = step_files(ckpt_dir) or ([ckpt_dir / LAST] if (ckpt_dir / LAST).exists() else [])
+def entry_of(state: dict[str, Any], digest: str, fit: dict[str, Any]) -> Entry:
+    """A checkpoint's manifest entry, from what it holds."""
+    progress, monitor = state.get("progress") or {}, state.get("monitor") or {}
+    return Entry(
+        digest,
+        int(progress.get("step") or 0),
+        int(progress.get("epoch") or 0),
+        monitor.get("best_epoch"),
+        monitor.get("best"),
+        fit,
+    )
+
+
+def same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def step_file_of(ckpt_dir: Path, name: str) -> str:
+    """The step file `name` stands for in `ckpt_dir` (last.pt, best.pt: the one the commit
+    names, or, before manifests, the one they link to); `name` itself otherwise."""
+    manifest = read_manifest(ckpt_dir)
+    if manifest is not None:
+        return manifest.stands_for(name) or name
+    if name in LINKS:
+        linked = [p.name for p in step_files(ckpt_dir) if same(p, Path(ckpt_dir) / name)]
+        return linked[0] if linked else name
+    return name
+
+
+def prune_plan(step_paths: list[Path], keep: int, best: Path | None) -> list[Path]:
+    """The step files to delete: all but the newest `keep` (`step_paths` newest first), never
+    the one `best` (best.pt) stands for."""
+    doomed = step_paths[keep:]
+    if best is not None:
+        doomed = [p for p in doomed if p != best and not same(p, best)]
+    return doomed
+
+
+def kept(manifest: Manifest, keep: int) -> Manifest:
+    """The commit's files cut to the newest `keep` plus the best (and the last, always)."""
+    names = [Path(n) for n in manifest.newest_first()]
+    best = Path(manifest.best) if manifest.best is not None else None
+    doomed = {p.name for p in prune_plan(names, keep, best)} - {manifest.last}
+    files = {n: e for n, e in manifest.files.items() if n not in doomed}
+    return Manifest(manifest.last, manifest.best, files)
+
+
+def rolled_back(manifest: Manifest, name: str) -> Manifest:
+    """The commit as it stood when `name` was saved: the files up to it, and as best the file of
+    its best epoch (None where that one was pruned since)."""
+    entry = manifest.files[name]
+    files = {n: e for n, e in manifest.files.items() if order(n) <= order(name)}
+    if manifest.best in files and files[manifest.best].epochs == entry.best_epoch:
+        return Manifest(name, manifest.best, files)
+    best = next(
+        (
+            n
+            for n in sorted(files, key=order, reverse=True)
+            if entry.best_epoch is not None
+            and files[n].epochs == entry.best_epoch
+            and files[n].best_epoch == entry.best_epoch
+        ),
+        None,
+    )
+    if best is None and entry.best_epoch is not None:
+        log.warning(
+            "resume: best epoch %d's checkpoint was pruned: best.pt starts again", entry.best_epoch
+        )
+    return Manifest(name, best, files)
+
+
+def tidy(ckpt_dir: Path, manifest: Manifest) -> None:
+    """Make the dir what `manifest` says: remove what it does not name (step files of a save
+    killed before its commit, pruned ones, temp files), point last.pt and best.pt where it does."""
+    keep = {MANIFEST, *LINKS, *manifest.files, *(f"{n}.sha256" for n in manifest.files)}
+    for path in Path(ckpt_dir).iterdir():
+        if path.name not in keep and path.is_file():
+            path.unlink(missing_ok=True)
+    for name, target in ((LAST, manifest.last), (BEST, manifest.best)):
+        if target is None:
+            (Path(ckpt_dir) / name).unlink(missing_ok=True)
+        elif not same(Path(ckpt_dir) / name, Path(ckpt_dir) / target):
+            link(Path(ckpt_dir) / target, Path(ckpt_dir) / name)
+
+
+def settle(ckpt_dir: Path, wanted: str | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """Before training continues (rank 0): the newest committed checkpoint that verifies (or
+    `wanted`, a file of this dir) and its contents, each newer one it skipped named; the commit
+    rolled back to it, and the dir made what the commit says (:func:`tidy`): a save that a kill
+    cut short is undone. In a dir without a commit (a kill during the first save, or a run from
+    before manifests) the newest step file that verifies by its digest is committed as it would
+    have been. None: nothing to continue from (what a killed save left is removed)."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return None
+    manifest = read_manifest(ckpt_dir)
+    if wanted is not None:
+        names = [wanted]
+    elif manifest is not None:
+        names = manifest.newest_first()
+    else:
+        names = [p.name for p in step_files(ckpt_dir)]
     skipped = []
-    for path in candidates:
+    for name in names:
         try:
-            state = load_checkpoint(path)
+            state = load_checkpoint(ckpt_dir / name)
         except UserError as e:
-            skipped.append(f"{path.name} ({str(e).split('(', 1)[-1].split('):')[0]})")
+            if wanted is not None:
+                raise
+            skipped.append(f"{name} ({str(e).split('(', 1)[-1].split('):')[0]})")
             continue
         if skipped:
-            log.warning("resume: skipped %s; using %s", ", ".join(skipped), path.name)
-        return path, state
+            log.warning("resume: skipped %s; using %s", ", ".join(skipped), name)
+        if manifest is None or name not in manifest.files:
+            manifest = rolled_back(adopted(ckpt_dir, name, state), name)
+        settled = manifest if name == manifest.last else rolled_back(manifest, name)
+        if settled != read_manifest(ckpt_dir):
+            commit(ckpt_dir, settled)
+        tidy(ckpt_dir, settled)
+        return ckpt_dir / name, state
     if skipped:
         raise UserError(
             f"no valid checkpoint in {ckpt_dir}: skipped {', '.join(skipped)}; "
             "pass resume=<a good checkpoint> or resume=null to start fresh"
         )
+    tidy(ckpt_dir, Manifest())
     return None
+
+
+def adopted(ckpt_dir: Path, name: str, state: dict[str, Any]) -> Manifest:
+    """A commit naming the uncommitted step file `name` (it verified by its digest), and
+    best.pt's file where that one verifies too: what its save would have committed."""
+    manifest = read_manifest(ckpt_dir) or Manifest()
+    files = {**manifest.files, name: entry_of(state, sha256_of(ckpt_dir / name), {})}
+    best = ckpt_dir / BEST
+    if best.is_file() and verify(best) is None:
+        for path in step_files(ckpt_dir):
+            if path.name not in files and same(path, best) and verify(path) is None:
+                loaded = torch.load(path, map_location="cpu", weights_only=True)
+                files[path.name] = entry_of(loaded, sha256_of(path), {})
+    return Manifest(name, manifest.best, files)
 
 
 def rng_state() -> dict[str, Any]:
@@ -244,15 +360,6 @@ def resume_choice(resume: str | None) -> str | Path | None:
     if resume == "auto":
         return "auto"
     return Path(resume).expanduser()
-
-
-def prune_plan(step_paths: list[Path], keep: int, best: Path | None) -> list[Path]:
-    """The step files to delete: all but the newest `keep` (`step_paths` newest first), never
-    the one `best` (best.pt) links to."""
-    doomed = step_paths[keep:]
-    if best is not None and best.exists():
-        doomed = [p for p in doomed if not os.path.samefile(p, best)]
-    return doomed
 
 
 class Stateful(Protocol):
@@ -352,10 +459,11 @@ class TrainingState:
 
 
 class Checkpointer:
-    """<run dir>/checkpoints/step-N.pt (+ last.pt, best.pt): saved by rank 0 while every rank
-    contributes its own state, then a barrier; restored in every rank from the file rank 0
-    chose. `on_save(path, progress, is_best)`: called in rank 0 after each save (the step
-    file, the checkpoint's `progress`)."""
+    """<run dir>/checkpoints/: saved by rank 0 while every rank contributes its own state, then a
+    barrier; restored in every rank from the file rank 0 chose. `fit`: what a resume of these
+    checkpoints must match (conf/checks.py checks it before a start). `on_save(path, progress,
+    is_best)`: called in rank 0 after each committed save (the step file, the checkpoint's
+    `progress`)."""
 
     def __init__(
         self,
@@ -364,6 +472,7 @@ class Checkpointer:
         rank: int,
         keep: int = KEEP,
         enabled: bool = True,
+        fit: dict[str, Any] | None = None,
         on_save: Callable[[Path, dict, bool], None] | None = None,
     ):
         self.enabled = enabled  # False (trainer.save_checkpoints=false): save() writes nothing
@@ -371,7 +480,9 @@ class Checkpointer:
         self.run_dir = run_dir
         self.rank = rank
         self.keep = keep
+        self.fit = dict(fit or {})
         self.on_save = on_save
+        self.manifest = Manifest()  # the committed state (rank 0), once restore() has run
 
     @property
     def best(self) -> Path:
@@ -382,12 +493,8 @@ class Checkpointer:
             return
         ckpt = state.state_dict()  # every rank takes part (its own state); only rank 0 writes
         if self.rank == 0:
-            path = self.dir / f"step-{step:08d}.pt"
             try:
-                atomic_save(ckpt, path)
-                for name in [LAST, BEST] if is_best else [LAST]:
-                    _link_atomic(digest_path(path), digest_path(self.dir / name))
-                    _link_atomic(path, self.dir / name)
+                path = self._commit(ckpt, step, is_best)
             except OSError as e:  # a full disk, a quota, a read-only mount: the user's to fix
                 fix = (
                     f"make {self.dir} writable (or choose another hydra.run.dir)"
@@ -395,24 +502,42 @@ class Checkpointer:
                     else f"free space in {self.dir} or lower trainer.keep_checkpoints"
                 )
                 raise UserError(
-                    f"cannot write checkpoint {path} ({e.strerror or e}): {fix}; the "
-                    "checkpoints already there are whole, and resume=auto continues from the newest"
+                    f"cannot write checkpoint {self.dir / fresh_name(self.manifest, step)} "
+                    f"({e.strerror or e}): {fix}; the checkpoints already there are whole, and "
+                    "resume=auto continues from the newest"
                 ) from None
-            for old in prune_plan(step_files(self.dir), self.keep, self.dir / BEST):
-                old.unlink(missing_ok=True)
-                digest_path(old).unlink(missing_ok=True)
             if self.on_save is not None:
                 self.on_save(path, ckpt.get("progress") or {}, is_best)
         if dist.is_initialized():
             dist.barrier()
 
+    def _commit(self, ckpt: dict[str, Any], step: int, is_best: bool) -> Path:
+        """The save protocol (module docstring): step file, links, one commit, then pruning."""
+        name = fresh_name(self.manifest, step)
+        path = self.dir / name
+        entry = entry_of(ckpt, atomic_save(ckpt, path), self.fit)
+        link(path, self.dir / LAST)
+        point("save.last_linked")
+        if is_best:
+            link(path, self.dir / BEST)
+            point("save.best_linked")
+        files = {**self.manifest.files, name: entry}
+        new = kept(Manifest(name, name if is_best else self.manifest.best, files), self.keep)
+        commit(self.dir, new)
+        self.manifest = new
+        point("save.committed")
+        tidy(self.dir, new)
+        point("save.pruned")
+        return path
+
     def restore(self, state: TrainingState, resume: str | None) -> Path | None:
         """Load `resume` (see resume_choice) into `state`; the file used, or None (fresh).
 
-        Rank 0 chooses (the newest valid checkpoint of its run dir, or the path given) and
-        broadcasts the file's name and SHA-256; every rank loads that very file: its own copy
-        when it has one that matches, else rank 0's bytes, broadcast. A problem rank 0 meets
-        (no valid checkpoint, a file that does not load) is every rank's one-line error."""
+        Rank 0 chooses (the newest valid committed checkpoint of its run dir, or the path
+        given), settles the dir to that commit (:func:`settle`) and broadcasts the file's name
+        and SHA-256; every rank loads that very file: its own copy when it has one that
+        matches, else rank 0's bytes, broadcast. A problem rank 0 meets (no valid checkpoint, a
+        file that does not load) is every rank's one-line error."""
         choice = resume_choice(resume)  # the same on every rank: same config and environment
         if choice is None:
             return None
@@ -420,25 +545,20 @@ class Checkpointer:
         ckpt: dict[str, Any] | None = None
         if self.rank == 0:
             try:
-                found = load_latest_valid(self.dir) if choice == "auto" else None
-                if choice != "auto":
-                    found = choice, load_checkpoint(choice)
+                found = self._choose(choice)
             except UserError as e:
                 found, chosen = None, {"error": str(e)}
             if found is not None:
                 path, ckpt = found
-                name = path.name if choice == "auto" else str(path)
-                chosen = {
-                    "name": name,
-                    "step": ckpt["progress"].get("step"),
-                    "sha256": sha256_of(path),
-                }
+                own = path.parent == self.dir  # (else another run's, by its path)
+                chosen = {"name": path.name if own else str(path), "own": own}
+                chosen["sha256"] = sha256_of(path)
         chosen = _from_rank0(chosen)
         if chosen is not None and "error" in chosen:
             raise UserError(chosen["error"])
         if chosen is None:
             return None
-        path = self.dir / chosen["name"] if choice == "auto" else Path(chosen["name"])
+        path = self.dir / chosen["name"] if chosen["own"] else Path(chosen["name"])
         ckpt = _follow(path, chosen["sha256"], ckpt, self.rank)
         try:
             state.load_state_dict(ckpt)
@@ -449,13 +569,22 @@ class Checkpointer:
             ) from None
         return path
 
+    def _choose(self, choice: str | Path) -> tuple[Path, dict[str, Any]] | None:
+        """Rank 0: the checkpoint to continue from; this dir settled to its commit."""
+        if choice == "auto":
+            found = settle(self.dir)
+        elif Path(choice).resolve().parent == self.dir.resolve():  # one of this run's own
+            found = settle(self.dir, step_file_of(self.dir, Path(choice).name))
+        else:  # another run's: the gate set this dir's earlier run aside
+            found = Path(choice), load_checkpoint(Path(choice))
+        self.manifest = read_manifest(self.dir) or Manifest()
+        return found
+
 
 def sha256_of(path: Path) -> str:
     """The file's SHA-256: its recorded digest (load_checkpoint verified it), else computed."""
-    recorded = digest_path(path)
-    if recorded.exists():
-        return recorded.read_text().strip()
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    recorded = committed_file(path)[1]
+    return recorded if recorded is not None else hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _from_rank0(obj: Any) -> Any:

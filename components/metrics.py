@@ -20,11 +20,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from components.console import end_line
+from components.manifest import BEST, committed_best
 from components.preemption import Preempted
 from components.pruning import Pruned
 from components.repro import REPRO_DIR, write_repro
 from components.wandb_media import CheckpointArtifacts, save_files
 from core.errors import describe
+from core.fault_points import point
 from core.naming import (
     SWEPT_KEYS_ENV,
     agent_sweep_keys,
@@ -38,11 +40,9 @@ from core.run_dir import (
     CHECKPOINT_DIR,
     METRICS_FILE,
     RunResult,
-    check_start,
     holds_run,
     read_metrics,
     read_result,
-    set_aside,
     write_atomic,
     write_result,
 )
@@ -223,39 +223,21 @@ class RunLogger:
         self._started = time.time()
         self._monitor: Any = None  # components.monitor.Monitor: the run's bests
         self._rates: list[float] = []  # samples_per_s of this attempt's train rows
-        self.opened = False  # the start was accepted: open() ran
-        # (best, best_epoch) that best.pt holds: what result.json reports after a failed save
-        self._saved_best: tuple[Any, Any] | None = None
+        self.opened = False  # the run began: open() ran
         self._wandb_start = 0  # the W&B run's history ends here: rows before it are there
-
-    def start(self, *, continues: bool, start_over: bool) -> None:
-        """Before anything is built (every rank): refuse a start that would mix a second
-        trajectory into a run dir that holds one (core/run_dir.check_start); with start_over
-        (and nothing to continue), rank 0 moves the old run aside."""
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-        rank = int(os.environ.get("RANK", "0"))
-        check_start(
-            self.run_dir, continues=continues, start_over=start_over, sweep=sweep, rank=rank
-        )
-        if self.enabled and start_over and not continues:
-            aside = set_aside(self.run_dir)
-            if aside is not None:
-                log.warning("start_over=true: the earlier run is now in %s", aside)
 
     def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, _kind, error, _tb) -> bool:
         if not self.opened and holds_run(self.run_dir):
-            return False  # a refused start: the run dir's records stay as they were
+            return False  # failed before it began: the earlier attempt's records stay as they were
         self.result.status, self.result.error = ending(error)
         self._read_bests()
         self.result.wall_time_s = round(time.time() - self._started, 3)
         if self.enabled:
             write_result(self.run_dir, self.result)
+            point("result.written")
             if self._file is not None:
                 self._file.close()
             if self.artifacts is not None:  # wandb.log_checkpoints=last: the newest, now
@@ -290,16 +272,19 @@ class RunLogger:
         self._guarded("profile artifact", log_artifact)
 
     def _read_bests(self) -> None:
-        """result.json's bests, as the monitor keeps them."""
+        """result.json's bests: best and best_epoch as the last commit of the checkpoints has
+        them (what best.pt holds, even after a save that failed or was cut short), else (no
+        checkpoints) as the monitor keeps them; val/acc's best and the target from the monitor."""
         m = self._monitor
         if m is None:
             return
         r = self.result
         r.best, r.best_epoch, r.best_val_acc = m.best, m.best_epoch, m.best_val_acc
         r.target = m.target_record()
-        saved = self._saved_best
-        if saved is not None and r.best_checkpoint and saved[1] != m.best_epoch:
-            r.best, r.best_epoch = saved  # a save failed: best.pt holds the earlier best
+        committed = committed_best(self.run_dir)
+        r.best_checkpoint = f"{CHECKPOINT_DIR}/{BEST}" if committed is not None else None
+        if committed is not None:
+            r.best, r.best_epoch = committed.best, committed.best_epoch
 
     def epoch_validated(
         self,
@@ -381,9 +366,6 @@ class RunLogger:
             r.monitor, r.mode = monitor.metric, monitor.mode
             if resuming and epochs_done:  # what the earlier attempts reached
                 r.epochs = epochs_done
-                r.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt" if monitor.best_epoch else None
-                if monitor.best_epoch:
-                    self._saved_best = monitor.best, monitor.best_epoch
         if not self.enabled:
             return None
         repro = write_repro(self.run_dir, task_overrides())
@@ -497,10 +479,6 @@ class RunLogger:
     def checkpoint_saved(self, path: Path, progress: dict[str, Any], is_best: bool) -> None:
         """Checkpointer's `on_save` (rank 0): the checkpoint as a W&B artifact when
         wandb.log_checkpoints asks, with its progress and its epoch's val metrics."""
-        if is_best:
-            self.result.best_checkpoint = f"{CHECKPOINT_DIR}/best.pt"
-            if self._monitor is not None:
-                self._saved_best = self._monitor.best, self._monitor.best_epoch
         if self.wandb is None or self.artifacts is None:
             return
         meta = {k: v for k, v in progress.items() if not k.startswith("wandb_")}
@@ -533,6 +511,7 @@ class RunLogger:
         now = time.time()
         row = {**row, "time": round(now, 3), "elapsed_s": round(now - self._started, 3)}
         self._file.write(json.dumps(row) + "\n")
+        point("metrics.row")
         if self.wandb is not None and row["step"] >= self._wandb_start:
             try:
                 self.wandb.log(row, step=row["step"])

@@ -13,43 +13,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from components.checkpoint import BEST, load_checkpoint
+from components.checkpoint import load_checkpoint
 from core.errors import UserError, one_line
-from core.run_dir import CHECKPOINT_DIR
 from data.datasets import LOADER_KEYS
 
 # Keys of eval.py's own config, never taken into the trained config. `dist` too: the world
 # size of an evaluation is its own, whatever the training run's was.
 EVAL_KEYS = ("run", "ckpt", "split", "predictions", "dist", "hydra")
-
-
-def find_checkpoint(run: str | None, ckpt: str | None) -> Path:
-    """`ckpt=<file>`, else `run=<training run dir>`'s checkpoints/best.pt."""
-    if ckpt:
-        path = Path(ckpt).expanduser()
-        if not path.is_file():
-            raise UserError(
-                f"ckpt={ckpt}: no such file: pass ckpt=<a checkpoint file>, or "
-                "run=<a training run dir>"
-            )
-        return path
-    if not run:
-        raise UserError(
-            "which checkpoint? pass run=<a training run dir> (its best.pt) or "
-            "ckpt=<a checkpoint file>"
-        )
-    run_dir = Path(run).expanduser()
-    if not run_dir.is_dir():
-        raise UserError(
-            f"run={run}: no such run dir: pass run=<a training run dir> or ckpt=<a checkpoint file>"
-        )
-    path = run_dir / CHECKPOINT_DIR / BEST
-    if not path.is_file():
-        raise UserError(
-            f"run={run} has no {CHECKPOINT_DIR}/{BEST} (no epoch finished): pass "
-            f"ckpt=<one of its checkpoints> or another run="
-        )
-    return path
 
 
 def load_trained(path: Path) -> dict[str, Any]:

@@ -28,7 +28,6 @@ summary and the benchmark (readers).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import tempfile
 import time
@@ -38,9 +37,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
-
 from core.errors import UserError
+from core.fault_points import point
 
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
@@ -189,6 +187,7 @@ def read_launch_record(job_dir: Path) -> LaunchRecord | None:
 def write_launch_record(job_dir: Path, record: LaunchRecord) -> None:
     Path(job_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(Path(job_dir) / LAUNCH_FILE, record.to_json())
+    point("launch.record")
 
 
 @contextmanager
@@ -237,9 +236,9 @@ def write_result(run_dir: Path, result: RunResult) -> None:
     write_json_atomic(run_dir / RESULT_FILE, result.to_json())
 
 
-REPLACED_DIR = "replaced"  # start_over=true keeps the old run in <run dir>/replaced/<time>/
-# What a run leaves that a new trajectory would mix with (train.log is a log: it only grows).
-RUN_RECORDS = (METRICS_FILE, RESULT_FILE, CHECKPOINT_DIR, "repro", "wandb")
+# What a start replaces (start_over, another run's checkpoint, an evaluation again) moves whole
+# into <run dir>/replaced/<time>/ (core/gate.py).
+REPLACED_DIR = "replaced"
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -251,104 +250,6 @@ def holds_run(run_dir: Path) -> bool:
         or bool(read_metrics(run_dir / METRICS_FILE))
         or (ckpt.is_dir() and any(ckpt.glob("*.pt")))
     )
-
-
-def check_start(
-    run_dir: Path, *, continues: bool, start_over: bool, sweep: bool, rank: int = 0
-) -> None:
-    """A run dir holds one trajectory: a start that neither continues it (`continues`: resume
-    is auto or a path) nor asks to start over is refused in one line, before anything is
-    written. Every rank may call it (it only reads)."""
-    if continues or start_over or not holds_run(run_dir):
-        return
-    result = Path(run_dir) / RESULT_FILE
-    if rank != 0 and result.exists() and result.stat().st_mtime >= time.time() - process_age_s():
-        # Rank 0 of this same run wrote it after this rank started (it got past this check,
-        # then failed first): its error is the run's, not "already holds a failed run".
-        return
-    earlier = read_result(run_dir)
-    what = f"a {earlier.status} run" if earlier is not None else "a run that left no result"
-    how = "rerun the sweep with hydra.launcher.resume=true" if sweep else "pass resume=auto"
-    raise UserError(
-        f"{run_dir} already holds {what}: {how} to continue it, start_over=true to start it "
-        f"over there (the old run is kept in {REPLACED_DIR}/), or choose another output dir"
-    )
-
-
-def set_aside(run_dir: Path) -> Path | None:
-    """start_over=true: move the earlier run's records into <run dir>/replaced/<time>/ (rank
-    0); the folder, or None when there was nothing to move."""
-    run_dir = Path(run_dir)
-    present = [name for name in RUN_RECORDS if (run_dir / name).exists()]
-    if not present:
-        return None
-    aside = run_dir / REPLACED_DIR / time.strftime("%Y%m%d-%H%M%S")
-    aside.mkdir(parents=True, exist_ok=True)
-    for name in present:
-        os.replace(run_dir / name, aside / name)
-    return aside
-
-
-class KeepRunDirOnRefusal(Callback):
-    """Hydra callback: a start that is refused changes nothing already in the run dir. Hydra
-    rewrites `.hydra/` before the task runs; when the task then refused to start (rank 0 left
-    result.json as it was: RunLogger writes none for a refused start in a dir holding a run),
-    `.hydra/` gets its earlier bytes back. The snapshot is taken before Hydra writes
-    (on_run_start: `python train.py`, also with dist.nproc_per_node=N, whose ranks this
-    process starts)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.saved: tuple[Path, dict[Path, bytes]] | None = None
-
-    def on_run_start(self, config: Any, **kwargs: Any) -> None:
-        from omegaconf import OmegaConf
-
-        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
-        if not (run_dir / RESULT_FILE).is_file():
-            return
-        files = [run_dir / RESULT_FILE, *sorted((run_dir / ".hydra").glob("*"))]
-        self.saved = run_dir, {p: p.read_bytes() for p in files if p.is_file()}
-
-    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
-        from hydra.core.utils import JobStatus
-
-        if self.saved is None or job_return.status != JobStatus.FAILED:
-            return
-        run_dir, files = self.saved
-        result = run_dir / RESULT_FILE
-        try:
-            refused = result.read_bytes() == files[result]
-        except OSError:
-            refused = False
-        if refused:
-            for path, data in files.items():
-                if not path.is_file() or path.read_bytes() != data:
-                    write_atomic(path, data)
-
-
-class CheckOutputDirs(Callback):
-    """Hydra callback: the dir a start writes (a run dir, a sweep dir), checked before Hydra
-    writes in it (its own error would be a traceback from its mkdir, or from its logging
-    setup). Hydra turns a callback's exception into a warning and goes on: a refusal is one
-    log line and SystemExit, as core.errors.ReportUserError's."""
-
-    def on_run_start(self, config: Any, **kwargs: Any) -> None:
-        with refusing():
-            check_writable(config, "hydra.run.dir")
-
-    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        with refusing():
-            check_writable(config, "hydra.sweep.dir")
-
-
-@contextmanager
-def refusing() -> Iterator[None]:
-    try:
-        yield
-    except UserError as e:
-        logging.getLogger(__name__).error("%s", e)
-        raise SystemExit(e.exit_code) from None
 
 
 def check_writable(config: Any, key: str) -> None:

@@ -48,6 +48,7 @@ class Job:
     attempt: int = 0  # attempts so far, earlier launches of the sweep included
     retries_left: int = 0  # hydra.launcher.retries, counted down in this launch
     continues: bool = False  # its next attempt continues from the job dir's checkpoints
+    plan: Any = None  # core/gate.py's Plan for its first attempt in this launch (launch/resume.py)
 
 
 class JobFailed(CompactHydraException):

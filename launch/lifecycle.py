@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from core import run_lock
 from core.errors import UserError, describe
 from core.run_dir import LAUNCH_FILE
-from core.world import check_batch_size
 from launch.jobs import (
     Job,
     SweepStopped,
@@ -35,6 +35,7 @@ from launch.resume import (
     check_job_dir,
     check_sweeper,
     close_attempt,
+    gate_job,
     hold_sweep_lock,
     prepare_job,
     record_stopped,
@@ -55,6 +56,8 @@ class Backend(Protocol):
     `attempt.backend` to `earlier_return` and `reattach` when a sweep resumes."""
 
     poll_s: float  # how often the lifecycle asks `ended`
+    # whether this launcher holds a job's dir for it (core/run_lock.py), or the job does
+    holds_job_dirs: bool
 
     def place(self, job: Job) -> None:
         """Set job.nproc, .nnodes, .uses_gpus from its config; UserError if it cannot run here."""
@@ -89,12 +92,11 @@ class Backend(Protocol):
 
 def place(job: Job, backend: Backend) -> None:
     """Read the job's world size where the backend runs it, or job.error (it fails alone) when it
-    cannot run there or its ranks cannot split its batch."""
+    cannot run there."""
     if job.error:  # its config did not compose
         return
     try:
         backend.place(job)
-        check_batch_size(job.spec.config, job.nproc * job.nnodes)
     except UserError as e:
         job.error = str(e)
 
@@ -127,6 +129,7 @@ def run_jobs(
     results: dict[int, Any] = {}
 
     def done(job: Job, ret: Any) -> None:
+        run_lock.release(job.job_dir)  # held since its first attempt started (if by us)
         results[job.num] = ret
         if on_done is not None:
             on_done(job, ret)
@@ -142,6 +145,8 @@ def run_jobs(
             return False
         place(job, backend)
         ret, attach = prepare_job(job, backend, resume=resume, retries=retries)
+        if ret is None and attach is None and not job.error and job.in_sweep:
+            ret = gate_job(job)  # the app's checks, the job dir's plan (core/gate.py)
         if ret is None and job.error:
             ret = job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
         if ret is not None:
@@ -168,7 +173,7 @@ def run_jobs(
                 batch.append((job, slot))
             if batch:
                 for job, _ in batch:
-                    start_attempt(job)  # resume=auto when it continues; launch.json
+                    start_attempt(job, hold=backend.holds_job_dirs)  # launch.json
                 try:
                     handles = backend.start(batch)
                 except BaseException as e:

@@ -37,6 +37,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.errors import UserError, describe, find_user_error, job_value
+from core.gate import NothingToDo, check_start, open_run, what_runs
 from core.run_dir import (
     CHECKPOINT_DIR,
     RESULT_FILE,
@@ -66,9 +67,10 @@ HYDRA_OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.Optuna
 def check_overrides(
     job_num: int, overrides: Sequence[str], job_dir: Path, recorded: Sequence[str] | None
 ) -> None:
-    """A job dir holds one job: recorded overrides (in any order) must be this job's; else a
-    UserError naming where they differ."""
-    if recorded is None or sorted(recorded) == sorted(overrides):
+    """A job dir holds one job: recorded overrides (in any order; start_over and resume left out:
+    how it starts, not which job) must be this job's; else a UserError naming where they
+    differ."""
+    if recorded is None or what_runs(recorded) == what_runs(overrides):
         return
     theirs = [o for o in recorded if o not in overrides] or list(recorded)
     ours = [o for o in overrides if o not in recorded] or list(overrides)
@@ -167,7 +169,8 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
     if not resume:
         if left_open:
             settle(job.job_dir, record, completed=False)
-        if record is not None or result is not None:
+        starts_over = bool(OmegaConf.select(job.spec.config, "start_over", default=False))
+        if (record is not None or result is not None) and not starts_over:
             log.warning(
                 "#%d: %s already holds a run of this job: hydra.launcher.resume=true continues "
                 "it, start_over=true starts it over (the job refuses to mix two runs)",
@@ -189,7 +192,7 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
             ret = job_return(job, JobStatus.COMPLETED, result.best if result else None)
         log.info("%s: completed earlier, not run again (value %s)", label, ret.return_value)
         return ret, None
-    job.continues = True
+    continue_in_dir(job)
     if decision.action == "attach":
         job.started = last.started
         log.info("%s: %s: waiting for it", label, decision.why)
@@ -200,18 +203,45 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
     return None, None
 
 
-def start_attempt(job: Any) -> None:
-    """Before a job's processes start (or its SLURM job is submitted): count the attempt,
-    continue from the job dir's checkpoints when this attempt follows another (`resume=auto`,
-    for configs with a top-level `resume` key, e.g. train.py's), and record it in launch.json."""
+def continue_in_dir(job: Any) -> None:
+    """The job's next attempt continues from its dir's records (`resume=auto`, for configs with
+    a top-level `resume` key, e.g. train.py's; with no checkpoint yet, it starts over the attempt
+    before, in one W&B run)."""
+    job.continues = True
+    config = job.spec.config
+    if "resume" in config and config.resume != "auto":
+        with open_dict(config):
+            config.resume = "auto"
+
+
+def gate_job(job: Any) -> Any:
+    """A sweep job about to be queued, through the app's gate (core/gate.py: its checks with the
+    job's world size, what its dir holds): job.plan, or job.error (it fails alone); a JobReturn
+    when there is nothing left to do."""
+    from hydra.core.utils import JobStatus
+
+    try:
+        job.plan = check_start(job.spec.config, job.job_dir, job.nproc * job.nnodes, sweep=True)
+    except UserError as e:
+        job.error = str(e)
+    except NothingToDo as e:
+        log.info("#%d: %s", job.num, e)
+        result = read_result(job.job_dir)
+        return job_return(job, JobStatus.COMPLETED, result.best if result else None)
+    return None
+
+
+def start_attempt(job: Any, hold: bool = True) -> None:
+    """Before a job's processes start (or its SLURM job is submitted): at its first attempt in
+    this launch, the job dir opened as its gate planned (held by this launcher with `hold`,
+    what it replaces set aside: core/gate.py); count the attempt and record it in
+    launch.json."""
+    if job.plan is not None:
+        open_run(job.job_dir, job.plan, f"job #{job.num} of a sweep", hold=hold)
+        job.plan = None  # a retry continues what this attempt starts
     job.attempt += 1
     job.started = time.time()
     continued = job.continues and has_checkpoints(job.job_dir)
-    config = job.spec.config
-    # with no checkpoint yet, it starts over the attempt before (one W&B run)
-    if job.continues and "resume" in config and config.resume != "auto":
-        with open_dict(config):
-            config.resume = "auto"
     if job.in_sweep:
         record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))
         record.attempts.append(Attempt(job.attempt, job.started, continued=continued))
@@ -274,7 +304,7 @@ def should_retry(job: Any, ret: Any) -> bool:
         log.info("#%d: not retried: a user error fails the same way again", job.num)
         return False
     job.retries_left -= 1
-    job.continues = True
+    continue_in_dir(job)
     again = " from its checkpoints" if has_checkpoints(job.job_dir) else ""
     left = f"{job.retries_left} retr{'y' if job.retries_left == 1 else 'ies'} left"
     log.warning(

@@ -234,6 +234,8 @@ class SlurmBackend:
     is the same attempt); its handle is a :class:`Submitted`. SLURM queues what it cannot run
     yet, so every job has room at once and the jobs started together go out as arrays."""
 
+    holds_job_dirs = False  # a SLURM job outlives its launcher: its rank 0 holds its dir
+
     def __init__(self, launcher: Any) -> None:
         self.launcher = launcher
         self.poll_s = float(launcher.params.get("poll_interval_s") or 5.0)

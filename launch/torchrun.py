@@ -28,7 +28,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 
+from core import run_lock
 from core.errors import UserError, describe, find_user_error, job_value
+from core.fault_points import LAUNCHER_PID_ENV
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from core.wandb_service import wandb_wanted
 from core.world import (
@@ -209,6 +211,7 @@ class TorchrunBackend:
     the launcher's CPU cores when more than one may run."""
 
     poll_s = POLL_S
+    holds_job_dirs = True  # its agents die with it: it holds each running job's dir for it
 
     def __init__(
         self,
@@ -299,6 +302,9 @@ class TorchrunBackend:
         if not env.get("OMP_NUM_THREADS"):
             env["OMP_NUM_THREADS"] = str(max(1, cores // max(1, job.nproc)))
         env[ATTEMPT_ENV] = str(job.attempt)
+        env[LAUNCHER_PID_ENV] = str(os.getpid())
+        if job.in_sweep:  # this launcher holds the job dir for its ranks (launch/resume.py)
+            env.update(run_lock.child_env(job.job_dir))
         return env
 
     def agent_spec(self, job: Job, env: dict[str, str], cpus: list[int] | None) -> AgentSpec:

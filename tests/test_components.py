@@ -68,16 +68,16 @@ def test_latest_valid_skips_bad_newer_files_and_names_them(tmp_path, caplog):
     (tmp_path / "step-00000030.pt").write_bytes(b"torn")
     ck.digest_path(tmp_path / "step-00000020.pt").write_text("0" * 64 + "\n")  # wrong digest
     with caplog.at_level(logging.WARNING):
-        path, state = ck.load_latest_valid(tmp_path)
+        path, state = ck.settle(tmp_path)
     assert path.name == "step-00000010.pt" and state["progress"]["step"] == 10
     assert "step-00000030.pt" in caplog.text and "step-00000020.pt" in caplog.text
 
 
 def test_no_valid_checkpoint_is_a_user_error_and_none_is_a_fresh_start(tmp_path):
-    assert ck.load_latest_valid(tmp_path) is None
+    assert ck.settle(tmp_path) is None
     (tmp_path / "step-00000005.pt").write_bytes(b"x" * 10)
     with pytest.raises(UserError, match="no valid checkpoint .* resume=null"):
-        ck.load_latest_valid(tmp_path)
+        ck.settle(tmp_path)
 
 
 def test_step_files_newest_first_ignoring_other_names(tmp_path):
@@ -111,32 +111,36 @@ def test_atomic_save_leaves_the_old_file_when_a_save_fails(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "last.pt.sha256"]
 
 
+@pytest.mark.usefixtures("one_rank_group")
 def test_a_crash_while_a_step_is_saved_again_never_leaves_it_beside_a_wrong_digest(
     tmp_path, monkeypatch
 ):
-    """A step is saved again at its epoch's end (with its validation): killed after the new
-    digest is written but before the new file is renamed into place, what is left of that
-    step still verifies (it was a test_sigkill_during_saves failure), and last.pt, a link of
-    its own, keeps the old pair."""
-    path = tmp_path / "step-00000011.pt"
-    save(path, 11)
-    ck._link_atomic(ck.digest_path(path), ck.digest_path(tmp_path / "last.pt"))
-    ck._link_atomic(path, tmp_path / "last.pt")
+    """A step is saved again at its epoch's end (with its validation, after a stop there):
+    killed as the new file is renamed into place, what is left of that step still verifies (it
+    was a test_sigkill_during_saves failure), and last.pt keeps the committed step."""
+    progress = SimpleNamespace(state_dict=lambda: {"step": 11}, load_state_dict=None)
+    state = ck.TrainingState(
+        shared={"model": torch.nn.Linear(2, 1), "progress": progress}, per_rank={}
+    )
+    checkpoints = ck.Checkpointer(tmp_path, rank=0, keep=2)
+    checkpoints.save(state, step=11, is_best=False)
+    folder = tmp_path / "checkpoints"
+    path = folder / "step-00000011.pt"
     real_replace = os.replace
 
     def killed_before_the_file(src, dst):
-        if Path(dst) == path:
+        if Path(dst).name.startswith("step-00000011") and not Path(dst).name.endswith(".sha256"):
             raise KeyboardInterrupt  # stands in for the SIGKILL at that instant
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", killed_before_the_file)
     with pytest.raises(KeyboardInterrupt):
-        ck.atomic_save({"progress": {"step": 11, "validated": True}}, path)
+        checkpoints.save(state, step=11, is_best=False)
     monkeypatch.setattr(os, "replace", real_replace)
     assert not path.exists() or ck.verify(path) is None
-    assert ck.verify(tmp_path / "last.pt") is None
-    assert ck.load_checkpoint(tmp_path / "last.pt")["progress"]["step"] == 11
-    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    assert ck.verify(folder / "last.pt") is None
+    assert ck.load_checkpoint(folder / "last.pt")["progress"]["step"] == 11
+    assert not [p for p in folder.iterdir() if ".tmp-" in p.name]
 
 
 def test_checkpoint_with_pickled_code_is_refused(tmp_path):
@@ -178,9 +182,8 @@ def test_training_state_round_trip_through_a_checkpoint(tmp_path):
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == [
         "best.pt",
-        "best.pt.sha256",
         "last.pt",
-        "last.pt.sha256",
+        "manifest.json",  # the commit: it names last.pt's and best.pt's step file and digest
         "step-00000007.pt",
         "step-00000007.pt.sha256",
     ]

@@ -7,12 +7,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from components.checkpoint import digest_path, load_checkpoint, step_files
+from components.checkpoint import load_checkpoint, step_files
 from core.errors import UserError
 from tests.helpers import (
     OFFLINE,
@@ -230,8 +231,9 @@ def test_a_checkpoint_without_its_digest_is_refused(tmp_path):
     damaged one would load and give nonsense)."""
     run_dir = tmp_path / "r"
     run_ok(*QUICK, f"hydra.run.dir={run_dir}")
-    best = run_dir / "checkpoints" / "best.pt"
-    digest_path(best).unlink()
+    best = tmp_path / "copy" / "best.pt"  # best.pt taken away without its digest
+    best.parent.mkdir()
+    shutil.copy(run_dir / "checkpoints" / "best.pt", best)
     evaluated = run(train_cmd(f"ckpt={best}", f"hydra.run.dir={tmp_path / 'e'}", script="eval.py"))
     one_line_error(evaluated, "best.pt.sha256", "ckpt=")
     resumed = run(train_cmd(*QUICK, f"hydra.run.dir={tmp_path / 'r2'}", f"resume={best}"))

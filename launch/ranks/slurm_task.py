@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import open_dict
 
+from core import run_lock
 from core.errors import UserError
 from core.run_dir import ATTEMPT_ENV, REQUEUE_EXIT_CODE
 from launch.ranks.bootstrap import report_failure, run_rank
@@ -125,8 +126,12 @@ def run_task(job: Any) -> Any:
     try:
         import submitit
 
+        job_id = submitit.JobEnvironment().job_id
         with open_dict(job.spec.config):
-            job.spec.config.hydra.job.id = submitit.JobEnvironment().job_id
+            job.spec.config.hydra.job.id = job_id
+        if rank == 0:  # the writer holds the job dir while the SLURM job runs (core/gate.py);
+            # held by another: this task fails, and srun --kill-on-bad-exit ends the others
+            run_lock.acquire(job.job_dir, f"SLURM job {job_id}, rank 0")
         ret = run_rank(job.spec, rank)
     except Stopped as e:  # stopped before the job's task function ran: rank 0 still says so
         if rank != 0:

@@ -1,0 +1,133 @@
+"""The experiment's own checks of a job's config, torch-free: what no schema type can say. The
+gate (core/gate.py; named in conf/train.yaml's and conf/eval.yaml's hydra.callbacks) runs them
+where a run starts, and the launchers for every sweep job before any starts: bad input is one
+line naming the key and the fix (a UserError) before anything is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from components.manifest import committed_entry, find_checkpoint, read_manifest, usable
+from components.monitor import Monitor, check_target
+from core.errors import UserError
+from core.gate import NothingToDo
+from core.run_dir import CHECKPOINT_DIR, read_result
+from core.world import check_batch_size
+
+
+def check_train(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
+    """train.py's: the trainer's values, the batch over `world_size` ranks, the monitor, and a
+    resume checkpoint that exists, is whole and fits this model."""
+    tc = cfg.trainer
+    check_batch_size(cfg, world_size)
+    check_trainer(tc)
+    Monitor(  # its own checks: mode, patience, min_delta, target
+        tc.monitor.metric,
+        tc.monitor.mode,
+        tc.early_stopping.patience,
+        tc.early_stopping.min_delta,
+        target=tc.target,
+    )
+    check_resume(cfg, run_dir)
+
+
+def check_trainer(tc: DictConfig) -> None:
+    """Trainer settings no schema type can check: one line naming the key and the fix."""
+    for key in (
+        "max_epochs",
+        "log_every_n_steps",
+        "eval_batch_size",
+        "keep_checkpoints",
+        "preemption_check_every_n_steps",
+        "overfit_batches",
+        "checkpoint_every_n_steps",
+    ):
+        value = tc[key]
+        if value is not None and value < 1:
+            raise UserError(f"trainer.{key}={value} is not valid: use an integer >= 1")
+    check_target(tc.monitor.metric, tc.target)
+    if tc.stop_at_target and tc.target is None:
+        raise UserError(
+            "trainer.stop_at_target=true needs a trainer.target: set one, e.g. trainer.target=0.99"
+        )
+    if tc.progress_every_s <= 0:
+        raise UserError(f"trainer.progress_every_s={tc.progress_every_s}: use a positive number")
+
+
+def checkpoint_fit(cfg: DictConfig) -> dict[str, Any]:
+    """What a checkpoint records of its run (its manifest entry's `fit`) and a resume of it must
+    match: the model and the optimizer whose state it holds."""
+    return {
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "optim": OmegaConf.select(cfg, "optim._target_", default=None),
+    }
+
+
+def check_resume(cfg: DictConfig, run_dir: Path) -> None:
+    """resume=<file>: a checkpoint file, whole; resume=<file> and resume=auto: one saved by a
+    run this run's model and optimizer fit (where its manifest says what it was saved with)."""
+    resume = cfg.resume
+    if resume is None or str(resume).lower() in ("null", "none", ""):
+        return
+    if str(resume) == "auto":
+        manifest = read_manifest(Path(run_dir) / CHECKPOINT_DIR)
+        entry = manifest.files[manifest.last] if manifest and manifest.last else None
+        where = Path(run_dir) / CHECKPOINT_DIR / "last.pt"
+    else:
+        where = Path(str(resume)).expanduser()
+        usable(where, "resume")
+        entry = committed_entry(where)
+    differ = differences(entry.fit, checkpoint_fit(cfg)) if entry and entry.fit else []
+    if differ:  # (without a record of its fit, the ranks' load checks it)
+        raise UserError(
+            f"checkpoint {where} does not fit this model/optimizer (saved with other "
+            f"{', '.join(differ)}): resume with the config it was saved with, or resume=null"
+        )
+    if str(resume) == "auto":
+        check_more_to_do(cfg, run_dir)
+
+
+def check_more_to_do(cfg: DictConfig, run_dir: Path) -> None:
+    """resume=auto on a run that completed: NothingToDo (one line, nothing changes) unless it
+    is asked for more epochs than it trained (and did not stop early or at its target)."""
+    earlier = read_result(run_dir)
+    if earlier is None or earlier.status != "completed":
+        return
+    done = earlier.epochs or 0
+    stopped = earlier.stopped_early or earlier.stopped_at_target
+    if cfg.trainer.max_epochs > done and not stopped:
+        return  # trained further: the schedule's change is said as it resumes
+    why = (
+        "it stopped early"
+        if earlier.stopped_early
+        else f"trainer.max_epochs={cfg.trainer.max_epochs}"
+    )
+    if earlier.stopped_at_target:
+        why = "it stopped at its target"
+    raise NothingToDo(
+        f"{run_dir} holds a completed run ({done} epochs; {why}): nothing to continue, "
+        "nothing changed; a larger trainer.max_epochs trains it further, start_over=true "
+        "starts it over"
+    )
+
+
+def differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """The keys (one level deep, dotted) whose values differ between two fits."""
+    found = []
+    for part in sorted(set(saved) | set(ours)):
+        a, b = saved.get(part), ours.get(part)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += [f"{part}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            found.append(part)
+    return found
+
+
+def check_eval(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
+    """eval.py's: the checkpoint it names exists and is whole."""
+    path = find_checkpoint(cfg.run, cfg.ckpt)
+    usable(path, "ckpt")

@@ -1,0 +1,53 @@
+"""Named crash points for the crash tests: every step of a checkpoint save, every write of
+metrics.jsonl, result.json and the launch records calls :func:`point` with its name, and
+`HYDRA_DDP_KILL_AT=<name>[#<n>][:launcher]` SIGKILLs this process (or, with `:launcher`, the
+launcher that started it, HYDRA_DDP_LAUNCHER_PID: its ranks die with it) the n-th time it gets
+there. Torch-free. Unset (always, outside tests) a point costs one dict lookup. As with
+components/faults.py, only a job's first attempt is killed: a restarted or resumed one runs clean.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+KILL_AT_ENV = "HYDRA_DDP_KILL_AT"
+LAUNCHER_PID_ENV = "HYDRA_DDP_LAUNCHER_PID"  # set by a launcher for the processes of its jobs
+_reached: dict[str, int] = {}
+
+# Every point, in the order a run reaches them (tests/test_crash_points.py kills at each).
+POINTS = (
+    "save.digest_written",  # the step file's .sha256 is there, the file not yet
+    "save.step_written",  # the step file renamed into place
+    "save.last_linked",  # last.pt points at it
+    "save.best_linked",  # best.pt points at it (a best epoch's save)
+    "save.committed",  # manifest.json names it: the save is done
+    "save.pruned",  # older step files removed
+    "metrics.row",  # a row appended to metrics.jsonl
+    "result.written",  # result.json replaced
+    "launch.record",  # a sweep job's launch.json replaced (in the launcher)
+)
+
+
+def point(name: str) -> None:
+    spec = os.environ.get(KILL_AT_ENV)
+    if not spec:
+        return
+    where, _, who = spec.partition(":")
+    target, _, nth = where.partition("#")
+    if target != name:
+        return
+    _reached[name] = _reached.get(name, 0) + 1
+    if _reached[name] != int(nth or 1):
+        return
+    from core.run_dir import ATTEMPT_ENV  # (core/run_dir.py's writes call this module)
+
+    if (
+        int(os.environ.get(ATTEMPT_ENV) or 1) > 1
+        or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+    ):
+        return
+    pid = int(os.environ.get(LAUNCHER_PID_ENV) or os.getpid()) if who == "launcher" else os.getpid()
+    os.kill(pid, signal.SIGKILL)
+    if pid != os.getpid():  # the ranks die with their launcher (launch/ranks/lifeline.py)
+        signal.pause()

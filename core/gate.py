@@ -1,0 +1,288 @@
+"""One gate before any write. Every start of a run (train.py or eval.py, 1 rank or N, rank 0 of
+plain torchrun or srun, a sweep job) passes here before anything is written into its run dir:
+Hydra's `.hydra/` and log, the launcher's files, the run's records.
+
+    check    the dir takes a file; nobody holds it (core/run_lock.py); the app's own checks of
+             the config (its `checks`, e.g. conf/checks.py: values, keys, the resume
+             checkpoint's fit), run where the run starts, with its world size
+    plan     from the dir's records: start, continue, or nothing to do (:func:`plan_start`)
+    hold     the run dir's lock, for the run's life
+    replace  what the start replaces (start_over, a resume from another run's checkpoint into a
+             dir holding a run, an evaluation run again) moves whole, `.hydra/` and the log
+             included, into replaced/<time>/
+
+A refused start is one line and exit status 2, and the dir is byte-identical; "nothing to do"
+(resume=auto on a completed run) is one line and exit 0. Where it runs: :class:`RunGate`, a
+Hydra callback, in the process Hydra runs the job in, before Hydra writes (on_run_start); for
+sweep jobs the launchers (launch/lifecycle.py), for every job before any starts, then as each
+starts. An app names its checks and kind in its config's `hydra.callbacks` (conf/train.yaml).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+from core import run_lock
+from core.errors import UserError
+from core.run_dir import (
+    CHECKPOINT_DIR,
+    EVAL_FILE,
+    LAUNCH_FILE,
+    REPLACED_DIR,
+    check_writable,
+    holds_run,
+    read_result,
+)
+
+log = logging.getLogger(__name__)
+
+GATE_TARGET = "core.gate.RunGate"
+TRAIN, EVAL = "train", "eval"  # the kinds of run: a trajectory that continues, or an evaluation
+# What a start never moves aside: earlier runs set aside, the lock, a sweep job's attempts.
+KEPT_IN_PLACE = (REPLACED_DIR, run_lock.LOCK_FILE, LAUNCH_FILE)
+
+
+class NothingToDo(Exception):
+    """The start asks for nothing the run dir has not done already (one line, exit 0): e.g.
+    resume=auto on a run that completed what it is asked to do (conf/checks.py says when)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: str  # "start" (fresh) | "continue" (from the dir's own records)
+    replaces: str | None = None  # why the dir's earlier records move to replaced/ first
+    earlier: str = "run"  # what they are
+
+
+@dataclass(frozen=True)
+class Gate:
+    """An app's gate, as its config names it: `checks(config, world_size, run_dir)` raises a
+    UserError for bad input (torch-free); `kind` is TRAIN or EVAL."""
+
+    checks: Callable[[Any, int, Path], None] | None
+    kind: str = TRAIN
+
+
+def gate_of(config: Any) -> Gate | None:
+    """The gate a job's config names in hydra.callbacks (None: the app has none)."""
+    from omegaconf import OmegaConf
+
+    callbacks = OmegaConf.select(config, "hydra.callbacks", default=None) or {}
+    for spec in callbacks.values():
+        if OmegaConf.select(spec, "_target_", default=None) == GATE_TARGET:
+            return Gate(load(spec.get("checks")), str(spec.get("kind") or TRAIN))
+    return None
+
+
+def load(name: str | None) -> Callable[[Any, int, Path], None] | None:
+    """`module.function` (or `module:function`) -> the function."""
+    if not name:
+        return None
+    module, _, function = str(name).replace(":", ".").rpartition(".")
+    return getattr(importlib.import_module(module), function)
+
+
+def plan_start(run_dir: Path, config: Any, kind: str, *, sweep: bool) -> Plan:
+    """What a start does with `run_dir`, from its records alone; a UserError when it would mix
+    two runs, NothingToDo when there is nothing left to do."""
+    from omegaconf import OmegaConf
+
+    run_dir = Path(run_dir)
+    if kind == EVAL:
+        run = OmegaConf.select(config, "run", default=None)
+        if holds_run(run_dir) or (run and Path(str(run)).resolve() == run_dir.resolve()):
+            raise UserError(
+                f"{run_dir} holds a training run: eval.py writes into a dir of its own, never "
+                "into a training run: drop hydra.run.dir or choose another one"
+            )
+        if (run_dir / EVAL_FILE).exists():
+            return Plan("start", replaces=f"eval.py again in {run_dir}", earlier="evaluation")
+        return Plan("start")
+    resume = OmegaConf.select(config, "resume", default=None)
+    resume = None if resume in (None, "null", "none", "") else str(resume)
+    start_over = bool(OmegaConf.select(config, "start_over", default=False))
+    if not holds_run(run_dir):
+        return Plan("start")
+    earlier = read_result(run_dir)
+    status = earlier.status if earlier is not None else None
+    if resume == "auto":  # (a completed run with nothing left to do: the app's checks say so)
+        return Plan("continue")
+    if resume is not None:
+        own = Path(resume).expanduser().resolve().parent == (run_dir / CHECKPOINT_DIR).resolve()
+        if own:
+            return Plan("continue")
+        return Plan("start", replaces=f"resume={resume} starts another run's trajectory here")
+    if start_over:
+        return Plan("start", replaces="start_over=true")
+    what = f"a {status} run" if status is not None else "a run that left no result"
+    how = "rerun the sweep with hydra.launcher.resume=true" if sweep else "pass resume=auto"
+    further = " (further, with more epochs: it completed)" if status == "completed" else ""
+    raise UserError(
+        f"{run_dir} already holds {what}: {how} to continue it{further}, start_over=true to "
+        f"start it over there (the old run is kept in {REPLACED_DIR}/), or choose another "
+        "output dir"
+    )
+
+
+def check_start(
+    config: Any, run_dir: Path, world_size: int, *, sweep: bool, gate: Gate | None = None
+) -> Plan:
+    """Everything a start can check before it writes a byte (see the module docstring); changes
+    nothing. The plan, or a UserError / NothingToDo."""
+    gate = gate or gate_of(config) or Gate(None)
+    run_dir = Path(run_dir)
+    holder = run_lock.holder(run_dir)
+    if holder is not None and not run_lock.held_for_me(run_dir):
+        raise UserError(
+            f"{run_dir} is in use by {holder}: wait for it to end (or stop it), or choose "
+            "another output dir"
+        )
+    if gate.checks is not None:
+        gate.checks(config, world_size, run_dir)
+    return plan_start(run_dir, config, gate.kind, sweep=sweep)
+
+
+def open_run(run_dir: Path, plan: Plan, what: str, hold: bool = True) -> None:
+    """After check_start passed: hold the run dir (unless `hold` is false: a SLURM job's rank 0
+    holds its own), then set aside what the start replaces."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if hold:
+        run_lock.acquire(run_dir, what)
+    if plan.replaces is not None:
+        aside = set_aside(run_dir)
+        if aside is not None:
+            log.warning("%s: the earlier %s is now in %s", plan.replaces, plan.earlier, aside)
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """Move the dir's earlier records whole (`.hydra/` and the log too) into
+    <run dir>/replaced/<time>/; the folder, or None when there was nothing to move."""
+    run_dir = Path(run_dir)
+    present = [p for p in run_dir.iterdir() if p.name not in KEPT_IN_PLACE]
+    if not present:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = run_dir / REPLACED_DIR / stamp
+    n = 0
+    while aside.exists():  # two replacements in one second
+        n += 1
+        aside = run_dir / REPLACED_DIR / f"{stamp}-{n}"
+    aside.mkdir(parents=True)
+    for path in present:
+        os.replace(path, aside / path.name)
+    return aside
+
+
+def world_size_of_run(config: Any) -> int:
+    """The world size of a run started as this process is: torchrun's (or srun's), else what
+    its `dist` node asks for (core/world.py)."""
+    from core.world import job_world, rank_world_size, started_as_rank, visible_gpus
+
+    if started_as_rank():
+        return rank_world_size()
+    nproc, nnodes, _ = job_world(config, visible_gpus())
+    return nproc * nnodes
+
+
+@contextmanager
+def refusing() -> Iterator[None]:
+    """In a Hydra callback (whose exceptions Hydra turns into warnings): a refusal is one log
+    line and SystemExit(2); nothing to do, one line and SystemExit(0)."""
+    try:
+        yield
+    except UserError as e:
+        logging.getLogger("train").error("%s", e)
+        raise SystemExit(e.exit_code) from None
+    except NothingToDo as e:
+        logging.getLogger("train").info("%s", e)
+        raise SystemExit(0) from None
+
+
+class RunGate(Callback):
+    """The gate of a run Hydra runs in this process (`python train.py`, also with
+    dist.nproc_per_node=N, whose ranks this process starts; each rank of plain torchrun or
+    srun, where rank 0 alone writes and so alone checks): before Hydra makes `.hydra/` and the
+    log. `checks`: the app's checks ("module.function"); `kind`: train or eval."""
+
+    def __init__(self, checks: str | None = None, kind: str = TRAIN) -> None:
+        super().__init__()
+        self.gate = Gate(load(checks), kind)
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import OmegaConf
+
+        if int(os.environ.get("RANK", "0")) != 0:
+            return  # writes nothing: rank 0's gate stands for the run
+        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
+        with refusing():
+            check_writable(config, "hydra.run.dir")
+            world_size = world_size_of_run(config)
+            plan = check_start(config, run_dir, world_size, sweep=False, gate=self.gate)
+            open_run(run_dir, plan, f"{self.gate.kind}, world size {world_size}")
+        os.environ.update(run_lock.child_env(run_dir))  # for the ranks this process starts
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        with refusing():
+            check_writable(config, "hydra.sweep.dir")
+            check_sweep(config)
+
+
+# Overrides a rerun of the same sweep may add or change: how it starts, not which jobs.
+HOW_IT_STARTS = ("start_over", "resume")
+
+
+def check_sweep(config: Any) -> None:
+    """A sweep dir holds one sweep: before the sweeper writes multirun.yaml, a sweep whose
+    overrides are not those of the jobs already there is refused, and so is a rerun of the same
+    sweep that neither resumes it (hydra.launcher.resume=true) nor starts it over."""
+    from omegaconf import OmegaConf
+
+    sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+    jobs = [d for d in sweep_dir.glob("*") if (d / LAUNCH_FILE).exists() or holds_run(d)]
+    if not jobs:
+        return
+    recorded = sweep_overrides(sweep_dir / "multirun.yaml")
+    ours = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=[]) or []]
+    if recorded is not None and what_runs(recorded) != what_runs(ours):
+        theirs = " ".join(sorted(what_runs(recorded) - what_runs(ours))) or "(none)"
+        mine = " ".join(sorted(what_runs(ours) - what_runs(recorded))) or "(none)"
+        raise UserError(
+            f"{sweep_dir} holds another sweep ({theirs} where this one has {mine}): never mix "
+            "two sweeps in one dir: repeat the first sweep's command line to resume it, or pass "
+            "another hydra.sweep.dir"
+        )
+    resume = bool(OmegaConf.select(config, "hydra.launcher.resume", default=False))
+    start_over = bool(OmegaConf.select(config, "start_over", default=False))
+    if not (resume or start_over):
+        raise UserError(
+            f"{sweep_dir} already holds this sweep's jobs: rerun with "
+            "hydra.launcher.resume=true to continue it, start_over=true to start every job over "
+            f"(each job's old run is kept in its {REPLACED_DIR}/), or pass another hydra.sweep.dir"
+        )
+
+
+def what_runs(overrides: list[str]) -> set[str]:
+    """The overrides that say which jobs a sweep runs (HOW_IT_STARTS left out)."""
+    return {o for o in overrides if o.lstrip("+~").partition("=")[0] not in HOW_IT_STARTS}
+
+
+def sweep_overrides(path: Path) -> list[str] | None:
+    """The task overrides a sweep's multirun.yaml records (None: none readable)."""
+    from omegaconf import OmegaConf
+
+    try:
+        recorded = OmegaConf.select(OmegaConf.load(path), "hydra.overrides.task")
+    except Exception:  # noqa: BLE001 - absent or damaged: the jobs' own records decide
+        return None
+    return [str(o) for o in recorded] if recorded is not None else None
