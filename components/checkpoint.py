@@ -66,6 +66,7 @@ from components.manifest import (
 )
 from core.errors import UserError, one_line, resolved_yaml
 from core.fault_points import point
+from core.gate import resume_choice
 from core.run_dir import CHECKPOINT_DIR, atomic_path, write_atomic
 
 log = logging.getLogger(__name__)
@@ -339,27 +340,6 @@ def _place() -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def resume_choice(resume: str | None) -> str | Path | None:
-    """None: start fresh; "auto": the newest valid checkpoint in the run dir, if any; a path.
-
-    A restarted job continues from its run dir's checkpoints: after torchrun restarted the ranks
-    (--max-restarts) or SLURM requeued the job."""
-    if resume is None or str(resume).lower() in ("null", "none", ""):
-        for var, what in (
-            ("TORCHELASTIC_RESTART_COUNT", "of the ranks"),
-            ("SLURM_RESTART_COUNT", "of the SLURM job"),
-        ):
-            if int(os.environ.get(var) or 0) > 0:
-                log.warning(
-                    "restart %s %s: resuming from the latest checkpoint", os.environ[var], what
-                )
-                return "auto"
-        return None
-    if resume == "auto":
-        return "auto"
-    return Path(resume).expanduser()
 
 
 class Stateful(Protocol):

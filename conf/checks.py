@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from components.manifest import committed_entry, find_checkpoint, read_manifest, usable
 from components.monitor import Monitor, check_target
 from core.errors import UserError
-from core.gate import NothingToDo
+from core.gate import NothingToDo, resume_choice
 from core.run_dir import CHECKPOINT_DIR, read_result
 from core.world import check_batch_size
 
@@ -70,15 +70,15 @@ def checkpoint_fit(cfg: DictConfig) -> dict[str, Any]:
 def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     """resume=<file>: a checkpoint file, whole; resume=<file> and resume=auto: one saved by a
     run this run's model and optimizer fit (where its manifest says what it was saved with)."""
-    resume = cfg.resume
-    if resume is None or str(resume).lower() in ("null", "none", ""):
+    resume = resume_choice(cfg.resume, say=False)
+    if resume is None:
         return
-    if str(resume) == "auto":
+    if resume == "auto":
         manifest = read_manifest(Path(run_dir) / CHECKPOINT_DIR)
         entry = manifest.files[manifest.last] if manifest and manifest.last else None
         where = Path(run_dir) / CHECKPOINT_DIR / "last.pt"
     else:
-        where = Path(str(resume)).expanduser()
+        where = resume
         usable(where, "resume")
         entry = committed_entry(where)
     differ = differences(entry.fit, checkpoint_fit(cfg)) if entry and entry.fit else []
@@ -87,7 +87,7 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
             f"checkpoint {where} does not fit this model/optimizer (saved with other "
             f"{', '.join(differ)}): resume with the config it was saved with, or resume=null"
         )
-    if str(resume) == "auto":
+    if resume == "auto":
         check_more_to_do(cfg, run_dir)
 
 

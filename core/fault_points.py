@@ -1,8 +1,11 @@
 """Named crash points for the crash tests: every step of a checkpoint save, every write of
 metrics.jsonl, result.json and the launch records calls :func:`point` with its name, and
-`HYDRA_DDP_KILL_AT=<name>[#<n>][:launcher]` SIGKILLs this process (or, with `:launcher`, the
-launcher that started it, HYDRA_DDP_LAUNCHER_PID: its ranks die with it) the n-th time it gets
-there. Torch-free. Unset (always, outside tests) a point costs one dict lookup. As with
+
+    HYDRA_DDP_KILL_AT=<name>[#<n>][:launcher][@<job>][,<another>...]
+
+SIGKILLs this process (with `:launcher`, the launcher that started it, HYDRA_DDP_LAUNCHER_PID:
+its ranks die with it) the n-th time it gets there (in sweep job <job> only, with `@<job>`).
+Torch-free. Unset (always, outside tests) a point costs one dict lookup. As with
 components/faults.py, only a job's first attempt is killed: a restarted or resumed one runs clean.
 """
 
@@ -29,25 +32,39 @@ POINTS = (
 )
 
 
-def point(name: str) -> None:
-    spec = os.environ.get(KILL_AT_ENV)
-    if not spec:
+def point(name: str, job: int | None = None) -> None:
+    """A crash point (`job`: the sweep job it is for, where the caller knows)."""
+    specs = os.environ.get(KILL_AT_ENV)
+    if not specs:
         return
-    where, _, who = spec.partition(":")
-    target, _, nth = where.partition("#")
-    if target != name:
-        return
-    _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] != int(nth or 1):
-        return
+    key = name if job is None else f"{name}@{job}"  # (a launcher counts per job)
+    _reached[key] = _reached.get(key, 0) + 1
+    for spec in specs.split(","):
+        where, _, for_job = spec.partition("@")
+        where, _, who = where.partition(":")
+        target, _, nth = where.partition("#")
+        if target == name and _reached[key] == int(nth or 1) and _in_job(for_job, job):
+            _kill(who == "launcher")
+
+
+def _in_job(wanted: str, job: int | None) -> bool:
+    if not wanted:
+        return True
+    if job is None:  # in a rank: its sweep job's number
+        from hydra.core.hydra_config import HydraConfig
+
+        job = HydraConfig.get().job.num if HydraConfig.initialized() else None
+    return job is not None and int(wanted) == int(job)
+
+
+def _kill(launcher: bool) -> None:
     from core.run_dir import ATTEMPT_ENV  # (core/run_dir.py's writes call this module)
 
-    if (
-        int(os.environ.get(ATTEMPT_ENV) or 1) > 1
-        or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
-    ):
+    if int(os.environ.get(ATTEMPT_ENV) or 1) > 1:
+        return  # a job's later attempt runs clean
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
-    pid = int(os.environ.get(LAUNCHER_PID_ENV) or os.getpid()) if who == "launcher" else os.getpid()
+    pid = int(os.environ.get(LAUNCHER_PID_ENV) or os.getpid()) if launcher else os.getpid()
     os.kill(pid, signal.SIGKILL)
     if pid != os.getpid():  # the ranks die with their launcher (launch/ranks/lifeline.py)
         signal.pause()

@@ -92,6 +92,27 @@ def load(name: str | None) -> Callable[[Any, int, Path], None] | None:
     return getattr(importlib.import_module(module), function)
 
 
+def resume_choice(resume: Any, say: bool = True) -> str | Path | None:
+    """A run's `resume`: None (start fresh), "auto" (the newest valid checkpoint of its run
+    dir, if any) or a path. A restarted job continues from its run dir's checkpoints: after
+    torchrun restarted the ranks (--max-restarts) or SLURM requeued the job (`say`: one line)."""
+    if resume is None or str(resume).lower() in ("null", "none", ""):
+        for var, what in (
+            ("TORCHELASTIC_RESTART_COUNT", "of the ranks"),
+            ("SLURM_RESTART_COUNT", "of the SLURM job"),
+        ):
+            if int(os.environ.get(var) or 0) > 0:
+                if say:
+                    log.warning(
+                        "restart %s %s: resuming from the latest checkpoint", os.environ[var], what
+                    )
+                return "auto"
+        return None
+    if str(resume) == "auto":
+        return "auto"
+    return Path(str(resume)).expanduser()
+
+
 def plan_start(run_dir: Path, config: Any, kind: str, *, sweep: bool) -> Plan:
     """What a start does with `run_dir`, from its records alone; a UserError when it would mix
     two runs, NothingToDo when there is nothing left to do."""
@@ -108,8 +129,7 @@ def plan_start(run_dir: Path, config: Any, kind: str, *, sweep: bool) -> Plan:
         if (run_dir / EVAL_FILE).exists():
             return Plan("start", replaces=f"eval.py again in {run_dir}", earlier="evaluation")
         return Plan("start")
-    resume = OmegaConf.select(config, "resume", default=None)
-    resume = None if resume in (None, "null", "none", "") else str(resume)
+    resume = resume_choice(OmegaConf.select(config, "resume", default=None), say=False)
     start_over = bool(OmegaConf.select(config, "start_over", default=False))
     if not holds_run(run_dir):
         return Plan("start")
@@ -118,8 +138,7 @@ def plan_start(run_dir: Path, config: Any, kind: str, *, sweep: bool) -> Plan:
     if resume == "auto":  # (a completed run with nothing left to do: the app's checks say so)
         return Plan("continue")
     if resume is not None:
-        own = Path(resume).expanduser().resolve().parent == (run_dir / CHECKPOINT_DIR).resolve()
-        if own:
+        if resume.resolve().parent == (run_dir / CHECKPOINT_DIR).resolve():  # its own
             return Plan("continue")
         return Plan("start", replaces=f"resume={resume} starts another run's trajectory here")
     if start_over:
@@ -138,8 +157,9 @@ def check_start(
     config: Any, run_dir: Path, world_size: int, *, sweep: bool, gate: Gate | None = None
 ) -> Plan:
     """Everything a start can check before it writes a byte (see the module docstring); changes
-    nothing. The plan, or a UserError / NothingToDo."""
-    gate = gate or gate_of(config) or Gate(None)
+    nothing. The plan, or a UserError / NothingToDo. An app without a gate (a Hydra app of
+    another project) gets the holder check only: what its records mean is its own."""
+    gate = gate or gate_of(config)
     run_dir = Path(run_dir)
     holder = run_lock.holder(run_dir)
     if holder is not None and not run_lock.held_for_me(run_dir):
@@ -147,6 +167,8 @@ def check_start(
             f"{run_dir} is in use by {holder}: wait for it to end (or stop it), or choose "
             "another output dir"
         )
+    if gate is None:
+        return Plan("start")
     if gate.checks is not None:
         gate.checks(config, world_size, run_dir)
     return plan_start(run_dir, config, gate.kind, sweep=sweep)

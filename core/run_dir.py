@@ -27,6 +27,7 @@ summary and the benchmark (readers).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -187,7 +188,7 @@ def read_launch_record(job_dir: Path) -> LaunchRecord | None:
 def write_launch_record(job_dir: Path, record: LaunchRecord) -> None:
     Path(job_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(Path(job_dir) / LAUNCH_FILE, record.to_json())
-    point("launch.record")
+    point("launch.record", job=record.job_num)
 
 
 @contextmanager
@@ -253,13 +254,18 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def check_writable(config: Any, key: str) -> None:
-    """The dir at config `key` exists (made if not) and takes a file; else a UserError."""
+    """The dir at config `key` takes a file (where it does not exist yet, its nearest existing
+    parent does), and nothing is left behind; else a UserError."""
     from omegaconf import OmegaConf
 
     path = Path(str(OmegaConf.select(config, key)))
+    nearest = path.absolute()
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()  # removed as it closes
+        if not nearest.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        tempfile.TemporaryFile(dir=nearest).close()  # removed as it closes
     except OSError as e:
         raise UserError(
             f"{key}={path} cannot be written ({e.strerror or type(e).__name__}): choose a "

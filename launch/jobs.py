@@ -19,6 +19,7 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from core import run_lock
 from core.errors import UserError, describe, find_user_error, job_value, one_line
 from core.naming import SWEPT_KEYS_ENV, fmt_duration, fmt_value, label, swept_keys, swept_values
 from core.run_dir import RESULT_FILE, RunResult, read_result, write_result
@@ -215,6 +216,8 @@ def record_failure(job: Job, reason: str, *, user_error: bool = False) -> None:
     """Give a failed job a result.json (the sweep summary reads it) unless this attempt wrote its
     own: that one gets the job's verdict as its error (rank 0's can be a consequence of another
     rank's), and an earlier run's stays as it is when a user error refused this attempt."""
+    if run_lock.holder(job.job_dir) is not None and not run_lock.held_for_me(job.job_dir):
+        return  # another process's run: not ours to write in
     own = read_result(job.job_dir, since=job.started or time.time())
     if own is not None:
         if own.status == "failed" and own.error != reason:

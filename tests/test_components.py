@@ -27,6 +27,7 @@ from components.metrics import RunLogger, ending, rows_to_replay
 from components.preemption import Preempted
 from core import world
 from core.errors import ReportUserError, UserError, describe, find_user_error, instantiate
+from core.gate import resume_choice
 from core.run_dir import ATTEMPT_ENV, RunResult, read_result
 from tests.helpers import training_state
 
@@ -153,14 +154,14 @@ def test_checkpoint_with_pickled_code_is_refused(tmp_path):
 def test_resume_choice(monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    assert ck.resume_choice(None) is None and ck.resume_choice("null") is None
-    assert ck.resume_choice("auto") == "auto"
-    assert ck.resume_choice("~/x.pt") == Path("~/x.pt").expanduser()
+    assert resume_choice(None) is None and resume_choice("null") is None
+    assert resume_choice("auto") == "auto"
+    assert resume_choice("~/x.pt") == Path("~/x.pt").expanduser()
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restarted rank continues
-    assert ck.resume_choice(None) == "auto"
+    assert resume_choice(None) == "auto"
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # a requeued SLURM job continues
-    assert ck.resume_choice(None) == "auto"
+    assert resume_choice(None) == "auto"
 
 
 @pytest.mark.usefixtures("one_rank_group")

@@ -1002,9 +1002,9 @@ def test_bad_launcher_input_is_one_line_and_exit_2(
     lines = [line for line in text.splitlines() if all(f in line for f in fragments)]
     assert lines, text
     assert not list(out_dir.rglob("rank_logs")) and not list(out_dir.rglob("job.pkl"))  # no rank
-    if "-m" not in overrides:  # a run: that one line is all it prints, and its result.json
+    if "-m" not in overrides:  # a run: that one line is all it prints, and it writes nothing
         assert text.strip().splitlines() == lines, text
-        assert read_json(out_dir / "result.json")["error"] in lines[0]
+        assert not out_dir.exists()  # refused by the gate before any write (core/gate.py)
         assert time.time() - started < 60
     elif where:  # SLURM: the sweep stops at its first line; no job ran
         rest = [line for line in text.strip().splitlines() if "launcher: sweep dir" not in line]
