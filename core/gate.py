@@ -20,6 +20,7 @@ starts. An app names its checks and kind in its config's `hydra.callbacks` (conf
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -218,17 +219,38 @@ def world_size_of_run(config: Any) -> int:
 
 
 @contextmanager
-def refusing() -> Iterator[None]:
+def refusing(config: Any) -> Iterator[None]:
     """In a Hydra callback (whose exceptions Hydra turns into warnings): a refusal is one log
-    line and SystemExit(2); nothing to do, one line and SystemExit(0)."""
+    line and SystemExit(2); nothing to do, one line and SystemExit(0). Said as the run's own
+    lines are (its job logging's console), before the run's log file exists."""
     try:
         yield
-    except UserError as e:
+    except (UserError, NothingToDo) as e:
+        console_logging(config)
+        if isinstance(e, NothingToDo):
+            logging.getLogger("train").info("%s", e)
+            raise SystemExit(0) from None
         logging.getLogger("train").error("%s", e)
         raise SystemExit(e.exit_code) from None
-    except NothingToDo as e:
-        logging.getLogger("train").info("%s", e)
-        raise SystemExit(0) from None
+
+
+def console_logging(config: Any) -> None:
+    """The job's logging (hydra.job_logging) without its file handlers: the gate speaks before
+    the run may write."""
+    import logging.config
+
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.select(config, "hydra.job_logging", default=None)
+    if node is None:
+        return
+    spec = OmegaConf.to_container(node, resolve=False)
+    files = {n for n, h in (spec.get("handlers") or {}).items() if "filename" in h}
+    spec["handlers"] = {n: h for n, h in (spec.get("handlers") or {}).items() if n not in files}
+    for part in [spec.get("root") or {}, *(spec.get("loggers") or {}).values()]:
+        part["handlers"] = [h for h in part.get("handlers", []) if h not in files]
+    with contextlib.suppress(ValueError, TypeError, AttributeError, ImportError):
+        logging.config.dictConfig(spec)  # (else Hydra's own format)
 
 
 class RunGate(Callback):
@@ -247,7 +269,7 @@ class RunGate(Callback):
         if int(os.environ.get("RANK", "0")) != 0:
             return  # writes nothing: rank 0's gate stands for the run
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
-        with refusing():
+        with refusing(config):
             check_writable(config, "hydra.run.dir")
             world_size = world_size_of_run(config)
             plan = check_start(config, run_dir, world_size, sweep=False, gate=self.gate)
@@ -255,7 +277,7 @@ class RunGate(Callback):
         os.environ.update(run_lock.child_env(run_dir))  # for the ranks this process starts
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        with refusing():
+        with refusing(config):
             check_writable(config, "hydra.sweep.dir")
             check_sweep(config)
 
