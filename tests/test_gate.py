@@ -90,7 +90,13 @@ def test_a_second_start_on_a_held_run_dir_is_refused_and_a_dead_holder_taken_ove
     run_dir = tmp_path / "r"
     world = [f"dist.nproc_per_node={nproc}"] if nproc > 1 else []
     first = subprocess.Popen(
-        train_cmd(*QUICK, *world, "trainer.max_epochs=3", f"hydra.run.dir={run_dir}"),
+        train_cmd(
+            *QUICK,
+            *world,
+            "trainer.max_epochs=3",
+            "trainer.log_every_n_steps=2",
+            f"hydra.run.dir={run_dir}",
+        ),  # fmt: skip
         cwd=REPO,
         env=run_env(HYDRA_DDP_FAULT="stall@4"),  # rank(s) wait at step 4 for a signal
         stdout=subprocess.DEVNULL,
@@ -98,7 +104,7 @@ def test_a_second_start_on_a_held_run_dir_is_refused_and_a_dead_holder_taken_ove
         start_new_session=True,
     )
     try:
-        wait_for_rows(run_dir / "metrics.jsonl", 1, first)
+        wait_for_rows(run_dir / "metrics.jsonl", 1, first)  # step 2's: it waits at step 4
         before = snapshot(run_dir)
         second = run(
             train_cmd(*QUICK, "seed=2", "optim.lr=0.2", f"hydra.run.dir={run_dir}"), timeout=300
