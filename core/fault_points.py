@@ -6,7 +6,9 @@ metrics.jsonl, result.json and the launch records calls :func:`point` with its n
 SIGKILLs this process (with `:launcher`, the launcher that started it, HYDRA_DDP_LAUNCHER_PID:
 its ranks die with it) the n-th time it gets there (in sweep job <job> only, with `@<job>`).
 Torch-free. Unset (always, outside tests) a point costs one dict lookup. As with
-components/faults.py, only a job's first attempt is killed: a restarted or resumed one runs clean.
+components/faults.py, only a job's first attempt is killed: a restarted or resumed one runs
+clean; with HYDRA_DDP_KILL_ONCE_DIR each kill happens once (a file there says it did), which
+also holds the launcher's own points when a sweep is resumed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 
 KILL_AT_ENV = "HYDRA_DDP_KILL_AT"
 LAUNCHER_PID_ENV = "HYDRA_DDP_LAUNCHER_PID"  # set by a launcher for the processes of its jobs
+ONCE_DIR_ENV = "HYDRA_DDP_KILL_ONCE_DIR"
 _reached: dict[str, int] = {}
 
 # Every point, in the order a run reaches them (tests/test_crash_points.py kills at each).
@@ -44,7 +47,7 @@ def point(name: str, job: int | None = None) -> None:
         where, _, who = where.partition(":")
         target, _, nth = where.partition("#")
         if target == name and _reached[key] == int(nth or 1) and _in_job(for_job, job):
-            _kill(who == "launcher")
+            _kill(who == "launcher", spec)
 
 
 def _in_job(wanted: str, job: int | None) -> bool:
@@ -57,13 +60,19 @@ def _in_job(wanted: str, job: int | None) -> bool:
     return job is not None and int(wanted) == int(job)
 
 
-def _kill(launcher: bool) -> None:
+def _kill(launcher: bool, spec: str) -> None:
     from core.run_dir import ATTEMPT_ENV  # (core/run_dir.py's writes call this module)
 
     if int(os.environ.get(ATTEMPT_ENV) or 1) > 1:
         return  # a job's later attempt runs clean
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
+    once = os.environ.get(ONCE_DIR_ENV)
+    if once:
+        done = os.path.join(once, spec.replace("/", "_"))
+        if os.path.exists(done):
+            return
+        open(done, "w").close()
     pid = int(os.environ.get(LAUNCHER_PID_ENV) or os.getpid()) if launcher else os.getpid()
     os.kill(pid, signal.SIGKILL)
     if pid != os.getpid():  # the ranks die with their launcher (launch/ranks/lifeline.py)

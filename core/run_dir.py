@@ -9,13 +9,15 @@ summary and the benchmark (readers).
       train.log               rank 0's log (Hydra's job logging)
       metrics.jsonl           one JSON row per log step / epoch, appended line by line
       result.json             the run's record (RunResult), rewritten atomically
-      checkpoints/            components/checkpoint.py
+      checkpoints/            components/checkpoint.py (manifest.json: the commit record)
       repro/                  command.txt, requirements.txt, git.diff (components/repro.py)
       wandb/                  the W&B run
       launch.json             a sweep job's launcher record: its overrides and every attempt
                               (LaunchRecord; written by the launcher only, launch/resume.py)
       .torchrun/              the torchrun launcher's hand-off files (launch/torchrun.py)
-      replaced/<time>/        an earlier run's records, set aside by start_over=true
+      .run.lock               its holder while it runs (core/run_lock.py)
+      replaced/<time>/        an earlier run, whole, moved aside by the start that replaced it
+                              (start_over=true, another run's checkpoint: core/gate.py)
 
     <eval run dir>/          what eval.py writes (its own dir, never the training run's)
       .hydra/, eval.log       as above
@@ -23,6 +25,7 @@ summary and the benchmark (readers).
       confusion_matrix.png    rows: true class, columns: predicted class
       predictions.csv         with predictions=true, or for a folder of images
       wandb/                  the W&B eval run
+      replaced/<time>/        an earlier evaluation into the same dir, whole
 """
 
 from __future__ import annotations

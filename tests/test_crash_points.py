@@ -107,10 +107,11 @@ def test_the_launcher_killed_at_every_crash_point_resumes_exactly(
     sweep_dir = tmp_path / "sweep"
     kill_at = ",".join(f"{case}:launcher@{job}" for job, case in enumerate(LAUNCHER_CASES))
     cmd = sweep_cmd(sweep_dir, len(LAUNCHER_CASES), nproc, "hydra.launcher.resume=true")
+    env = {"HYDRA_DDP_KILL_AT": kill_at, "HYDRA_DDP_KILL_ONCE_DIR": str(tmp_path)}
     for case in LAUNCHER_CASES:  # each start of the sweep ends at the next job's point
-        proc = run(cmd, timeout=900, HYDRA_DDP_KILL_AT=kill_at)
+        proc = run(cmd, timeout=900, **env)
         assert proc.returncode == -9, (case, output(proc)[-3000:])  # SIGKILLed there
-    proc = run(cmd, timeout=900, HYDRA_DDP_KILL_AT=kill_at)
+    proc = run(cmd, timeout=900, **env)
     assert proc.returncode == 0, output(proc)[-5000:]
     for job, case in enumerate(LAUNCHER_CASES):
         assert_resumed_like(sweep_dir / str(job), ref, case)
