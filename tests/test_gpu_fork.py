@@ -5,14 +5,17 @@ once share the CPU cores without overlap.
 A rank forked after its parent called into the CUDA driver (even torch.cuda.is_available())
 dies at its first CUDA call on a GPU node. The ranks of the torchrun launcher are forked (from
 the warm start's server, through each job's agent), so each way a rank starts is run here with
-tests/gpu_probe.py as the dataset: every rank writes down torch._C._cuda_isInBadFork().
+tests/gpu_probe.py as the dataset: every rank writes down torch's bad-fork flag.
+
+Every one of those runs is also a CPU-only torch's run: tests/cpu_only_torch/ (first on
+PYTHONPATH) removes torch._C._cuda_isInBadFork in every process, as torch's CPU wheels lack it,
+and each rank records that it was gone. torch's own reading of the flag still works there.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +28,10 @@ from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
 from tests.gpu_probe import LOG_ENV
 
 PROBE = "dataset._target_=tests.gpu_probe.digits"
+# A CPU-only torch in every process started with it (and forked from one).
+CPU_ONLY_TORCH = {
+    "PYTHONPATH": os.pathsep.join([str(fx.REPO / "tests" / "cpu_only_torch"), str(fx.REPO)])
+}
 
 
 def probed(log: Path) -> list[dict]:
@@ -32,9 +39,30 @@ def probed(log: Path) -> list[dict]:
 
 
 def run_probed(cmd: list[str], log: Path, **env: str) -> list[dict]:
-    proc = fx.run(cmd, timeout=300, **{LOG_ENV: str(log)}, **env)
+    """Run `cmd` to success with a CPU-only torch; the probe's records of every rank, each
+    checked to have run without torch._C's bad-fork probe."""
+    proc = fx.run(cmd, timeout=300, **{LOG_ENV: str(log)}, **{**CPU_ONLY_TORCH, **env})
     assert proc.returncode == 0, fx.output(proc)[-4000:]
-    return probed(log)
+    ranks = probed(log)
+    assert ranks and not any(r["probe_compiled"] for r in ranks), ranks
+    return ranks
+
+
+def test_the_cpu_only_torch_of_these_tests_lacks_the_probe() -> None:
+    """tests/cpu_only_torch/ removes what torch's CPU wheels do not compile, in a process and
+    in its forks; torch as installed has it (else the faker would prove nothing)."""
+    code = (
+        "import os, torch\n"
+        "print(hasattr(torch._C, '_cuda_isInBadFork'), flush=True)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print(hasattr(torch._C, '_cuda_isInBadFork'), flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    cmd = [sys.executable, "-c", code]
+    assert fx.run(cmd, timeout=120, **CPU_ONLY_TORCH).stdout.split() == ["False", "False"]
+    assert fx.run(cmd, timeout=120).stdout.split() == ["True", "True"]
 
 
 def assert_no_bad_fork(ranks: list[dict], expected: int) -> None:
@@ -114,7 +142,7 @@ def test_a_server_that_called_cuda_forks_no_job(tmp_path: Path) -> None:
             *fx.QUICK,
             f"hydra.run.dir={tmp_path}/r",
         ],
-        PYTHONPATH=f"{tmp_path}{os.pathsep}{fx.REPO}",
+        PYTHONPATH=os.pathsep.join([str(tmp_path), CPU_ONLY_TORCH["PYTHONPATH"]]),
     )
     out = fx.output(proc)
     assert proc.returncode != 0, out
@@ -123,7 +151,8 @@ def test_a_server_that_called_cuda_forks_no_job(tmp_path: Path) -> None:
 
 
 def test_a_rank_in_a_bad_fork_stops_with_one_line_before_any_cuda_call() -> None:
-    """launch/ranks/forked.py's check, in a process forked after its parent asked CUDA."""
+    """launch/ranks/forked.py's check, in a process forked after its parent asked CUDA (with
+    a CPU-only torch's torch._C)."""
     code = (
         "import os, sys, torch\n"
         "from launch.ranks.forked import check_not_a_bad_fork\n"
@@ -139,9 +168,7 @@ def test_a_rank_in_a_bad_fork_stops_with_one_line_before_any_cuda_call() -> None
         "    os._exit(0)\n"
         "sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=fx.REPO, capture_output=True, text=True, timeout=120
-    )
+    proc = fx.run([sys.executable, "-c", code], timeout=120, **CPU_ONLY_TORCH)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = proc.stdout.splitlines()
     assert line.startswith("BadFork ") and "called into the CUDA driver" in line, line
