@@ -205,8 +205,8 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
 class TorchrunBackend:
     """launch/lifecycle.py's Backend on this machine: a job's attempt is a torchrun agent; a GPU
     job takes one GPU per rank, a set disjoint from every running job's (CUDA_VISIBLE_DEVICES);
-    at most `max_parallel` jobs at once (null: one per GPU, 1 on CPU), each on its own slice of
-    the launcher's CPU cores when more than one may run."""
+    at most `max_parallel` jobs at once (null: one per GPU, 1 on CPU), each on its share of the
+    launcher's CPU cores (:meth:`cpu_slice`)."""
 
     poll_s = POLL_S
 
@@ -239,12 +239,7 @@ class TorchrunBackend:
         self.gpus, self.free = list(gpus), list(gpus)
         self.limit = settings.max_parallel or max(len(gpus), 1)
         self.cores = usable_cores() if cores is None else list(cores)
-        # One CPU slice per job that may run at once (none to set when one job runs alone):
-        # threads and DataLoader workers, summed over the running jobs, stay within the cores.
-        n = min(self.limit, len(self.cores))
-        share = len(self.cores) // n
-        slices = [self.cores[i * share : (i + 1) * share] for i in range(n)] if n > 1 else [None]
-        self.free_cpus = slices * -(-self.limit // len(slices))  # more jobs than cores: shared
+        self.holders = dict.fromkeys(self.cores, 0)  # running jobs on each core
         self.running = 0
 
     def place(self, job: Job) -> None:
@@ -264,12 +259,30 @@ class TorchrunBackend:
             return None
         mine, self.free = self.free[:need], self.free[need:]
         self.running += 1
-        return mine, self.free_cpus.pop(0)
+        cpus = self.cpu_slice(need)
+        for core in cpus or self.cores:
+            self.holders[core] += 1
+        return mine, cpus
+
+    def cpu_slice(self, gpus: int) -> list[int] | None:
+        """The cores of a job taking `gpus` GPUs: its share of the node, the larger of its GPUs'
+        share and one running job's (1/limit), so that a job with every GPU, or the only job
+        that may run, gets every core, two 4-GPU jobs of 8 GPUs half each, and `max_parallel`
+        CPU jobs 1/max_parallel each. They come from the cores no running job holds (threads
+        and DataLoader workers of the running jobs stay within the cores, disjoint); where
+        none is free (more jobs at once than cores), from those held by the fewest jobs.
+        None: every core (the launcher's own affinity: nothing to narrow)."""
+        total = len(self.cores)
+        count = max(1, total // self.limit, total * gpus // len(self.gpus) if gpus else 0)
+        fewest = min(self.holders.values())
+        cpus = [core for core in self.cores if self.holders[core] == fewest][:count]
+        return None if len(cpus) == total else cpus
 
     def release(self, job: Job, slot: tuple[list[int], list[int] | None]) -> None:
         gpus, cpus = slot
         self.free = sorted(self.free + gpus)
-        self.free_cpus.append(cpus)
+        for core in cpus or self.cores:
+            self.holders[core] -= 1
         self.running -= 1
 
     def node(self, job: Job) -> str:

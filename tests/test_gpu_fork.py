@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -237,6 +238,49 @@ def test_jobs_that_run_at_once_share_the_cores_without_overlap(
     assert cpus is None and alone.job_env(job(0, 2, False), gpus, cpus)["OMP_NUM_THREADS"] == "56"
 
 
+def test_a_jobs_cores_follow_its_share_of_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A faked 8-GPU, 112-core node. A job with every GPU (`python train.py` there: nproc auto)
+    gets all 112 cores: OMP_NUM_THREADS=14 and 13 DataLoader workers per rank, not 14 cores
+    for 8 ranks (1 thread, no worker). Two 4-GPU jobs get disjoint halves; when one ends, two
+    2-GPU jobs split its half. CPU jobs, max_parallel at once, get 1/max_parallel each."""
+    cores = list(range(112))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def node(**settings: object) -> TorchrunBackend:
+        conf = TorchrunLauncherConf(**settings)
+        return TorchrunBackend(conf, gpu_ids=[str(g) for g in range(8)], cores=cores)
+
+    def rank_share(backend: TorchrunBackend, j: Job, slot: tuple) -> tuple[int, int, int]:
+        """(the job's cores, threads and DataLoader workers of each of its ranks), the ranks'
+        affinity being the job's slice (launch/ranks/agent.py sets it; they inherit it)."""
+        gpus, cpus = slot
+        threads = int(backend.job_env(j, gpus, cpus)["OMP_NUM_THREADS"])
+        mine = cores if cpus is None else cpus
+        monkeypatch.setattr(world, "usable_cores", lambda: list(mine))
+        return len(mine), threads, world.data_workers("auto", j.nproc)
+
+    backend = node()
+    whole = job(0, 8, True)
+    slot = backend.reserve(whole)
+    assert rank_share(backend, whole, slot) == (112, 14, 13)
+    backend.release(whole, slot)
+
+    a, b = job(1, 4, True), job(2, 4, True)
+    slot_a, slot_b = backend.reserve(a), backend.reserve(b)
+    assert rank_share(backend, a, slot_a) == rank_share(backend, b, slot_b) == (56, 14, 13)
+    assert not set(slot_a[1]) & set(slot_b[1])
+    assert backend.reserve(job(3, 2, True)) is None  # no GPU free
+    backend.release(a, slot_a)
+    quarters = [backend.reserve(job(num, 2, True)) for num in (3, 4)]
+    assert [len(cpus) for _, cpus in quarters] == [28, 28]
+    assert set(quarters[0][1]) | set(quarters[1][1]) == set(slot_a[1])  # a's, b's untouched
+
+    cpu_jobs = node(max_parallel=4)
+    slices = [cpu_jobs.reserve(job(num, 2, False))[1] for num in range(4)]
+    assert [len(cpus) for cpus in slices] == [28] * 4 and len(set().union(*slices)) == 112
+    assert cpu_jobs.job_env(job(0, 2, False), [], slices[0])["OMP_NUM_THREADS"] == "14"
+
+
 @pytest.mark.slow
 def test_two_jobs_at_once_run_on_their_own_cores(tmp_path: Path) -> None:
     """Real processes: two sweep jobs at once on this machine's cores, each rank on its job's
@@ -271,3 +315,38 @@ def test_a_slurm_task_sizes_its_threads_and_workers_from_its_own_cpus(
     assert world.cores_per_rank(8) == 14 and world.data_workers("auto", 8) == 13
     monkeypatch.delenv("SLURM_PROCID")  # not a SLURM task: the node's cores among its ranks
     assert world.cores_per_rank(8) == 1 and world.data_workers("auto", 8) == 0
+
+
+AFFINITY_SHARE = (
+    "import os, sys\n"
+    "from core.world import cores_per_rank, data_workers\n"
+    "local_world = int(sys.argv[1])\n"
+    "print(len(os.sched_getaffinity(0)), cores_per_rank(local_world),"
+    " data_workers('auto', local_world))\n"
+)
+
+
+@pytest.mark.skipif(len(world.usable_cores()) < 2, reason="needs 2 cores to restrict to 1")
+def test_threads_and_workers_follow_the_real_affinity() -> None:
+    """Real processes started on 1 of this machine's cores (as SLURM binds a task whose srun
+    lacked --cpus-per-task, while SLURM_CPUS_PER_TASK still says 2): 1 core, no DataLoader
+    worker; on 2 cores the task's 2. Outside SLURM the affinity is shared among the ranks."""
+    two = world.usable_cores()[:2]
+
+    def share(cpus: list[int], local_world: int, **env: str) -> list[int]:
+        proc = subprocess.run(
+            [sys.executable, "-c", AFFINITY_SHARE, str(local_world)],
+            cwd=fx.REPO,
+            env=fx.run_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+        )
+        assert proc.returncode == 0, fx.output(proc)
+        return [int(n) for n in proc.stdout.split()]
+
+    slurm = {"SLURM_PROCID": "0", "SLURM_CPUS_PER_TASK": "2"}
+    assert share(two[:1], 1, **slurm) == [1, 1, 0]
+    assert share(two, 1, **slurm) == [2, 2, 1]
+    assert share(two, 2) == [2, 1, 0]
