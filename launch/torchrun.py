@@ -83,6 +83,9 @@ class TorchrunLauncherConf:
     monitor_interval: float = 0.1
     # Single-node jobs get a free port each (torchrun --standalone). Multi-node jobs
     # (dist.nnodes > 1) need an endpoint every node reaches, and the same job on each node.
+    # HOST:PORT is job 0's; job n of the sweep meets at HOST:PORT+n (its own store: jobs run at
+    # once, and each node's launcher computes the same), so ports PORT to PORT + jobs - 1 must
+    # be free on HOST. No port: torch's c10d default, 29400.
     rdzv_backend: str = "c10d"
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
@@ -251,6 +254,8 @@ class TorchrunBackend:
                 f"dist.nnodes={job.nnodes} needs a rendezvous point every node can reach: set "
                 "hydra.launcher.rdzv_endpoint=HOST:PORT and start the same job on each node"
             )
+        if s.rdzv_endpoint:
+            job_endpoint(s.rdzv_endpoint, job.num)  # a UserError when it cannot be had
 
     def reserve(self, job: Job) -> tuple[list[int], list[int] | None] | None:
         """The job's GPUs (positions) and CPU slice, or None while there is no room."""
@@ -333,8 +338,9 @@ class TorchrunBackend:
             log=None if self.tee != "0" else str(files / AGENT_LOG),
             cpus=cpus,
         )
-        if job.nnodes > 1 or s.rdzv_endpoint is not None:
-            spec.rdzv_backend, spec.rdzv_endpoint = s.rdzv_backend, s.rdzv_endpoint
+        if s.rdzv_endpoint:  # (place() refused a multi-node job without one)
+            spec.rdzv_backend = s.rdzv_backend
+            spec.rdzv_endpoint = job_endpoint(s.rdzv_endpoint, job.num)
             spec.rdzv_id, spec.node_rank = s.rdzv_id or job.job_dir.name, s.node_rank
         return spec
 
@@ -454,6 +460,30 @@ class TorchrunBackend:
                 signal_group(process, signal.SIGKILL)
             for process in alive:
                 process.join()
+
+
+C10D_DEFAULT_PORT = 29400  # torch's, for an endpoint without one (c10d_rendezvous_backend.py)
+
+
+def job_endpoint(endpoint: str, num: int) -> str:
+    """Job `num`'s rendezvous endpoint: hydra.launcher.rdzv_endpoint's port + num. Jobs that run
+    at once on the same hosts would otherwise share one store: torch's c10d rendezvous makes an
+    agent whose port is taken a client of the store already there, and when the job hosting it
+    ends, the other job's agents lose their store. Every node's launcher numbers a sweep's jobs
+    alike, a resumed sweep too, so each computes the same endpoint. HOST[:PORT] is read as
+    torch's parse_rendezvous_endpoint reads it ([v6 address] in brackets)."""
+    text = endpoint.strip()
+    host, port = text, str(C10D_DEFAULT_PORT)
+    if not (text.startswith("[") and text.endswith("]")) and ":" in text:
+        host, port = text.rsplit(":", 1)
+    where = f"hydra.launcher.rdzv_endpoint={endpoint}"
+    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+        raise UserError(f"{where} is not HOST:PORT: use e.g. node01:29400")
+    if int(port) + num >= 2**16:
+        raise UserError(
+            f"{where}: job #{num} meets at port {port} + {num}, past 65535: use a lower port"
+        )
+    return f"{host}:{int(port) + num}"
 
 
 def signal_group(process: Any, sig: int) -> None:

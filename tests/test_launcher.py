@@ -239,6 +239,39 @@ def test_scheduler_stops_running_jobs_when_interrupted(tmp_path: Path) -> None:
     assert sorted(agents.stopped) == [0, 1]
 
 
+def test_two_2_node_jobs_at_once_get_two_rendezvous_endpoints() -> None:
+    """A multi-node sweep running two jobs at once on the same hosts: each job meets at its own
+    endpoint (the configured port + its number: one store per job, not one shared that dies with
+    the job hosting it), and both nodes' launchers compute the same, as does a resumed sweep's
+    launcher and a job that starts later while others run. Endpoints it cannot have are one
+    line naming the key."""
+    two_nodes = {"dist": {"nnodes": 2, "nproc_per_node": 1}}
+
+    def endpoints(node_rank: int, nums: list[int], endpoint: str = "node01:29400") -> list[str]:
+        settings = TorchrunLauncherConf(
+            rdzv_endpoint=endpoint, node_rank=node_rank, max_parallel=len(nums)
+        )
+        backend = TorchrunBackend(settings, gpu_ids=[], cores=[0, 1])
+        found = []
+        for num in nums:
+            job = fake_job(num, config=two_nodes)
+            place(job, backend)
+            assert job.error is None and job.nnodes == 2, job.error
+            _, cpus = backend.reserve(job)
+            found.append(backend.agent_spec(job, {}, cpus).rdzv_endpoint)
+        return found
+
+    assert endpoints(0, [0, 1]) == endpoints(1, [0, 1]) == ["node01:29400", "node01:29401"]
+    assert endpoints(1, [1, 5]) == ["node01:29401", "node01:29405"]  # resumed; a later job
+    assert endpoints(0, [0, 2], "[fd00::1]:29500") == ["[fd00::1]:29500", "[fd00::1]:29502"]
+    assert endpoints(0, [0, 3], "node01") == ["node01:29400", "node01:29403"]  # torch's port
+    for endpoint, why in (("node01:65535", "past 65535"), ("node01:http", "not HOST:PORT")):
+        job = fake_job(1, config=two_nodes)
+        place(job, TorchrunBackend(TorchrunLauncherConf(rdzv_endpoint=endpoint), gpu_ids=[]))
+        assert job.error and f"hydra.launcher.rdzv_endpoint={endpoint}" in job.error, job.error
+        assert why in job.error, job.error
+
+
 # ---------------------------------------------------------------------------------------------
 # world size
 
