@@ -193,16 +193,24 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     job = Job(
         0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec, in_sweep=False
     )
-    settings = TorchrunLauncherConf.from_config(hydra_cfg.launcher)
-    if settings.tee is None:
-        # One run: rank 0's output is what the user watches, as in a 1-rank run (the other
-        # ranks' only output is errors, in their files under rank_logs/; the launcher names
-        # a rank that failed first).
-        settings.tee = "0:3"
+    settings = single_run_settings(hydra_cfg.launcher)
     (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
     if ret.status.name == "FAILED":  # (JobReturn.return_value would log it first: no)
         raise job_value(ret)
     return ret.return_value
+
+
+def single_run_settings(launcher_cfg: Any) -> TorchrunLauncherConf:
+    """The launcher settings of `python train.py dist.nproc_per_node=N`: one run, the only job
+    this process starts, so it gets every core it may use whatever share of the GPUs it takes
+    (max_parallel 1); rank 0's output is what the user watches, as in a 1-rank run (the other
+    ranks' only output is errors, in their files under rank_logs/; the launcher names a rank
+    that failed first)."""
+    settings = TorchrunLauncherConf.from_config(launcher_cfg)
+    settings.max_parallel = 1
+    if settings.tee is None:
+        settings.tee = "0:3"
+    return settings
 
 
 class TorchrunBackend:

@@ -25,7 +25,7 @@ import pytest
 import tests.helpers as fx
 from core import world
 from launch.jobs import Job
-from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
+from launch.torchrun import TorchrunBackend, TorchrunLauncherConf, single_run_settings
 from tests.gpu_probe import LOG_ENV
 
 PROBE = "dataset._target_=tests.gpu_probe.digits"
@@ -274,6 +274,13 @@ def test_a_jobs_cores_follow_its_share_of_the_node(monkeypatch: pytest.MonkeyPat
     quarters = [backend.reserve(job(num, 2, True)) for num in (3, 4)]
     assert [len(cpus) for _, cpus in quarters] == [28, 28]
     assert set(quarters[0][1]) | set(quarters[1][1]) == set(slot_a[1])  # a's, b's untouched
+
+    # `python train.py dist.nproc_per_node=2` there: the only job its process runs, every core
+    alone = TorchrunBackend(
+        single_run_settings({}), gpu_ids=[str(g) for g in range(8)], cores=cores
+    )
+    two = job(0, 2, True)
+    assert rank_share(alone, two, alone.reserve(two)) == (112, 56, 55)
 
     cpu_jobs = node(max_parallel=4)
     slices = [cpu_jobs.reserve(job(num, 2, False))[1] for num in range(4)]
