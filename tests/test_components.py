@@ -595,6 +595,83 @@ def test_conv_share_of_the_flops_is_counted(monkeypatch):
     assert 19.5e12 < speed.peak_flops < 156e12
 
 
+# torch >= 2.9's fp32_precision settings: (backend, op) -> precision, as torch._C sets them
+FP32_KEYS = [("generic", "all"), ("cuda", "all"), ("cuda", "matmul"), ("cuda", "conv")]
+
+
+@pytest.fixture
+def fp32_precision_restored():
+    """torch's TF32 settings (legacy and fp32_precision) as they were before the test."""
+    get, put = torch._C._get_fp32_precision_getter, torch._C._set_fp32_precision_setter
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    rnn = get("cuda", "rnn")
+    saved = {key: get(*key) for key in FP32_KEYS}
+    yield put
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn
+    for key, value in [*saved.items(), (("cuda", "rnn"), rnn)]:
+        put(*key, value)
+    assert {key: get(*key) for key in FP32_KEYS} == saved
+    assert torch.backends.cudnn.allow_tf32 == cudnn  # readable the legacy way again
+
+
+# fp32_precision settings made in order (torch >= 2.9) -> the math precision 32 runs in
+# (convolutions, matmuls): "none" takes its parent's (cuda "all", then "generic"), and
+# reading the legacy flags after any of these raises RuntimeError
+FP32_CASES = [
+    ([("cuda", "matmul", "tf32")], ("tf32", "tf32")),  # convolutions: TF32 by default
+    ([("cuda", "conv", "ieee")], ("32", "32")),
+    # matmuls: IEEE as set_float32_matmul_precision("highest") left them, until "none"
+    ([("generic", "all", "tf32"), ("cuda", "conv", "none")], ("tf32", "32")),
+    (
+        [("generic", "all", "tf32"), ("cuda", "conv", "none"), ("cuda", "matmul", "none")],
+        ("tf32", "tf32"),
+    ),
+    ([("cuda", "all", "ieee"), ("cuda", "conv", "none"), ("cuda", "matmul", "none")], ("32", "32")),
+    ([("generic", "all", "tf32"), ("cuda", "all", "ieee"), ("cuda", "conv", "none")], ("32", "32")),
+    ([("cuda", "matmul", "tf32"), ("cuda", "conv", "ieee")], ("32", "tf32")),
+]
+
+
+@pytest.mark.parametrize("settings, maths", FP32_CASES)
+def test_mfu_follows_torchs_fp32_precision_settings(
+    monkeypatch, fp32_precision_restored, settings, maths
+):
+    """With the fp32_precision API set (after the legacy one, too), MFU at precision 32 takes
+    the math torch runs: TF32 or FP32 per convolutions and matmuls."""
+    from components.speed import PEAK_FLOPS, Speed, math_precisions
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    torch.set_float32_matmul_precision("highest")  # the legacy API first, as a user might
+    for backend, op, precision in settings:
+        fp32_precision_restored(backend, op, precision)
+    assert math_precisions("32") == maths
+    assert math_precisions("bf16") == ("bf16", "bf16")
+    peaks = [PEAK_FLOPS["A100"][math] for math in maths]
+    speed = Speed(torch.device("cuda", 0), "32", 64, flops_per_sample=3e9, conv_share=0.25)
+    assert speed.peak_flops == pytest.approx(1 / (0.25 / peaks[0] + 0.75 / peaks[1]), rel=1e-9)
+    assert speed.mfu(1000.0, 2) == pytest.approx(3e9 * 1000 / (speed.peak_flops * 2), rel=1e-9)
+
+
+def test_mfu_is_left_out_when_torch_cannot_say_its_math(monkeypatch, caplog):
+    """Settings torch cannot report: no MFU, one warning, and the run goes on."""
+    from components.speed import Speed, peak_flops
+
+    class Unreadable:
+        def __getattr__(self, name):
+            raise RuntimeError("mix of the legacy and new APIs")
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch.backends.cudnn, "conv", Unreadable())
+    with caplog.at_level(logging.WARNING, logger="components.speed"):
+        speed = Speed(torch.device("cuda", 0), "32", 64, flops_per_sample=3e9, conv_share=0.5)
+    assert speed.peak_flops is None and speed.mfu(1000.0, 1) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "MFU left out: torch's TF32 settings could not be read (mix of the legacy and new APIs)"
+    ]
+    assert peak_flops(torch.device("cuda", 0), "bf16", 0.5) == 312e12  # autocast: no TF32 read
+
+
 def test_requirements_lists_every_distribution_as_importlib_metadata_reads_it() -> None:
     """repro's requirements.txt (read from the METADATA headers only) equals the listing from
     importlib.metadata's full parse: one `Name==Version` per distribution, sorted, first wins."""
