@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -468,6 +469,52 @@ def test_local_rank_beyond_the_visible_gpus_is_one_line_naming_cuda_visible_devi
         init_distributed(dist_cfg(backend="nccl"), "auto"),
     ):
         pass
+
+
+@pytest.fixture
+def fake_nccl(monkeypatch):
+    """A machine with one GPU, faked: the process group calls torch.distributed would make
+    are recorded ({name: (args, kwargs)}), none is made."""
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)  # a single process, not a rank torchrun started
+    monkeypatch.setattr(world, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    calls: dict = {}
+
+    def recorder(name, result=None):
+        def call(*args, **kwargs):
+            calls[name] = (args, kwargs)
+            return result
+
+        return call
+
+    monkeypatch.setattr(dist, "init_process_group", recorder("init_process_group"))
+    monkeypatch.setattr(dist, "new_group", recorder("new_group", "a gloo group"))
+    monkeypatch.setattr(dist, "barrier", recorder("barrier"))
+    return calls
+
+
+def test_the_one_rank_group_binds_its_gpu_as_the_ranks_groups_do(fake_nccl):
+    """`python train.py` on one GPU (the in-process group): init_process_group gets the rank's
+    device as device_id, as under torchrun."""
+    from components.distributed import init_distributed
+
+    with init_distributed(dist_cfg(backend="auto"), "auto") as env:
+        assert env.backend == "nccl" and env.device == torch.device("cuda", 0)
+    args, kwargs = fake_nccl["init_process_group"]
+    assert args == ("nccl",) and kwargs["world_size"] == 1
+    assert kwargs["device_id"] == torch.device("cuda", 0)
+
+
+def test_nccl_ranks_wait_for_the_data_on_a_gloo_group(fake_nccl):
+    """Under NCCL the ranks wait for local rank 0's data on a gloo group made with the run's
+    timeout (gloo raises at it; NCCL's watchdog would abort the process without a word)."""
+    from components.distributed import data_barrier, init_distributed
+
+    with init_distributed(dist_cfg(backend="nccl", timeout_s=42), "cuda") as env:
+        data_barrier(env)()
+    assert fake_nccl["new_group"] == ((), {"backend": "gloo", "timeout": timedelta(seconds=42)})
+    assert fake_nccl["barrier"] == ((), {"group": "a gloo group"})
 
 
 def test_device_cuda_with_gloo_is_a_user_error_even_where_gpus_are_visible(monkeypatch):
