@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -717,6 +718,111 @@ def test_mfu_is_left_out_when_torch_cannot_say_its_math(monkeypatch, caplog):
         "MFU left out: torch's TF32 settings could not be read (mix of the legacy and new APIs)"
     ]
     assert peak_flops(torch.device("cuda", 0), "bf16", 0.5) == 312e12  # autocast: no TF32 read
+
+
+# --- W&B's system charts: this process's GPUs ------------------------------------------------
+
+
+class FakeNVML:
+    """nvidia-ml-py's pynvml on a node of two GPUs, the second split into two MIG instances."""
+
+    class NVMLError(Exception):
+        pass
+
+    GPUS = {0: ("GPU-1f2e3d4c-0000", []), 1: ("GPU-9a8b7c6d-1111", ["MIG-5e6f", "MIG-7a8b"])}
+
+    def __init__(self):
+        self.open = 0
+
+    def nvmlInit(self):
+        self.open += 1
+
+    def nvmlShutdown(self):
+        self.open -= 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.GPUS)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return ("gpu", index)
+
+    def nvmlDeviceGetUUID(self, handle):
+        kind, index, *slot = handle
+        uuid, migs = self.GPUS[index]
+        return (uuid if kind == "gpu" else migs[slot[0]]).encode()  # older pynvml: bytes
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle):
+        if not self.GPUS[handle[1]][1]:
+            raise self.NVMLError("Not Supported")
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, slot):
+        if slot >= len(self.GPUS[handle[1]][1]):
+            raise self.NVMLError("Not Found")
+        return ("mig", handle[1], slot)
+
+
+@pytest.mark.parametrize(
+    "visible, ids",
+    [
+        (None, None),  # every GPU
+        ("", None),  # none: W&B takes an empty list for every GPU too
+        ("2,5", [2, 5]),
+        ("3,-1,4", [3]),  # CUDA stops at the first invalid entry
+        ("GPU-9a8b,GPU-1f2e3d4c-0000", [1, 0]),  # UUIDs and prefixes of them, as CUDA takes
+        ("MIG-7a8b,MIG-5e6f", [1]),  # two MIG instances of GPU 1
+        ("GPU-", None),  # ambiguous: not CUDA's either
+        ("GPU-ffff", None),  # not on this node
+    ],
+)
+def test_wandb_charts_the_gpus_cuda_visible_devices_gives(monkeypatch, visible, ids):
+    """x_stats_gpu_device_ids (NVML indices) of every run's settings follow CUDA_VISIBLE_DEVICES;
+    UUIDs and MIG instances through NVML (faked), which is left closed."""
+    import wandb
+
+    from core.wandb_service import run_settings
+
+    nvml = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert run_settings(wandb, "online", 60).x_stats_gpu_device_ids == ids
+    assert nvml.open == 0
+
+
+def test_wandb_charts_every_gpu_where_uuids_cannot_be_mapped(monkeypatch):
+    """Without nvidia-ml-py a UUID has no NVML index to give: every GPU, as before."""
+    from core.wandb_service import gpu_device_ids
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-9a8b7c6d-1111")
+    assert gpu_device_ids() is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert gpu_device_ids() == [1, 0]
+
+
+def test_an_offline_run_on_a_jobs_gpus_records_as_ever(tmp_path, monkeypatch):
+    """train.py with W&B offline and CUDA_VISIBLE_DEVICES=1,3 (a packed job's GPUs; trained
+    on the CPU here): the run's settings carry the GPUs' ids, and W&B records the run."""
+    from components import metrics
+    from tests.helpers import offline_runs, train_in_process
+
+    made = []
+
+    def recorded(*args):
+        made.append(settings := run_settings(*args))
+        return settings
+
+    run_settings = metrics.run_settings
+    monkeypatch.setattr(metrics, "run_settings", recorded)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    overrides = ("trainer.max_epochs=1", "trainer.device=cpu", "dist.backend=gloo")
+    train_in_process(tmp_path / "run", *overrides, "wandb.mode=offline")
+    assert [s.x_stats_gpu_device_ids for s in made] == [[1, 3]]
+    (run,) = offline_runs(tmp_path / "run")
+    assert run.exit_code == 0 and run.history and "val/acc" in run.summary
 
 
 def test_requirements_lists_every_distribution_as_importlib_metadata_reads_it() -> None:
