@@ -61,7 +61,13 @@ from components.loss_window import LossWindow
 from components.metrics import RunLogger, run_facts
 from components.monitor import Monitor, check_target
 from components.optim import build_optimizer, lr_schedule, warmup_steps
-from components.precision import grad_scaler, memory_format, model_dtype, precision_context
+from components.precision import (
+    grad_scaler,
+    memory_format,
+    model_dtype,
+    precision_context,
+    warn_if_bf16_emulated,
+)
 from components.preemption import Preempted, StopRequest
 from components.profiling import StepProfiler
 from components.pruning import Pruned, TrialLink, check_prune, pruner_for
@@ -198,6 +204,7 @@ def build(
     optimizer = build_optimizer(cfg.optim, model, global_batch=tc.batch_size)
     scheduler = lr_schedule(optimizer, tc, steps_per_epoch)
     scaler = grad_scaler(tc.precision, env.device)
+    warn_if_bf16_emulated(tc.precision, env.device)
     ema = build_ema(model, tc.ema)
     monitor = Monitor(
         tc.monitor.metric,

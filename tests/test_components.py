@@ -720,6 +720,41 @@ def test_mfu_is_left_out_when_torch_cannot_say_its_math(monkeypatch, caplog):
     assert peak_flops(torch.device("cuda", 0), "bf16", 0.5) == 312e12  # autocast: no TF32 read
 
 
+@pytest.mark.parametrize(
+    "precision, device, native, warned",
+    [
+        ("bf16", "cuda", False, True),  # a V100 or T4
+        ("bf16", "cuda", True, False),  # Ampere on
+        ("fp16", "cuda", False, False),
+        ("32", "cuda", False, False),
+        ("bf16", "cpu", False, False),  # a CPU's bf16: trainer.precision=auto's business
+    ],
+)
+def test_bf16_on_a_gpu_without_native_bf16_is_said(
+    monkeypatch, caplog, precision, device, native, warned
+):
+    """trainer.precision=bf16 on a GPU that only emulates bf16 (faked): one warning line naming
+    the GPU and the fix; nothing where bf16 is native or not asked for."""
+    from components.precision import warn_if_bf16_emulated
+
+    asked = []
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        asked.append(including_emulation)
+        return native or including_emulation  # torch emulates bf16 on every CUDA GPU
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    with caplog.at_level(logging.WARNING, logger="components.precision"):
+        assert warn_if_bf16_emulated(precision, torch.device(device, 0)) is warned
+    assert asked == ([False] if precision == "bf16" and device == "cuda" else [])
+    expected = (
+        "trainer.precision=bf16 on Tesla V100-SXM2-16GB, which has no native bf16: torch "
+        "emulates it (no tensor cores); use trainer.precision=fp16 (or 32) on this GPU"
+    )
+    assert [r.getMessage() for r in caplog.records] == ([expected] if warned else [])
+
+
 # --- W&B's system charts: this process's GPUs ------------------------------------------------
 
 
