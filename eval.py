@@ -28,12 +28,11 @@ import math
 import os
 from pathlib import Path
 
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-from components.distributed import init_distributed
+from components.distributed import data_barrier, init_distributed
 from components.eval_record import EvalRecord
 from components.evaluation import Predictions, evaluate
 from components.precision import memory_format, precision_context
@@ -62,7 +61,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> float | None:
     record = EvalRecord(out_dir, enabled=int(os.environ.get("RANK", "0")) == 0)
     with init_distributed(cfg.dist, tc.device) as env:
         splits = build_datasets(
-            trained.dataset, local_rank=env.local_rank, barrier=dist.barrier, seed=trained.seed
+            trained.dataset, local_rank=env.local_rank, barrier=data_barrier(env), seed=trained.seed
         )
         # A split of the dataset, or (any other value) a folder of unlabeled images.
         folder = (

@@ -3,11 +3,14 @@ channels_last."""
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 
 import torch
 
 from core.errors import UserError
+
+log = logging.getLogger(__name__)
 
 # "64": the model and its inputs in float64, no autocast: for numerics checks (e.g. that a run
 # resumed at another world size ends where the uninterrupted one ends: in float32 the all-reduce's
@@ -41,3 +44,20 @@ def memory_format(trainer_cfg) -> torch.memory_format:
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """Loss scaling for fp16 only (bf16 has fp32's range); a no-op scaler otherwise."""
     return torch.amp.GradScaler(device.type, enabled=str(precision) == "fp16")
+
+
+def warn_if_bf16_emulated(precision: str, device: torch.device) -> bool:
+    """bf16 on a GPU without native bf16 (before Ampere: V100, T4, whose tensor cores take fp16,
+    not bf16): torch emulates it, and says nothing; one warning line saying so. True where it
+    warned."""
+    if str(precision) != "bf16" or device.type != "cuda":
+        return False
+    # about the current device, which init_distributed set to the rank's (ROCm: always True)
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        return False
+    log.warning(
+        "trainer.precision=bf16 on %s, which has no native bf16: torch emulates it (no tensor "
+        "cores); use trainer.precision=fp16 (or 32) on this GPU",
+        torch.cuda.get_device_name(device),
+    )
+    return True

@@ -64,6 +64,7 @@ from tests.helpers import (
     summary_rows,
     sweep,
     train_cmd,
+    wait_for_no_processes,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -1080,6 +1081,29 @@ def test_a_user_error_of_rank_1_is_the_jobs_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in out and "ProcessExitedException" not in out, out
     assert "torchrun:" not in out, out  # the agent's lines are for a sweep's agent.log
     assert result_json(run_dir)["error"].endswith("7.jpg is truncated: remove or replace it")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    HYDRA_VERSION >= (1, 4),
+    reason="its dataset target is a test module, outside Hydra 1.4's _target_ allowlist "
+    "(core/hydra_compat.py); the wait does not depend on Hydra's version",
+)
+def test_a_wait_for_local_rank_0s_data_past_the_timeout_is_one_line(tmp_path: Path) -> None:
+    """`python train.py dist.nproc_per_node=2` with a dataset whose download takes local rank
+    0 far longer than dist.timeout_s: rank 1 stops waiting at the timeout with one line naming
+    the key (exit 2), rank 0 is stopped with it, no process is left; no traceback."""
+    run_dir, tag = tmp_path / "run", str(tmp_path)
+    target = "dataset._target_=tests.launcher_apps.slow_data.digits"
+    overrides = ("dataset=mnist", target, "dataset.download=true", "dist.timeout_s=5")
+    cmd = train_cmd("dist.nproc_per_node=2", *overrides, *QUICK, f"hydra.run.dir={run_dir}")
+    proc = run(cmd, timeout=240, SLOW_DATA_S="600", SLOW_DATA_TAG=tag)
+    out = output(proc)
+    line = r"rank 1 waited \d+ s for local rank 0 to build the data, past dist.timeout_s=5: raise "
+    assert proc.returncode == UserError.exit_code, out
+    assert len(re.findall(line, out)) == 1 and "Traceback" not in out, out
+    assert re.match(line, result_json(run_dir)["error"])
+    assert wait_for_no_processes("SLOW_DATA_TAG", tag) == []
 
 
 @pytest.mark.slow
