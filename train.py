@@ -61,7 +61,13 @@ from components.loss_window import LossWindow
 from components.metrics import RunLogger, run_facts
 from components.monitor import Monitor, check_target
 from components.optim import build_optimizer, lr_schedule, warmup_steps
-from components.precision import grad_scaler, memory_format, model_dtype, precision_context
+from components.precision import (
+    grad_scaler,
+    memory_format,
+    model_dtype,
+    precision_context,
+    resolve_precision,
+)
 from components.preemption import Preempted, StopRequest, cpu_group
 from components.profiling import StepProfiler
 from components.pruning import Pruned, TrialLink, check_prune, pruner_for
@@ -158,8 +164,10 @@ def build(
     tc = cfg.trainer
     torch.manual_seed(cfg.seed)
     torch.backends.cudnn.benchmark = tc.cudnn_benchmark  # autotune convolutions (GPU)
-    # The recipe that trains, also in checkpoints and W&B (imagefolder's depends on its size).
+    # The recipe that trains, also in checkpoints and W&B (imagefolder's depends on its size);
+    # trainer.precision=auto: bf16 where this hardware has it natively, else 32 (one log line).
     cfg.augment = folder_augment(cfg)[0]
+    tc.precision = resolve_precision(tc.precision, env)
 
     # Data: a DistributedSampler gives each rank its own shard of every epoch; validation counts
     # every sample exactly once across ranks; test is only touched after training.

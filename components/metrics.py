@@ -377,6 +377,7 @@ class RunLogger:
         self._monitor = monitor
         r = self.result
         r.params, r.flops_per_sample = facts.get("params"), facts.get("flops_per_sample")
+        r.precision = str(cfg.trainer.precision)
         if monitor is not None:
             r.monitor, r.mode = monitor.metric, monitor.mode
             if resuming and epochs_done:  # what the earlier attempts reached
