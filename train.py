@@ -252,7 +252,9 @@ def build(
 
     # The W&B run (and the panels of validation: per class, confusion matrix, fixed images).
     media = ValMedia(cfg, splits, loaders.val, env)
-    facts = run_facts(env.world_size, micro_batch * tc.accumulate_grad_batches, env.device)
+    facts = run_facts(
+        env.world_size, micro_batch * tc.accumulate_grad_batches, env.device, tc.precision
+    )
     progress.wandb_run_id = run.open(
         cfg,
         {**facts, **size},

@@ -145,6 +145,9 @@ class DistConfig:
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
     bucket_cap_mb: float = 25.0
+    # DDP even for a single rank (otherwise skipped: nothing to synchronise): checks DDP's
+    # reducer, and compile's DDPOptimizer, on one GPU (docs/bench/gpu.py).
+    force_ddp: bool = False
 
 
 @dataclass

@@ -116,6 +116,32 @@ def test_compiled_ddp_trains_like_eager_on_two_ranks(tmp_path):
         torch.testing.assert_close(fast["model"][key], weight, rtol=0, atol=COMPILE_TOLERANCE)
 
 
+def test_force_ddp_wraps_a_single_rank_and_trains_the_same(monkeypatch, tmp_path):
+    """dist.force_ddp=true: DDP around the model even at world size 1 (how the GPU check runs
+    DDP's reducer and DDPOptimizer on one GPU, docs/bench/gpu.py); its all-reduce over one rank
+    changes nothing, so the weights end as the plain model's do. Without it, no DDP."""
+    import components.distributed as distributed
+
+    wrapped = []
+
+    class SpyDDP(distributed.DDP):
+        def __init__(self, module, **kwargs):
+            wrapped.append(type(module).__name__)
+            super().__init__(module, **kwargs)
+
+    monkeypatch.setattr(distributed, "DDP", SpyDDP)
+    train_in_process(tmp_path / "plain", *QUICK)
+    assert wrapped == []
+    train_in_process(tmp_path / "ddp", *QUICK, "dist.force_ddp=true")
+    assert wrapped == ["SmallCNN"]
+    plain, ddp = (
+        load_checkpoint(tmp_path / n / "checkpoints" / "last.pt") for n in ("plain", "ddp")
+    )
+    assert list(ddp["model"]) == list(plain["model"])  # no module. prefix
+    for key, weight in plain["model"].items():
+        assert torch.equal(ddp["model"][key], weight), key
+
+
 def compiled_types(rank: int, run_dir: str, overrides: list[str]) -> list[str]:
     """train.py's train(cfg) on this rank, recording what torch.compile is handed."""
     from tests.rank_pool import train_rank
