@@ -83,9 +83,9 @@ def native_bf16(device: torch.device) -> tuple[bool, str]:
     A GPU: torch.cuda.is_bf16_supported(including_emulation=False) (compute capability 8.0+;
     V100 and T4 emulate it). A CPU: AVX512-BF16 or AMX (torch's own probes), with oneDNN free
     to use them (ONEDNN_MAX_CPU_ISA). Measured with the recipes' small CNN (batch 256, one
-    thread, AMD EPYC with AVX512-BF16): bf16 trained 1.7x fp32's samples/s; with oneDNN capped at
-    AVX2 0.16x and at AVX512_CORE 0.8x; ATen capped at AVX2 (ATEN_CPU_CAPABILITY) alone still
-    2.0x, so torch.backends.cpu.get_cpu_capability() only names the CPU here."""
+    thread, AMD EPYC with AVX512-BF16): bf16 trained 1.5-1.7x fp32's samples/s; with oneDNN
+    capped at AVX2 0.16x and at AVX512_CORE 0.8x; ATen capped at AVX2 (ATEN_CPU_CAPABILITY)
+    alone still 2.0x, so torch.backends.cpu.get_cpu_capability() only names the CPU here."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         if torch.cuda.is_bf16_supported(including_emulation=False):
