@@ -35,7 +35,7 @@ import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 from components.distributed import data_barrier, init_distributed
 from components.eval_record import EvalRecord
 from components.evaluation import Predictions, evaluate
-from components.precision import memory_format, precision_context
+from components.precision import memory_format, precision_context, resolve_precision
 from components.trained import find_checkpoint, load_trained, load_weights, trained_config
 from core.run_dir import EvalReport
 from data import ImageFiles, build_datasets, eval_loader, loader_options, sample_positions
@@ -60,6 +60,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> float | None:
     tc, split = trained.trainer, str(cfg.split)
     record = EvalRecord(out_dir, enabled=int(os.environ.get("RANK", "0")) == 0)
     with init_distributed(cfg.dist, tc.device) as env:
+        tc.precision = resolve_precision(tc.precision, env)  # auto: this machine's choice
         splits = build_datasets(
             trained.dataset, local_rank=env.local_rank, barrier=data_barrier(env), seed=trained.seed
         )

@@ -66,6 +66,7 @@ from components.precision import (
     memory_format,
     model_dtype,
     precision_context,
+    resolve_precision,
     warn_if_bf16_emulated,
 )
 from components.preemption import Preempted, StopRequest
@@ -164,8 +165,10 @@ def build(
     tc = cfg.trainer
     torch.manual_seed(cfg.seed)
     torch.backends.cudnn.benchmark = tc.cudnn_benchmark  # autotune convolutions (GPU)
-    # The recipe that trains, also in checkpoints and W&B (imagefolder's depends on its size).
+    # The recipe that trains, also in checkpoints and W&B (imagefolder's depends on its size);
+    # trainer.precision=auto: bf16 where this hardware has it natively, else 32 (one log line).
     cfg.augment = folder_augment(cfg)[0]
+    tc.precision = resolve_precision(tc.precision, env)
 
     # Data: a DistributedSampler gives each rank its own shard of every epoch; validation counts
     # every sample exactly once across ranks; test is only touched after training.
@@ -251,7 +254,9 @@ def build(
 
     # The W&B run (and the panels of validation: per class, confusion matrix, fixed images).
     media = ValMedia(cfg, splits, loaders.val, env)
-    facts = run_facts(env.world_size, micro_batch * tc.accumulate_grad_batches, env.device)
+    facts = run_facts(
+        env.world_size, micro_batch * tc.accumulate_grad_batches, env.device, tc.precision
+    )
     progress.wandb_run_id = run.open(
         cfg,
         {**facts, **size},

@@ -238,7 +238,9 @@ def tighten_timeout(env: DistEnv) -> None:
     """Lower the collective timeout once startup (downloads, compilation) is over."""
     seconds = env.step_timeout_s
     if seconds and env.is_distributed:
-        dist.set_timeout(timedelta(seconds=seconds))
+        # torch < 2.14 has only the private name (torch 2.14 made it public, deprecating it)
+        set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+        set_timeout(timedelta(seconds=seconds))
 
 
 def gather_floats(value: float) -> list[float]:
@@ -257,8 +259,8 @@ def broadcast_weights(model: torch.nn.Module, src: int = 0) -> None:
 
 def wrap_ddp(model, dist_cfg, env: DistEnv):
     """DDP around `model` (SyncBatchNorm already converted: sync_batchnorm); the model itself
-    on one rank."""
-    if not env.is_distributed:
+    on one rank, unless dist.force_ddp."""
+    if not env.is_distributed and not dist_cfg.force_ddp:
         return model  # one rank: nothing to synchronise
     return DDP(
         model,

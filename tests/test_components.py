@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -337,6 +338,35 @@ def test_per_rank_batch_and_its_error():
 def test_started_as_rank():
     assert world.started_as_rank({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
     assert not world.started_as_rank({"RANK": "0"})
+
+
+@pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.parametrize("public", [True, False])
+def test_the_step_timeout_is_set_with_the_torch_at_hand(monkeypatch, public):
+    """After the first step every rank lowers its collective timeout to dist.step_timeout_s:
+    through torch.distributed.set_timeout (torch >= 2.14), or its private name before it
+    (e.g. the torch 2.11 a GPU machine ships), never an AttributeError after step 1."""
+    from datetime import timedelta
+
+    from components.distributed import DistEnv, tighten_timeout
+
+    asked = []
+    real = dist.set_timeout if public else dist.distributed_c10d._set_pg_timeout
+
+    def spy(timeout, group=None):
+        asked.append(timeout)
+        with warnings.catch_warnings():  # torch 2.14 deprecates the private name
+            warnings.simplefilter("ignore", FutureWarning)
+            real(timeout, group)
+
+    if public:
+        monkeypatch.setattr(dist, "set_timeout", spy)
+    else:
+        monkeypatch.delattr(dist, "set_timeout")
+        monkeypatch.setattr(dist.distributed_c10d, "_set_pg_timeout", spy)
+    env = DistEnv(0, 0, 2, 2, 1, "gloo", torch.device("cpu"), step_timeout_s=5)
+    tighten_timeout(env)
+    assert asked == [timedelta(seconds=5)]
 
 
 # ------------------------------------------------------------------------------ errors
