@@ -28,7 +28,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 
-from core.errors import UserError, describe, find_user_error, job_value
+from core.errors import UserError, describe, find_user_error, job_value, one_line
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from core.wandb_service import wandb_wanted
 from core.world import (
@@ -412,6 +412,9 @@ class TorchrunBackend:
         rank_logs = job.job_dir / self.settings.log_dir
         rank0 = job_value(ret) if ret is not None and ret.status == JobStatus.FAILED else None
         failures = read_failures(files / FAILURES_JSON)
+        if rank0 is None:  # stopped before it sent its JobReturn: its error file still says
+            said = [f["error"] for f in failures if f.get("rank") == 0 and f.get("error")]
+            rank0 = Stopped(one_line(said[0])) if said else None
         dead = [f"{describe_failure(f)}; rank logs in {rank_logs}" for f in failures]
         if code is not None and code < 0:
             otherwise = f"torchrun was killed by {signal.Signals(-code).name}"
