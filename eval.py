@@ -28,16 +28,15 @@ import math
 import os
 from pathlib import Path
 
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-from components.distributed import init_distributed
+from components.distributed import data_barrier, init_distributed
 from components.eval_record import EvalRecord
 from components.evaluation import Predictions, evaluate
 from components.manifest import find_checkpoint
-from components.precision import memory_format, precision_context
+from components.precision import memory_format, precision_context, resolve_precision
 from components.trained import load_trained, load_weights, trained_config
 from core.run_dir import EvalReport
 from data import ImageFiles, build_datasets, eval_loader, loader_options, sample_positions
@@ -62,8 +61,9 @@ def evaluate_checkpoint(cfg: DictConfig) -> float | None:
     tc, split = trained.trainer, str(cfg.split)
     record = EvalRecord(out_dir, enabled=int(os.environ.get("RANK", "0")) == 0)
     with init_distributed(cfg.dist, tc.device) as env:
+        tc.precision = resolve_precision(tc.precision, env)  # auto: this machine's choice
         splits = build_datasets(
-            trained.dataset, local_rank=env.local_rank, barrier=dist.barrier, seed=trained.seed
+            trained.dataset, local_rank=env.local_rank, barrier=data_barrier(env), seed=trained.seed
         )
         # A split of the dataset, or (any other value) a folder of unlabeled images.
         folder = (

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -47,6 +46,7 @@ from components.console import Console
 from components.distributed import (
     DistEnv,
     broadcast_weights,
+    data_barrier,
     gather_floats,
     init_distributed,
     rank0_decides,
@@ -61,8 +61,15 @@ from components.loss_window import LossWindow
 from components.metrics import RunLogger, run_facts
 from components.monitor import Monitor
 from components.optim import build_optimizer, lr_schedule, warmup_steps
-from components.precision import grad_scaler, memory_format, model_dtype, precision_context
-from components.preemption import Preempted, StopRequest, cpu_group
+from components.precision import (
+    grad_scaler,
+    memory_format,
+    model_dtype,
+    precision_context,
+    resolve_precision,
+    warn_if_bf16_emulated,
+)
+from components.preemption import Preempted, StopRequest
 from components.profiling import StepProfiler
 from components.pruning import Pruned, TrialLink, check_prune, pruner_for
 from components.speed import Speed, model_facts, peak_memory_mb
@@ -159,8 +166,10 @@ def build(
     tc = cfg.trainer
     torch.manual_seed(cfg.seed)
     torch.backends.cudnn.benchmark = tc.cudnn_benchmark  # autotune convolutions (GPU)
-    # The recipe that trains, also in checkpoints and W&B (imagefolder's depends on its size).
+    # The recipe that trains, also in checkpoints and W&B (imagefolder's depends on its size);
+    # trainer.precision=auto: bf16 where this hardware has it natively, else 32 (one log line).
     cfg.augment = folder_augment(cfg)[0]
+    tc.precision = resolve_precision(tc.precision, env)
 
     # Data: a DistributedSampler gives each rank its own shard of every epoch; validation counts
     # every sample exactly once across ranks; test is only touched after training.
@@ -168,7 +177,7 @@ def build(
     splits = build_datasets(
         cfg.dataset,
         local_rank=env.local_rank,
-        barrier=dist.barrier,
+        barrier=data_barrier(env),
         seed=cfg.seed,
         augment=build_recipe(cfg.augment),
     )
@@ -199,6 +208,7 @@ def build(
     optimizer = build_optimizer(cfg.optim, model, global_batch=tc.batch_size)
     scheduler = lr_schedule(optimizer, tc, steps_per_epoch)
     scaler = grad_scaler(tc.precision, env.device)
+    warn_if_bf16_emulated(tc.precision, env.device)
     ema = build_ema(model, tc.ema)
     monitor = Monitor(
         tc.monitor.metric,
@@ -246,7 +256,9 @@ def build(
 
     # The W&B run (and the panels of validation: per class, confusion matrix, fixed images).
     media = ValMedia(cfg, splits, loaders.val, env)
-    facts = run_facts(env.world_size, micro_batch * tc.accumulate_grad_batches, env.device)
+    facts = run_facts(
+        env.world_size, micro_batch * tc.accumulate_grad_batches, env.device, tc.precision
+    )
     progress.wandb_run_id = run.open(
         cfg,
         {**facts, **size},
@@ -308,7 +320,7 @@ def fit(t: Training) -> float | None:
     cfg, env, run, progress, monitor = t.cfg, t.env, t.run, t.progress, t.monitor
     tc = cfg.trainer
     with (
-        StopRequest(tc.preemption_check_every_n_steps, cpu_group(env.backend)) as stop,
+        StopRequest(tc.preemption_check_every_n_steps, env.cpu_group) as stop,
         StepProfiler(tc.profile, t.run_dir, rank0=env.is_main, on_written=run.save_profile) as prof,
         torch.autograd.detect_anomaly() if tc.detect_anomaly else nullcontext(),
     ):

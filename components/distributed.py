@@ -8,10 +8,12 @@ a single process (the launcher starts more when dist.nproc_per_node asks for the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,6 +34,10 @@ class DistEnv:
     backend: str
     device: torch.device
     step_timeout_s: int | None = None  # collective timeout after the first step
+    timeout_s: float = 600.0  # collective timeout until then (dist.timeout_s)
+    # A gloo group of every rank for waits and flags on the host (None: the default group is
+    # gloo): it times out with an error, where NCCL's watchdog aborts the process.
+    cpu_group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -120,11 +126,17 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
         dev = torch.device("cpu")
 
     timeout = timedelta(seconds=dist_cfg.timeout_s)
+    device_id = dev if dev.type == "cuda" else None  # NCCL: the group binds the rank's GPU
     if world_size == 1 and not started_as_rank():
         # A one-rank group keeps every collective (metric all-reduce, barriers) valid without
         # a rendezvous port; DDP itself is skipped for a single rank.
         dist.init_process_group(
-            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+            backend,
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            timeout=timeout,
+            device_id=device_id,
         )
     elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's agent hosts the store and it outlives restarts of the ranks (--max-restarts):
@@ -145,19 +157,55 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
             rank=rank,
             world_size=world_size,
             timeout=timeout,
-            device_id=dev if dev.type == "cuda" else None,
+            device_id=device_id,
         )
     else:
-        dist.init_process_group(
-            backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None
-        )
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     try:
         yield DistEnv(
-            rank, local_rank, world_size, nproc, nnodes, backend, dev, dist_cfg.step_timeout_s
+            rank,
+            local_rank,
+            world_size,
+            nproc,
+            nnodes,
+            backend,
+            dev,
+            dist_cfg.step_timeout_s,
+            dist_cfg.timeout_s,
+            dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None,
         )
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def data_barrier(env: DistEnv) -> Callable[[], None]:
+    """build_datasets' barrier (local rank 0 downloads while the node's other ranks wait): a
+    barrier on the host (env.cpu_group), made before local rank 0 starts. A wait past
+    dist.timeout_s ends on every rank that waited with one line naming the key: gloo raises
+    at its timeout, where an NCCL barrier would leave NCCL's watchdog to abort the process
+    (SIGABRT: no error of its own). Local rank 0, if it reaches the barrier after the others
+    gave up, says the same."""
+    started = time.monotonic()
+
+    def barrier() -> None:
+        try:
+            dist.barrier(group=env.cpu_group)
+        except RuntimeError:
+            took = time.monotonic() - started
+            if took < env.timeout_s:  # a rank failed before the timeout: the launcher names it
+                raise
+            if env.local_rank == 0:
+                what = f"rank {env.rank} (local rank 0) took {took:.0f} s to build the data"
+            else:
+                what = f"rank {env.rank} waited {took:.0f} s for local rank 0 to build the data"
+            raise UserError(
+                f"{what}, past dist.timeout_s={env.timeout_s:g}: raise dist.timeout_s "
+                f"(e.g. dist.timeout_s={4 * env.timeout_s:g}), or build the data once beforehand "
+                "with one rank (dist.nproc_per_node=1)"
+            ) from None
+
+    return barrier
 
 
 def check_device_ordinal(local_rank: int) -> None:
@@ -190,7 +238,9 @@ def tighten_timeout(env: DistEnv) -> None:
     """Lower the collective timeout once startup (downloads, compilation) is over."""
     seconds = env.step_timeout_s
     if seconds and env.is_distributed:
-        dist.set_timeout(timedelta(seconds=seconds))
+        # torch < 2.14 has only the private name (torch 2.14 made it public, deprecating it)
+        set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+        set_timeout(timedelta(seconds=seconds))
 
 
 def gather_floats(value: float) -> list[float]:
@@ -209,8 +259,8 @@ def broadcast_weights(model: torch.nn.Module, src: int = 0) -> None:
 
 def wrap_ddp(model, dist_cfg, env: DistEnv):
     """DDP around `model` (SyncBatchNorm already converted: sync_batchnorm); the model itself
-    on one rank."""
-    if not env.is_distributed:
+    on one rank, unless dist.force_ddp."""
+    if not env.is_distributed and not dist_cfg.force_ddp:
         return model  # one rank: nothing to synchronise
     return DDP(
         model,

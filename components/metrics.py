@@ -52,13 +52,17 @@ from core.wandb_service import run_settings, wait_for_service
 log = logging.getLogger(__name__)
 
 
-def run_facts(world_size: int, per_rank_batch: int, device: torch.device) -> dict[str, Any]:
+def run_facts(
+    world_size: int, per_rank_batch: int, device: torch.device, precision: str
+) -> dict[str, Any]:
     """Derived facts stored beside the config so every W&B run says how it was run (rank 0's
-    RunLogger.open adds git_commit and git_dirty)."""
+    RunLogger.open adds git_commit and git_dirty); `precision`: trainer.precision as resolved
+    (components/precision.py), also result.json's."""
     return {
         "world_size": world_size,
         "per_rank_batch_size": per_rank_batch,
         "device_type": device.type,
+        "precision": str(precision),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -351,17 +355,18 @@ class RunLogger:
     ) -> str | None:
         """Write repro/ (components/repro.py), start metrics.jsonl and the W&B run (continuing
         `wandb_run_id`; with the repro files, and wandb.watch on `model` if asked); returns the
-        W&B id. `facts` with `params` and `flops_per_sample` go to result.json too; `monitor`
-        (components.monitor.Monitor) keeps the bests result.json reports; `epochs_done`: the
-        epochs a resumed checkpoint had completed; `steps_done`: its optimizer steps (0: a
-        fresh start; None: every row kept), the last step of metrics.jsonl kept: rows after it
-        belong to an attempt this run does not continue (killed before a checkpoint, or past
-        the checkpoint a resume fell back to), so one trajectory is in the file, each step
-        once."""
+        W&B id. `facts` with `params`, `flops_per_sample` and `precision` go to result.json
+        too; `monitor` (components.monitor.Monitor) keeps the bests result.json reports;
+        `epochs_done`: the epochs a resumed checkpoint had completed; `steps_done`: its
+        optimizer steps (0: a fresh start; None: every row kept), the last step of
+        metrics.jsonl kept: rows after it belong to an attempt this run does not continue
+        (killed before a checkpoint, or past the checkpoint a resume fell back to), so one
+        trajectory is in the file, each step once."""
         self.opened = True
         self._monitor = monitor
         r = self.result
         r.params, r.flops_per_sample = facts.get("params"), facts.get("flops_per_sample")
+        r.precision = facts.get("precision")
         if monitor is not None:
             r.monitor, r.mode = monitor.metric, monitor.mode
             if resuming and epochs_done:  # what the earlier attempts reached

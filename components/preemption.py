@@ -31,7 +31,7 @@ class Preempted(Exception):
 class StopRequest:
     def __init__(self, every: int, group=None):
         self.every = max(1, every)
-        self.group = group
+        self.group = group  # gloo (DistEnv.cpu_group): agreeing never syncs the GPU stream
         self.received: int | None = None
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
@@ -59,8 +59,3 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
-
-
-def cpu_group(backend: str):
-    """A gloo group for the stop flag, so agreeing never syncs the GPU stream (None: default)."""
-    return dist.new_group(backend="gloo") if backend != "gloo" else None

@@ -6,6 +6,7 @@ a window's totals are exact without a sync per step.
 
 from __future__ import annotations
 
+import logging
 import resource
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from contextlib import contextmanager
 import torch
 
 from components.precision import as_model_input
+
+log = logging.getLogger(__name__)
 
 # Dense (not sparse) peak throughput per GPU part, in FLOP/s, by the math the FLOPs run in:
 # bf16/fp16 under autocast; with precision 32, "tf32" where torch lets cuDNN or cuBLAS use
@@ -60,23 +63,43 @@ DEVICE_PARTS = {
 }
 
 
-def math_precisions(precision: str) -> tuple[str, str]:
-    """(convolutions', matmuls') math as torch is set now: with precision 32, cuDNN runs
-    convolutions in TF32 unless torch.backends.cudnn.allow_tf32 is off (on by default), and
-    cuBLAS runs matmuls in TF32 only where torch.backends.cuda.matmul.allow_tf32 (or
-    torch.set_float32_matmul_precision("high")) turns it on (off by default)."""
+def math_precisions(precision: str) -> tuple[str | None, str | None]:
+    """(convolutions', matmuls') math as torch is set now; (None, None) where torch's settings
+    cannot be read (MFU is then left out, with one warning: it never stops a run). With
+    precision 32, cuDNN runs convolutions in TF32 and cuBLAS runs matmuls in TF32 where torch
+    lets them: the convolution's on by default, the matmul's off (both changed by
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+    torch.set_float32_matmul_precision or, torch >= 2.9, the fp32_precision settings)."""
     precision = str(precision)
     if precision != "32":
         return precision, precision
-    conv = "tf32" if torch.backends.cudnn.allow_tf32 else "32"
-    matmul = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "32"
-    return conv, matmul
+    try:
+        conv_tf32, matmul_tf32 = _tf32_allowed()
+    except Exception as e:  # noqa: BLE001 - MFU is a figure, never a reason to stop a run
+        log.warning("MFU left out: torch's TF32 settings could not be read (%s)", e)
+        return None, None
+    return "tf32" if conv_tf32 else "32", "tf32" if matmul_tf32 else "32"
+
+
+def _tf32_allowed() -> tuple[bool, bool]:
+    """Whether cuDNN convolutions and cuBLAS matmuls may run FP32 work in TF32. torch >= 2.9
+    reads the fp32_precision settings (a "none" resolves through its parents, cudnn's then
+    torch.backends', as the kernels resolve it: at::Context::float32Precision), and raises on
+    reading the legacy allow_tf32 flags once those settings were changed; older torch has only
+    the flags."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return (
+            conv.fp32_precision == "tf32",
+            torch.backends.cuda.matmul.fp32_precision == "tf32",
+        )
+    return torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
 
 
 def peak_flops(device: torch.device, precision: str, conv_share: float = 0.0) -> float | None:
     """The peak FLOP/s of `device` for a model whose FLOPs are `conv_share` convolutions (the
     rest matmuls): the time-weighted mix of both peaks. None off CUDA, for a GPU not in
-    DEVICE_PARTS, or a math the part has no figure for."""
+    DEVICE_PARTS, or a math the part has no figure for (or that torch cannot tell)."""
     if device.type != "cuda":
         return None
     part = DEVICE_PARTS.get(torch.cuda.get_device_name(device))

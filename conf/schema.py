@@ -145,6 +145,9 @@ class DistConfig:
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
     bucket_cap_mb: float = 25.0
+    # DDP even for a single rank (otherwise skipped: nothing to synchronise): checks DDP's
+    # reducer, and compile's DDPOptimizer, on one GPU (docs/bench/gpu.py).
+    force_ddp: bool = False
 
 
 @dataclass
@@ -260,7 +263,9 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     device: str = "auto"  # auto | cpu | cuda
     grad_clip: float | None = None
-    precision: str = "32"  # 32 | 64 | bf16 | fp16 (autocast; a GradScaler for fp16 only)
+    # 32 | 64 | bf16 | fp16 (autocast; a GradScaler for fp16 only) | auto: bf16 where this
+    # machine's GPU or CPU has it natively, else 32 (components/precision.py; one log line)
+    precision: str = "32"
     # Micro-batches per optimizer step; DDP syncs gradients on the last one only (no_sync).
     # trainer.batch_size stays the global batch per optimizer step.
     accumulate_grad_batches: int = 1

@@ -83,6 +83,7 @@ class RunResult:
     stopped_at_target: bool | None = None  # true: trainer.stop_at_target ended the run
     params: int | None = None  # the model's parameters (trainable ones)
     flops_per_sample: float | None = None  # forward FLOPs of one sample (torch flop counter)
+    precision: str | None = None  # trainer.precision as trained (auto resolved: 32 or bf16)
     wandb_run_id: str | None = None
     # val/acc's best and the last epoch's val/acc and val/loss, whatever the monitor is
     best_val_acc: float | None = None

@@ -134,12 +134,20 @@ def usable_cores() -> list[int]:
 
 
 def cores_per_rank(local_world_size: int, environ=os.environ) -> int:
-    """This rank's CPU cores: a SLURM task's own (--cpus-per-task is each task's, whether or not
-    SLURM binds it to them), else this node's usable cores (the process's affinity) divided
-    among its ranks."""
+    """This rank's CPU cores, from the cores it may really run on (its affinity): shared among
+    the node's ranks, as a torchrun job's are (its launcher gives the job a slice); a SLURM
+    task's own, where SLURM says how many (--cpus-per-task) and the affinity does not hold
+    fewer."""
+    cores = len(usable_cores())
     if "SLURM_PROCID" in environ and environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
-        return max(1, int(environ["SLURM_CPUS_PER_TASK"]))
-    return max(1, len(usable_cores()) // max(1, local_world_size))
+        # On a cluster that binds tasks (task/affinity, task/cgroup) the affinity is the task's
+        # own CPUs, and may be fewer than SLURM_CPUS_PER_TASK says: since SLURM 22.05 an srun
+        # without -c (or SRUN_CPUS_PER_TASK) gives each task 1 CPU while the variable, set by
+        # sbatch, still reads the job's count. On one that does not bind, the affinity is
+        # the whole node's, shared by its tasks, and SLURM's count is the task's share. The
+        # smaller is right on both.
+        return max(1, min(int(environ["SLURM_CPUS_PER_TASK"]), cores))
+    return max(1, cores // max(1, local_world_size))
 
 
 def data_workers(value: Any, local_world_size: int) -> int:

@@ -9,10 +9,12 @@ the decoded pixels are the same (both libjpeg-turbo, same IDCT and upsampling), 
 resize differs by at most 1 of 255 on some pixels (torchvision's uint8 kernel vs PIL's), and
 the whole path costs about half as much per image (README, Benchmark).
 
-On a GPU, where the recipe's geometry allows it (``device_stages``), the workers only read the
-bytes and draw the random parameters (the same draws, from the same seeded RNG, as the CPU
-path); the batch is decoded on the device (nvjpeg, ``decode_jpeg(list, device=...)``) and
-cropped, resized, flipped and normalised there with the same v2 kernels.
+On a GPU, where the recipe's geometry allows it (``device_stages``), the workers read the bytes
+and draw the random parameters (the same draws, from the same seeded RNG, as the CPU path); the
+batch's JPEGs are decoded on the device (nvjpeg, ``decode_jpeg(list, device=...)``) and
+cropped, resized, flipped and normalised there with the same v2 kernels. A file nvjpeg cannot
+take (CMYK or YCCK JPEGs, which ImageNet's train split holds; other formats) is decoded in the
+worker as on the CPU path: nvjpeg fails a whole batch for one such file (``nvjpeg_decodes``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import io
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
@@ -69,10 +71,6 @@ def looks_readable(path: str) -> bool:
     return True
 
 
-def is_jpeg(data: torch.Tensor) -> bool:
-    return bytes(data[:3].tolist()) == _JPEG_MAGIC
-
-
 def decode(data: torch.Tensor) -> torch.Tensor:
     """An encoded image (1-D uint8 tensor) as a uint8 RGB ``[3, H, W]`` tensor, as PIL's
     ``Image.open(f).convert("RGB")`` would give it (no EXIF rotation, like ImageFolder's)."""
@@ -114,11 +112,84 @@ class DecodeImage:
         return "DecodeImage()"
 
 
-def image_size(data: torch.Tensor) -> tuple[int, int]:
-    """(height, width) of an encoded image, from its header only."""
-    with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
-        width, height = image.size
-    return height, width
+# --- which JPEGs nvjpeg decodes -----------------------------------------------------------------
+
+# Frame headers (SOFn; C4, C8 and CC are other markers): C0 baseline, C1 extended sequential and
+# C2 progressive are Huffman-coded, C3 lossless, C9-CF arithmetic-coded.
+_FRAMES = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0-7: markers without a length
+_SCAN = 0xDA  # SOS: entropy-coded data follows, no header after it concerns the frame
+
+
+class JpegFrame(NamedTuple):
+    """What a JPEG's headers (up to its first scan) say about its pixels."""
+
+    marker: int  # its frame header's, e.g. 0xC0 baseline, 0xC2 progressive (_FRAMES)
+    precision: int  # bits per sample
+    height: int  # 0: given later (a DNL marker)
+    width: int
+    sampling: tuple[tuple[int, int], ...]  # each component's (horizontal, vertical) factors
+    adobe_transform: int | None  # APP14 "Adobe" marker: 0 stored as is (RGB, CMYK), 1 YCbCr, 2 YCCK
+
+
+def jpeg_frame(data: torch.Tensor) -> JpegFrame | None:
+    """A JPEG's frame header and Adobe marker, read from its marker segments up to the first
+    scan (a few hundred bytes past any EXIF or ICC segments, which are skipped by length).
+    None for bytes that are not a JPEG, or end or break the marker syntax before its scan."""
+    head = memoryview(data.numpy())
+    if bytes(head[:2]) != b"\xff\xd8":
+        return None
+    pos, frame, adobe = 2, None, None
+    while pos + 4 <= len(head) and head[pos] == 0xFF:
+        marker = head[pos + 1]
+        if marker == 0xFF:  # a fill byte before the marker
+            pos += 1
+        elif marker in _STANDALONE:
+            pos += 2
+        elif marker == _SCAN:
+            return None if frame is None else JpegFrame(*frame, adobe)
+        else:
+            length = head[pos + 2] << 8 | head[pos + 3]  # the segment's, its 2 length bytes too
+            segment = head[pos + 4 : pos + 2 + length]
+            if marker == 0xEE and bytes(segment[:5]) == b"Adobe" and len(segment) >= 12:
+                adobe = segment[11]
+            elif marker in _FRAMES and len(segment) >= 6 and len(segment) >= 6 + 3 * segment[5]:
+                size = (segment[1] << 8 | segment[2], segment[3] << 8 | segment[4])
+                factors = (segment[7 + 3 * k] for k in range(segment[5]))
+                frame = (marker, segment[0], *size, tuple((f >> 4, f & 15) for f in factors))
+            pos += 2 + length
+    return None
+
+
+# What torchvision's GPU decode_jpeg takes (torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp,
+# nvjpeg in RGB mode): 8-bit, Huffman-coded baseline, extended or progressive JPEGs (nvjpeg's
+# documented JPEG options), grayscale (nvjpeg writes it to the 3 RGB planes torchvision
+# allocates; torchvision's CUDA tests decode their gray JPEG so) or YCbCr in a chroma
+# subsampling nvjpeg knows (prepare_buffers fails the batch on "Unknown chroma subsampling").
+# Not CMYK or YCCK: torchvision never calls nvjpegDecodeParamsSetAllowCMYK and its CUDA tests
+# skip its CMYK file; nor an RGB-coded JPEG (Adobe transform 0): nvjpeg documents YCbCr or
+# grayscale only. A batched decode returns nothing for a batch with one file it fails on.
+_NVJPEG_FRAMES = (0xC0, 0xC1, 0xC2)
+# luma's sampling factors with both chroma planes at 1x1: 4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, 4:1:0
+_NVJPEG_LUMA = ((1, 1), (2, 1), (2, 2), (1, 2), (4, 1), (4, 2))
+
+
+def nvjpeg_decodes(frame: JpegFrame | None) -> bool:
+    """Whether the GPU decoder takes a JPEG with this frame (jpeg_frame); any other file is
+    decoded on the host."""
+    if frame is None or frame.marker not in _NVJPEG_FRAMES or frame.precision != 8:
+        return False
+    if not frame.height:  # given by a DNL marker after the first scan: decoded on the host
+        return False
+    if len(frame.sampling) == 1:
+        return True
+    luma, *chroma = frame.sampling
+    return (
+        len(frame.sampling) == 3
+        and frame.adobe_transform != 0
+        and luma in _NVJPEG_LUMA
+        and all(c == (1, 1) for c in chroma)
+    )
 
 
 # --- decoding on the device --------------------------------------------------------------------
@@ -144,15 +215,21 @@ def _plannable(ops: Sequence[Callable]) -> bool:
 
 
 class PlanGeometry:
-    """Sample stage on a device: ``bytes -> (bytes, params)``, the parameters each geometric
-    transform would draw, drawn as v2 draws them (same RNG calls, same order), so that the
-    device applies exactly what the CPU path would (data.transforms.Stages)."""
+    """Sample stage on a device: ``bytes -> (bytes or image, params)``, the parameters each
+    geometric transform would draw, drawn as v2 draws them (same RNG calls, same order), so that
+    the device applies exactly what the CPU path would (data.transforms.Stages). A JPEG that
+    nvjpeg takes stays bytes, for the device to decode; any other file is decoded here."""
 
     def __init__(self, ops: Sequence[Callable]) -> None:
         self.ops = list(ops)
 
     def __call__(self, data: torch.Tensor) -> tuple[torch.Tensor, list[dict | None]]:
-        height, width = image_size(data)
+        frame = jpeg_frame(data)
+        if nvjpeg_decodes(frame):
+            height, width = frame.height, frame.width
+        else:
+            data = decode(data)
+            height, width = data.shape[-2:]
         plan: list[dict | None] = []
         for t in self.ops:
             if isinstance(t, _FLIPS):  # v2's _RandomApplyTransform.forward
@@ -167,33 +244,32 @@ class PlanGeometry:
 
 
 def collate_planned(items: list) -> tuple[tuple[list[torch.Tensor], list], torch.Tensor]:
-    """Items ``((bytes, plan), label)`` -> ``((bytes list, plans), labels)``."""
+    """Items ``((bytes or image, plan), label)`` -> ``((bytes or images, plans), labels)``."""
     return ([d for (d, _), _ in items], [p for (_, p), _ in items]), torch.as_tensor(
         [label for _, label in items], dtype=torch.int64
     )
 
 
 class DecodeOnDevice:
-    """Batch stage on a device: decode a batch of files there (JPEGs in one batched call),
-    apply each image's planned geometry with the v2 kernels, stack, then ``tail`` (to float,
+    """Batch stage on a device: decode the batch's JPEGs there (in one batched call), apply
+    each image's planned geometry with the v2 kernels, stack, then ``tail`` (to float,
     normalise)."""
 
     def __init__(self, ops: Sequence[Callable], tail: BatchStage, device: torch.device) -> None:
         self.ops, self.tail, self.device = list(ops), tail, torch.device(device)
 
-    def decode_all(self, datas: list[torch.Tensor]) -> list[torch.Tensor]:
-        jpegs = [i for i, d in enumerate(datas) if is_jpeg(d)]
-        images: list[torch.Tensor | None] = [None] * len(datas)
-        if jpegs:
+    def decode_all(self, items: list[torch.Tensor]) -> list[torch.Tensor]:
+        """PlanGeometry's items as images on the device: JPEG bytes (1-D, what nvjpeg takes)
+        decoded there; images the workers decoded moved there."""
+        images = list(items)
+        files = [i for i, item in enumerate(items) if item.ndim == 1]
+        if files:
             decoded = decode_jpeg(
-                [datas[i] for i in jpegs], mode=ImageReadMode.RGB, device=self.device
+                [items[i] for i in files], mode=ImageReadMode.RGB, device=self.device
             )
-            for i, image in zip(jpegs, decoded, strict=True):
+            for i, image in zip(files, decoded, strict=True):
                 images[i] = image
-        for i, image in enumerate(images):
-            if image is None:  # other formats: decoded on the host
-                images[i] = decode(datas[i]).to(self.device)
-        return images  # type: ignore[return-value]
+        return [image.to(self.device) for image in images]
 
     def __call__(self, batch: tuple[list[torch.Tensor], list]) -> torch.Tensor:
         datas, plans = batch

@@ -43,6 +43,9 @@ MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=${MASTER_PORT:-$((20000 + (SLURM_JOB_ID + 7919 * ${SLURM_RESTART_COUNT:-0}) % 40000))}
 export MASTER_ADDR MASTER_PORT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+# Since SLURM 22.05 srun does not inherit --cpus-per-task (`man srun`): without this, a cluster
+# that binds tasks to cores runs each rank, its threads and DataLoader workers on one CPU.
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"; fi
 export RUN_DIR=${RUN_DIR:-outputs/slurm-$SLURM_JOB_ID}
 export PYTHON=${PYTHON:-python}
 

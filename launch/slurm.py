@@ -184,7 +184,7 @@ def job_resources(
         "slurm_srun_args": list(settings.srun_args),
         "slurm_array_parallelism": settings.array_parallelism,
         "slurm_signal_delay_s": settings.signal_delay_s,
-        "slurm_setup": [*python_path_setup(), *(settings.setup or [])],
+        "slurm_setup": [*python_path_setup(), SRUN_CPUS_SETUP, *(settings.setup or [])],
     }
     if gpu_job:
         params["gpus_per_node"] = nproc
@@ -197,6 +197,18 @@ def job_resources(
         if getattr(settings, key) is not None:
             params[f"slurm_{key}"] = getattr(settings, key)
     return params
+
+
+# The batch script's line before srun: each task gets the CPUs sbatch allocated per task. Since
+# SLURM 22.05 srun does not inherit sbatch's --cpus-per-task: "must be requested again with the
+# call to srun or set with the SRUN_CPUS_PER_TASK environment variable" (`man srun`); a cluster
+# that binds tasks to cores would bind each to 1 CPU. The variable rather than an srun
+# argument: it follows whatever set sbatch's count (cpus_per_task, the GPU default,
+# additional_parameters, the user's setup) and yields to a --cpus-per-task in srun_args.
+SRUN_CPUS_SETUP = (
+    'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then '
+    'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"; fi'
+)
 
 
 def python_path_setup() -> list[str]:

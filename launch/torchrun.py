@@ -29,7 +29,7 @@ from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig
 
 from core import run_lock
-from core.errors import UserError, describe, find_user_error, job_value
+from core.errors import UserError, describe, find_user_error, job_value, one_line
 from core.fault_points import LAUNCHER_PID_ENV
 from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from core.wandb_service import wandb_wanted
@@ -85,6 +85,9 @@ class TorchrunLauncherConf:
     monitor_interval: float = 0.1
     # Single-node jobs get a free port each (torchrun --standalone). Multi-node jobs
     # (dist.nnodes > 1) need an endpoint every node reaches, and the same job on each node.
+    # HOST:PORT is job 0's; job n of the sweep meets at HOST:PORT+n (its own store: jobs run at
+    # once, and each node's launcher computes the same), so ports PORT to PORT + jobs - 1 must
+    # be free on HOST. No port: torch's c10d default, 29400.
     rdzv_backend: str = "c10d"
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
@@ -192,23 +195,31 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     job = Job(
         0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec, in_sweep=False
     )
-    settings = TorchrunLauncherConf.from_config(hydra_cfg.launcher)
-    if settings.tee is None:
-        # One run: rank 0's output is what the user watches, as in a 1-rank run (the other
-        # ranks' only output is errors, in their files under rank_logs/; the launcher names
-        # a rank that failed first).
-        settings.tee = "0:3"
+    settings = single_run_settings(hydra_cfg.launcher)
     (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
     if ret.status.name == "FAILED":  # (JobReturn.return_value would log it first: no)
         raise job_value(ret)
     return ret.return_value
 
 
+def single_run_settings(launcher_cfg: Any) -> TorchrunLauncherConf:
+    """The launcher settings of `python train.py dist.nproc_per_node=N`: one run, the only job
+    this process starts, so it gets every core it may use whatever share of the GPUs it takes
+    (max_parallel 1); rank 0's output is what the user watches, as in a 1-rank run (the other
+    ranks' only output is errors, in their files under rank_logs/; the launcher names a rank
+    that failed first)."""
+    settings = TorchrunLauncherConf.from_config(launcher_cfg)
+    settings.max_parallel = 1
+    if settings.tee is None:
+        settings.tee = "0:3"
+    return settings
+
+
 class TorchrunBackend:
     """launch/lifecycle.py's Backend on this machine: a job's attempt is a torchrun agent; a GPU
     job takes one GPU per rank, a set disjoint from every running job's (CUDA_VISIBLE_DEVICES);
-    at most `max_parallel` jobs at once (null: one per GPU, 1 on CPU), each on its own slice of
-    the launcher's CPU cores when more than one may run."""
+    at most `max_parallel` jobs at once (null: one per GPU, 1 on CPU), each on its share of the
+    launcher's CPU cores (:meth:`cpu_slice`)."""
 
     poll_s = POLL_S
     holds_job_dirs = True  # its agents die with it: it holds each running job's dir for it
@@ -242,12 +253,7 @@ class TorchrunBackend:
         self.gpus, self.free = list(gpus), list(gpus)
         self.limit = settings.max_parallel or max(len(gpus), 1)
         self.cores = usable_cores() if cores is None else list(cores)
-        # One CPU slice per job that may run at once (none to set when one job runs alone):
-        # threads and DataLoader workers, summed over the running jobs, stay within the cores.
-        n = min(self.limit, len(self.cores))
-        share = len(self.cores) // n
-        slices = [self.cores[i * share : (i + 1) * share] for i in range(n)] if n > 1 else [None]
-        self.free_cpus = slices * -(-self.limit // len(slices))  # more jobs than cores: shared
+        self.holders = dict.fromkeys(self.cores, 0)  # running jobs on each core
         self.running = 0
 
     def place(self, job: Job) -> None:
@@ -259,6 +265,8 @@ class TorchrunBackend:
                 f"dist.nnodes={job.nnodes} needs a rendezvous point every node can reach: set "
                 "hydra.launcher.rdzv_endpoint=HOST:PORT and start the same job on each node"
             )
+        if s.rdzv_endpoint:
+            job_endpoint(s.rdzv_endpoint, job.num)  # a UserError when it cannot be had
 
     def reserve(self, job: Job) -> tuple[list[int], list[int] | None] | None:
         """The job's GPUs (positions) and CPU slice, or None while there is no room."""
@@ -267,12 +275,30 @@ class TorchrunBackend:
             return None
         mine, self.free = self.free[:need], self.free[need:]
         self.running += 1
-        return mine, self.free_cpus.pop(0)
+        cpus = self.cpu_slice(need)
+        for core in cpus or self.cores:
+            self.holders[core] += 1
+        return mine, cpus
+
+    def cpu_slice(self, gpus: int) -> list[int] | None:
+        """The cores of a job taking `gpus` GPUs: its share of the node, the larger of its GPUs'
+        share and one running job's (1/limit), so that a job with every GPU, or the only job
+        that may run, gets every core, two 4-GPU jobs of 8 GPUs half each, and `max_parallel`
+        CPU jobs 1/max_parallel each. They come from the cores no running job holds (threads
+        and DataLoader workers of the running jobs stay within the cores, disjoint); where
+        none is free (more jobs at once than cores), from those held by the fewest jobs.
+        None: every core (the launcher's own affinity: nothing to narrow)."""
+        total = len(self.cores)
+        count = max(1, total // self.limit, total * gpus // len(self.gpus) if gpus else 0)
+        fewest = min(self.holders.values())
+        cpus = [core for core in self.cores if self.holders[core] == fewest][:count]
+        return None if len(cpus) == total else cpus
 
     def release(self, job: Job, slot: tuple[list[int], list[int] | None]) -> None:
         gpus, cpus = slot
         self.free = sorted(self.free + gpus)
-        self.free_cpus.append(cpus)
+        for core in cpus or self.cores:
+            self.holders[core] -= 1
         self.running -= 1
 
     def node(self, job: Job) -> str:
@@ -326,8 +352,9 @@ class TorchrunBackend:
             log=None if self.tee != "0" else str(files / AGENT_LOG),
             cpus=cpus,
         )
-        if job.nnodes > 1 or s.rdzv_endpoint is not None:
-            spec.rdzv_backend, spec.rdzv_endpoint = s.rdzv_backend, s.rdzv_endpoint
+        if s.rdzv_endpoint:  # (place() refused a multi-node job without one)
+            spec.rdzv_backend = s.rdzv_backend
+            spec.rdzv_endpoint = job_endpoint(s.rdzv_endpoint, job.num)
             spec.rdzv_id, spec.node_rank = s.rdzv_id or job.job_dir.name, s.node_rank
         return spec
 
@@ -391,6 +418,9 @@ class TorchrunBackend:
         rank_logs = job.job_dir / self.settings.log_dir
         rank0 = job_value(ret) if ret is not None and ret.status == JobStatus.FAILED else None
         failures = read_failures(files / FAILURES_JSON)
+        if rank0 is None:  # stopped before it sent its JobReturn: its error file still says
+            said = [f["error"] for f in failures if f.get("rank") == 0 and f.get("error")]
+            rank0 = Stopped(one_line(said[0])) if said else None
         dead = [f"{describe_failure(f)}; rank logs in {rank_logs}" for f in failures]
         if code is not None and code < 0:
             otherwise = f"torchrun was killed by {signal.Signals(-code).name}"
@@ -447,6 +477,30 @@ class TorchrunBackend:
                 signal_group(process, signal.SIGKILL)
             for process in alive:
                 process.join()
+
+
+C10D_DEFAULT_PORT = 29400  # torch's, for an endpoint without one (c10d_rendezvous_backend.py)
+
+
+def job_endpoint(endpoint: str, num: int) -> str:
+    """Job `num`'s rendezvous endpoint: hydra.launcher.rdzv_endpoint's port + num. Jobs that run
+    at once on the same hosts would otherwise share one store: torch's c10d rendezvous makes an
+    agent whose port is taken a client of the store already there, and when the job hosting it
+    ends, the other job's agents lose their store. Every node's launcher numbers a sweep's jobs
+    alike, a resumed sweep too, so each computes the same endpoint. HOST[:PORT] is read as
+    torch's parse_rendezvous_endpoint reads it ([v6 address] in brackets)."""
+    text = endpoint.strip()
+    host, port = text, str(C10D_DEFAULT_PORT)
+    if not (text.startswith("[") and text.endswith("]")) and ":" in text:
+        host, port = text.rsplit(":", 1)
+    where = f"hydra.launcher.rdzv_endpoint={endpoint}"
+    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+        raise UserError(f"{where} is not HOST:PORT: use e.g. node01:29400")
+    if int(port) + num >= 2**16:
+        raise UserError(
+            f"{where}: job #{num} meets at port {port} + {num}, past 65535: use a lower port"
+        )
+    return f"{host}:{int(port) + num}"
 
 
 def signal_group(process: Any, sig: int) -> None:

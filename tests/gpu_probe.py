@@ -3,7 +3,9 @@ tests.gpu_probe.digits`, with GPU_PROBE_LOG naming a file. Every rank builds its
 rank of each way a run starts appends one JSON line there: whether torch marks it a CUDA "bad
 fork" (forked after its parent called into the CUDA driver: on a GPU its first CUDA call would
 raise "Cannot re-initialize CUDA in forked subprocess"; torch sets the flag on a CPU machine
-too), and the CPU share it was given (its cores, its OpenMP threads, its DataLoader workers).
+too), whether its torch._C has the flag's probe (a CPU-only build has none:
+tests/cpu_only_torch/ fakes one), and the CPU share it was given (its cores, its OpenMP threads,
+its DataLoader workers).
 Then it builds scikit-learn's digits, as `dataset=digits` does."""
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def digits(**kwargs):
     record = {
         "rank": int(os.environ.get("RANK", "0")),
         "pid": os.getpid(),
-        "bad_fork": torch._C._cuda_isInBadFork(),
+        "bad_fork": torch.cuda._is_in_bad_fork(),  # torch's reading: CPU-only builds too
+        "probe_compiled": hasattr(torch._C, "_cuda_isInBadFork"),
         "attempt": os.environ.get(ATTEMPT_ENV),
         "job": os.getcwd(),
         "cores": sorted(os.sched_getaffinity(0)),

@@ -2,9 +2,10 @@
 
 `slurm_cluster` (session fixture) installs the packages when they are missing (as root, with
 apt-get; HYDRA_DDP_INSTALL_SLURM=0 forbids it, and the SLURM tests skip), writes a
-slurm.conf for this machine (its real CPUs and memory, proctrack/linuxproc, task/none,
-select/cons_tres, SlurmUser=root, JobRequeue=1) into a temp dir that also holds every state,
-spool, log and pid file, starts munged (its own socket and key), slurmctld and slurmd on free
+slurm.conf for this machine (its real CPUs and memory, proctrack/linuxproc, task/affinity
+binding each task to its cores as clusters that bind CPUs do, select/cons_tres,
+SlurmUser=root, JobRequeue=1) into a temp dir that also holds every state, spool, log and pid
+file, starts munged (its own socket and key), slurmctld and slurmd on free
 ports, waits until `sinfo` shows the node idle, and stops all three afterwards. Nothing outside
 the temp dir is touched besides the package installation: commands reach this cluster through
 `SLURM_CONF` (`cluster.env`), so another cluster on the machine is not disturbed.
@@ -174,7 +175,9 @@ SlurmdPidFile={root}/slurmd.pid
 SlurmctldLogFile={root}/log/slurmctld.log
 SlurmdLogFile={root}/log/slurmd.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+# Each task bound to its cores (sched_setaffinity): it runs on the CPUs its srun asked for
+TaskPlugin=task/affinity
+TaskPluginParam=Cores
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill

@@ -4,6 +4,7 @@ assertions; and checks that its three modes really run the same workload as trai
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -261,31 +262,240 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line_and_fails(tmp_path):
     assert not (tmp_path / "r").exists()  # nothing ran
 
 
-def test_gpu_check_cells_use_train_configs_that_compose(tmp_path, monkeypatch):
-    """Every train.py cell of the GPU check composes, on CUDA, with what its name says: run
-    first on a GPU machine, a cell must not fail on a config key."""
+# What hides packages from a process (and the processes it starts), as on a GPU machine that
+# holds only torch and torchvision: a sitecustomize on PYTHONPATH that fails their imports.
+HIDE_PACKAGES = """
+import importlib.abc, sys
+
+class Hidden(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {hidden!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+sys.meta_path.insert(0, Hidden())
+"""
+
+
+def test_gpu_check_without_its_packages_says_so_in_one_line_and_fails(tmp_path):
+    """Without Hydra and OmegaConf (a bare GPU machine), G's preflight stops before any cell:
+    one line naming what is missing and the command that installs it, exit status 2."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE_PACKAGES.format(hidden={"hydra", "omegaconf"}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "docs.bench", "--workloads", "G", "--out", str(tmp_path / "r")],
+        cwd=REPO,
+        env=run_env(PYTHONPATH=f"{hide}{os.pathsep}{REPO}"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("workload G needs hydra-core, omegaconf, ")
+    assert "python -m docs.bench.gpu run .whl" in lines[0]
+    assert "torch sees none" not in lines[0]  # what is missing first: it is what stops a GPU
+    assert not (tmp_path / "r").exists()  # nothing ran
+
+
+def test_gpu_check_states_what_it_ran_on():
+    """G's preflight probe (the process every cell's environment matches) finds torch's,
+    CUDA's, torchvision's and Python's versions; the table's first line states them with the
+    GPU and its driver."""
     from docs.bench import gpu
 
-    commands = {}
-    monkeypatch.setattr(
-        gpu, "train_cell", lambda name, cmd, run_dir, t: commands.setdefault(name, cmd) and {}
+    proc = subprocess.run(
+        [sys.executable, "-m", "docs.bench.gpu", "probe"],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
-    cells = gpu.plan(tmp_path)
-    assert len({name for name, _, _ in cells}) == len(cells)
+    assert proc.returncode == 0, proc.stderr
+    found = gpu.result_line(proc.stdout)
+    import platform
+
+    import torchvision
+
+    assert found == {
+        "missing": [],
+        "count": 0,  # tests/conftest.py hides any GPU
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "torchvision": torchvision.__version__,
+    }
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "driver": "580.95.05"}
+    h100 |= {"count": 1, "torch": "2.11.0+cu130", "cuda": "13.0", "torchvision": "0.26.0"}
+    assert gpu.machine_line({**h100, "python": "3.12.3"}) == (
+        "NVIDIA H100 80GB HBM3 (compute capability 9.0, driver 580.95.05; 1 visible), torch "
+        "2.11.0+cu130 (CUDA 13.0), torchvision 0.26.0, Python 3.12.3"
+    )
+
+
+def test_gpu_check_wheels_are_requirements_pins_and_all_it_needs():
+    """The wheels G carries to a GPU machine: requirements.txt's pins of what its processes
+    import, plus their own dependencies at the versions installed here; nothing one of them
+    needs is left out (torch's and torchvision's own aside), nothing unneeded is in."""
+    from importlib.metadata import requires, version
+
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from docs.bench import gpu
+
+    pins = gpu.wheel_pins(gpu.python_version())
+    required = (REPO / "requirements.txt").read_text()
+    for name in gpu.WHEELS:
+        assert f"{name}=={pins[name]}" in required, name
+    assert {name: version(name) for name in pins} == pins  # as pip installed them here
+
+    def needs(name: str) -> set[str]:
+        found = (Requirement(r) for r in requires(name) or [])
+        env = {**default_environment(), "extra": ""}
+        return {canonicalize_name(r.name) for r in found if not r.marker or r.marker.evaluate(env)}
+
+    def closure(names) -> set[str]:
+        seen, todo = set(), [canonicalize_name(n) for n in names]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo += [n for n in needs(name) if n not in seen]
+        return seen
+
+    torch_side = closure(["torch", "torchvision"])
+    listed = {canonicalize_name(n) for n in pins}
+    needed = set().union(*(needs(n) for n in listed)) - torch_side
+    assert needed <= listed  # nothing left out
+    assert {canonicalize_name(n) for n in gpu.DEPENDENCIES} <= needed  # each one needed
+    assert not listed & torch_side  # torch's own (numpy, pillow) stay the machine's
+    assert set(gpu.MODULES) == set(pins)  # the preflight imports every one
+
+
+@pytest.mark.slow
+def test_gpu_check_wheel_folder_builds_here_and_installs_offline(tmp_path):
+    """`python -m docs.bench.gpu wheels DIR` downloads (antlr4: builds) every wheel G needs
+    into DIR, small enough to travel with the tree (the device tool carries 64 MiB); `python
+    -m docs.bench.gpu run DIR` installs them offline into DIR and reaches G's preflight, which
+    (here, without a GPU) stops in its one line."""
+    from docs.bench import gpu
+
+    folder, python = tmp_path / "whl", gpu.python_version()
+    proc = subprocess.run(
+        [sys.executable, "-m", "docs.bench.gpu", "wheels", str(folder)],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    wheels = sorted(folder.glob("*.whl"))
+    pins = [
+        line.split("==") for line in (folder / f"requirements-py{python}.txt").read_text().split()
+    ]
+    assert dict(pins) == gpu.wheel_pins(python)
+    for name, version in pins:  # a wheel's file name: <name with _>-<version>-<tags>.whl
+        stem = name.replace("-", "_").lower()
+        assert [w for w in wheels if w.name.lower().startswith(f"{stem}-{version}-")], name
+    assert len(wheels) == len(pins)
+    size = sum(w.stat().st_size for w in wheels)
+    assert size < 32 * 2**20, size  # ~20 MiB a Python
+    assert f"({size / 2**20:.1f} MiB)" in proc.stdout
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "docs.bench.gpu", "run", str(folder), "--out", str(tmp_path / "g")],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 2 and (proc.stdout + proc.stderr).strip() == gpu.NO_GPU
+    site = folder / f"site-py{python}"
+    code = f"import sys; sys.path.insert(0, {str(site)!r}); import hydra, omegaconf, yaml, "
+    code += "antlr4, matplotlib, submitit; print(hydra.__file__, matplotlib.__file__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert all(path.startswith(str(site)) for path in done.stdout.split()), done.stdout
+
+
+def test_gpu_check_cells_use_train_configs_that_compose(tmp_path, monkeypatch):
+    """Every train.py and eval.py cell of the GPU check composes, on CUDA, with what its name
+    says: run first on a GPU machine, a cell must not fail on a config key. The cells include
+    a world-1 NCCL group with DDP forced on (eager, and compiled with DDPOptimizer's line
+    checked), precision 32 (MFU), the GPU JPEG path on a folder with a CMYK JPEG, resume and
+    eval.py, and a CUDA_VISIBLE_DEVICES given as the GPU's UUID."""
+    from PIL import Image
+
+    from docs.bench import gpu
+
+    trains, evals = {}, {}
+    monkeypatch.setattr(
+        gpu,
+        "train_cell",
+        lambda name, cmd, run_dir, t, **kw: trains.setdefault(name, (cmd, run_dir, kw)) and {},
+    )
+    monkeypatch.setattr(
+        gpu, "eval_cell", lambda name, cmd, out_dir, t: evals.setdefault(name, (cmd, out_dir))
+    )
+    uuid = "GPU-8f0c2a4e-5b1d-4c3e-9a7f-0123456789ab"
+    cells = gpu.plan(tmp_path, uuid)
+    assert len({name for name, _, _ in cells}) == len(cells) == 18
     for name, limit, cell in cells:
         assert 0 < limit <= gpu.BUDGET_S
         cell(name, limit)
-    assert len(commands) == 9  # 3 ways a rank starts + 6 throughput cells
-    for name, cmd in commands.items():
+    # 3 ways a rank starts, a resume, the UUID, DDP eager and compiled, the JPEG path, then
+    # 7 throughput cells; eval.py; 2 probes
+    assert len(trains) == 15 and len(evals) == 1
+    configs = {}
+    for name, (cmd, _run_dir, kw) in trains.items():
         overrides = [o for o in cmd[cmd.index("train.py") + 1 :] if not o.startswith("hydra.")]
         sweep = "-m" in overrides
         overrides = [o for o in overrides if o != "-m"]
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            cfg = compose("train", overrides=overrides)
-        assert cfg.trainer.device == "cuda" and cfg.trainer.max_epochs == 1, name
+            configs[name] = cfg = compose("train", overrides=overrides)
+        assert cfg.trainer.device == "cuda" and cfg.trainer.max_epochs == (
+            2 if "resume" in name else 1
+        ), name
         assert sweep == name.startswith("1-rank sweep job")
-        if "bf16" in name:
-            assert cfg.model.name == name.split()[0] and cfg.trainer.precision == "bf16"
+        assert kw.get("extra_env", {}).get("CUDA_VISIBLE_DEVICES") == (
+            uuid if "UUID" in name else None
+        )
+        assert cfg.dist.force_ddp == name.startswith("DDP at world size 1")
+        if name.split()[0] in ("resnet18", "resnet50"):
+            precision = "32" if " 32 " in name else "bf16"
+            assert cfg.model.name == name.split()[0] and cfg.trainer.precision == precision
             assert cfg.trainer.channels_last and cfg.dataset.fast == ("fast path" in name)
             assert cfg.trainer.compile == name.endswith("compiled")
             assert cfg.trainer.limit_train_batches == gpu.STEPS
+    assert "resnet18 32 cl fast path" in trains
+    compiled_ddp = "DDP at world size 1, compiled (DDPOptimizer)"
+    assert configs[compiled_ddp].trainer.compile
+    assert trains[compiled_ddp][2] == {
+        "extra_env": {"TORCH_LOGS": "+torch._dynamo.backends.distributed"},
+        "must_say": "DDPOptimizer used",
+    }
+    # the resume continues the nproc=1 run in its run dir, and eval.py evaluates its best.pt
+    one, resume = "python train.py dist.nproc_per_node=1", "its resume (resume=auto, a 2nd epoch)"
+    assert configs[resume].resume == "auto" and trains[resume][2] == {"must_say": "resumed from"}
+    assert trains[resume][1] == trains[one][1]
+    ((cmd, out_dir),) = evals.values()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("eval", overrides=[o for o in cmd[2:] if not o.startswith("hydra.")])
+    assert Path(cfg.run) == trains[one][1] and f"hydra.run.dir={out_dir}" in cmd
+    # the GPU JPEG path: an ImageFolder with a CMYK JPEG among RGB ones
+    jpeg = configs["JPEG ImageFolder, nvjpeg, a CMYK file"].dataset
+    assert jpeg._target_ == "data.catalog.imagefolder" and Path(jpeg.root) == tmp_path / "jpegs"
+    gpu.make_folder_with_cmyk(tmp_path / "jpegs")
+    modes = []
+    for path in sorted((tmp_path / "jpegs" / "train").rglob("*.jpg")):
+        with Image.open(path) as image:
+            modes.append((image.format, image.mode))
+    assert modes.count(("JPEG", "CMYK")) == 1 and modes.count(("JPEG", "RGB")) == len(modes) - 1
+    # without the GPU's UUID from the preflight, that cell says so instead of running
+    uuid_cell = next(c for c in gpu.plan(tmp_path) if "UUID" in c[0])
+    assert uuid_cell[2](uuid_cell[0], 90)["status"] == "skipped (no UUID from the preflight)"

@@ -11,8 +11,11 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
+import warnings
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -341,6 +344,35 @@ def test_started_as_rank():
     assert not world.started_as_rank({"RANK": "0"})
 
 
+@pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.parametrize("public", [True, False])
+def test_the_step_timeout_is_set_with_the_torch_at_hand(monkeypatch, public):
+    """After the first step every rank lowers its collective timeout to dist.step_timeout_s:
+    through torch.distributed.set_timeout (torch >= 2.14), or its private name before it
+    (e.g. the torch 2.11 a GPU machine ships), never an AttributeError after step 1."""
+    from datetime import timedelta
+
+    from components.distributed import DistEnv, tighten_timeout
+
+    asked = []
+    real = dist.set_timeout if public else dist.distributed_c10d._set_pg_timeout
+
+    def spy(timeout, group=None):
+        asked.append(timeout)
+        with warnings.catch_warnings():  # torch 2.14 deprecates the private name
+            warnings.simplefilter("ignore", FutureWarning)
+            real(timeout, group)
+
+    if public:
+        monkeypatch.setattr(dist, "set_timeout", spy)
+    else:
+        monkeypatch.delattr(dist, "set_timeout")
+        monkeypatch.setattr(dist.distributed_c10d, "_set_pg_timeout", spy)
+    env = DistEnv(0, 0, 2, 2, 1, "gloo", torch.device("cpu"), step_timeout_s=5)
+    tighten_timeout(env)
+    assert asked == [timedelta(seconds=5)]
+
+
 # ------------------------------------------------------------------------------ errors
 
 
@@ -474,6 +506,52 @@ def test_local_rank_beyond_the_visible_gpus_is_one_line_naming_cuda_visible_devi
         pass
 
 
+@pytest.fixture
+def fake_nccl(monkeypatch):
+    """A machine with one GPU, faked: the process group calls torch.distributed would make
+    are recorded ({name: (args, kwargs)}), none is made."""
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)  # a single process, not a rank torchrun started
+    monkeypatch.setattr(world, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    calls: dict = {}
+
+    def recorder(name, result=None):
+        def call(*args, **kwargs):
+            calls[name] = (args, kwargs)
+            return result
+
+        return call
+
+    monkeypatch.setattr(dist, "init_process_group", recorder("init_process_group"))
+    monkeypatch.setattr(dist, "new_group", recorder("new_group", "a gloo group"))
+    monkeypatch.setattr(dist, "barrier", recorder("barrier"))
+    return calls
+
+
+def test_the_one_rank_group_binds_its_gpu_as_the_ranks_groups_do(fake_nccl):
+    """`python train.py` on one GPU (the in-process group): init_process_group gets the rank's
+    device as device_id, as under torchrun."""
+    from components.distributed import init_distributed
+
+    with init_distributed(dist_cfg(backend="auto"), "auto") as env:
+        assert env.backend == "nccl" and env.device == torch.device("cuda", 0)
+    args, kwargs = fake_nccl["init_process_group"]
+    assert args == ("nccl",) and kwargs["world_size"] == 1
+    assert kwargs["device_id"] == torch.device("cuda", 0)
+
+
+def test_nccl_ranks_wait_for_the_data_on_a_gloo_group(fake_nccl):
+    """Under NCCL the ranks wait for local rank 0's data on a gloo group made with the run's
+    timeout (gloo raises at it; NCCL's watchdog would abort the process without a word)."""
+    from components.distributed import data_barrier, init_distributed
+
+    with init_distributed(dist_cfg(backend="nccl", timeout_s=42), "cuda") as env:
+        data_barrier(env)()
+    assert fake_nccl["new_group"] == ((), {"backend": "gloo", "timeout": timedelta(seconds=42)})
+    assert fake_nccl["barrier"] == ((), {"group": "a gloo group"})
+
+
 def test_device_cuda_with_gloo_is_a_user_error_even_where_gpus_are_visible(monkeypatch):
     from components.distributed import init_distributed
 
@@ -597,6 +675,223 @@ def test_conv_share_of_the_flops_is_counted(monkeypatch):
         torch.device("cuda", 0), "32", samples_per_step=64, flops_per_sample=1e9, conv_share=share
     )
     assert 19.5e12 < speed.peak_flops < 156e12
+
+
+# torch >= 2.9's fp32_precision settings: (backend, op) -> precision, as torch._C sets them
+FP32_KEYS = [("generic", "all"), ("cuda", "all"), ("cuda", "matmul"), ("cuda", "conv")]
+
+
+@pytest.fixture
+def fp32_precision_restored():
+    """torch's TF32 settings (legacy and fp32_precision) as they were before the test."""
+    get, put = torch._C._get_fp32_precision_getter, torch._C._set_fp32_precision_setter
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    rnn = get("cuda", "rnn")
+    saved = {key: get(*key) for key in FP32_KEYS}
+    yield put
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn
+    for key, value in [*saved.items(), (("cuda", "rnn"), rnn)]:
+        put(*key, value)
+    assert {key: get(*key) for key in FP32_KEYS} == saved
+    assert torch.backends.cudnn.allow_tf32 == cudnn  # readable the legacy way again
+
+
+# fp32_precision settings made in order (torch >= 2.9) -> the math precision 32 runs in
+# (convolutions, matmuls): "none" takes its parent's (cuda "all", then "generic"), and
+# reading the legacy flags after any of these raises RuntimeError
+FP32_CASES = [
+    ([("cuda", "matmul", "tf32")], ("tf32", "tf32")),  # convolutions: TF32 by default
+    ([("cuda", "conv", "ieee")], ("32", "32")),
+    # matmuls: IEEE as set_float32_matmul_precision("highest") left them, until "none"
+    ([("generic", "all", "tf32"), ("cuda", "conv", "none")], ("tf32", "32")),
+    (
+        [("generic", "all", "tf32"), ("cuda", "conv", "none"), ("cuda", "matmul", "none")],
+        ("tf32", "tf32"),
+    ),
+    ([("cuda", "all", "ieee"), ("cuda", "conv", "none"), ("cuda", "matmul", "none")], ("32", "32")),
+    ([("generic", "all", "tf32"), ("cuda", "all", "ieee"), ("cuda", "conv", "none")], ("32", "32")),
+    ([("cuda", "matmul", "tf32"), ("cuda", "conv", "ieee")], ("32", "tf32")),
+]
+
+
+@pytest.mark.parametrize("settings, maths", FP32_CASES)
+def test_mfu_follows_torchs_fp32_precision_settings(
+    monkeypatch, fp32_precision_restored, settings, maths
+):
+    """With the fp32_precision API set (after the legacy one, too), MFU at precision 32 takes
+    the math torch runs: TF32 or FP32 per convolutions and matmuls."""
+    from components.speed import PEAK_FLOPS, Speed, math_precisions
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    torch.set_float32_matmul_precision("highest")  # the legacy API first, as a user might
+    for backend, op, precision in settings:
+        fp32_precision_restored(backend, op, precision)
+    assert math_precisions("32") == maths
+    assert math_precisions("bf16") == ("bf16", "bf16")
+    peaks = [PEAK_FLOPS["A100"][math] for math in maths]
+    speed = Speed(torch.device("cuda", 0), "32", 64, flops_per_sample=3e9, conv_share=0.25)
+    assert speed.peak_flops == pytest.approx(1 / (0.25 / peaks[0] + 0.75 / peaks[1]), rel=1e-9)
+    assert speed.mfu(1000.0, 2) == pytest.approx(3e9 * 1000 / (speed.peak_flops * 2), rel=1e-9)
+
+
+def test_mfu_is_left_out_when_torch_cannot_say_its_math(monkeypatch, caplog):
+    """Settings torch cannot report: no MFU, one warning, and the run goes on."""
+    from components.speed import Speed, peak_flops
+
+    class Unreadable:
+        def __getattr__(self, name):
+            raise RuntimeError("mix of the legacy and new APIs")
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch.backends.cudnn, "conv", Unreadable())
+    with caplog.at_level(logging.WARNING, logger="components.speed"):
+        speed = Speed(torch.device("cuda", 0), "32", 64, flops_per_sample=3e9, conv_share=0.5)
+    assert speed.peak_flops is None and speed.mfu(1000.0, 1) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "MFU left out: torch's TF32 settings could not be read (mix of the legacy and new APIs)"
+    ]
+    assert peak_flops(torch.device("cuda", 0), "bf16", 0.5) == 312e12  # autocast: no TF32 read
+
+
+@pytest.mark.parametrize(
+    "precision, device, native, warned",
+    [
+        ("bf16", "cuda", False, True),  # a V100 or T4
+        ("bf16", "cuda", True, False),  # Ampere on
+        ("fp16", "cuda", False, False),
+        ("32", "cuda", False, False),
+        ("bf16", "cpu", False, False),  # a CPU's bf16: trainer.precision=auto's business
+    ],
+)
+def test_bf16_on_a_gpu_without_native_bf16_is_said(
+    monkeypatch, caplog, precision, device, native, warned
+):
+    """trainer.precision=bf16 on a GPU that only emulates bf16 (faked): one warning line naming
+    the GPU and the fix; nothing where bf16 is native or not asked for."""
+    from components.precision import warn_if_bf16_emulated
+
+    asked = []
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        asked.append(including_emulation)
+        return native or including_emulation  # torch emulates bf16 on every CUDA GPU
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    with caplog.at_level(logging.WARNING, logger="components.precision"):
+        assert warn_if_bf16_emulated(precision, torch.device(device, 0)) is warned
+    assert asked == ([False] if precision == "bf16" and device == "cuda" else [])
+    expected = (
+        "trainer.precision=bf16 on Tesla V100-SXM2-16GB, which has no native bf16: torch "
+        "emulates it (no tensor cores); use trainer.precision=fp16 (or 32) on this GPU"
+    )
+    assert [r.getMessage() for r in caplog.records] == ([expected] if warned else [])
+
+
+# --- W&B's system charts: this process's GPUs ------------------------------------------------
+
+
+class FakeNVML:
+    """nvidia-ml-py's pynvml on a node of two GPUs, the second split into two MIG instances."""
+
+    class NVMLError(Exception):
+        pass
+
+    GPUS = {0: ("GPU-1f2e3d4c-0000", []), 1: ("GPU-9a8b7c6d-1111", ["MIG-5e6f", "MIG-7a8b"])}
+
+    def __init__(self):
+        self.open = 0
+
+    def nvmlInit(self):
+        self.open += 1
+
+    def nvmlShutdown(self):
+        self.open -= 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.GPUS)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return ("gpu", index)
+
+    def nvmlDeviceGetUUID(self, handle):
+        kind, index, *slot = handle
+        uuid, migs = self.GPUS[index]
+        return (uuid if kind == "gpu" else migs[slot[0]]).encode()  # older pynvml: bytes
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle):
+        if not self.GPUS[handle[1]][1]:
+            raise self.NVMLError("Not Supported")
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, slot):
+        if slot >= len(self.GPUS[handle[1]][1]):
+            raise self.NVMLError("Not Found")
+        return ("mig", handle[1], slot)
+
+
+@pytest.mark.parametrize(
+    "visible, ids",
+    [
+        (None, None),  # every GPU
+        ("", None),  # none: W&B takes an empty list for every GPU too
+        ("2,5", [2, 5]),
+        ("3,-1,4", [3]),  # CUDA stops at the first invalid entry
+        ("GPU-9a8b,GPU-1f2e3d4c-0000", [1, 0]),  # UUIDs and prefixes of them, as CUDA takes
+        ("MIG-7a8b,MIG-5e6f", [1]),  # two MIG instances of GPU 1
+        ("GPU-", None),  # ambiguous: not CUDA's either
+        ("GPU-ffff", None),  # not on this node
+    ],
+)
+def test_wandb_charts_the_gpus_cuda_visible_devices_gives(monkeypatch, visible, ids):
+    """x_stats_gpu_device_ids (NVML indices) of every run's settings follow CUDA_VISIBLE_DEVICES;
+    UUIDs and MIG instances through NVML (faked), which is left closed."""
+    import wandb
+
+    from core.wandb_service import run_settings
+
+    nvml = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert run_settings(wandb, "online", 60).x_stats_gpu_device_ids == ids
+    assert nvml.open == 0
+
+
+def test_wandb_charts_every_gpu_where_uuids_cannot_be_mapped(monkeypatch):
+    """Without nvidia-ml-py a UUID has no NVML index to give: every GPU, as before."""
+    from core.wandb_service import gpu_device_ids
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-9a8b7c6d-1111")
+    assert gpu_device_ids() is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert gpu_device_ids() == [1, 0]
+
+
+def test_an_offline_run_on_a_jobs_gpus_records_as_ever(tmp_path, monkeypatch):
+    """train.py with W&B offline and CUDA_VISIBLE_DEVICES=1,3 (a packed job's GPUs; trained
+    on the CPU here): the run's settings carry the GPUs' ids, and W&B records the run."""
+    from components import metrics
+    from tests.helpers import offline_runs, train_in_process
+
+    made = []
+
+    def recorded(*args):
+        made.append(settings := run_settings(*args))
+        return settings
+
+    run_settings = metrics.run_settings
+    monkeypatch.setattr(metrics, "run_settings", recorded)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    overrides = ("trainer.max_epochs=1", "trainer.device=cpu", "dist.backend=gloo")
+    train_in_process(tmp_path / "run", *overrides, "wandb.mode=offline")
+    assert [s.x_stats_gpu_device_ids for s in made] == [[1, 3]]
+    (run,) = offline_runs(tmp_path / "run")
+    assert run.exit_code == 0 and run.history and "val/acc" in run.summary
 
 
 def test_requirements_lists_every_distribution_as_importlib_metadata_reads_it() -> None:

@@ -24,9 +24,11 @@ from data.decode import (
     collate_planned,
     decode,
     device_stages,
+    jpeg_frame,
+    nvjpeg_decodes,
     read_bytes,
 )
-from data.loaders import staged
+from data.loaders import loader_options, staged
 from data.seeding import EpochSeededDataset, mix_seed, seeded
 from data.transforms import NORMALIZATION, Recipe, is_random, split_stages, train_transform
 from tests import helpers as fx
@@ -264,9 +266,155 @@ def test_device_decode_plan_applies_the_cpu_paths_draws(jpegs, choice):
     keys = [(4, i) for i in range(len(cpu_set))]
     expected = cpu.batch(torch.stack([cpu_set[k][0] for k in keys]))
     (datas, plans), labels = collate_planned([plan_set[k] for k in keys])
-    assert all(d.ndim == 1 for d in datas)  # the workers only read the files
+    files = [splits.train.dataset.sample_file(k[1]) for k in keys]
+    # the workers only read the JPEG files; the PNG among them they decode
+    assert [d.ndim for d in datas] == [3 if f.endswith(".png") else 1 for f in files]
     assert torch.equal(planned.batch((datas, plans)), expected)
     assert labels.tolist() == [cpu_set[k][1] for k in keys]
+
+
+# --- what nvjpeg decodes ---------------------------------------------------------------------
+
+# JPEGs as PIL writes them (libjpeg-turbo), and whether torchvision's GPU decode_jpeg takes them
+# (data/decode.py nvjpeg_decodes says why).
+JPEG_KINDS = {
+    "rgb 4:2:0": ("RGB", {"quality": 90}, True),
+    "rgb 4:4:4": ("RGB", {"subsampling": 0}, True),
+    "rgb 4:2:2": ("RGB", {"subsampling": 1}, True),
+    "grayscale": ("L", {}, True),  # nvjpeg gives it as RGB
+    "progressive": ("RGB", {"progressive": True}, True),
+    # metadata segments before the frame header, the ICC profile spread over two of them
+    "exif and icc": (
+        "RGB",
+        {"exif": b"Exif\0\0" + bytes(60000), "icc_profile": bytes(90000)},
+        True,
+    ),
+    "cmyk": ("CMYK", {}, False),
+    "rgb stored as rgb": ("RGB", {"keep_rgb": True}, False),  # Adobe transform 0, no YCbCr
+}
+
+
+def jpeg_kind(kind: str, seed: int = 0) -> torch.Tensor:
+    mode, options, _ = JPEG_KINDS[kind]
+    return encoded(photo(mode=mode, seed=seed), "JPEG", **options)
+
+
+def patched(data: torch.Tensor, old: bytes, new: bytes) -> torch.Tensor:
+    """`data` with the first `old` byte string (a marker or segment start) replaced."""
+    raw = bytes(data.tolist())
+    assert old in raw
+    return torch.frombuffer(bytearray(raw.replace(old, new, 1)), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("kind", JPEG_KINDS)
+def test_jpeg_frame_reads_what_pil_reads(kind):
+    """The header parse (jpeg_frame) against PIL's own reading of the same file: size, one
+    sampling pair per component, progressive or not, the Adobe marker's transform."""
+    data = jpeg_kind(kind)
+    frame = jpeg_frame(data)
+    with Image.open(io.BytesIO(bytes(data.tolist()))) as image:
+        assert (frame.width, frame.height) == image.size
+        assert frame.precision == 8 and len(frame.sampling) == len(image.getbands())
+        assert frame.sampling == tuple((h, v) for _, h, v, _ in image.layer)
+        assert (frame.marker == 0xC2) == bool(image.info.get("progressive"))
+        assert frame.adobe_transform == image.info.get("adobe_transform")
+
+
+@pytest.mark.parametrize("kind", JPEG_KINDS)
+def test_nvjpeg_takes_only_the_jpegs_it_decodes(kind):
+    assert nvjpeg_decodes(jpeg_frame(jpeg_kind(kind))) is JPEG_KINDS[kind][2]
+
+
+def test_nvjpeg_refuses_ycck_arithmetic_and_broken_headers():
+    cmyk, rgb = jpeg_kind("cmyk"), jpeg_kind("rgb 4:2:0")
+    ycck = patched(cmyk, b"Adobe\x00d\x00\x00\x00\x00\x00", b"Adobe\x00d\x00\x00\x00\x00\x02")
+    assert jpeg_frame(ycck).adobe_transform == 2 and not nvjpeg_decodes(jpeg_frame(ycck))
+    arithmetic = patched(rgb, b"\xff\xc0", b"\xff\xc9")  # SOF9: arithmetic-coded
+    assert jpeg_frame(arithmetic).marker == 0xC9 and not nvjpeg_decodes(jpeg_frame(arithmetic))
+    raw = bytes(rgb.tolist())
+    before_scan = torch.frombuffer(bytearray(raw[: raw.index(b"\xff\xda")]), dtype=torch.uint8)
+    assert jpeg_frame(before_scan) is None and not nvjpeg_decodes(None)  # cut short
+    assert jpeg_frame(encoded(photo(), "PNG")) is None
+
+
+def nvjpeg_like(seen: list):
+    """decode_jpeg as torchvision's GPU path behaves for a list (nvjpeg, here run by the CPU
+    decoder): the whole batched call fails for one file nvjpeg cannot take (CMYK here), and
+    returns nothing else; a single tensor (the host path) decodes as it does. `seen` gets
+    each batched call's inputs."""
+    real = torchvision.io.decode_jpeg
+
+    def decode_jpeg(data, mode=torchvision.io.ImageReadMode.UNCHANGED, device="cpu"):
+        if not isinstance(data, list):
+            return real(data, mode=mode)
+        seen.append(data)
+        for item in data:
+            with Image.open(io.BytesIO(bytes(item.tolist()))) as image:
+                if image.mode == "CMYK":
+                    raise RuntimeError("Error while decoding JPEG images: nvjpeg status 5")
+        return [real(item, mode=mode) for item in data]
+
+    return decode_jpeg
+
+
+@pytest.fixture(scope="module")
+def mixed_jpegs(tmp_path_factory):
+    """An ImageFolder of RGB JPEGs with, in each class, one CMYK, one grayscale, one
+    progressive JPEG and one RGB-coded one (as ImageNet's train split mixes them)."""
+    from docs.bench.common import make_jpegs
+
+    root = make_jpegs(tmp_path_factory.mktemp("mixed"), per_class=2, val_per_class=1)
+    for c, folder in enumerate(sorted((root / "train").iterdir())):
+        for kind in ("cmyk", "grayscale", "progressive", "rgb stored as rgb"):
+            path = folder / f"{kind.replace(' ', '_')}.jpg"
+            path.write_bytes(bytes(jpeg_kind(kind, seed=c).tolist()))
+    return root
+
+
+def test_a_batch_with_a_cmyk_file_decodes_on_the_device_path(mixed_jpegs, monkeypatch):
+    """The GPU path with nvjpeg's behaviour faked: every batch holds CMYK files, and still
+    decodes, to the CPU path's pixels; only the JPEGs nvjpeg takes reach it, in one batched
+    call, the others arrive decoded by the workers' host decoder."""
+    seen: list = []
+    monkeypatch.setattr("data.decode.decode_jpeg", nvjpeg_like(seen))
+    splits = folder_splits(mixed_jpegs)
+    cpu_set, cpu = staged(splits.train, torch.device("cpu"))
+    plan_set, planned = staged(splits.train, torch.device("cuda"))  # only plans: no CUDA used
+    planned.batch.device = torch.device("cpu")  # decode "on the device" here
+    keys = [(2, i) for i in range(len(cpu_set))]
+    expected = cpu.batch(torch.stack([cpu_set[k][0] for k in keys]))
+    (items, plans), _ = collate_planned([plan_set[k] for k in keys])
+    files = [splits.train.dataset.sample_file(i) for _, i in keys]
+    host = {i for i, f in enumerate(files) if "cmyk" in f or "rgb_stored" in f}
+    assert len(host) == 2 * len(splits.classes)
+    assert [item.ndim for item in items] == [3 if i in host else 1 for i in range(len(items))]
+    assert torch.equal(planned.batch((items, plans)), expected)
+    assert len(seen) == 1 and len(seen[0]) == len(keys) - len(host)
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory")  # no accelerator here to pin memory for
+def test_the_training_loaders_gpu_path_decodes_a_batch_with_a_cmyk_file(mixed_jpegs, monkeypatch):
+    """As train.py builds them (build_datasets, build_loaders with loader_options for a CUDA
+    device, worker processes): with nvjpeg's behaviour faked, batches that hold CMYK files
+    equal the CPU loaders' batches."""
+    seen: list = []
+    monkeypatch.setattr("data.decode.decode_jpeg", nvjpeg_like(seen))
+    splits = folder_splits(mixed_jpegs)
+    cfg = dataset_cfg("imagefolder", root=str(mixed_jpegs), num_workers=2)
+
+    def batches(device: str) -> list[torch.Tensor]:
+        options = loader_options(cfg, rank=0, world_size=1, seed=0, device=torch.device(device))
+        loaders = build_loaders(splits, batch_size=4, eval_batch_size=4, **options)
+        loaders.train_sampler.set_epoch(1)
+        if device == "cuda":  # the device stage, run here on the CPU
+            assert isinstance(loaders.train.finish, DecodeOnDevice)
+            loaders.train.device = loaders.train.finish.device = torch.device("cpu")
+        return [x for x, _ in loaders.train]
+
+    on_device = batches("cuda")
+    assert len(seen) == len(on_device) > 0
+    for ours, expected in zip(on_device, batches("cpu"), strict=True):
+        assert torch.equal(ours, expected)
 
 
 def test_device_decode_plan_only_where_it_can_plan(jpegs):

@@ -5,7 +5,11 @@ once share the CPU cores without overlap.
 A rank forked after its parent called into the CUDA driver (even torch.cuda.is_available())
 dies at its first CUDA call on a GPU node. The ranks of the torchrun launcher are forked (from
 the warm start's server, through each job's agent), so each way a rank starts is run here with
-tests/gpu_probe.py as the dataset: every rank writes down torch._C._cuda_isInBadFork().
+tests/gpu_probe.py as the dataset: every rank writes down torch's bad-fork flag.
+
+Every one of those runs is also a CPU-only torch's run: tests/cpu_only_torch/ (first on
+PYTHONPATH) removes torch._C._cuda_isInBadFork in every process, as torch's CPU wheels lack it,
+and each rank records that it was gone. torch's own reading of the flag still works there.
 """
 
 from __future__ import annotations
@@ -21,10 +25,14 @@ import pytest
 import tests.helpers as fx
 from core import world
 from launch.jobs import Job
-from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
+from launch.torchrun import TorchrunBackend, TorchrunLauncherConf, single_run_settings
 from tests.gpu_probe import LOG_ENV
 
 PROBE = "dataset._target_=tests.gpu_probe.digits"
+# A CPU-only torch in every process started with it (and forked from one).
+CPU_ONLY_TORCH = {
+    "PYTHONPATH": os.pathsep.join([str(fx.REPO / "tests" / "cpu_only_torch"), str(fx.REPO)])
+}
 
 
 def probed(log: Path) -> list[dict]:
@@ -32,9 +40,30 @@ def probed(log: Path) -> list[dict]:
 
 
 def run_probed(cmd: list[str], log: Path, **env: str) -> list[dict]:
-    proc = fx.run(cmd, timeout=300, **{LOG_ENV: str(log)}, **env)
+    """Run `cmd` to success with a CPU-only torch; the probe's records of every rank, each
+    checked to have run without torch._C's bad-fork probe."""
+    proc = fx.run(cmd, timeout=300, **{LOG_ENV: str(log)}, **{**CPU_ONLY_TORCH, **env})
     assert proc.returncode == 0, fx.output(proc)[-4000:]
-    return probed(log)
+    ranks = probed(log)
+    assert ranks and not any(r["probe_compiled"] for r in ranks), ranks
+    return ranks
+
+
+def test_the_cpu_only_torch_of_these_tests_lacks_the_probe() -> None:
+    """tests/cpu_only_torch/ removes what torch's CPU wheels do not compile, in a process and
+    in its forks; torch as installed has it (else the faker would prove nothing)."""
+    code = (
+        "import os, torch\n"
+        "print(hasattr(torch._C, '_cuda_isInBadFork'), flush=True)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print(hasattr(torch._C, '_cuda_isInBadFork'), flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    cmd = [sys.executable, "-c", code]
+    assert fx.run(cmd, timeout=120, **CPU_ONLY_TORCH).stdout.split() == ["False", "False"]
+    assert fx.run(cmd, timeout=120).stdout.split() == ["True", "True"]
 
 
 def assert_no_bad_fork(ranks: list[dict], expected: int) -> None:
@@ -114,7 +143,7 @@ def test_a_server_that_called_cuda_forks_no_job(tmp_path: Path) -> None:
             *fx.QUICK,
             f"hydra.run.dir={tmp_path}/r",
         ],
-        PYTHONPATH=f"{tmp_path}{os.pathsep}{fx.REPO}",
+        PYTHONPATH=os.pathsep.join([str(tmp_path), CPU_ONLY_TORCH["PYTHONPATH"]]),
     )
     out = fx.output(proc)
     assert proc.returncode != 0, out
@@ -123,7 +152,8 @@ def test_a_server_that_called_cuda_forks_no_job(tmp_path: Path) -> None:
 
 
 def test_a_rank_in_a_bad_fork_stops_with_one_line_before_any_cuda_call() -> None:
-    """launch/ranks/forked.py's check, in a process forked after its parent asked CUDA."""
+    """launch/ranks/forked.py's check, in a process forked after its parent asked CUDA (with
+    a CPU-only torch's torch._C)."""
     code = (
         "import os, sys, torch\n"
         "from launch.ranks.forked import check_not_a_bad_fork\n"
@@ -139,9 +169,7 @@ def test_a_rank_in_a_bad_fork_stops_with_one_line_before_any_cuda_call() -> None
         "    os._exit(0)\n"
         "sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=fx.REPO, capture_output=True, text=True, timeout=120
-    )
+    proc = fx.run([sys.executable, "-c", code], timeout=120, **CPU_ONLY_TORCH)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = proc.stdout.splitlines()
     assert line.startswith("BadFork ") and "called into the CUDA driver" in line, line
@@ -210,6 +238,56 @@ def test_jobs_that_run_at_once_share_the_cores_without_overlap(
     assert cpus is None and alone.job_env(job(0, 2, False), gpus, cpus)["OMP_NUM_THREADS"] == "56"
 
 
+def test_a_jobs_cores_follow_its_share_of_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A faked 8-GPU, 112-core node. A job with every GPU (`python train.py` there: nproc auto)
+    gets all 112 cores: OMP_NUM_THREADS=14 and 13 DataLoader workers per rank, not 14 cores
+    for 8 ranks (1 thread, no worker). Two 4-GPU jobs get disjoint halves; when one ends, two
+    2-GPU jobs split its half. CPU jobs, max_parallel at once, get 1/max_parallel each."""
+    cores = list(range(112))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def node(**settings: object) -> TorchrunBackend:
+        conf = TorchrunLauncherConf(**settings)
+        return TorchrunBackend(conf, gpu_ids=[str(g) for g in range(8)], cores=cores)
+
+    def rank_share(backend: TorchrunBackend, j: Job, slot: tuple) -> tuple[int, int, int]:
+        """(the job's cores, threads and DataLoader workers of each of its ranks), the ranks'
+        affinity being the job's slice (launch/ranks/agent.py sets it; they inherit it)."""
+        gpus, cpus = slot
+        threads = int(backend.job_env(j, gpus, cpus)["OMP_NUM_THREADS"])
+        mine = cores if cpus is None else cpus
+        monkeypatch.setattr(world, "usable_cores", lambda: list(mine))
+        return len(mine), threads, world.data_workers("auto", j.nproc)
+
+    backend = node()
+    whole = job(0, 8, True)
+    slot = backend.reserve(whole)
+    assert rank_share(backend, whole, slot) == (112, 14, 13)
+    backend.release(whole, slot)
+
+    a, b = job(1, 4, True), job(2, 4, True)
+    slot_a, slot_b = backend.reserve(a), backend.reserve(b)
+    assert rank_share(backend, a, slot_a) == rank_share(backend, b, slot_b) == (56, 14, 13)
+    assert not set(slot_a[1]) & set(slot_b[1])
+    assert backend.reserve(job(3, 2, True)) is None  # no GPU free
+    backend.release(a, slot_a)
+    quarters = [backend.reserve(job(num, 2, True)) for num in (3, 4)]
+    assert [len(cpus) for _, cpus in quarters] == [28, 28]
+    assert set(quarters[0][1]) | set(quarters[1][1]) == set(slot_a[1])  # a's, b's untouched
+
+    # `python train.py dist.nproc_per_node=2` there: the only job its process runs, every core
+    alone = TorchrunBackend(
+        single_run_settings({}), gpu_ids=[str(g) for g in range(8)], cores=cores
+    )
+    two = job(0, 2, True)
+    assert rank_share(alone, two, alone.reserve(two)) == (112, 56, 55)
+
+    cpu_jobs = node(max_parallel=4)
+    slices = [cpu_jobs.reserve(job(num, 2, False))[1] for num in range(4)]
+    assert [len(cpus) for cpus in slices] == [28] * 4 and len(set().union(*slices)) == 112
+    assert cpu_jobs.job_env(job(0, 2, False), [], slices[0])["OMP_NUM_THREADS"] == "14"
+
+
 @pytest.mark.slow
 def test_two_jobs_at_once_run_on_their_own_cores(tmp_path: Path) -> None:
     """Real processes: two sweep jobs at once on this machine's cores, each rank on its job's
@@ -244,3 +322,38 @@ def test_a_slurm_task_sizes_its_threads_and_workers_from_its_own_cpus(
     assert world.cores_per_rank(8) == 14 and world.data_workers("auto", 8) == 13
     monkeypatch.delenv("SLURM_PROCID")  # not a SLURM task: the node's cores among its ranks
     assert world.cores_per_rank(8) == 1 and world.data_workers("auto", 8) == 0
+
+
+AFFINITY_SHARE = (
+    "import os, sys\n"
+    "from core.world import cores_per_rank, data_workers\n"
+    "local_world = int(sys.argv[1])\n"
+    "print(len(os.sched_getaffinity(0)), cores_per_rank(local_world),"
+    " data_workers('auto', local_world))\n"
+)
+
+
+@pytest.mark.skipif(len(world.usable_cores()) < 2, reason="needs 2 cores to restrict to 1")
+def test_threads_and_workers_follow_the_real_affinity() -> None:
+    """Real processes started on 1 of this machine's cores (as SLURM binds a task whose srun
+    lacked --cpus-per-task, while SLURM_CPUS_PER_TASK still says 2): 1 core, no DataLoader
+    worker; on 2 cores the task's 2. Outside SLURM the affinity is shared among the ranks."""
+    two = world.usable_cores()[:2]
+
+    def share(cpus: list[int], local_world: int, **env: str) -> list[int]:
+        proc = subprocess.run(
+            [sys.executable, "-c", AFFINITY_SHARE, str(local_world)],
+            cwd=fx.REPO,
+            env=fx.run_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+        )
+        assert proc.returncode == 0, fx.output(proc)
+        return [int(n) for n in proc.stdout.split()]
+
+    slurm = {"SLURM_PROCID": "0", "SLURM_CPUS_PER_TASK": "2"}
+    assert share(two[:1], 1, **slurm) == [1, 1, 0]
+    assert share(two, 1, **slurm) == [2, 2, 1]
+    assert share(two, 2) == [2, 1, 0]

@@ -64,6 +64,7 @@ from tests.helpers import (
     summary_rows,
     sweep,
     train_cmd,
+    wait_for_no_processes,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -237,6 +238,39 @@ def test_scheduler_stops_running_jobs_when_interrupted(tmp_path: Path) -> None:
         jobs = [fake_job(n, job_dir=tmp_path / str(n)) for n in range(3)]
         run_schedule(jobs, [], 2, agents, sleep=interrupt)
     assert sorted(agents.stopped) == [0, 1]
+
+
+def test_two_2_node_jobs_at_once_get_two_rendezvous_endpoints() -> None:
+    """A multi-node sweep running two jobs at once on the same hosts: each job meets at its own
+    endpoint (the configured port + its number: one store per job, not one shared that dies with
+    the job hosting it), and both nodes' launchers compute the same, as does a resumed sweep's
+    launcher and a job that starts later while others run. Endpoints it cannot have are one
+    line naming the key."""
+    two_nodes = {"dist": {"nnodes": 2, "nproc_per_node": 1}}
+
+    def endpoints(node_rank: int, nums: list[int], endpoint: str = "node01:29400") -> list[str]:
+        settings = TorchrunLauncherConf(
+            rdzv_endpoint=endpoint, node_rank=node_rank, max_parallel=len(nums)
+        )
+        backend = TorchrunBackend(settings, gpu_ids=[], cores=[0, 1])
+        found = []
+        for num in nums:
+            job = fake_job(num, config=two_nodes)
+            place(job, backend)
+            assert job.error is None and job.nnodes == 2, job.error
+            _, cpus = backend.reserve(job)
+            found.append(backend.agent_spec(job, {}, cpus).rdzv_endpoint)
+        return found
+
+    assert endpoints(0, [0, 1]) == endpoints(1, [0, 1]) == ["node01:29400", "node01:29401"]
+    assert endpoints(1, [1, 5]) == ["node01:29401", "node01:29405"]  # resumed; a later job
+    assert endpoints(0, [0, 2], "[fd00::1]:29500") == ["[fd00::1]:29500", "[fd00::1]:29502"]
+    assert endpoints(0, [0, 3], "node01") == ["node01:29400", "node01:29403"]  # torch's port
+    for endpoint, why in (("node01:65535", "past 65535"), ("node01:http", "not HOST:PORT")):
+        job = fake_job(1, config=two_nodes)
+        place(job, TorchrunBackend(TorchrunLauncherConf(rdzv_endpoint=endpoint), gpu_ids=[]))
+        assert job.error and f"hydra.launcher.rdzv_endpoint={endpoint}" in job.error, job.error
+        assert why in job.error, job.error
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1047,6 +1081,29 @@ def test_a_user_error_of_rank_1_is_the_jobs_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in out and "ProcessExitedException" not in out, out
     assert "torchrun:" not in out, out  # the agent's lines are for a sweep's agent.log
     assert result_json(run_dir)["error"].endswith("7.jpg is truncated: remove or replace it")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    HYDRA_VERSION >= (1, 4),
+    reason="its dataset target is a test module, outside Hydra 1.4's _target_ allowlist "
+    "(core/hydra_compat.py); the wait does not depend on Hydra's version",
+)
+def test_a_wait_for_local_rank_0s_data_past_the_timeout_is_one_line(tmp_path: Path) -> None:
+    """`python train.py dist.nproc_per_node=2` with a dataset whose download takes local rank
+    0 far longer than dist.timeout_s: rank 1 stops waiting at the timeout with one line naming
+    the key (exit 2), rank 0 is stopped with it, no process is left; no traceback."""
+    run_dir, tag = tmp_path / "run", str(tmp_path)
+    target = "dataset._target_=tests.launcher_apps.slow_data.digits"
+    overrides = ("dataset=mnist", target, "dataset.download=true", "dist.timeout_s=5")
+    cmd = train_cmd("dist.nproc_per_node=2", *overrides, *QUICK, f"hydra.run.dir={run_dir}")
+    proc = run(cmd, timeout=240, SLOW_DATA_S="600", SLOW_DATA_TAG=tag)
+    out = output(proc)
+    line = r"rank 1 waited \d+ s for local rank 0 to build the data, past dist.timeout_s=5: raise "
+    assert proc.returncode == UserError.exit_code, out
+    assert len(re.findall(line, out)) == 1 and "Traceback" not in out, out
+    assert re.match(line, result_json(run_dir)["error"])
+    assert wait_for_no_processes("SLOW_DATA_TAG", tag) == []
 
 
 @pytest.mark.slow

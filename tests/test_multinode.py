@@ -7,10 +7,13 @@ same, empty, run dir there: both nodes agreed on `${now:}` through the rendezvou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +143,77 @@ def test_torchrun_launcher_runs_one_job_on_two_nodes(tmp_path: Path) -> None:
     with_result = [n for n in ("node0", "node1") if (job / ".torchrun" / n / "result.pkl").exists()]
     assert len(with_result) == 1, with_result
     assert sum("rank 0 ran on another node" in out for out in outs) == 1, outs
+
+
+def listening_ports() -> set[int]:
+    """TCP ports something on this machine listens on (Linux /proc/net/tcp{,6}: state 0A)."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A":
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def free_port_pair() -> int:
+    """A port P with P + 1 free too."""
+    while True:
+        port = free_port()
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port + 1))
+            return port
+
+
+def test_two_2_node_jobs_at_once_meet_at_their_own_endpoints(tmp_path: Path) -> None:
+    """Two launchers as two nodes run a sweep of two 2-node jobs at once (max_parallel=2), job
+    0 shorter than job 1. Each job's agents meet at their own endpoint, rdzv_endpoint's port +
+    the job's number (their stores listen there while the jobs run); before, both met at the
+    one endpoint, job 1's agents as clients of job 0's store, which ended with job 0."""
+    port = free_port_pair()
+    sweep_dir = tmp_path / "shared" / "sweep"
+
+    def sweep(node_rank: int) -> list[str]:
+        return [
+            sys.executable,
+            str(REPO / "train.py"),
+            "-m",
+            f"hydra.sweep.dir={sweep_dir}",
+            "dist.nnodes=2",
+            "dist.nproc_per_node=1",
+            "hydra.launcher.max_parallel=2",
+            f"hydra.launcher.rdzv_endpoint=127.0.0.1:{port}",
+            f"hydra.launcher.node_rank={node_rank}",
+            "trainer.max_epochs=1,3",
+            "wandb.mode=disabled",
+            "trainer.progress_bar=false",
+        ]
+
+    logs = [tmp_path / f"node{node_rank}.log" for node_rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            sweep(n), cwd=REPO, env=run_env(), stdout=log.open("w"), stderr=subprocess.STDOUT
+        )
+        for n, log in enumerate(logs)
+    ]
+    listened: set[int] = set()
+    deadline = time.time() + 600
+    try:
+        while any(proc.poll() is None for proc in procs) and time.time() < deadline:
+            listened |= listening_ports() & {port, port + 1}
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    for proc, log in zip(procs, logs, strict=True):
+        assert proc.returncode == 0, log.read_text()[-5000:]
+    for num, epochs in ((0, 1), (1, 3)):
+        result = json.loads((sweep_dir / str(num) / "result.json").read_text())
+        assert (result["status"], result["epochs"]) == ("completed", epochs), result
+    assert listened == {port, port + 1}
 
 
 RESUME_JOB = [

@@ -6,10 +6,13 @@ accumulation check (in tests/rank_pool.py's two ranks) and compilation are marke
 """
 
 import json
+import logging
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from components.checkpoint import load_checkpoint
 from tests.helpers import output, run, train_cmd, train_in_process, train_rows
@@ -113,6 +116,32 @@ def test_compiled_ddp_trains_like_eager_on_two_ranks(tmp_path):
         torch.testing.assert_close(fast["model"][key], weight, rtol=0, atol=COMPILE_TOLERANCE)
 
 
+def test_force_ddp_wraps_a_single_rank_and_trains_the_same(monkeypatch, tmp_path):
+    """dist.force_ddp=true: DDP around the model even at world size 1 (how the GPU check runs
+    DDP's reducer and DDPOptimizer on one GPU, docs/bench/gpu.py); its all-reduce over one rank
+    changes nothing, so the weights end as the plain model's do. Without it, no DDP."""
+    import components.distributed as distributed
+
+    wrapped = []
+
+    class SpyDDP(distributed.DDP):
+        def __init__(self, module, **kwargs):
+            wrapped.append(type(module).__name__)
+            super().__init__(module, **kwargs)
+
+    monkeypatch.setattr(distributed, "DDP", SpyDDP)
+    train_in_process(tmp_path / "plain", *QUICK)
+    assert wrapped == []
+    train_in_process(tmp_path / "ddp", *QUICK, "dist.force_ddp=true")
+    assert wrapped == ["SmallCNN"]
+    plain, ddp = (
+        load_checkpoint(tmp_path / n / "checkpoints" / "last.pt") for n in ("plain", "ddp")
+    )
+    assert list(ddp["model"]) == list(plain["model"])  # no module. prefix
+    for key, weight in plain["model"].items():
+        assert torch.equal(ddp["model"][key], weight), key
+
+
 def compiled_types(rank: int, run_dir: str, overrides: list[str]) -> list[str]:
     """train.py's train(cfg) on this rank, recording what torch.compile is handed."""
     from tests.rank_pool import train_rank
@@ -151,3 +180,161 @@ def test_speed_metrics_are_logged(tmp_path):
         assert "mfu" not in row  # MFU needs a GPU's peak FLOP/s
     res = result(run_dir)
     assert res["time_to_first_step_s"] > 0 and len(res["peak_memory_mb_per_rank"]) == 1
+
+
+# --- trainer.precision=auto: bf16 where the hardware has it natively, else 32 ----------------
+
+# An AVX2-only CPU stood in for by a CPU with AVX512-BF16: oneDNN (which runs the CPU's bf16
+# convolutions and matmuls) and ATen capped at AVX2.
+AVX2_STAND_IN = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def fake_cpu(monkeypatch, capability: str, avx512_bf16: bool, amx: bool, **env: str) -> None:
+    """torch's CPU probes (and oneDNN's cap) as on a CPU with these features."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize(
+    "capability, avx512_bf16, amx, env, native, said",
+    [
+        ("AVX2", False, False, {}, False, "this CPU has no native bf16: AVX2"),  # AMD EPYC Rome
+        ("AVX512", False, False, {}, False, "this CPU has no native bf16: AVX512"),  # Skylake
+        ("AVX512", True, False, {}, True, "native bf16: AVX512 with AVX512-BF16"),  # Zen 4
+        ("AVX512", True, True, {}, True, "native bf16: AVX512 with AVX512-BF16 and AMX"),
+        ("DEFAULT", False, False, {}, False, "no native bf16: DEFAULT"),  # e.g. a Mac's arm64
+        # oneDNN capped below its bf16 ISA (either prefix, any case): emulated, so 32
+        ("AVX2", True, True, AVX2_STAND_IN, False, "AVX2, ONEDNN_MAX_CPU_ISA=AVX2"),
+        ("AVX512", True, False, {"DNNL_MAX_CPU_ISA": "avx512_core"}, False, "avx512_core"),
+        ("AVX512", True, False, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, False, "VNNI"),
+        # ... or at it and above, or a name oneDNN does not know (no cap): native
+        ("AVX512", True, False, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, True, "native"),
+        ("AVX512", True, True, {"ONEDNN_MAX_CPU_ISA": "avx10_1_512_amx"}, True, "native"),
+        ("AVX512", True, True, {"ONEDNN_MAX_CPU_ISA": "DEFAULT"}, True, "native"),
+        # ATen's kernels capped alone: oneDNN still runs bf16 natively (2.0x fp32 measured)
+        ("AVX2", True, False, {}, True, "native bf16: AVX2 with AVX512-BF16"),
+    ],
+)
+def test_auto_precision_follows_the_cpus_native_bf16(
+    monkeypatch, capability, avx512_bf16, amx, env, native, said
+):
+    from components.precision import native_bf16
+
+    fake_cpu(monkeypatch, capability, avx512_bf16, amx, **env)
+    found, why = native_bf16(torch.device("cpu"))
+    assert found is native and said in why, why
+
+
+def test_auto_precision_without_torchs_private_cpu_probes(monkeypatch):
+    """A torch build without the private probes: no native bf16 known, so 32."""
+    from components.precision import native_bf16
+
+    fake_cpu(monkeypatch, "AVX512", True, True)
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert native_bf16(torch.device("cpu")) == (False, "this CPU has no native bf16: AVX512")
+
+
+@pytest.mark.parametrize(
+    "name, capability, native",
+    [("NVIDIA H100 80GB HBM3", (9, 0), True), ("Tesla T4", (7, 5), False)],
+)
+def test_auto_precision_follows_the_gpus_native_bf16(monkeypatch, name, capability, native):
+    """torch.cuda.is_bf16_supported without emulation (a T4 or V100 emulates bf16)."""
+    from components.precision import native_bf16
+
+    asked = []
+
+    def is_bf16_supported(including_emulation=True):
+        asked.append(including_emulation)
+        return capability >= (8, 0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    found, why = native_bf16(torch.device("cuda", 0))
+    assert (found, asked) == (native, [False])
+    assert why == (
+        f"{name} has native bf16"
+        if native
+        else f"{name} has no native bf16: compute capability 7.5"
+    )
+
+
+def test_the_avx2_stand_in_has_no_native_bf16_by_torchs_own_probes():
+    """Where the MNIST recipe's 5x slowdown was measured, a CPU with AVX512-BF16 stands in for an
+    AVX2-only one (docs/performance.md): torch's real probes, in a process of its own, say AVX2
+    and auto says 32."""
+    code = (
+        "import torch\n"
+        "from components.precision import native_bf16\n"
+        "print(torch.backends.cpu.get_cpu_capability(), *native_bf16(torch.device('cpu')))"
+    )
+    proc = run([sys.executable, "-c", code], **AVX2_STAND_IN)
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.startswith("AVX2 False this CPU has no native bf16"), proc.stdout
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_is_resolved_before_anything_records_it(
+    monkeypatch, caplog, tmp_path, native
+):
+    """trainer.precision=auto trains in bf16 on a CPU with native bf16, in 32 on one without,
+    says which and why in one line, and result.json, the checkpoints' config and eval.py see
+    the value that trained."""
+    from tests.helpers import eval_in_process, read_json
+
+    fake_cpu(monkeypatch, "AVX512" if native else "AVX2", native, False)
+    caplog.set_level(logging.INFO, logger="components.precision")
+    run_dir, chosen = tmp_path / "run", "bf16" if native else "32"
+    train_in_process(run_dir, *QUICK, "trainer.precision=auto")
+    said = [r.getMessage() for r in caplog.records if r.name == "components.precision"]
+    why = "native bf16: AVX512 with AVX512-BF16" if native else "no native bf16: AVX2"
+    assert said == [f"trainer.precision=auto: {chosen} (this CPU has {why})"]
+    assert result(run_dir)["precision"] == chosen
+    config = load_checkpoint(run_dir / "checkpoints" / "best.pt")["config"]
+    assert OmegaConf.create(config).trainer.precision == chosen
+    caplog.clear()
+    acc = eval_in_process(tmp_path / "eval", f"run={run_dir}", "trainer.precision=auto")
+    assert acc == read_json(run_dir / "result.json")["test"]["test/acc"]
+    said = [r.getMessage() for r in caplog.records if r.name == "components.precision"]
+    assert said == [f"trainer.precision=auto: {chosen} (this CPU has {why})"]
+
+
+@pytest.mark.slow
+def test_the_mnist_recipe_trains_in_32_on_a_cpu_without_native_bf16(tmp_path):
+    """`python train.py dataset=mnist` on 2 ranks under the AVX2 stand-in: its recipe's
+    precision (auto) is 32, said once in the log (both ranks follow rank 0), and result.json,
+    the checkpoint's config and the W&B run's config say 32; the composed config keeps auto."""
+    from tests.helpers import OFFLINE, make_mnist, offline_runs, read_json
+
+    make_mnist(tmp_path / "data")
+    run_dir = tmp_path / "run"
+    cmd = train_cmd(
+        "dataset=mnist",
+        f"dataset.root={tmp_path / 'data'}",
+        "dist.nproc_per_node=2",
+        "trainer.max_epochs=1",
+        "trainer.progress_bar=false",
+        OFFLINE,
+        f"hydra.run.dir={run_dir}",
+    )
+    proc = run(cmd, timeout=300, **AVX2_STAND_IN)
+    assert proc.returncode == 0, output(proc)
+    said = [line for line in output(proc).splitlines() if "trainer.precision=auto" in line]
+    assert len(said) == 1, output(proc)
+    assert said[0].endswith(
+        "trainer.precision=auto: 32 (this CPU has no native bf16 for oneDNN: AVX2, "
+        "ONEDNN_MAX_CPU_ISA=AVX2)"
+    )
+    assert read_json(run_dir / "result.json")["precision"] == "32"
+    config = OmegaConf.create(load_checkpoint(run_dir / "checkpoints" / "last.pt")["config"])
+    assert config.trainer.precision == "32"
+    (wandb_run,) = offline_runs(run_dir)
+    assert wandb_run.config["trainer"]["precision"] == "32"
+    assert OmegaConf.load(run_dir / ".hydra" / "config.yaml").trainer.precision == "auto"

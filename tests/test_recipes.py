@@ -68,7 +68,8 @@ def test_every_dataset_config_picks_its_default_augmentation():
 
 def test_every_dataset_config_picks_its_default_recipe_and_keys_override_it():
     """conf/recipe/<name>.yaml through the dataset config: MNIST and Fashion-MNIST train 3 and 5
-    epochs at batch 256 warmed up for 0.2, in bf16 and channels_last, the small CNN at [16, 32]
+    epochs at batch 256 warmed up for 0.2, in auto precision (bf16 where the hardware has it
+    natively) and channels_last, the small CNN at [16, 32]
     with BatchNorm (their conf/dataset_model/ entries, for model=small_cnn only), label
     smoothing 0.1; the rest the
     trainer's 10 epochs at batch 64 (1 warm-up epoch); SGD's lr is 0.1 at the batch of 64,
@@ -86,7 +87,7 @@ def test_every_dataset_config_picks_its_default_recipe_and_keys_override_it():
         assert cfg.trainer.warmup_epochs == (0.2 if short else 1)
         assert cfg.trainer.label_smoothing == (0.1 if short else 0.0)
         assert (cfg.trainer.precision, cfg.trainer.channels_last) == (
-            ("bf16", True) if short else ("32", False)
+            ("auto", True) if short else ("32", False)
         )
         assert (list(cfg.model.channels), cfg.model.batch_norm) == (
             ([16, 32], True) if short else ([32, 64], False)

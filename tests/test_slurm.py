@@ -757,6 +757,51 @@ def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_
 
 
 @pytest.mark.slow
+def test_tasks_run_on_the_cpus_sbatch_gave_them(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The cluster binds each task to its cores (task/affinity). A sweep job with
+    hydra.launcher.cpus_per_task=2, and launch/sbatch_example.sh with --cpus-per-task=2: each
+    task runs on 2 CPUs (this machine's 2), not 1 (since SLURM 22.05 srun does not inherit
+    sbatch's count), and its threads and DataLoader workers follow; each rank records them
+    (tests/gpu_probe.py)."""
+    from tests.gpu_probe import LOG_ENV
+    from tests.test_gpu_fork import PROBE, probed
+
+    if idle_cluster.cpus < 2:
+        pytest.skip("a node of one CPU: 2 per task cannot be had")
+    log = tmp_path / "probe.jsonl"
+    env = {**idle_cluster.env, LOG_ENV: str(log), "OMP_NUM_THREADS": ""}  # unset: the task's
+    quick = ["trainer.max_epochs=1", "wandb.mode=disabled", "trainer.progress_bar=false"]
+    cmd = train_cmd(
+        "-m",
+        "hydra/launcher=slurm",
+        f"hydra.launcher.poll_interval_s={POLL_S}",
+        "hydra.launcher.cpus_per_task=2",
+        PROBE,
+        *quick,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
+    proc = run(cmd, timeout=240, **env)
+    assert proc.returncode == 0, output(proc)[-5000:]
+    idle_cluster.wait_until_idle()
+    by_hand = [
+        "sbatch",
+        "--wait",
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=2",
+        f"--output={tmp_path}/slurm-%j.out",
+        "launch/sbatch_example.sh",
+        PROBE,
+        *quick,
+    ]
+    proc = run(by_hand, timeout=240, RUN_DIR=str(tmp_path / "run"), PYTHON=sys.executable, **env)
+    logs = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert proc.returncode == 0, output(proc) + logs[-5000:]
+    ranks = probed(log)
+    assert [(len(r["cores"]), r["threads"], r["workers"]) for r in ranks] == [(2, 2, 1)] * 2, ranks
+
+
+@pytest.mark.slow
 def test_no_slurm_task_is_a_cuda_bad_fork(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
     """Each SLURM task of a 2-rank job builds tests/gpu_probe.py's dataset: none is a CUDA bad
     fork (tests/test_gpu_fork.py checks every other way a rank starts)."""

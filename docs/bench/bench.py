@@ -27,7 +27,8 @@ real MNIST and Fashion-MNIST (built by docs/bench/real_data.py), seeds 0-4 (`--e
 quick look): this tree's train.py, b2beecb's (`--e-baseline`) and the seed recipe side by side.
 Workload V (docs/bench/seed_spread.py, `--workloads V`): every shipped default on seeds 0-4, one
 seed sweep each: mean, std and the worst seed. Workload G (docs/bench/gpu.py, `--workloads G`):
-the prepared GPU check, <= 5 min on one GPU (without one: one line, exit status 2).
+the prepared GPU check, <= 7 min on one GPU (without one, or without its packages: one line,
+exit status 2; `python -m docs.bench.gpu run .whl` installs them from wheels built here).
 
 This module is the command line and the runs; workloads.py defines the workloads, tables.py
 the report, common.py what every workload shares (all in docs/bench/). None imports torch.
@@ -514,11 +515,11 @@ def main(argv: list[str] | None = None) -> int:
     if GPU_CHECK in args.workloads:
         from docs.bench import gpu
 
-        gpus, gpu_name = gpu.cuda_devices()
-        if not gpus:
-            print(gpu.NO_GPU, file=sys.stderr)
+        machine, problem = gpu.preflight()  # its packages and a CUDA GPU, before any cell
+        if problem:
+            print(problem, file=sys.stderr)
             return 2
-        print(f"[G] {gpus} GPU(s): {gpu_name}", file=sys.stderr)
+        print(f"[G] {gpu.machine_line(machine)}", file=sys.stderr)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
     started = time.perf_counter()
@@ -527,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, e_rows, v_rows, startup_table, gpu_table, gpu_failed = [], [], [], None, None, 0
     try:
         if GPU_CHECK in args.workloads:
-            gpu_table, gpu_failed = gpu.run(work / "gpu")
+            gpu_table, gpu_failed = gpu.run(work / "gpu", machine)
         if TIME_TO_ACCURACY in args.workloads:
             from docs.bench import time_to_accuracy
 

@@ -1,17 +1,33 @@
-"""Workload G: the one prepared GPU check (`python -m docs.bench --workloads G`), <= 5 min on one
-GPU. Without a CUDA GPU it says so in one line and exits non-zero.
+"""Workload G: the one prepared GPU check (`python -m docs.bench --workloads G`), <= 7 min on one
+GPU, so that a rerun fits a 15-minute lease. A GPU machine may hold only torch and torchvision
+(and no network): the wheels the check needs besides (WHEELS) are built here and travel with
+the tree, and one command there installs them and runs the check:
+
+    here:             python -m docs.bench.gpu wheels .whl [--python 3.12]   (~20 MiB a Python)
+    the GPU machine:  python -m docs.bench.gpu run .whl [--out g.json]
+
+(.whl/ is git-ignored; `run` installs with `pip install --no-index --no-deps --target`, which
+leaves the machine's own packages, torch first, as they are, and hands the folder to the check
+on PYTHONPATH.) Before any cell, a preflight in a process of its own stops in one line (exit
+status 2) where a package is missing or torch sees no CUDA GPU, and finds what the table's
+first line states: GPU, driver, torch, CUDA, torchvision and Python versions. Nothing here
+needs a torch newer than 2.11.
 
 Each cell is one process with its own time limit, and the whole check has a budget (BUDGET_S):
 a cell that would start past it is reported as skipped, so the check ends in time however slow
-a compile is. The table:
+a compile is. The cells, on generated data only (MNIST-format files; a JPEG ImageFolder):
 
   CUDA paths   a 1-rank sweep job (`python train.py -m ...`: the launcher forks its rank from the
-               warm interpreter), `python train.py dist.nproc_per_node=1`, plain torchrun: each
-               trains digits for an epoch with trainer.device=cuda; status, wall, first step
+               warm interpreter), `python train.py dist.nproc_per_node=1`, then its resume
+               (resume=auto, a second epoch) and `eval.py` of its checkpoint, plain torchrun, a
+               sweep job under CUDA_VISIBLE_DEVICES=<the GPU's UUID>, a world-1 NCCL group with
+               DDP forced on (dist.force_ddp: DDP's reducer; compiled: dynamo's DDPOptimizer,
+               its log line checked), and the GPU JPEG path (nvjpeg batch decode) through
+               train.py on an ImageFolder holding a CMYK JPEG: status, wall, first step
   throughput   resnet18 / resnet50 (3x3 stem) in bf16 + channels_last on MNIST-format files
-               generated here (28 px, 1 channel), through the DataLoader (dataset.fast=false) and
-               the fast path (data/fast.py), eager and compiled: samples/s (median window after
-               the first) and MFU (train rows' `mfu`: components/speed.py's peak)
+               (28 px, 1 channel), through the DataLoader (dataset.fast=false) and the fast path
+               (data/fast.py), eager and compiled, and resnet18 in precision 32: samples/s
+               (median window after the first) and MFU (train rows' `mfu`: components/speed.py)
   JPEG decode  torchvision.io.decode_jpeg of a batch of generated 224-320 px JPEGs on the CPU
                and on the GPU (device="cuda", nvjpeg): images/s
   matmul       a bf16 8192^3 matmul's TFLOP/s against the peak components/speed.py uses for
@@ -23,15 +39,30 @@ docs.bench.gpu <probe>`).
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
+import os
+import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from docs.bench.common import REPO, RESULT_TAG, fmt, make_mnist, markdown, run_env, run_process
+from docs.bench.common import (
+    REPO,
+    RESULT_TAG,
+    fmt,
+    make_jpegs,
+    make_mnist,
+    markdown,
+    run_env,
+    run_process,
+)
 
-BUDGET_S = 270.0  # cells start only while this much of the check's time is left unused
+BUDGET_S = 390.0  # cells start only while this much of the check's time is left unused
 THREADS = 8  # OMP_NUM_THREADS per process
 NO_GPU = (
     "workload G needs a CUDA GPU, and torch sees none here (torch.cuda.device_count() == 0): "
@@ -40,16 +71,217 @@ NO_GPU = (
 STEPS, BATCH = 40, 256  # throughput: optimizer steps per run, global batch
 QUICK = ("trainer.max_epochs=1", "trainer.progress_bar=false", "wandb.mode=disabled")
 
+# What G's processes (train.py, eval.py, the launcher, docs.bench) import that a machine with
+# only torch and torchvision (and their numpy, pillow, typing-extensions) lacks, as
+# requirements.txt pins them: Hydra; tqdm (the console); cloudpickle (the launcher); matplotlib
+# (eval.py's confusion matrix); submitit and its Hydra plugin (a sweep loads every plugin in
+# hydra_plugins/, the SLURM launcher's too, and warns in every job without them). W&B, Optuna,
+# scikit-learn and scipy stay out: G runs with W&B off, no search, and no digits (the MNIST
+# files and JPEGs are generated here).
+WHEELS = (
+    "hydra-core",
+    "omegaconf",
+    "tqdm",
+    "cloudpickle",
+    "matplotlib",
+    "submitit",
+    "hydra-submitit-launcher",
+)
+# ... and what those need that torch and torchvision do not bring, at the versions the suite
+# runs with (requirements.txt leaves them to pip).
+DEPENDENCIES = {
+    "antlr4-python3-runtime": "4.9.3",  # Hydra's and OmegaConf's ==4.9.*: a source package only
+    "PyYAML": "6.0.3",
+    "packaging": "26.4",
+    "contourpy": "1.3.3",
+    "cycler": "0.12.1",
+    "fonttools": "4.69.1",
+    "kiwisolver": "1.5.1",
+    "pyparsing": "3.3.2",
+    "python-dateutil": "2.9.0.post0",
+    "six": "1.17.0",
+}
+SOURCE_ONLY = ("antlr4-python3-runtime",)  # built into a wheel here (pip wheel)
+# The module each distribution provides: the preflight imports every one.
+MODULES = {
+    "hydra-core": "hydra",
+    "omegaconf": "omegaconf",
+    "tqdm": "tqdm",
+    "cloudpickle": "cloudpickle",
+    "matplotlib": "matplotlib",
+    "submitit": "submitit",
+    "hydra-submitit-launcher": "hydra_plugins.hydra_submitit_launcher",
+    "antlr4-python3-runtime": "antlr4",
+    "PyYAML": "yaml",
+    "packaging": "packaging",
+    "contourpy": "contourpy",
+    "cycler": "cycler",
+    "fonttools": "fontTools",
+    "kiwisolver": "kiwisolver",
+    "pyparsing": "pyparsing",
+    "python-dateutil": "dateutil",
+    "six": "six",
+}
+WHEEL_DIR = ".whl"  # git-ignored: the device tool carries it with the tree
 
-def cuda_devices(timeout_s: float = 120) -> tuple[int, str]:
-    """(GPUs torch sees, the first one's name) in a process of its own."""
-    stdout, _, rc = run_process([sys.executable, "-m", "docs.bench.gpu", "probe"], env(), timeout_s)
+
+def python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def wheel_pins(python: str) -> dict[str, str]:
+    """{distribution: version} of every wheel G needs on Python `python` ("3.12"): WHEELS as
+    requirements.txt pins them for that Python (its markers evaluated), then DEPENDENCIES."""
+    from packaging.markers import Marker
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        marker_env = {"python_version": python, "python_full_version": f"{python}.0"}
+        if req.name in WHEELS and (
+            req.marker is None or Marker(str(req.marker)).evaluate(marker_env)
+        ):
+            (spec,) = req.specifier
+            pins[req.name] = spec.version
+    missing = set(WHEELS) - set(pins)
+    if missing:
+        raise SystemExit(
+            f"requirements.txt pins no {', '.join(sorted(missing))} for Python {python}"
+        )
+    return {**{name: pins[name] for name in WHEELS}, **DEPENDENCIES}
+
+
+def requirements_file(folder: Path, python: str) -> Path:
+    return folder / f"requirements-py{python}.txt"
+
+
+def build_wheels(folder: Path, pythons: list[str]) -> int:
+    """The wheels G needs into `folder`, for each Python in `pythons`, with one
+    requirements-py<X.Y>.txt each (exact pins): what `run` installs on the GPU machine."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    for python in pythons:
+        pins = wheel_pins(python)
+        binary = [f"{n}=={v}" for n, v in pins.items() if n not in SOURCE_ONLY]
+        source = [f"{n}=={v}" for n, v in pins.items() if n in SOURCE_ONLY]
+        # Wheels as published, for that Python on this platform; no dependencies: the list is
+        # the whole set, and torch's own (numpy, pillow) are the GPU machine's
+        download = ["download", "--no-deps", "--only-binary=:all:", "--python-version", python]
+        steps = [
+            [*pip, *download, "--dest", str(folder), *binary],
+            [*pip, "wheel", "--no-deps", "--wheel-dir", str(folder), *source],
+        ]
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True)
+            if done.returncode != 0:
+                why = tail(done.stdout, done.stderr, 1)
+                print(f"pip failed ({' '.join(step[3:5])}): {why}", file=sys.stderr)
+                return 1
+        requirements_file(folder, python).write_text(
+            "".join(f"{n}=={v}\n" for n, v in pins.items())
+        )
+    size = sum(f.stat().st_size for f in folder.glob("*.whl"))
+    print(
+        f"{len(list(folder.glob('*.whl')))} wheels for Python {', '.join(pythons)} in "
+        f"{folder} ({size / 2**20:.1f} MiB); on the GPU machine: "
+        f"python -m docs.bench.gpu run {folder}"
+    )
+    return 0
+
+
+def install_and_run(folder: Path, bench_args: list[str]) -> int:
+    """On the GPU machine: the wheels in `folder` into `folder`/site-py<X.Y> (pip, offline,
+    nothing else touched), then `python -m docs.bench --workloads G` with them on PYTHONPATH."""
+    python = python_version()
+    requirements = requirements_file(folder, python)
+    if not requirements.exists():
+        built = sorted(p.stem.removeprefix("requirements-py") for p in folder.glob("req*.txt"))
+        print(
+            f"{folder} holds no wheels for this Python {python} (for: "
+            f"{', '.join(built) or 'none'}): build them with python -m docs.bench.gpu wheels "
+            f"{folder} --python {python}",
+            file=sys.stderr,
+        )
+        return 2
+    site = folder / f"site-py{python}"
+    install = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    install += ["--no-index", "--no-deps", "--find-links", str(folder), "--target", str(site)]
+    install += ["--upgrade", "-r", str(requirements)]
+    done = subprocess.run(install, capture_output=True, text=True)
+    if done.returncode != 0:
+        why = tail(done.stdout, done.stderr, 1)
+        print(f"installing {folder}'s wheels failed: {why}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(site.resolve()), env.get("PYTHONPATH")) if p
+    )
+    bench = [sys.executable, "-m", "docs.bench", "--workloads", "G", *bench_args]
+    return subprocess.run(bench, cwd=REPO, env=env).returncode
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m docs.bench.gpu")
+    commands = parser.add_subparsers(dest="command", required=True)
+    wheels = commands.add_parser("wheels", help="build the wheels G needs into a folder (here)")
+    wheels.add_argument("folder", nargs="?", type=Path, default=REPO / WHEEL_DIR)
+    wheels.add_argument(
+        "--python",
+        action="append",
+        metavar="X.Y",
+        help="the GPU machine's Python (repeatable; default: this one's)",
+    )
+    run_g = commands.add_parser("run", help="install them and run workload G (GPU machine)")
+    run_g.add_argument("folder", nargs="?", type=Path, default=REPO / WHEEL_DIR)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "wheels":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return build_wheels(args.folder, args.python or [python_version()])
+    return install_and_run(args.folder, rest)
+
+
+# --- the preflight and the cells ---------------------------------------------------------------
+
+
+def missing_line(missing: list[str]) -> str:
+    return (
+        f"workload G needs {', '.join(missing)}, which this Python ({sys.executable}) lacks: "
+        f"build the wheels with pip access (python -m docs.bench.gpu wheels {WHEEL_DIR}), bring "
+        f"{WHEEL_DIR}/ here and run python -m docs.bench.gpu run {WHEEL_DIR}"
+    )
+
+
+def preflight(timeout_s: float = 180) -> tuple[dict, str | None]:
+    """(what the probe found, None) where G can run; else (..., the one line that says why
+    not). In a process of its own, as every cell runs (same interpreter and environment)."""
+    cmd = [sys.executable, "-m", "docs.bench.gpu", "probe"]
+    stdout, stderr, rc = run_process(cmd, env(), timeout_s)
     found = result_line(stdout) if rc == 0 else None
-    return (found["count"], found["name"]) if found else (0, "")
+    if found is None:
+        return {}, f"workload G's preflight failed ({rc}): {tail(stdout, stderr, 1)}"
+    if found["missing"]:
+        return found, missing_line(found["missing"])
+    if not found["count"]:
+        return found, NO_GPU
+    return found, None
 
 
-def env() -> dict[str, str]:
-    return run_env(THREADS)
+def machine_line(found: dict) -> str:
+    """What G ran on, in one line."""
+    return (
+        f"{found['name']} (compute capability {found['capability']}, driver "
+        f"{found['driver']}; {found['count']} visible), torch {found['torch']} (CUDA "
+        f"{found['cuda']}), torchvision {found['torchvision']}, Python {found['python']}"
+    )
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**run_env(THREADS), **extra}
 
 
 def result_line(stdout: str) -> dict | None:
@@ -63,13 +295,21 @@ def tail(stdout: str, stderr: str, lines: int = 3) -> str:
     return " / ".join((stdout + stderr).strip().splitlines()[-lines:])
 
 
-def train_cell(name: str, cmd: list[str], run_dir: Path, timeout_s: float) -> dict:
-    """One train.py process; its status, wall, first step, steady samples/s and MFU from the
-    run dir (`run_dir`: where its result.json and metrics.jsonl land)."""
+def train_cell(
+    name: str,
+    cmd: list[str],
+    run_dir: Path,
+    timeout_s: float,
+    extra_env: dict[str, str] | None = None,
+    must_say: str | None = None,
+) -> dict:
+    """One train.py process (`extra_env` on top of G's environment); its status, wall, first
+    step, steady samples/s and MFU from the run dir (`run_dir`: where its result.json and
+    metrics.jsonl land). `must_say`: a line its output must hold, else it failed."""
     from docs.bench.workloads import steady_rate
 
     tic = time.perf_counter()
-    stdout, stderr, rc = run_process(cmd, env(), timeout_s)
+    stdout, stderr, rc = run_process(cmd, env(**(extra_env or {})), timeout_s)
     row = {"cell": name, "wall_s": time.perf_counter() - tic, "command": " ".join(cmd[1:])}
     if rc != 0:
         return {**row, "status": f"FAILED ({rc})", "note": tail(stdout, stderr)}
@@ -78,6 +318,8 @@ def train_cell(name: str, cmd: list[str], run_dir: Path, timeout_s: float) -> di
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     except (OSError, ValueError) as e:
         return {**row, "status": "FAILED (no result)", "note": str(e)}
+    if must_say is not None and must_say not in stdout + stderr:
+        return {**row, "status": "FAILED (not said)", "note": f"no {must_say!r} in its output"}
     rates = [r["samples_per_s"] for r in rows if "samples_per_s" in r]
     mfus = [r["mfu"] for r in rows if "mfu" in r][1:] or [r["mfu"] for r in rows if "mfu" in r]
     return {
@@ -86,7 +328,24 @@ def train_cell(name: str, cmd: list[str], run_dir: Path, timeout_s: float) -> di
         "first_step_s": result.get("time_to_first_step_s"),
         "samples_per_s": steady_rate(rates),
         "mfu": statistics.median(mfus) if mfus else None,
+        "note": f"precision {result.get('precision')}, {result.get('epochs')} epoch(s)",
     }
+
+
+def eval_cell(name: str, cmd: list[str], out_dir: Path, timeout_s: float) -> dict:
+    """One eval.py process: its status and what its eval.json says."""
+    tic = time.perf_counter()
+    stdout, stderr, rc = run_process(cmd, env(), timeout_s)
+    row = {"cell": name, "wall_s": time.perf_counter() - tic, "command": " ".join(cmd[1:])}
+    if rc != 0:
+        return {**row, "status": f"FAILED ({rc})", "note": tail(stdout, stderr)}
+    try:
+        report = json.loads((out_dir / "eval.json").read_text())
+    except (OSError, ValueError) as e:
+        return {**row, "status": "FAILED (no eval.json)", "note": str(e)}
+    metrics = report.get("metrics") or {}
+    note = f"{report.get('split')} acc {metrics.get('acc', 0):.4f} of {metrics.get('count')}"
+    return {**row, "status": report.get("status", "?"), "note": note}
 
 
 def probe_cell(name: str, probe: str, timeout_s: float) -> dict:
@@ -100,66 +359,51 @@ def probe_cell(name: str, probe: str, timeout_s: float) -> dict:
     return {**row, "status": "ok", "note": found["note"], **found.get("values", {})}
 
 
-def plan(work: Path) -> list[tuple[str, float, object]]:
-    """(name, time limit in s, how to run it) of every cell, most important first."""
+def make_folder_with_cmyk(root: Path) -> Path:
+    """A JPEG ImageFolder (docs.bench.common.make_jpegs) whose first training image is a CMYK
+    JPEG (ImageNet's train split holds some; nvjpeg does not decode them). Returns root."""
+    from PIL import Image
+
+    make_jpegs(root, per_class=32)
+    first = root / "train" / "class0" / "0.jpg"
+    with Image.open(first) as image:
+        image.convert("CMYK").save(first, quality=90)
+    return root
+
+
+def plan(work: Path, gpu_uuid: str | None = None) -> list[tuple[str, float, object]]:
+    """(name, time limit in s, how to run it) of every cell, most important first, the
+    compiled ones last (the slowest to start). `gpu_uuid`: the GPU's (GPU-...), from the
+    preflight."""
     py = sys.executable
-    cuda = ("trainer.device=cuda", *QUICK)
     runs = work / "runs"
-    cells: list[tuple[str, float, object]] = [
-        (
-            "1-rank sweep job (launcher, forked rank)",
-            120,
-            lambda name, t: train_cell(
-                name,
-                [py, "train.py", "-m", "seed=1", *cuda, f"hydra.sweep.dir={runs / 'sweep'}"],
-                runs / "sweep" / "0",
-                t,
-            ),
-        ),
-        (
-            "python train.py dist.nproc_per_node=1",
-            90,
-            lambda name, t: train_cell(
-                name,
-                [py, "train.py", "dist.nproc_per_node=1", *cuda, f"hydra.run.dir={runs / 'one'}"],
-                runs / "one",
-                t,
-            ),
-        ),
-        (
-            "plain torchrun --nproc-per-node=1",
-            90,
-            lambda name, t: train_cell(
-                name,
-                [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
-                + ["train.py", *cuda, f"hydra.run.dir={runs / 'torchrun'}"],
-                runs / "torchrun",
-                t,
-            ),
-        ),
-        ("JPEG decode, CPU vs CUDA", 90, lambda name, t: probe_cell(name, "decode", t)),
-        ("bf16 matmul vs the MFU peak", 60, lambda name, t: probe_cell(name, "matmul", t)),
-    ]
-    data = work / "mnist"
-    throughput = [
-        (model, fast, compiled)
-        for compiled in (False, True)  # compiled last: the slowest to start
-        for model in ("resnet18", "resnet50")
-        for fast in (True, False)
-        if not (compiled and not fast)  # compile: the fast path only (time)
-    ]
-    for model, fast, compiled in throughput:
-        name = f"{model} bf16 cl {'fast path' if fast else 'DataLoader'}" + (
-            " compiled" if compiled else ""
-        )
-        run_dir = runs / name.replace(" ", "_")
-        overrides = [
+    device = ("trainer.device=cuda", "trainer.progress_bar=false", "wandb.mode=disabled")
+    mnist = (*device, "dataset=mnist", f"dataset.root={work / 'mnist'}")  # its recipe
+    one_epoch = ("trainer.max_epochs=1", *mnist)
+
+    def train(name, limit, overrides, run_dir, sweep=False, **kwargs):
+        where = f"hydra.sweep.dir={run_dir}" if sweep else f"hydra.run.dir={run_dir}"
+        cmd = [py, "train.py", *(["-m", "seed=1"] if sweep else []), *overrides, where]
+        landed = run_dir / "0" if sweep else run_dir
+        return (name, limit, lambda n, t: train_cell(n, cmd, landed, t, **kwargs))
+
+    def torchrun(name, limit, overrides, run_dir):
+        cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+        cmd += ["train.py", *overrides, f"hydra.run.dir={run_dir}"]
+        return (name, limit, lambda n, t: train_cell(n, cmd, run_dir, t))
+
+    def evaluate(name, limit, trained, out_dir):
+        cmd = [py, "eval.py", f"run={trained}", "wandb.mode=disabled", f"hydra.run.dir={out_dir}"]
+        return (name, limit, lambda n, t: eval_cell(n, cmd, out_dir, t))
+
+    def throughput(model, precision, fast, compiled=False):
+        name = f"{model} {precision} cl {'fast path' if fast else 'DataLoader'}"
+        name += " compiled" if compiled else ""
+        overrides = (
             f"model={model}",
             "model.small_input_stem=true",
-            "dataset=mnist",
-            f"dataset.root={data}",
             f"dataset.fast={str(fast).lower()}",
-            "trainer.precision=bf16",
+            f"trainer.precision={precision}",
             "trainer.channels_last=true",
             f"trainer.compile={str(compiled).lower()}",
             f"trainer.batch_size={BATCH}",
@@ -167,27 +411,73 @@ def plan(work: Path) -> list[tuple[str, float, object]]:
             "trainer.limit_val_batches=1",
             "trainer.log_every_n_steps=5",
             "trainer.save_checkpoints=false",
-            *cuda,
-            f"hydra.run.dir={run_dir}",
-        ]
-        cells.append(
-            (
-                name,
-                180 if compiled else 90,
-                lambda name, t, o=overrides, d=run_dir: train_cell(
-                    name, [py, "train.py", *o], d, t
-                ),
-            )
+            *one_epoch,
         )
-    return cells
+        return train(name, 180 if compiled else 90, overrides, runs / name.replace(" ", "_"))
+
+    uuid = "1-rank sweep job, CUDA_VISIBLE_DEVICES=<GPU UUID>"
+    force_ddp = ("dist.force_ddp=true", *one_epoch)
+    jpegs = ("dataset=imagefolder", f"dataset.root={work / 'jpegs'}", "dataset.image_size=64")
+    return [
+        train("1-rank sweep job (launcher, forked rank)", 120, one_epoch, runs / "sweep", True),
+        train(
+            "python train.py dist.nproc_per_node=1",
+            90,
+            ("dist.nproc_per_node=1", *one_epoch),
+            runs / "one",
+        ),
+        train(
+            "its resume (resume=auto, a 2nd epoch)",
+            60,
+            ("dist.nproc_per_node=1", "trainer.max_epochs=2", "resume=auto", *mnist),
+            runs / "one",
+            must_say="resumed from",
+        ),
+        evaluate("eval.py of its best.pt", 60, runs / "one", runs / "eval"),
+        torchrun("plain torchrun --nproc-per-node=1", 90, one_epoch, runs / "torchrun"),
+        train(
+            uuid, 90, one_epoch, runs / "uuid", True, extra_env={"CUDA_VISIBLE_DEVICES": gpu_uuid}
+        )
+        if gpu_uuid
+        else (uuid, 90, lambda n, t: {"cell": n, "status": "skipped (no UUID from the preflight)"}),
+        train("DDP at world size 1 (NCCL, dist.force_ddp)", 90, force_ddp, runs / "ddp"),
+        train(
+            "JPEG ImageFolder, nvjpeg, a CMYK file",
+            90,
+            (*jpegs, "trainer.batch_size=64", "trainer.max_epochs=1", *device),
+            runs / "jpeg",
+        ),
+        ("JPEG decode, CPU vs CUDA", 90, lambda name, t: probe_cell(name, "decode", t)),
+        ("bf16 matmul vs the MFU peak", 60, lambda name, t: probe_cell(name, "matmul", t)),
+        throughput("resnet18", "32", fast=True),  # MFU at precision 32 (TF32's peak)
+        *(
+            throughput(model, "bf16", fast)
+            for model in ("resnet18", "resnet50")
+            for fast in (True, False)
+        ),
+        # dynamo's DDPOptimizer says so in its log when it splits the graph at DDP's buckets
+        train(
+            "DDP at world size 1, compiled (DDPOptimizer)",
+            180,
+            ("trainer.compile=true", *force_ddp),
+            runs / "ddp_compiled",
+            extra_env={"TORCH_LOGS": "+torch._dynamo.backends.distributed"},
+            must_say="DDPOptimizer used",
+        ),
+        # compile: the fast path only (time)
+        *(throughput(model, "bf16", True, compiled=True) for model in ("resnet18", "resnet50")),
+    ]
 
 
-def run(work: Path) -> tuple[str, int]:
-    """The check's table and how many cells failed. Call only where cuda_devices() found one."""
+def run(work: Path, found: dict | None = None) -> tuple[str, int]:
+    """The check's table and how many cells failed. Call only where the preflight passed
+    (`found`: what it found)."""
+    found = found or {}
     started = time.perf_counter()
     make_mnist(work / "mnist", n_train=(STEPS + 8) * BATCH)  # 10 % of it is carved as val
+    make_folder_with_cmyk(work / "jpegs")
     rows = []
-    for name, limit, cell in plan(work):
+    for name, limit, cell in plan(work, found.get("uuid")):
         left = BUDGET_S - (time.perf_counter() - started)
         if left < min(limit, 45):
             rows.append({"cell": name, "status": "skipped (time budget)"})
@@ -195,7 +485,8 @@ def run(work: Path) -> tuple[str, int]:
         row = cell(name, min(limit, left))
         rows.append(row)
         print(f"[G] {name}: {row['status']} ({row.get('wall_s', 0):.1f} s)", file=sys.stderr)
-    return table(rows), sum(r["status"].startswith("FAILED") for r in rows)
+    ran_on = f"Ran on: {machine_line(found)}\n\n" if found.get("count") else ""
+    return ran_on + table(rows), sum(r["status"].startswith("FAILED") for r in rows)
 
 
 def table(rows: list[dict]) -> str:
@@ -220,10 +511,50 @@ def table(rows: list[dict]) -> str:
 
 
 def probe() -> dict:
+    """The preflight's look: which of G's packages fail to import, the GPUs torch sees, and the
+    versions G runs with."""
+    missing = []
+    for dist, module in MODULES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(dist)
     import torch
+    import torchvision
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"count": count, "name": torch.cuda.get_device_name(0) if count else ""}
+    found = {
+        "missing": missing,
+        "count": count,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "torchvision": torchvision.__version__,
+    }
+    if count:
+        props = torch.cuda.get_device_properties(0)
+        uuid = getattr(props, "uuid", None)  # CUDA_VISIBLE_DEVICES names it GPU-<uuid>
+        found |= {
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "uuid": f"GPU-{uuid}" if uuid is not None else None,
+            "driver": driver_version(),
+        }
+    return found
+
+
+def driver_version() -> str:
+    """The NVIDIA driver's version (nvidia-smi; torch does not say), or "n/a"."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "n/a"
+    query = [smi, "--query-gpu=driver_version", "--format=csv,noheader"]
+    try:
+        done = subprocess.run(query, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "n/a"
+    lines = done.stdout.split()
+    return lines[0] if done.returncode == 0 and lines else "n/a"
 
 
 def decode() -> dict:
@@ -292,4 +623,6 @@ PROBES = {"probe": probe, "decode": decode, "matmul": matmul}
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
+    if sys.argv[1] in ("wheels", "run"):
+        sys.exit(main(sys.argv[1:]))
     print(RESULT_TAG + json.dumps(PROBES[sys.argv[1]]()), flush=True)

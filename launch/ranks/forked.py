@@ -12,6 +12,7 @@ import gc
 import os
 import signal
 import sys
+from typing import Any
 
 from core.errors import UserError
 
@@ -24,13 +25,21 @@ def check_not_a_bad_fork() -> None:
     """Stop with one line, before any CUDA call, in a process torch marks a CUDA bad fork (only
     a fork of a torch-importing parent can be one: this imports nothing)."""
     torch = sys.modules.get("torch")
-    if torch is not None and torch._C._cuda_isInBadFork():
+    if torch is not None and in_bad_fork(torch):
         raise BadFork(
             f"rank {os.environ.get('RANK', '?')} (pid {os.getpid()}) was forked after its parent "
             f"(pid {os.getppid()}) called into the CUDA driver, so CUDA cannot work here: start "
             "the ranks with torchrun or `python train.py`, and make no CUDA call (not even "
             "torch.cuda.is_available()) in a process before it forks ranks"
         )
+
+
+def in_bad_fork(torch: Any) -> bool:
+    """torch's bad-fork flag, read as torch reads it: torch.cuda._is_in_bad_fork is
+    `getattr(torch._C, "_cuda_isInBadFork", lambda: False)` (torch/cuda/__init__.py), since
+    torch's CPU-only builds do not compile the probe. torch.cuda comes with `import torch`,
+    and the flag is a plain read: no CUDA call, no import."""
+    return bool(torch.cuda._is_in_bad_fork())
 
 
 def start_like_a_new_process() -> None:

@@ -23,6 +23,7 @@ from omegaconf import open_dict
 from core import run_lock
 from core.errors import UserError
 from core.run_dir import ATTEMPT_ENV, REQUEUE_EXIT_CODE
+from core.world import cores_per_rank
 from launch.ranks.bootstrap import report_failure, run_rank
 from launch.ranks.job_spec import Stopped, job_return
 
@@ -119,7 +120,8 @@ def run_task(job: Any) -> Any:
     None."""
     values = torch_env()
     os.environ.update(values)  # over any the submitting shell passed on: SLURM's are the truth
-    os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+    if not os.environ.get("OMP_NUM_THREADS"):  # unless the user chose: this task's cores
+        os.environ["OMP_NUM_THREADS"] = str(cores_per_rank(int(values["LOCAL_WORLD_SIZE"])))
     rank = int(values["RANK"])
     install_stop_handlers(rank)
     os.environ[ATTEMPT_ENV] = str(job.attempt)

@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 
-from launch.ranks.forked import freeze_imported
+from launch.ranks.forked import freeze_imported, in_bad_fork
 from launch.ranks.lifeline import die_with_parent
 
 PRELOAD_ENV = "HYDRA_DDP_WARM_PRELOAD"  # the task's modules, comma-separated; WANDB_PRELOAD too
@@ -74,7 +74,11 @@ def why_unclean() -> str | None:
         return "an open W&B run"
     pid = os.fork()
     if pid == 0:  # the probe child: torch's flag, as every forked job would have it
-        os._exit(3 if torch._C._cuda_isInBadFork() else 0)
+        code = 4  # whatever happens here, the child never returns into the server's code
+        try:
+            code = 3 if in_bad_fork(torch) else 0
+        finally:
+            os._exit(code)
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) == 3:
         return "a call into the CUDA driver (every process it forks is a CUDA bad fork)"
