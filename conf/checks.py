@@ -18,6 +18,9 @@ from core.gate import NothingToDo, resume_choice
 from core.run_dir import CHECKPOINT_DIR, read_result
 from core.world import check_batch_size
 
+PRECISIONS = ("auto", "32", "64", "bf16", "fp16")  # components/precision.py's
+DEVICES = ("auto", "cpu", "cuda")  # components/distributed.py's
+
 
 def check_train(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
     """train.py's: the trainer's values, the batch over `world_size` ranks, the monitor, and a
@@ -56,6 +59,12 @@ def check_trainer(tc: DictConfig) -> None:
         )
     if tc.progress_every_s <= 0:
         raise UserError(f"trainer.progress_every_s={tc.progress_every_s}: use a positive number")
+    for key, allowed in (("precision", PRECISIONS), ("device", DEVICES)):
+        if str(tc[key]) not in allowed:
+            raise UserError(
+                f"trainer.{key}={tc[key]} is not valid: use {', '.join(allowed[:-1])} or "
+                f"{allowed[-1]}"
+            )
 
 
 def checkpoint_fit(cfg: DictConfig) -> dict[str, Any]:
