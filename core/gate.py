@@ -292,6 +292,12 @@ def check_sweep(config: Any) -> None:
     sweep that neither resumes it (hydra.launcher.resume=true) nor starts it over."""
     from omegaconf import OmegaConf
 
+    from core.world import keeps_records
+
+    launcher = OmegaConf.select(config, "hydra.launcher", default=None) or {}
+    endpoint = launcher.get("rdzv_endpoint")
+    if endpoint and not keeps_records(launcher.get("node_rank"), endpoint):
+        return  # every node's launcher runs this sweep: node 0's keeps (and checks) its records
     sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
     jobs = [d for d in sweep_dir.glob("*") if (d / LAUNCH_FILE).exists() or holds_run(d)]
     if not jobs:

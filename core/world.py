@@ -191,3 +191,39 @@ def check_gpus(nproc: int, gpu_job: bool, n_gpus: int, what: str) -> None:
             f"dist.nproc_per_node={nproc} asks for {nproc} GPUs per node but {what}: "
             "lower dist.nproc_per_node"
         )
+
+
+C10D_DEFAULT_PORT = 29400  # torch's, for an endpoint without one (c10d_rendezvous_backend.py)
+
+
+def endpoint_parts(endpoint: str) -> tuple[str, str]:
+    """(host, port) of a rendezvous endpoint HOST[:PORT], as torch's parse_rendezvous_endpoint
+    reads it ([v6 address] in brackets; no port: c10d's default)."""
+    text = endpoint.strip()
+    if not (text.startswith("[") and text.endswith("]")) and ":" in text:
+        host, port = text.rsplit(":", 1)
+        return host, port
+    return text, str(C10D_DEFAULT_PORT)
+
+
+def keeps_records(node_rank: int | None, rdzv_endpoint: str | None) -> bool:
+    """Whether this node's launcher keeps the records of a sweep whose multi-node jobs every
+    node's launcher runs (the job dir's lock, launch.json, what a start replaces): node 0's
+    (hydra.launcher.node_rank), else the rendezvous host's, whose agent torch's c10d makes the
+    store's: a name of this machine, or an address it can bind."""
+    if node_rank is not None:
+        return int(node_rank) == 0
+    if not rdzv_endpoint:
+        return True
+    import socket
+
+    host = endpoint_parts(rdzv_endpoint)[0].strip("[]")
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, None)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address[0], 0))
+        return True
+    except OSError:
+        return False

@@ -45,6 +45,9 @@ class Job:
     swept: list[str] = field(default_factory=list)  # the sweep's keys (core/naming.py)
     # False: `python train.py dist.nproc_per_node=N` (no per-job line, no attempts record).
     in_sweep: bool = True
+    # whether this launcher keeps the job's records (its dir's lock, launch.json, a failure's
+    # result.json): of a job every node's launcher runs, one node's (core/world.keeps_records)
+    records: bool = True
     # launch/resume.py: a sweep job's attempts are recorded in <job dir>/launch.json.
     attempt: int = 0  # attempts so far, earlier launches of the sweep included
     retries_left: int = 0  # hydra.launcher.retries, counted down in this launch
@@ -216,6 +219,8 @@ def record_failure(job: Job, reason: str, *, user_error: bool = False) -> None:
     """Give a failed job a result.json (the sweep summary reads it) unless this attempt wrote its
     own: that one gets the job's verdict as its error (rank 0's can be a consequence of another
     rank's), and an earlier run's stays as it is when a user error refused this attempt."""
+    if not job.records:
+        return  # another node's launcher keeps them
     if run_lock.holder(job.job_dir) is not None and not run_lock.held_for_me(job.job_dir):
         return  # another process's run: not ours to write in
     own = read_result(job.job_dir, since=job.started or time.time())

@@ -37,7 +37,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.errors import UserError, describe, find_user_error, job_value
-from core.gate import NothingToDo, check_start, open_run, what_runs
+from core.gate import NothingToDo, check_start, gate_of, open_run, what_runs
 from core.run_dir import (
     CHECKPOINT_DIR,
     RESULT_FILE,
@@ -167,7 +167,7 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
     last = record.last if record is not None else None
     left_open = last is not None and last.ended is None  # its launcher died
     if not resume:
-        if left_open:
+        if left_open and job.records:
             settle(job.job_dir, record, completed=False)
         starts_over = bool(OmegaConf.select(job.spec.config, "start_over", default=False))
         if (record is not None or result is not None) and not starts_over:
@@ -184,7 +184,7 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
     decision = decide(
         rank0_completed=completed, result=result, last=last, attachable=handle is not None
     )
-    if left_open and decision.action != "attach":
+    if left_open and decision.action != "attach" and job.records:
         settle(job.job_dir, record, completed)
     label = f"#{job.num} {' '.join(job.overrides) or '(no overrides)'}"
     if decision.action == "done":
@@ -220,8 +220,12 @@ def gate_job(job: Any) -> Any:
     when there is nothing left to do."""
     from hydra.core.utils import JobStatus
 
+    world_size = job.nproc * job.nnodes
     try:
-        job.plan = check_start(job.spec.config, job.job_dir, job.nproc * job.nnodes, sweep=True)
+        if job.records:
+            job.plan = check_start(job.spec.config, job.job_dir, world_size, sweep=True)
+        elif (gate := gate_of(job.spec.config)) is not None and gate.checks is not None:
+            gate.checks(job.spec.config, world_size, job.job_dir)  # (its dir: the other node's)
     except UserError as e:
         job.error = str(e)
     except NothingToDo as e:
@@ -242,7 +246,7 @@ def start_attempt(job: Any, hold: bool = True) -> None:
     job.attempt += 1
     job.started = time.time()
     continued = job.continues and has_checkpoints(job.job_dir)
-    if job.in_sweep:
+    if job.in_sweep and job.records:
         record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))
         record.attempts.append(Attempt(job.attempt, job.started, continued=continued))
         write_launch_record(job.job_dir, record)
@@ -250,7 +254,7 @@ def start_attempt(job: Any, hold: bool = True) -> None:
 
 def update_attempt(job: Any, **values: Any) -> None:
     """Add to the record of the job's current attempt (e.g. its SLURM job id once submitted)."""
-    if not job.in_sweep:
+    if not (job.in_sweep and job.records):
         return
     record = read_launch_record(job.job_dir)
     if record is None or record.last is None:

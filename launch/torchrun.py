@@ -35,7 +35,9 @@ from core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from core.wandb_service import wandb_wanted
 from core.world import (
     check_gpus,
+    endpoint_parts,
     job_world,
+    keeps_records,
     requested_world,
     started_as_rank,
     usable_cores,
@@ -259,6 +261,8 @@ class TorchrunBackend:
     def place(self, job: Job) -> None:
         gpus, s = self.gpus, self.settings
         job.nproc, job.nnodes, job.uses_gpus = job_world(job.spec.config, len(gpus))
+        # the same job runs on every node: one node's launcher keeps its records
+        job.records = job.nnodes == 1 or keeps_records(s.node_rank, s.rdzv_endpoint)
         check_gpus(job.nproc, job.uses_gpus, len(gpus), f"the launcher has {len(gpus)} ({gpus})")
         if job.nnodes > 1 and not s.rdzv_endpoint:
             raise UserError(
@@ -479,9 +483,6 @@ class TorchrunBackend:
                 process.join()
 
 
-C10D_DEFAULT_PORT = 29400  # torch's, for an endpoint without one (c10d_rendezvous_backend.py)
-
-
 def job_endpoint(endpoint: str, num: int) -> str:
     """Job `num`'s rendezvous endpoint: hydra.launcher.rdzv_endpoint's port + num. Jobs that run
     at once on the same hosts would otherwise share one store: torch's c10d rendezvous makes an
@@ -489,10 +490,7 @@ def job_endpoint(endpoint: str, num: int) -> str:
     ends, the other job's agents lose their store. Every node's launcher numbers a sweep's jobs
     alike, a resumed sweep too, so each computes the same endpoint. HOST[:PORT] is read as
     torch's parse_rendezvous_endpoint reads it ([v6 address] in brackets)."""
-    text = endpoint.strip()
-    host, port = text, str(C10D_DEFAULT_PORT)
-    if not (text.startswith("[") and text.endswith("]")) and ":" in text:
-        host, port = text.rsplit(":", 1)
+    host, port = endpoint_parts(endpoint)
     where = f"hydra.launcher.rdzv_endpoint={endpoint}"
     if not host or not port.isdigit() or not 0 < int(port) < 2**16:
         raise UserError(f"{where} is not HOST:PORT: use e.g. node01:29400")
