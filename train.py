@@ -22,11 +22,14 @@ state over `self` and its methods, and a researcher editing the loop would read 
 if __name__ == "__main__":  # `python train.py ...` (also each rank under plain torchrun)
     # Hydra composes conf/train.yaml first: --help, --cfg and config errors come back before
     # the imports below load torch; then it imports this file as `train` and runs main().
-    import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-    from launch.ranks.entry import entry_point
-    from launch.torchrun import run_task_or_hand_off
+    from launch.ranks.interrupt import ctrl_c_exits
 
-    entry_point(__file__, task="train:main", config_name="train", hand_off=run_task_or_hand_off)
+    with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
+        import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
+        from launch.ranks.entry import entry_point
+        from launch.torchrun import run_task_or_hand_off
+
+        entry_point(__file__, task="train:main", config_name="train", hand_off=run_task_or_hand_off)
 
 import logging
 import math
@@ -69,6 +72,7 @@ from components.speed import Speed, model_facts, peak_memory_mb
 from components.train_step import Progress, TrainStep, train_row
 from components.wandb_media import ValMedia
 from conf.folder_recipe import folder_augment
+from conf.schema import check_keys
 from core.errors import UserError
 from core.requeue import requeue_on_slurm
 from core.run_dir import process_age_s
@@ -116,6 +120,7 @@ def train(cfg: DictConfig) -> float | None:
         run.start(continues=resume_choice(cfg.resume) is not None, start_over=cfg.start_over)
         # Settings every rank checks alike before any of them joins the process group.
         micro_batch = per_rank_batch(tc.batch_size, rank_world_size(), tc.accumulate_grad_batches)
+        check_keys(cfg)  # a `+key` no schema field reads: a typo
         check_trainer(tc)
         # `env`: this rank's place in the process group and its pinned device (GPU LOCAL_RANK).
         with init_distributed(cfg.dist, tc.device) as env:
@@ -434,6 +439,12 @@ def check_trainer(tc: DictConfig) -> None:
         )
     if tc.progress_every_s <= 0:
         raise UserError(f"trainer.progress_every_s={tc.progress_every_s}: use a positive number")
+    smoothing = tc.label_smoothing  # (F.cross_entropy refuses > 1 in a traceback, trains < 0 as 0)
+    if not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
+        raise UserError(
+            f"trainer.label_smoothing={smoothing} is not valid: use a number >= 0 and < 1 "
+            "(0: none; 0.1 is common)"
+        )
 
 
 def epoch_steps(available: int, tc: DictConfig, train_size: int) -> int:
