@@ -16,11 +16,14 @@ computes its metrics with the same code (components/evaluation.py).
 """
 
 if __name__ == "__main__":  # `python eval.py ...`: Hydra first, torch only when a job runs
-    import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-    from launch.ranks.entry import entry_point
-    from launch.torchrun import run_task_or_hand_off
+    from launch.ranks.interrupt import ctrl_c_exits
 
-    entry_point(__file__, task="eval:main", config_name="eval", hand_off=run_task_or_hand_off)
+    with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
+        import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
+        from launch.ranks.entry import entry_point
+        from launch.torchrun import run_task_or_hand_off
+
+        entry_point(__file__, task="eval:main", config_name="eval", hand_off=run_task_or_hand_off)
 
 
 import logging

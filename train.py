@@ -22,11 +22,14 @@ state over `self` and its methods, and a researcher editing the loop would read 
 if __name__ == "__main__":  # `python train.py ...` (also each rank under plain torchrun)
     # Hydra composes conf/train.yaml first: --help, --cfg and config errors come back before
     # the imports below load torch; then it imports this file as `train` and runs main().
-    import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-    from launch.ranks.entry import entry_point
-    from launch.torchrun import run_task_or_hand_off
+    from launch.ranks.interrupt import ctrl_c_exits
 
-    entry_point(__file__, task="train:main", config_name="train", hand_off=run_task_or_hand_off)
+    with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
+        import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
+        from launch.ranks.entry import entry_point
+        from launch.torchrun import run_task_or_hand_off
+
+        entry_point(__file__, task="train:main", config_name="train", hand_off=run_task_or_hand_off)
 
 import logging
 import math

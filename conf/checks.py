@@ -6,6 +6,7 @@ line naming the key and the fix (a UserError) before anything is written.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from components.manifest import committed_entry, find_checkpoint, read_manifest, usable
 from components.monitor import Monitor, check_target
+from conf.schema import check_keys
 from core.errors import UserError
 from core.gate import NothingToDo, resume_choice
 from core.run_dir import CHECKPOINT_DIR, read_result
@@ -26,6 +28,7 @@ def check_train(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
     """train.py's: the trainer's values, the batch over `world_size` ranks, the monitor, and a
     resume checkpoint that exists, is whole and fits this model."""
     tc = cfg.trainer
+    check_keys(cfg)  # a `+key` no schema field reads: a typo
     check_batch_size(cfg, world_size)
     check_trainer(tc)
     Monitor(  # its own checks: mode, patience, min_delta, target
@@ -59,6 +62,12 @@ def check_trainer(tc: DictConfig) -> None:
         )
     if tc.progress_every_s <= 0:
         raise UserError(f"trainer.progress_every_s={tc.progress_every_s}: use a positive number")
+    smoothing = tc.label_smoothing  # (F.cross_entropy refuses > 1 in a traceback, trains < 0 as 0)
+    if not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
+        raise UserError(
+            f"trainer.label_smoothing={smoothing} is not valid: use a number >= 0 and < 1 "
+            "(0: none; 0.1 is common)"
+        )
     for key, allowed in (("precision", PRECISIONS), ("device", DEVICES)):
         if str(tc[key]) not in allowed:
             raise UserError(

@@ -410,6 +410,70 @@ class EvalConfig:
     predictions: bool = False  # also write predictions.csv (always for a folder)
 
 
+HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+
+
+def check_keys(cfg: Any, path: str = "") -> None:
+    """Every key of a typed node of `cfg` (one a schema dataclass above made) is one of that
+    dataclass's fields, or an argument its `_target_` takes (optim.dampening for SGD): Hydra
+    lets `+key=value` add any key to a node (it opens the node for it), which a typed node
+    would otherwise carry unread, or hand to a target that fails on it in a traceback. A
+    misspelt key is a UserError naming the nearest real key."""
+    import dataclasses
+    import difflib
+
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(cfg, ListConfig):
+        if not cfg._is_none() and not cfg._is_missing():
+            for i in range(len(cfg)):
+                check_keys(cfg._get_node(i), f"{path}[{i}]")
+        return
+    if not isinstance(cfg, DictConfig) or cfg._is_none() or cfg._is_missing():
+        return
+    schema = OmegaConf.get_type(cfg)
+    fields = (
+        [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
+    )
+    extra = [str(k) for k in cfg if str(k) not in fields and str(k) not in HYDRA_KEYS]
+    arguments = target_arguments(cfg) if fields and extra else None
+    for key in extra:
+        if arguments is None or key in arguments:
+            continue  # a key the target takes (or any key: **kwargs, an unknown target)
+        from core.errors import UserError
+
+        known = list(dict.fromkeys([*fields, *sorted(arguments)]))
+        where = f"{path} ({schema.__name__})" if path else f"the config ({schema.__name__})"
+        near = difflib.get_close_matches(key, known, n=1)
+        fix = (
+            f"did you mean {path + '.' if path else ''}{near[0]}?"
+            if near
+            else f"remove it (its keys: {', '.join(k for k in fields if k[0] != '_')})"
+        )
+        raise UserError(f"{path + '.' if path else ''}{key} is not a key of {where}: {fix}")
+    for key in cfg:
+        check_keys(cfg._get_node(key), f"{path}.{key}" if path else str(key))
+
+
+def target_arguments(node: Any) -> set[str] | None:
+    """The keyword arguments `node`'s `_target_` takes: set() without a target; None when it
+    takes any (**kwargs) or cannot be imported (where it is instantiated, that is said)."""
+    import inspect
+
+    target = node.get("_target_") if "_target_" in node else None
+    if not target:
+        return set()
+    from hydra.utils import get_object
+
+    try:
+        parameters = inspect.signature(get_object(str(target))).parameters.values()
+    except Exception:  # noqa: BLE001 - not importable, or no signature: not this check's
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters}
+
+
 def register_configs() -> None:
     """Schemas live in the `schema` group; each YAML names its own as `/schema/<group>/<name>`."""
     cs = ConfigStore.instance()

@@ -185,7 +185,7 @@ def read_launch_record(job_dir: Path) -> LaunchRecord | None:
     unreadable means not ours)."""
     try:
         return LaunchRecord.from_json(json.loads((Path(job_dir) / LAUNCH_FILE).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

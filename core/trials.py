@@ -38,7 +38,12 @@ def build_pruner(pruner: Any) -> Any:
     if isinstance(pruner, dict) and "_target_" in pruner:
         from hydra.utils import instantiate
 
-        return instantiate(pruner)
+        try:
+            return instantiate(pruner)
+        except Exception as e:  # Hydra wraps the pruner's own ValueError/TypeError
+            raise UserError(
+                f"hydra.sweeper.pruner: {pruner['_target_']}: {one_line(e.__cause__ or e)}"
+            ) from None
     args = dict(pruner) if isinstance(pruner, dict) else {"type": pruner}
     kind = str(args.pop("type", "none"))
     classes = {
@@ -54,8 +59,8 @@ def build_pruner(pruner: Any) -> Any:
         args["percentile"] = 25.0  # the quarter of the best trials goes on
     try:
         return classes[kind](**args)
-    except TypeError as e:
-        raise UserError(f"hydra.sweeper.pruner: {kind}: {e}") from None
+    except (TypeError, ValueError) as e:  # an unknown argument, or a value out of its range
+        raise UserError(f"hydra.sweeper.pruner: {kind}: {one_line(e)}") from None
 
 
 def open_storage(spec: str) -> Any:

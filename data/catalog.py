@@ -210,13 +210,25 @@ def leave_out_unreadable(root: str, folders: list[tvd.DatasetFolder]) -> None:
     end before their format's end marker (JPEG, PNG) from ``folders``, counted in one line.
     Every rank drops the same files, so their shards still agree; a file these checks pass
     that still does not decode stops the run naming it (data.datasets.SplitView)."""
-    skipped = []
+    skipped, emptied = [], []
     for folder in folders:
         readable = [looks_readable(path) for path, _ in folder.samples]
         kept = [s for s, ok in zip(folder.samples, readable, strict=True) if ok]
         skipped += [s[0] for s, ok in zip(folder.samples, readable, strict=True) if not ok]
         folder.samples = folder.imgs = kept
         folder.targets = [label for _, label in kept]
+        left = set(folder.targets)
+        emptied += [
+            os.path.relpath(os.path.join(folder.root, name), root)
+            for name, label in folder.class_to_idx.items()
+            if label not in left
+        ]
+    if emptied:  # (else carving val from what is left would blame dataset.val_fraction)
+        raise UserError(
+            f"class folder {', '.join(emptied[:5])}{', ...' if len(emptied) > 5 else ''} of "
+            f"{root} holds no readable image (dataset.skip_unreadable=true left out "
+            f"{len(skipped)} unreadable file(s)): put readable images there, or remove the folder"
+        )
     if skipped:
         log.warning(
             "dataset.skip_unreadable=true: left out %d unreadable image(s) under %s (%s%s)",
@@ -227,11 +239,102 @@ def leave_out_unreadable(root: str, folders: list[tvd.DatasetFolder]) -> None:
         )
 
 
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def walk_once(top: str, guarded: list[str]) -> list[tuple[str, list[str]]]:
+    """(dir, its file names sorted) of ``top`` and every dir below it, sorted by dir: what
+    torchvision's make_dataset reads from ``sorted(os.walk(top, followlinks=True))``, links to
+    dirs followed alike, but each real dir once. os.walk keeps no record of the dirs it visited
+    (Python's docs: a link to a parent of itself recurses without end), so a link back up the
+    tree reads its images again and again; here a link into one of ``guarded`` (the
+    dataset's split dirs, real paths: its own tree, or another split's images) or above one,
+    and a dir reached twice, stop the run naming the link."""
+    found: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
+    stack = [top]
+    while stack:
+        path = stack.pop()
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UserError(
+                f"image folder {path} is the folder {real}, read already through another "
+                "link: its images would count twice; remove one of the links"
+            )
+        seen.add(real)
+        try:
+            entries = list(os.scandir(path))
+        except OSError:  # a dir that cannot be listed is skipped, as os.walk skips it
+            continue
+        dirs = [e for e in entries if _is_dir(e)]
+        found.append((path, sorted(e.name for e in entries if not _is_dir(e))))
+        for entry in dirs:
+            target = os.path.realpath(entry.path) if entry.is_symlink() else None
+            if target is not None and any(
+                _within(target, g) or _within(g, target) for g in guarded
+            ):
+                raise UserError(
+                    f"the link {entry.path} -> {target} leads back into the dataset's own "
+                    "folders: its images would be read again (or leak from one split into "
+                    "another); remove the link, or copy in what it should add"
+                )
+            stack.append(entry.path)
+    return sorted(found)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows a link, as os.walk does
+    except OSError:
+        return False
+
+
+class FolderOnce(tvd.ImageFolder):
+    """torchvision's ImageFolder (files read as bytes: data/decode.py), its samples found by
+    walk_once: each file once however the tree links, and no link back into the dataset."""
+
+    def __init__(self, root: str, split: str) -> None:
+        splits = (os.path.join(root, s) for s in ("train", "val", "test"))
+        self.guarded = [os.path.realpath(d) for d in splits if os.path.isdir(d)]
+        super().__init__(os.path.join(root, split), loader=read_bytes)
+
+    def make_dataset(  # type: ignore[override] - a method, to reach self.guarded
+        self,
+        directory: str,
+        class_to_idx: dict[str, int],
+        extensions: tuple[str, ...] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
+        """torchvision's make_dataset (its order, its error for a class without a file),
+        over walk_once."""
+
+        def valid(path: str) -> bool:
+            if is_valid_file is not None:
+                return is_valid_file(path)
+            return tvd.folder.has_file_allowed_extension(path, extensions or ())
+
+        samples = []
+        for name in sorted(class_to_idx):
+            class_dir = os.path.join(directory, name)
+            if not os.path.isdir(class_dir):
+                continue
+            for folder, files in walk_once(class_dir, self.guarded):
+                paths = (os.path.join(folder, f) for f in files)
+                samples += [(path, class_to_idx[name]) for path in paths if valid(path)]
+        labels = {label for _, label in samples}
+        empty = sorted(name for name, label in class_to_idx.items() if label not in labels)
+        if empty and not allow_empty:
+            raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}.")
+        return samples
+
+
 def _image_folder(root: str, split: str) -> tvd.ImageFolder:
-    """torchvision's ImageFolder of ``<root>/<split>``; a class folder without an image is
+    """The ImageFolder of ``<root>/<split>`` (FolderOnce); a class folder without an image is
     named (torchvision's error names the class only, and `reading` would say "not found")."""
     try:
-        return tvd.ImageFolder(os.path.join(root, split), loader=read_bytes)
+        return FolderOnce(root, split)
     except FileNotFoundError:
         split_dir = Path(root, split)
         empty = sorted(

@@ -247,6 +247,10 @@ class TorchrunBackend:
                 f"({','.join(self.gpu_ids) or 'none'}): use numbers from 0 to "
                 f"{len(self.gpu_ids) - 1}, or null for all"
             )
+        if len(set(gpus)) < len(gpus):  # one GPU would go to two jobs (or ranks) at once
+            raise UserError(
+                f"hydra.launcher.gpus={gpus} names a GPU twice: list each GPU once, or null for all"
+            )
         if settings.max_parallel is not None and settings.max_parallel < 1:
             raise UserError(
                 f"hydra.launcher.max_parallel={settings.max_parallel}: use a number of jobs >= 1, "

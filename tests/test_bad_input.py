@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import open_dict
 from PIL import Image
 
+from core.errors import UserError
 from tests.helpers import (
     QUICK,
+    REPO,
+    composed_train_config,
     make_imagefolder,
     output,
     read_json,
@@ -22,6 +27,7 @@ from tests.helpers import (
     run_env,
     sigint_as_in_a_terminal,
     train_cmd,
+    train_in_process,
     wait_for_rows,
 )
 from tests.test_records import one_line_error
@@ -184,6 +190,27 @@ SWEEP_BAD_INPUT = [
         ["hparams_search=digits_optuna", "hydra.sweeper.storage=postgresql://u:pw@localhost/db"],
         ["hydra.sweeper.storage", "postgresql://u:***@localhost/db", "driver"],
     ),
+    # issue 55: n_trials 0 or -1 ran no trial and exited 0; a pruner argument out of its range
+    # and a key of hydra.sweeper.params set on its own were tracebacks
+    (
+        ["hparams_search=digits_optuna", "hydra.sweeper.n_trials=0"],
+        ["hydra.sweeper.n_trials=0", "at least 1"],
+    ),
+    (
+        ["hparams_search=digits_optuna", "hydra.sweeper.n_trials=-1"],
+        ["hydra.sweeper.n_trials=-1", "at least 1"],
+    ),
+    (
+        [
+            "hparams_search=digits_optuna",
+            "hydra.sweeper.pruner={{type: median, n_warmup_steps: -1}}",
+        ],
+        ["hydra.sweeper.pruner: median", "cannot be negative", "n_warmup_steps=-1"],
+    ),
+    (
+        ["hparams_search=digits_optuna", "hydra.sweeper.params.optim.lr=interval(0.1, 1)"],
+        ["hydra.sweeper.params.optim.lr", "'optim.lr=interval(0.1, 1)'", "conf/hparams_search/"],
+    ),
 ]
 
 
@@ -275,7 +302,9 @@ def test_ctrl_c_of_a_two_rank_run_is_recorded_as_interrupted(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bad", ["trainer.batch_size=0", "trainer.max_epochs=-1"])
+@pytest.mark.parametrize(
+    "bad", ["trainer.batch_size=0", "trainer.max_epochs=-1", "trainer.label_smoothing=1.5"]
+)
 def test_a_user_error_under_plain_torchrun_is_rank_0s_one_line(tmp_path, bad):
     proc = run(train_cmd(*QUICK, bad, f"hydra.run.dir={tmp_path / 'r'}", nproc=2), timeout=300)
     out = output(proc)
@@ -286,3 +315,195 @@ def test_a_user_error_under_plain_torchrun_is_rank_0s_one_line(tmp_path, bad):
     assert out.count("Traceback") == 1, out[-3000:]  # torchrun's own, no rank's
     for other in ("already holds", "not divisible", "Connection closed"):
         assert other not in out, (other, out[-3000:])
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 55: values nothing checked, refused in one line naming the key and what it allows
+
+
+@pytest.mark.parametrize("value", ["1.5", "1.0", "-0.1", "nan", "inf"])
+def test_label_smoothing_outside_0_to_1_is_refused(tmp_path, value):
+    """1.5 was F.cross_entropy's traceback; -0.1 and nan trained as 0 without a word."""
+    with pytest.raises(UserError) as caught:
+        train_in_process(tmp_path / "r", *QUICK, f"trainer.label_smoothing={value}")
+    message = str(caught.value)
+    assert message.startswith(f"trainer.label_smoothing={float(value)} is not valid"), message
+    assert ">= 0 and < 1" in message
+
+
+@pytest.mark.parametrize(
+    "added, fragments",
+    [
+        (
+            "+trainer.max_epoch=1",
+            ["trainer.max_epoch is not a key of trainer", "trainer.max_epochs?"],
+        ),
+        ("+trainer.mixup.alpha=0.2", ["trainer.mixup.alpha is not", "trainer.mixup.mixup_alpha?"]),
+        ("+seeed=1", ["seeed is not a key of the config", "did you mean seed?"]),
+        ("+dataset.skip_unreadable=true", ["dataset.skip_unreadable is not a key of dataset"]),
+        ("+optim.dampning=0.1", ["optim.dampning is not a key of optim", "optim.dampening?"]),
+    ],
+)
+def test_a_key_a_schema_does_not_define_is_refused(tmp_path, added, fragments):
+    """Hydra lets `+key=value` add a key to a typed node (the form its own error suggests for
+    a misspelt key), which nothing then reads: the nearest real key is named."""
+    with pytest.raises(UserError) as caught:
+        train_in_process(tmp_path / "r", *QUICK, added)
+    assert all(f in str(caught.value) for f in fragments), str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["experiment=cifar10_resnet18"],
+        ["experiment=digits_quick"],
+        ["hparams_search=digits_optuna"],
+        ["dataset=imagefolder", "dataset.root=/data", "augment=trivial_augment"],
+        ["dataset=imagenet", "model=vit_b_16", "optim=adamw", "augment=rand_augment"],
+        ["dataset=mnist", "optim=nadam", "augment=auto_augment"],
+        ["dataset=fashion_mnist", "optim=adafactor"],
+        ["dataset=cifar100", "model=convnext_tiny", "debug=profile"],
+        ["dataset=fake", "debug=overfit", "+trainer.ema.decay=0.99"],
+        ["+optim.dampening=0.1"],  # an argument of the optimizer (torch.optim.SGD)
+        ["optim=adamw", "+optim.amsgrad=true"],
+    ],
+)
+def test_the_shipped_configs_define_every_key_they_set(overrides):
+    from conf.schema import check_keys
+
+    check_keys(task_config(*overrides))
+
+
+def task_config(*overrides: str):
+    """train.py's config as its task gets it (no `hydra` node)."""
+    cfg = composed_train_config(*overrides)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def test_a_gpu_listed_twice_is_refused():
+    """hydra.launcher.gpus=[0,0] gave two jobs one GPU."""
+    from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
+
+    with pytest.raises(UserError, match=r"hydra.launcher.gpus=\[0, 0\] names a GPU twice"):
+        TorchrunBackend(TorchrunLauncherConf(gpus=[0, 0]), gpu_ids=["0", "1"], cores=[0, 1])
+    backend = TorchrunBackend(TorchrunLauncherConf(gpus=[1, 0]), gpu_ids=["0", "1"], cores=[0])
+    assert sorted(backend.gpus) == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "bad, fragments",
+    [
+        ("trainer.label_smoothing=1.5", ["trainer.label_smoothing=1.5 is not valid", "< 1"]),
+        ("+trainer.max_epoch=1", ["trainer.max_epoch is not a key", "trainer.max_epochs?"]),
+        ("+dataset.skip_unreadable=true", ["dataset.skip_unreadable is not a key of dataset"]),
+    ],
+)
+def test_an_unchecked_value_is_one_line_from_train_py(tmp_path, bad, fragments):
+    """Through the entry point: a 27-line traceback, a key ignored (exit 0), a 38-line
+    traceback; now one line and exit 2."""
+    proc = run(train_cmd(*QUICK, bad, f"hydra.run.dir={tmp_path / 'r'}"), timeout=300)
+    one_line_error(proc, *fragments)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C in the first seconds: in the imports, Hydra's composition, `import torch`, the task's
+# start. Each delay counts from the process's first import of yaml's C extension (Hydra's
+# configs need it): the interpreter's own start comes before anything of the project runs.
+
+
+def wait_for_the_project_to_run(proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if "/yaml/_yaml" in Path(f"/proc/{proc.pid}/maps").read_text():
+                return
+        except OSError:
+            pass
+        time.sleep(0.002)
+
+
+def ctrl_c_at(delay: float, cmd: list[str]) -> tuple[subprocess.Popen, str, bool]:
+    """`cmd` Ctrl-C'd `delay` s after it began its own imports: (its process, its output,
+    whether it was still running when the signal was sent)."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=sigint_as_in_a_terminal,
+    )
+    try:
+        wait_for_the_project_to_run(proc)
+        time.sleep(delay)
+        running = proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+        proc.wait()
+    return proc, out, running
+
+
+CTRL_C_DELAYS = (0.0, 0.1, 0.25, 0.5, 0.8, 1.2, 1.8, 2.6)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_first_seconds_is_interrupted(tmp_path):
+    """Issue 55: a traceback (exit 1 or killed by SIGINT), OmegaConf's error (exit 1) or a C++
+    abort from inside `import torch` (exit -6), depending on the moment. Now at every moment
+    of the start: the one line and exit 130 (the run trains for 50 epochs: never done first)."""
+    for delay in CTRL_C_DELAYS:
+        cmd = train_cmd(
+            "trainer.max_epochs=50",
+            "wandb.mode=disabled",
+            "trainer.progress_bar=false",
+            f"hydra.run.dir={tmp_path / str(delay)}",
+        )
+        proc, out, _ = ctrl_c_at(delay, cmd)
+        assert proc.returncode == 130, (delay, out[-3000:])
+        assert "Traceback" not in out and "interrupted (Ctrl-C)" in out, (delay, out[-3000:])
+        lines = [line for line in out.splitlines() if "[INFO]" not in line]
+        assert lines == [
+            "interrupted (Ctrl-C): rerun with resume=auto to continue from the last checkpoint"
+        ], (delay, out[-3000:])
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_a_sweep_starts_its_jobs_is_interrupted(tmp_path):
+    """The same before a sweep's launcher runs (from then on its own handler stops the jobs
+    and says how to resume: tests/test_resume.py)."""
+    for delay in CTRL_C_DELAYS[:4]:
+        sweep_dir = tmp_path / str(delay)
+        cmd = train_cmd("-m", *QUICK, "optim.lr=0.1,0.2", f"hydra.sweep.dir={sweep_dir}")
+        proc, out, _ = ctrl_c_at(delay, cmd)
+        assert proc.returncode == 130 and "Traceback" not in out, (delay, out[-3000:])
+        assert out.strip().splitlines() == [
+            "interrupted (Ctrl-C): rerun with hydra.launcher.resume=true to continue the sweep"
+        ], (delay, out[-3000:])
+
+
+@pytest.mark.slow
+def test_an_interrupted_start_leaves_the_run_dir_as_it_was(tmp_path):
+    """Ctrl-C while a start into a dir holding a completed run is being refused: whatever the
+    moment, the run's records keep their bytes (train.log only grows)."""
+    run_dir = tmp_path / "r"
+    first = run(train_cmd(*QUICK, f"hydra.run.dir={run_dir}"), timeout=300)
+    assert first.returncode == 0, output(first)[-3000:]
+    kept = {
+        path: path.read_bytes()
+        for path in sorted(run_dir.rglob("*"))
+        if path.is_file() and ".hydra" not in path.parts and path.name != "train.log"
+    }
+    log = (run_dir / "train.log").read_bytes()
+    for delay in CTRL_C_DELAYS[:5]:
+        proc, out, running = ctrl_c_at(delay, train_cmd(*QUICK, f"hydra.run.dir={run_dir}"))
+        assert "Traceback" not in out, (delay, out[-3000:])
+        # (a start refused before the signal came: exit 2, as a start that is not interrupted)
+        assert proc.returncode == (130 if running else 2), (delay, out[-3000:])
+        assert {p: p.read_bytes() for p in kept} == kept, delay
+        assert (run_dir / "train.log").read_bytes().startswith(log), delay

@@ -263,6 +263,61 @@ def test_imagefolder_with_different_class_folders_is_user_error(tmp_path, split)
         build_datasets(dataset_cfg("imagefolder", root=str(tmp_path)))
 
 
+@pytest.mark.parametrize(
+    "link, target",
+    [
+        ("train/cat/loop", ".."),  # back up its tree: walked again and again
+        ("train/cat/root", "../.."),  # above the splits: val would leak into train
+        ("train/cat/leak", "../../val/emu"),  # another split's images
+        ("train/dog/twin", "../cat"),  # another class's images, read twice
+    ],
+)
+def test_a_link_back_into_an_image_folder_stops_naming_it(tmp_path, link, target):
+    """Issue 55: torchvision walks an ImageFolder with os.walk(followlinks=True), which keeps
+    no record of the dirs it visited: `train/cat/loop -> ..` made 60 images ~2,460 samples and
+    leaked val into train. Each file is read once: such a link is one line naming it."""
+    fx.make_imagefolder(tmp_path, {"train": 8, "val": 2})
+    (tmp_path / link).symlink_to(target)
+    with pytest.raises(UserError) as caught:
+        build_datasets(dataset_cfg("imagefolder", root=str(tmp_path)))
+    message = str(caught.value)
+    assert str(tmp_path / link) in message and "remove the link" in message, message
+    assert "\n" not in message
+
+
+def test_links_to_folders_elsewhere_are_followed_once(tmp_path):
+    """Links out of the dataset (a class folder, or a folder inside one, kept elsewhere) are
+    followed as torchvision follows them: the same samples, in the same order."""
+    fx.make_imagefolder(tmp_path / "data", {"train": 4, "val": 2})
+    fx.make_imagefolder(tmp_path / "elsewhere", {"more": 2})
+    (tmp_path / "data" / "train" / "cat" / "more").symlink_to(tmp_path / "elsewhere/more/cat")
+    shutil.move(tmp_path / "data" / "train" / "dog", tmp_path / "elsewhere" / "dogs")
+    (tmp_path / "data" / "train" / "dog").symlink_to(tmp_path / "elsewhere" / "dogs")
+    splits = build_datasets(dataset_cfg("imagefolder", root=str(tmp_path / "data")))
+    torchvision = tvd.ImageFolder(str(tmp_path / "data" / "train"))
+    assert len(torchvision.samples) == 14  # 3 x 4, and the 2 cats from elsewhere
+    assert ids(splits.train) == [path for path, _ in torchvision.samples]
+
+
+@pytest.mark.parametrize("unreadable", [["emu"], ["cat", "dog", "emu"]])
+def test_skip_unreadable_that_empties_a_class_names_it(tmp_path, unreadable):
+    """dataset.skip_unreadable=true leaving a class without an image names that class folder
+    (with every image unreadable the error blamed dataset.val_fraction; a class left empty
+    was not named at all)."""
+    fx.make_imagefolder(tmp_path, {"train": 4})
+    for name in unreadable:
+        for image in (tmp_path / "train" / name).iterdir():
+            image.write_bytes(b"")
+    cfg = dataset_cfg("imagefolder", root=str(tmp_path), skip_unreadable="true")
+    with pytest.raises(UserError) as caught:
+        build_datasets(cfg)
+    message = str(caught.value)
+    named = ", ".join(f"train/{name}" for name in unreadable)
+    assert f"class folder {named} of {tmp_path} holds no readable image" in message, message
+    assert f"left out {4 * len(unreadable)} unreadable file(s)" in message
+    assert "val_fraction" not in message and "\n" not in message
+
+
 def test_fake(tmp_path):
     cfg = dataset_cfg("fake", size=50, image_size=12, num_classes=7)
     splits = build_datasets(cfg)

@@ -102,6 +102,37 @@ def test_pruners_by_name_with_their_arguments() -> None:
         directions("up")
 
 
+@pytest.mark.parametrize(
+    "pruner",
+    [
+        {"type": "median", "n_warmup_steps": -1},
+        {"type": "percentile", "percentile": 120.0},
+        {"_target_": "optuna.pruners.MedianPruner", "n_warmup_steps": -1},
+    ],
+    ids=["median", "percentile", "target"],
+)
+def test_a_pruner_argument_out_of_its_range_is_one_line(pruner: dict) -> None:
+    """Optuna's ValueError (Hydra's InstantiationException around it, for a `_target_`) was a
+    traceback: now one line naming hydra.sweeper.pruner and what Optuna allows."""
+    with pytest.raises(UserError) as caught:
+        build_pruner(pruner)
+    message = str(caught.value)
+    assert message.startswith("hydra.sweeper.pruner: ") and "\n" not in message, message
+    assert "cannot be negative" in message or "between 0 and 100" in message, message
+
+
+def test_the_search_space_merges_from_the_command_line(train_config) -> None:
+    """`hydra.sweeper.params={optim.lr: ...}` from the command line, also where the sweep's
+    config has no params (the node was null, which OmegaConf cannot merge a dict into)."""
+    for search in ([], ["hparams_search=digits_optuna"]):
+        config = train_config.multirun(
+            *search, "hydra/sweeper=optuna", "hydra.sweeper.params={optim.lr: 'interval(0.1, 1)'}"
+        )
+        space, fixed = search_space(config.hydra.sweeper.params, [])
+        assert space["optim.lr"] == FloatDistribution(0.1, 1.0) and not fixed
+        assert len(space) == (5 if search else 1)  # merged into the search config's own
+
+
 # A rank's side of pruning, in a process of its own: find the trial of job #1 of SWEEP through
 # the storage the environment names, report 3 epochs, print whether it was pruned (and when).
 RANK = """

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -408,7 +410,7 @@ def test_sweep_keys_of_an_optuna_sweep(tmp_path: Path) -> None:
             [0.5],
             _completed([0.5 + num / 10]),
         )
-    jobs, keys = read_sweep(tmp_path)
+    jobs, keys, _ = read_sweep(tmp_path)
     assert keys == ["optim.lr", "model.hidden"]
     text = format_table(jobs, keys)
     assert text.splitlines()[0].split()[:3] == ["job", "lr", "hidden"]
@@ -433,6 +435,81 @@ def test_write_summary_without_jobs_raises(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no job dirs"):
         write_summary(tmp_path)
     assert not (tmp_path / "summary.csv").exists()
+
+
+# Damaged job dirs (issue 55): (what the job dir holds, what the report says is wrong).
+DAMAGED = {
+    "final_x": ({"final": "x"}, "result.json: 'final' is a string, not an object or null"),
+    "test_list": ({"test": [1]}, "result.json: 'test' is an array, not an object or null"),
+    "no_metric": (
+        {"target": {"value": 0.5, "reached_at_s": None}},
+        "result.json: 'target' has no 'metric' (a string)",
+    ),
+    "best_text": ({"best": "0.9"}, "result.json: 'best' is a string, not a number or null"),
+    "eval_list": ([1, 2], "eval.json holds an array, not an object"),
+    "eval_metrics": (
+        {"split": "test", "metrics": [0.9]},
+        "eval.json: 'metrics' is an array, not an object or null",
+    ),
+    "not_json": ("{'status': 'completed'", "result.json cannot be read"),
+}
+
+
+def damaged_sweep(root: Path, *names: str) -> Path:
+    """Two completed jobs (0, 1), then one job dir per damaged record of `names` (DAMAGED)."""
+    root.mkdir()
+    _write_job(root / "0", ["optim.lr=0.1"], [0.5, 0.8], _completed([0.5, 0.8]))
+    _write_job(root / "1", ["optim.lr=0.2"], [0.6, 0.7], _completed([0.6, 0.7]))
+    for name in names:
+        record, _ = DAMAGED[name]
+        if name.startswith("eval"):
+            (root / name / ".hydra").mkdir(parents=True)
+            (root / name / "eval.json").write_text(json.dumps(record))
+        elif name == "not_json":
+            _write_job(root / name, ["optim.lr=0.3"], [0.5], None)
+            (root / name / "result.json").write_text(record)
+        else:
+            result = _completed([0.5, 0.6], **record)
+            _write_job(root / name, ["optim.lr=0.3"], [0.5, 0.6], result)
+    return root
+
+
+def test_damaged_records_are_left_out_one_line_each(tmp_path: Path) -> None:
+    """A result.json or eval.json that is not what its writer writes: the job is left out of
+    the table with one line naming its dir and what is wrong (summary.md too); the rest is
+    reported as ever."""
+    from launch.report.sweep import headline, tables_text
+
+    sweep_dir = damaged_sweep(tmp_path / "sweep", *DAMAGED)
+    summary = write_summary(sweep_dir)
+    assert [r.job for r in summary.rows] == ["0", "1"]
+    said = {job_dir.name: why for job_dir, why in summary.unreadable}
+    assert set(said) == set(DAMAGED)
+    for name, (_, why) in DAMAGED.items():
+        assert said[name].startswith(why), (name, said[name])
+    text = tables_text(summary, ["seed"])
+    for name in DAMAGED:
+        lines = [line for line in text.splitlines() if str(sweep_dir / name) in line]
+        assert len(lines) == 1 and lines[0].strip().endswith(said[name]), text
+    assert headline(summary).startswith(f"Sweep summary: 2 jobs ({len(DAMAGED)} more unreadable)")
+    markdown = (sweep_dir / "summary.md").read_text()
+    assert all(f"- `{name}`: {said[name]}" in markdown for name in DAMAGED)
+    assert [r["job"] for r in _read_csv(sweep_dir / "summary.csv")[1]] == ["0", "1"]
+
+
+def test_a_sweep_of_only_damaged_records_is_one_error(tmp_path: Path) -> None:
+    from launch.report.jobs import UnreadableRecord
+
+    sweep_dir = tmp_path / "sweep"
+    damaged_sweep(sweep_dir, "final_x", "eval_list")
+    for job in ("0", "1"):
+        shutil.rmtree(sweep_dir / job)
+    with pytest.raises(UnreadableRecord) as caught:
+        write_summary(sweep_dir)
+    message = str(caught.value)
+    assert message.startswith(f"none of the 2 job dir(s) in {sweep_dir} could be read (")
+    assert DAMAGED["final_x"][1] in message and DAMAGED["eval_list"][1] in message
+    assert not (sweep_dir / "summary.csv").exists()
 
 
 # --------------------------------------------------------------------------------------------
@@ -557,6 +634,60 @@ def test_cli_empty_dir_fails_with_one_line(tmp_path: Path) -> None:
     assert proc.stderr.startswith("error:") and "no job dirs" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "summary.csv").exists()
+
+
+@pytest.mark.slow
+def test_cli_reads_what_it_can(tmp_path: Path) -> None:
+    """Issue 55: each damaged record was a 21-25-line traceback and exit 1. Now: the table of
+    the jobs it could read, one line per damaged job dir naming it and what is wrong, exit 0."""
+    sweep_dir = damaged_sweep(tmp_path / "sweep", *DAMAGED)
+    proc = _cli(str(sweep_dir))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert proc.stdout.startswith(f"Sweep summary: 2 jobs ({len(DAMAGED)} more unreadable)")
+    for name, (_, why) in DAMAGED.items():
+        said = [line for line in out.splitlines() if str(sweep_dir / name) in line]
+        assert len(said) == 1 and why in said[0], (name, out)
+    assert [r["job"] for r in _read_csv(sweep_dir / "summary.csv")[1]] == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_cli_with_no_readable_job_is_one_line(tmp_path: Path) -> None:
+    sweep_dir = damaged_sweep(tmp_path / "sweep", "final_x", "test_list")
+    for job in ("0", "1"):
+        shutil.rmtree(sweep_dir / job)
+    proc = _cli(str(sweep_dir))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"error: none of the 2 job dir(s) in {sweep_dir} could be read")
+    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout
+
+
+@pytest.mark.slow
+def test_cli_on_a_read_only_sweep_dir_prints_its_tables(tmp_path: Path, sweep: Path) -> None:
+    """A sweep dir the report cannot write (a read-only mount; root ignores permissions, so
+    root gets one): the tables are printed, and the headline says the files were not
+    written and why."""
+    cmd = [sys.executable, "-m", "launch.report", str(sweep)]
+    if os.geteuid() == 0:
+        mount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+        cmd = ["unshare", "--mount", "sh", "-c", mount, str(sweep), *cmd]
+        if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode:
+            pytest.skip("root without a mount namespace: no read-only dir to be had")
+    else:
+        sweep.chmod(0o555)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    finally:
+        sweep.chmod(0o755)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    headline, *table = proc.stdout.splitlines()
+    assert headline.startswith("Sweep summary: 5 jobs, 3 completed"), out
+    assert headline.endswith(f"summary files not written into {sweep} (Read-only file system)") or (
+        headline.endswith("(Permission denied)")
+    ), headline
+    assert table[0].split()[:3] == ["job", "lr", "status"] and "Failed jobs:" in table
+    assert not any(sweep.glob("summary*")) and not any(sweep.glob(".summary*"))
 
 
 # --------------------------------------------------------------------------------------------

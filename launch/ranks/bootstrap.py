@@ -22,6 +22,7 @@ from core.errors import UserError, describe, find_user_error, job_value
 from core.hydra_compat import hydra_context
 from launch.ranks.forked import check_not_a_bad_fork, freeze_imported, start_like_a_new_process
 from launch.ranks.handoff import JOB_JSON, RESULT_PKL, JobRecord, write_job_return
+from launch.ranks.interrupt import sigint_held, stop_if_ctrl_c
 from launch.ranks.lifeline import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,9 @@ def run_task(task: str, cfg: Any) -> Any:
         if wandb_wanted(cfg):
             start_wandb_service(background=True)
     module, _, name = task.partition(":")
-    function = getattr(importlib.import_module(module), name)
+    with sigint_held():  # the task's module imports torch: a Ctrl-C there would abort
+        function = getattr(importlib.import_module(module), name)
+    stop_if_ctrl_c()  # (one a finalizer dropped on the way here)
     freeze_imported()
     return function(cfg)
 

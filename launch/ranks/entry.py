@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from core.hydra_compat import (
 )
 from core.run_dir import process_start_time
 from launch.ranks.bootstrap import OTHER_RANK_OVERRIDES, run_task
+from launch.ranks.interrupt import hydra_keeps_ctrl_c
 
 INFO_FLAGS = {  # Hydra's flags that print and exit: no run dir for the ranks to agree on
     "--help",
@@ -47,11 +49,14 @@ def entry_point(
 ) -> None:
     """Run `conf/<config_name>.yaml`, composed from the command line, with the task function
     `task` ("module:function") as its job. The script calls this before its own imports; a
-    launcher pickles the task function by reference, so its ranks import the script alike."""
+    launcher pickles the task function by reference, so its ranks import the script alike.
+    The script calls it inside launch/ranks/interrupt.py's ctrl_c_exits (Ctrl-C: one line)."""
     import hydra
 
+    check_sweeper_params(sys.argv)
     sys.argv = prepare_argv(search_as_multirun(sys.argv))
     yaml_errors_as_user_errors()
+    hydra_keeps_ctrl_c()
     conf = Path(script).resolve().parent / "conf"
     if {"--help", "-h"} & set(sys.argv[1:]):
         print_help(conf, config_name, [a for a in sys.argv[1:] if not a.startswith("-")])
@@ -72,13 +77,6 @@ def entry_point(
         if user_error is not None:
             raise SystemExit(user_error.exit_code) from None
         raise
-    except KeyboardInterrupt:  # Ctrl-C: the run recorded itself as interrupted
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(
-                "interrupted (Ctrl-C): rerun with resume=auto to continue from the last checkpoint",
-                file=sys.stderr,
-            )
-        raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
     raise SystemExit(0)
 
 
@@ -110,6 +108,27 @@ def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
             HYDRA_CONFIG_GROUPS="",
         )
     )
+
+
+SWEEPER_PARAM = re.compile(r"^[+~]{0,2}hydra\.sweeper\.params\.([^=]+)(?:=(.*))?$")
+
+
+def check_sweeper_params(argv: list[str]) -> None:
+    """`hydra.sweeper.params.<key>=<space>` on the command line: Hydra reads the dots of a key
+    such as optim.lr as nesting (and refuses a sweep of its own config), so it ends in one line
+    naming the forms that work."""
+    for arg in argv[1:]:
+        found = SWEEPER_PARAM.match(arg)
+        if found:
+            key, space = found.group(1), found.group(2) or "<space>"
+            print(
+                f"error: {arg}: a key of hydra.sweeper.params cannot be set on its own (the "
+                f"dots of {key} read as nesting): give the space as a sweep argument, "
+                f"'{key}={space}', as 'hydra.sweeper.params={{{key}: \"{space}\"}}', or in a "
+                "search config (conf/hparams_search/)",
+                file=sys.stderr,
+            )
+            raise SystemExit(UserError.exit_code)
 
 
 def prepare_argv(argv: list[str]) -> list[str]:

@@ -7,7 +7,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launch.report.jobs import METRICS, MODES, MULTIRUN_YAML, flat, read_multirun_config
+from launch.report.jobs import (
+    METRICS,
+    MODES,
+    MULTIRUN_YAML,
+    UnreadableRecord,
+    flat,
+    read_multirun_config,
+)
 from launch.report.seeds import DEFAULT_OVER
 from launch.report.sweep import headline, tables_text, write_summary
 from launch.report.wandb_run import log_to_wandb, wandb_settings
@@ -49,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2  # a user error (core/errors.py's policy)
     try:
         summary = write_summary(args.sweep_dir, args.metric, args.mode, aggregate)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, UnreadableRecord) as e:  # no job dir, or none readable
         print(f"error: {flat(e)}", file=sys.stderr)
         return 2
     print(headline(summary))

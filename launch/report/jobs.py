@@ -95,10 +95,85 @@ class SweepSummary:
     swept_keys: list[str] = field(default_factory=list)
     monitor: str = "val/acc"
     groups: list[Any] = field(default_factory=list)  # seeds.py's, best mean first; [] when none
+    # (job dir, what is wrong) of each job dir whose records could not be read: not in `rows`
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+    not_written: str | None = None  # why the files could not be written (None: they were)
 
     @property
     def ranked_by(self) -> str:
         return f"best {self.monitor}" if self.metric == "best" else self.metric
+
+
+class UnreadableRecord(ValueError):
+    """A job's result.json or eval.json that is not what its writer writes: the message names
+    the file and what is wrong with it."""
+
+
+# The keys of result.json (core/run_dir.py's RunResult) and eval.json (EvalReport) the report
+# reads, and what each holds when not null: checked once, where the file is read, so that
+# everything after may trust them.
+NUMBER = (int, float)
+RESULT_KEYS: dict[str, Any] = {
+    "status": str,
+    "error": str,
+    "monitor": str,
+    "mode": str,
+    "best": NUMBER,
+    "best_epoch": NUMBER,
+    "final": dict,
+    "test": dict,
+    "target": dict,
+    "wandb_run_id": str,
+    "overrides": list,
+    "best_val_acc": NUMBER,
+    "final_val_acc": NUMBER,
+    "final_val_loss": NUMBER,
+    "wall_time_s": NUMBER,
+    "samples_per_s": NUMBER,
+}
+EVAL_KEYS: dict[str, Any] = {
+    "split": str,
+    "status": str,
+    "metrics": dict,
+    "wall_time_s": NUMBER,
+    "wandb_run_id": str,
+}
+JSON_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "true or false"}
+
+
+def _json_name(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, NUMBER):
+        return JSON_NAMES.get(type(value), type(value).__name__)
+    return "a number"
+
+
+def read_record(path: Path, keys: dict[str, Any]) -> dict[str, Any]:
+    """The JSON object in `path`, each of `keys` null or of its type (true/false is no
+    number); UnreadableRecord naming the file and the first key that is not."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        raise UnreadableRecord(f"{path.name} cannot be read ({flat(e)})") from None
+    if not isinstance(data, dict):
+        raise UnreadableRecord(f"{path.name} holds {_json_name(data)}, not an object")
+    for key, kind in keys.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind):
+            want = "a number" if kind is NUMBER else JSON_NAMES[kind]
+            raise UnreadableRecord(
+                f"{path.name}: {key!r} is {_json_name(value)}, not {want} or null"
+            )
+    if data.get("mode") not in (*MODES, None):
+        raise UnreadableRecord(f"{path.name}: 'mode' is {data['mode']!r}, not 'max' or 'min'")
+    target = data.get("target") if keys is RESULT_KEYS else None
+    if target is not None:
+        if not isinstance(target.get("metric"), str):
+            raise UnreadableRecord(f"{path.name}: 'target' has no 'metric' (a string)")
+        if _number(target.get("value")) is None:
+            raise UnreadableRecord(f"{path.name}: 'target' has no 'value' (a number)")
+    return data
 
 
 def _number(value: Any) -> float | None:
@@ -223,35 +298,27 @@ def _attempts(job_dir: Path) -> int | None:
 def read_job(job_dir: str | os.PathLike) -> JobSummary:
     """Summarise one job dir: result.json first (core/run_dir.py's RunResult), gaps filled
     from metrics.jsonl (a job killed before its result.json still has its curves); an eval.py
-    job from its eval.json."""
+    job from its eval.json. UnreadableRecord when the job's result.json or eval.json is not
+    what its writer writes (read_record)."""
     job_dir = Path(job_dir)
-    if not (job_dir / RESULT_FILE).is_file() and (job_dir / EVAL_FILE).is_file():
-        try:
-            evaluation = json.loads((job_dir / EVAL_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            evaluation = None
-        if isinstance(evaluation, dict):
-            return read_eval_job(job_dir, evaluation)
+    result_path = job_dir / RESULT_FILE
+    if not result_path.is_file() and (job_dir / EVAL_FILE).is_file():
+        return read_eval_job(job_dir, read_record(job_dir / EVAL_FILE, EVAL_KEYS))
     derived = _from_metrics(read_metrics(job_dir / METRICS_FILE))
     result = RunResult(status="failed", error=f"no {RESULT_FILE}")
-    result_path = job_dir / RESULT_FILE
     if result_path.is_file():
-        try:
-            loaded = json.loads(result_path.read_text(encoding="utf-8"))
-            if not isinstance(loaded, dict):
-                raise ValueError("not a JSON object")
-            result = RunResult.from_json(loaded)
-        except (OSError, ValueError, TypeError) as e:
-            result = RunResult(status="failed", error=flat(f"unreadable result.json: {e}"))
+        result = RunResult.from_json(read_record(result_path, RESULT_KEYS))
     overrides = read_overrides(job_dir)
-    if overrides is None and isinstance(result.overrides, list):
+    if overrides is None and result.overrides is not None:
         overrides = [str(o) for o in result.overrides]
     curve = derived["val_curve"]
     last = curve[-1] if curve else {}
     best, best_epoch = _number(result.best), result.best_epoch
     if best is None:
         best, best_epoch = _best_of(curve, result.monitor, result.mode)
-    final = {k: v for k, v in (result.final or last).items() if k != "epoch"}
+    final = {
+        k: v for k, v in (result.final or last).items() if k != "epoch" and _number(v) is not None
+    }
     acc_best, _ = _best_of(curve, "val/acc", "max")
 
     def pick(value: Any, fallback: Any) -> float | None:
@@ -262,8 +329,8 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         overrides=" ".join(overrides or []),
         status=flat(result.status or "failed"),
         error=None if result.error is None else flat(result.error),
-        monitor=result.monitor,
-        mode=result.mode,
+        monitor=result.monitor or "val/acc",
+        mode=result.mode or "max",
         best=best,
         best_epoch=best_epoch,
         final=final,
@@ -273,7 +340,7 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         final_val_loss=pick(result.final_val_loss, last.get("val/loss")),
         wall_time_s=_number(result.wall_time_s),
         samples_per_s=pick(result.samples_per_s, derived["samples_per_s"]),
-        target=result.target if isinstance(result.target, dict) else None,
+        target=result.target,
         wandb_run_id=result.wandb_run_id,
         attempts=_attempts(job_dir),
         val_curve=curve,
@@ -293,16 +360,24 @@ def read_multirun_config(sweep_dir: str | os.PathLike) -> Any:
         return None
 
 
-def read_sweep(sweep_dir: str | os.PathLike) -> tuple[list[JobSummary], list[str]]:
-    """(one JobSummary per job dir of ``sweep_dir``, in job order, each with its values of the
-    sweep's keys; those keys: declared in its multirun.yaml, then any other key whose value
-    differs between its jobs)."""
-    jobs = [read_job(d) for d in find_job_dirs(sweep_dir)]
+def read_sweep(
+    sweep_dir: str | os.PathLike,
+) -> tuple[list[JobSummary], list[str], list[tuple[Path, str]]]:
+    """(one JobSummary per readable job dir of ``sweep_dir``, in job order, each with its values
+    of the sweep's keys; those keys: declared in its multirun.yaml, then any other key whose
+    value differs between its jobs; (job dir, what is wrong) of each job dir that could not
+    be read)."""
+    jobs, unreadable = [], []
+    for job_dir in find_job_dirs(sweep_dir):
+        try:
+            jobs.append(read_job(job_dir))
+        except UnreadableRecord as e:
+            unreadable.append((job_dir, str(e)))
     keys = swept_keys(read_multirun_config(sweep_dir), [j.overrides.split() for j in jobs])
     for job in jobs:
         values = override_values(job.overrides.split())
         job.swept = {k: values[k] for k in keys if k in values}
-    return jobs, keys
+    return jobs, keys, unreadable
 
 
 def check_metric(metric: str, mode: str | None) -> None:

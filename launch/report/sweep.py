@@ -17,6 +17,7 @@ from launch.report.jobs import (
     MD_NAME,
     PNG_NAME,
     SweepSummary,
+    UnreadableRecord,
     check_metric,
     find_job_dirs,
     flat,
@@ -39,23 +40,40 @@ def write_summary(
 ) -> SweepSummary:
     """Write summary.csv, summary.md and summary.png into ``sweep_dir``, rows best first; when
     some configuration has several jobs that differ only in the `aggregate` keys (seeds), their
-    aggregates too (groups.py: summary_groups.csv and a section of summary.md).
+    aggregates too (groups.py: summary_groups.csv and a section of summary.md). Job dirs whose
+    records cannot be read are left out (the summary's `unreadable`); a sweep dir that cannot
+    be written gets no files (its `not_written` says why).
 
-    Raises ValueError for an unknown metric/mode and FileNotFoundError when ``sweep_dir`` has
-    no job dirs.
+    Raises ValueError for an unknown metric/mode, FileNotFoundError when ``sweep_dir`` has
+    no job dirs and UnreadableRecord when none of them could be read.
     """
     check_metric(metric, mode)
     root = Path(sweep_dir)
-    jobs, keys = read_sweep(root)
-    if not jobs:
+    jobs, keys, unreadable = read_sweep(root)
+    if not jobs and not unreadable:
         raise FileNotFoundError(
             f"no job dirs in {root} (nothing with .hydra/, {RESULT_FILE} or {METRICS_FILE})"
+        )
+    if not jobs:
+        shown = "; ".join(f"{d.name}: {why}" for d, why in unreadable[:3])
+        more = f"; and {len(unreadable) - 3} more" if len(unreadable) > 3 else ""
+        raise UnreadableRecord(
+            f"none of the {len(unreadable)} job dir(s) in {root} could be read ({shown}{more})"
         )
     rows = sort_jobs(jobs, metric, mode)
     monitor, monitor_mode = sweep_monitor(rows)
     mode = mode or (monitor_mode if metric == "best" else "max")
     groups = seed_groups(rows, keys, aggregate)
-    summary = SweepSummary(root, rows, metric, mode, keys, monitor, groups)
+    summary = SweepSummary(root, rows, metric, mode, keys, monitor, groups, unreadable)
+    try:
+        write_files(summary, aggregate)
+    except OSError as e:  # e.g. a read-only sweep dir: the table is still printed
+        summary.not_written = flat(e.strerror or e)
+    return summary
+
+
+def write_files(summary: SweepSummary, aggregate: Sequence[str]) -> None:
+    root, groups, keys = summary.sweep_dir, summary.groups, summary.swept_keys
     write_atomic(root / CSV_NAME, csv_text(summary))
     markdown = format_markdown(summary, root.name)
     if groups:
@@ -65,7 +83,6 @@ def write_summary(
         (root / GROUPS_CSV).unlink(missing_ok=True)  # an earlier report's, of jobs since changed
     write_atomic(root / MD_NAME, markdown)
     plot_summary(summary, root / PNG_NAME, root.name)
-    return summary
 
 
 def tables_text(summary: SweepSummary, aggregate: Sequence[str]) -> str:
@@ -73,7 +90,15 @@ def tables_text(summary: SweepSummary, aggregate: Sequence[str]) -> str:
     text = format_table(summary.rows, summary.swept_keys)
     if summary.groups:
         text += "\n\n" + format_groups(summary.groups, summary.swept_keys, aggregate)
+    if summary.unreadable:
+        text += "\n\n" + "\n".join(unreadable_lines(summary))
     return text
+
+
+def unreadable_lines(summary: SweepSummary) -> list[str]:
+    """A heading, then one line per job dir left out: the dir and what is wrong."""
+    lines = [f"Job dirs left out, their records unreadable ({len(summary.unreadable)}):"]
+    return lines + [f"  {job_dir}: {why}" for job_dir, why in summary.unreadable]
 
 
 def headline(summary: SweepSummary) -> str:
@@ -81,8 +106,11 @@ def headline(summary: SweepSummary) -> str:
     done = sum(r.status == "completed" for r in rows)
     pruned = sum(r.status == "pruned" for r in rows)
     files = f"{summary.sweep_dir}/{{{CSV_NAME},{MD_NAME},{PNG_NAME}}}"
+    if summary.not_written is not None:
+        files = f"summary files not written into {summary.sweep_dir} ({summary.not_written})"
+    left_out = f" ({len(summary.unreadable)} more unreadable)" if summary.unreadable else ""
     return (
-        f"Sweep summary: {len(rows)} jobs, {done} completed"
+        f"Sweep summary: {len(rows)} jobs{left_out}, {done} completed"
         f"{f', {pruned} pruned' if pruned else ''}, ranked by {summary.ranked_by} "
         f"({summary.mode}); {files}"
     )

@@ -147,6 +147,9 @@ def format_markdown(summary: SweepSummary, title: str = "") -> str:
     align = ["---:", *("---:" if c.numeric else "---" for c in cols), "---"]
     lines += ["", *markdown_lines(table, align)]
     lines += ["", f"![{', '.join(PANELS)} per epoch]({PNG_NAME})", ""]
+    if summary.unreadable:  # job dirs left out: not in the table
+        lines += ["## Job dirs left out", "", "Their records could not be read:", ""]
+        lines += [f"- `{job_dir.name}`: {why}" for job_dir, why in summary.unreadable] + [""]
     return "\n".join(lines)
 
 

@@ -50,11 +50,23 @@ SAMPLERS = {  # hydra/sweeper/sampler=NAME, as hydra-optuna-sweeper names them
 }
 
 
+def open_params() -> Any:
+    """An empty `params` that takes keys: its keys are the user's search keys, not a
+    schema's, and the command line's `hydra.sweeper.params={optim.lr: ...}` merges into it
+    (into null, OmegaConf cannot merge; into a closed {}, only with `+`)."""
+    node = OmegaConf.create({})
+    OmegaConf.set_struct(node, False)
+    return node
+
+
 @dataclass
 class OptunaSweeperConf:
     """`hydra.sweeper` of `hydra/sweeper=optuna` (hydra-optuna-sweeper's keys, plus pruner)."""
 
     _target_: str = TARGET
+    # Hydra 1.3 would instantiate `sampler` and `pruner` with the sweeper, a bad argument
+    # then an error in lines of Hydra's; this class instantiates them (as under Hydra 1.4)
+    _recursive_: bool = False
     defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}])
     # {_target_: optuna.samplers.TPESampler, seed: ...}; MISSING: the defaults' group config
     # (hydra/sweeper/sampler=tpe) stays unless this is set (None here would replace it)
@@ -65,7 +77,8 @@ class OptunaSweeperConf:
     n_trials: int = 20  # with hydra.launcher.resume=true: the study's total
     n_jobs: int = 2  # trials running at once
     max_failure_rate: float = 0.0
-    params: dict[str, str] | None = None
+    # {key: search space}, e.g. {optim.lr: tag(log, interval(0.01, 1))}
+    params: dict[str, str] = field(default_factory=open_params)
     custom_search_space: str | None = None  # a callable(config, trial) adding to the space
     # median | percentile | hyperband | successive_halving | none, or {type: NAME, args...}
     pruner: Any = None
@@ -93,13 +106,9 @@ class OptunaSweeperBase(Sweeper):
                 "hydra.sweeper.params (e.g. optim.lr: tag(log, interval(0.001, 1)))"
             )
         conf = OptunaSweeperConf(**settings)
-        if not 0.0 <= conf.max_failure_rate <= 1.0:
-            raise UserError("hydra.sweeper.max_failure_rate: a fraction between 0 and 1")
-        if conf.n_jobs < 1:
-            raise UserError(f"hydra.sweeper.n_jobs={conf.n_jobs}: at least 1")
         sampler = None if conf.sampler is MISSING else conf.sampler
         if OmegaConf.is_dict(sampler) and "_target_" in sampler:
-            # Hydra 1.4 instantiates a plugin without its nested `_target_`s (1.3 with them)
+            # Hydra leaves a plugin's nested `_target_`s to it (`_recursive_: false` above)
             sampler = instantiate(sampler)
         self.conf = conf
         # set again by setup (the sweep dir's name) and continue_study (what is left to ask)
@@ -116,6 +125,7 @@ class OptunaSweeperBase(Sweeper):
         from hydra.core.plugins import Plugins
 
         self.config, self.hydra_context = config, hydra_context
+        self.check_settings()
         self.launcher = Plugins.instance().instantiate_launcher(
             config=config, hydra_context=hydra_context, task_function=task_function
         )
@@ -125,6 +135,18 @@ class OptunaSweeperBase(Sweeper):
         self.storage_spec = storage_spec(self.conf.storage, config, self.sweep_dir)
         if self.study_name is None:
             self.study_name = self.sweep_dir.name
+
+    def check_settings(self) -> None:
+        """The settings no schema type checks, before anything is written (here, not in
+        __init__: Hydra's instantiate would wrap the error in lines of its own)."""
+        conf = self.conf
+        if not 0.0 <= conf.max_failure_rate <= 1.0:
+            raise UserError("hydra.sweeper.max_failure_rate: a fraction between 0 and 1")
+        if conf.n_jobs < 1:
+            raise UserError(f"hydra.sweeper.n_jobs={conf.n_jobs}: at least 1")
+        if conf.n_trials < 1:  # (with hydra.launcher.resume=true too: the study's total)
+            raise UserError(f"hydra.sweeper.n_trials={conf.n_trials}: at least 1")
+        build_pruner(self.pruner_config())  # a pruner's argument out of its range
 
     def sweep(self, arguments: list[str]) -> None:
         import optuna
