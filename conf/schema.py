@@ -435,7 +435,8 @@ def check_keys(cfg: Any, path: str = "") -> None:
     fields = (
         [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
     )
-    extra = [str(k) for k in cfg if str(k) not in fields and str(k) not in HYDRA_KEYS]
+    own = [str(k) for k in cfg if path or str(k) != "hydra"]  # (Hydra's node of a job's config)
+    extra = [k for k in own if k not in fields and k not in HYDRA_KEYS]
     arguments = target_arguments(cfg) if fields and extra else None
     for key in extra:
         if arguments is None or key in arguments:
@@ -451,7 +452,7 @@ def check_keys(cfg: Any, path: str = "") -> None:
             else f"remove it (its keys: {', '.join(k for k in fields if k[0] != '_')})"
         )
         raise UserError(f"{path + '.' if path else ''}{key} is not a key of {where}: {fix}")
-    for key in cfg:
+    for key in own:
         check_keys(cfg._get_node(key), f"{path}.{key}" if path else str(key))
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import signal
 
+from core.run_dir import ATTEMPT_ENV
+
 KILL_AT_ENV = "HYDRA_DDP_KILL_AT"
 LAUNCHER_PID_ENV = "HYDRA_DDP_LAUNCHER_PID"  # set by a launcher for the processes of its jobs
 ONCE_DIR_ENV = "HYDRA_DDP_KILL_ONCE_DIR"
@@ -61,8 +63,6 @@ def _in_job(wanted: str, job: int | None) -> bool:
 
 
 def _kill(launcher: bool, spec: str) -> None:
-    from core.run_dir import ATTEMPT_ENV  # (core/run_dir.py's writes call this module)
-
     if int(os.environ.get(ATTEMPT_ENV) or 1) > 1:
         return  # a job's later attempt runs clean
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":

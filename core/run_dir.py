@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserError
-from core.fault_points import point
 
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
@@ -192,7 +191,6 @@ def read_launch_record(job_dir: Path) -> LaunchRecord | None:
 def write_launch_record(job_dir: Path, record: LaunchRecord) -> None:
     Path(job_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(Path(job_dir) / LAUNCH_FILE, record.to_json())
-    point("launch.record", job=record.job_num)
 
 
 @contextmanager

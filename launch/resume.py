@@ -37,6 +37,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.errors import UserError, describe, find_user_error, job_value
+from core.fault_points import point
 from core.gate import NothingToDo, check_start, gate_of, open_run, what_runs
 from core.run_dir import (
     CHECKPOINT_DIR,
@@ -132,7 +133,13 @@ def settle(job_dir: Path, record: LaunchRecord, completed: bool) -> None:
     died = ("interrupted", "ended with its launcher, leaving no result")
     last.status, last.error = attempt_end(result, completed, ("pruned", "failed", *STOPPED)) or died
     last.ended = (Path(job_dir) / RESULT_FILE).stat().st_mtime if result else time.time()
+    save_record(job_dir, record)
+
+
+def save_record(job_dir: Path, record: LaunchRecord) -> None:
+    """launch.json, replaced; a crash point (core/fault_points.py)."""
     write_launch_record(job_dir, record)
+    point("launch.record", job=record.job_num)
 
 
 def has_checkpoints(job_dir: Path) -> bool:
@@ -249,7 +256,7 @@ def start_attempt(job: Any, hold: bool = True) -> None:
     if job.in_sweep and job.records:
         record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))
         record.attempts.append(Attempt(job.attempt, job.started, continued=continued))
-        write_launch_record(job.job_dir, record)
+        save_record(job.job_dir, record)
 
 
 def update_attempt(job: Any, **values: Any) -> None:
@@ -261,7 +268,7 @@ def update_attempt(job: Any, **values: Any) -> None:
         return
     for key, value in values.items():
         setattr(record.last, key, value)
-    write_launch_record(job.job_dir, record)
+    save_record(job.job_dir, record)
 
 
 def close_attempt(job: Any, ret: Any) -> None:
