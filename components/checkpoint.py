@@ -223,7 +223,7 @@ def settle(ckpt_dir: Path, wanted: str | None = None) -> tuple[Path, dict[str, A
     rolled back to it, and the dir made what the commit says (:func:`tidy`): a save that a kill
     cut short is undone. In a dir without a commit (a kill during the first save, or a run from
     before manifests) the newest step file that verifies by its digest is committed as it would
-    have been. None: nothing to continue from (what a killed save left is removed)."""
+    have been; nothing is removed there before that. None: nothing to continue from."""
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         return None
@@ -232,8 +232,9 @@ def settle(ckpt_dir: Path, wanted: str | None = None) -> tuple[Path, dict[str, A
         names = [wanted]
     elif manifest is not None:
         names = manifest.newest_first()
-    else:
+    else:  # nothing committed: a first save killed, or a dir from before manifests
         names = [p.name for p in step_files(ckpt_dir)]
+        names = names or ([LAST] if (ckpt_dir / LAST).exists() else [])
     skipped = []
     for name in names:
         try:
@@ -245,6 +246,8 @@ def settle(ckpt_dir: Path, wanted: str | None = None) -> tuple[Path, dict[str, A
             continue
         if skipped:
             log.warning("resume: skipped %s; using %s", ", ".join(skipped), name)
+        if name in LINKS:  # a last.pt alone, from before manifests: its next save commits
+            return ckpt_dir / name, state
         if manifest is None or name not in manifest.files:
             manifest = rolled_back(adopted(ckpt_dir, name, state), name)
         settled = manifest if name == manifest.last else rolled_back(manifest, name)
@@ -257,7 +260,8 @@ def settle(ckpt_dir: Path, wanted: str | None = None) -> tuple[Path, dict[str, A
             f"no valid checkpoint in {ckpt_dir}: skipped {', '.join(skipped)}; "
             "pass resume=<a good checkpoint> or resume=null to start fresh"
         )
-    tidy(ckpt_dir, Manifest())
+    if manifest is not None:
+        tidy(ckpt_dir, Manifest())  # (an empty commit: a save killed before its first)
     return None
 
 

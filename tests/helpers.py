@@ -673,21 +673,27 @@ def dataset_cfg(name: str, **keys):
 
 
 def _in_process(config_name: str, run_dir: Path, task, overrides) -> object:
-    """Run `task(cfg)` here with world size 1, as Hydra's run_job would (config and run dir set
-    up, no logging configured): errors propagate as raised, nothing is reported. W&B's service
-    is shut down at the end, so its offline records are complete on disk."""
+    """Run `task(cfg)` here with world size 1, as a start would: the gate first (core/gate.py:
+    the app's checks, the run dir's plan, its lock), then as Hydra's run_job would (config and
+    run dir set up, no logging configured): errors propagate as raised, nothing is reported.
+    The run dir's lock is given up and W&B's service shut down at the end, so its offline
+    records are complete on disk."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
+    from core import run_lock
+    from core.gate import check_start, open_run
+
     cfg = compose(config_name, run_dir, *overrides)
+    open_run(Path(run_dir), check_start(cfg, Path(run_dir), 1, sweep=False), "a test")
     HydraConfig.instance().set_config(cfg)
     task_cfg = copy.deepcopy(cfg)
     with open_dict(task_cfg):
         del task_cfg["hydra"]
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
     try:
         return task(task_cfg)
     finally:
+        run_lock.release(Path(run_dir))
         if "wandb" in sys.modules:
             sys.modules["wandb"].teardown()
 

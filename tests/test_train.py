@@ -356,13 +356,30 @@ def assert_clean_failure(proc, *fragments: str):
 
 @pytest.mark.parametrize("overrides, fragments", BAD_INPUTS)
 def test_bad_input_is_one_user_error_and_recorded(tmp_path, overrides, fragments):
+    """One line naming the fix. What the gate (core/gate.py) finds before a start writes
+    anything leaves nothing written; what only the run finds is recorded in result.json."""
     run_dir = tmp_path / "r"
     with pytest.raises(UserError) as caught:
         train_in_process(run_dir, *QUICK, *overrides)
     message = str(caught.value)
     assert "\n" not in message and all(f in message for f in fragments), message
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "failed" and result["error"] == message
+    if refused_at_the_gate(run_dir, *QUICK, *overrides) == message:
+        assert not run_dir.exists()
+    else:
+        result = json.loads((run_dir / "result.json").read_text())
+        assert result["status"] == "failed" and result["error"] == message
+
+
+def refused_at_the_gate(run_dir: Path, *overrides: str) -> str | None:
+    """The gate's refusal of this start (core/gate.py: the app's checks, the run dir), if any."""
+    from core.gate import check_start
+    from tests.helpers import compose
+
+    try:
+        check_start(compose("train", run_dir, *overrides), run_dir, 1, sweep=False)
+    except UserError as e:
+        return str(e)
+    return None
 
 
 @pytest.mark.slow
