@@ -10,6 +10,7 @@ import pytest
 
 from tests.gpu import MACHINE_CUDA_ENV, UNSET, machine_gpus, on_gpu
 from tests.helpers import output, run, run_env
+from tests.test_docs import COMMANDS
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,8 @@ def test_a_launcher_suite_test_first_leaves_the_plugins_configs_for_the_next_tes
     process, one would take away the configs our plugins store when Hydra discovers them
     (tests/conftest.py: pytest_configure discovers them before any test)."""
     suite = "tests/test_launcher.py::TestTorchrunLauncher::test_sweep_1_job[torchrun-overrides0]"
-    needs_optuna = "tests/test_docs.py::test_every_documented_command_composes[docs/sweeps.md:20]"
+    optuna = next(c for c in COMMANDS if "sweeps.md" in c.where and "optuna" in c.text)
+    needs_optuna = f"tests/test_docs.py::test_every_documented_command_composes[{optuna.where}]"
     proc = run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
         + ["--basetemp", str(tmp_path / "t"), suite, needs_optuna],
