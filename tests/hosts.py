@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-PREFIX = "hddp-"  # every namespace this module makes: hddp-<owner pid>-<name>
+PREFIX = "hddp-"  # every namespace this module makes: hddp-<owner pid>-<n>-<name>
 SKIP_REASON = "no test hosts"  # how every skip of a test that needs hosts starts
 COMMANDS = ("ip", "nsenter", "unshare", "setpriv", "mount", "hostname")
 NETNS_DIR = Path("/run/netns")  # where `ip netns add` names its namespaces
@@ -276,14 +276,13 @@ def hosts_network(n: int, root: Path) -> Iterator[Hosts]:
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     """Two hosts for the whole run (node1, node2)."""
     try:
-        network = hosts_network(2, tmp_path_factory.mktemp("hosts"))
-        made = network.__enter__()
+        made = make_hosts(2, tmp_path_factory.mktemp("hosts"))
     except HostsUnavailable as e:
         pytest.skip(f"{SKIP_REASON}: {e}")
     try:
         yield made
     finally:
-        network.__exit__(None, None, None)
+        remove_hosts(made)
 
 
 if __name__ == "__main__":
