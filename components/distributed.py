@@ -7,7 +7,11 @@ a single process (the launcher starts more when dist.nproc_per_node asks for the
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,11 +21,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from hydra.errors import CompactHydraException
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from core import world
 from core.errors import UserError
+from core.network import GLOO_IFNAME_ENV, gloo_interface, interface_addresses, is_loopback
 from core.world import started_as_rank
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,8 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
 
     timeout = timedelta(seconds=dist_cfg.timeout_s)
     device_id = dev if dev.type == "cuda" else None  # NCCL: the group binds the rank's GPU
+    if spans_nodes():
+        choose_gloo_interface()
     if world_size == 1 and not started_as_rank():
         # A one-rank group keeps every collective (metric all-reduce, barriers) valid without
         # a rendezvous port; DDP itself is skipped for a single rank.
@@ -174,6 +184,11 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
             dist_cfg.timeout_s,
             dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None,
         )
+    except RuntimeError as e:  # (torch's DistBackendError is one)
+        lost = lost_node(e) if spans_nodes() else None
+        if lost is None:
+            raise
+        raise lost from e
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -206,6 +221,98 @@ def data_barrier(env: DistEnv) -> Callable[[], None]:
             ) from None
 
     return barrier
+
+
+def spans_nodes() -> bool:
+    """Whether this rank's job runs on more than one node (torchrun's and slurm_task.py's
+    WORLD_SIZE and LOCAL_WORLD_SIZE)."""
+    world_size = int(os.environ.get("WORLD_SIZE") or 1)
+    return started_as_rank() and world_size > int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
+
+
+def choose_gloo_interface() -> None:
+    """GLOO_SOCKET_IFNAME, unless set, for a job that spans nodes: the interface the other
+    nodes reach this one on (core/network.py), not gloo's default, the address of this node's
+    hostname, which may be a loopback address. It serves a NCCL job's gloo group too."""
+    if os.environ.get(GLOO_IFNAME_ENV):
+        return
+    name, why = gloo_interface(os.environ["MASTER_ADDR"])
+    if name is None:
+        if why:
+            log.warning("%s", why)
+        return
+    os.environ[GLOO_IFNAME_ENV] = name
+    log.info("gloo listens on %s: %s (%s chooses another)", name, why, GLOO_IFNAME_ENV)
+
+
+class LostNode(CompactHydraException):
+    """A collective lost its connections to the ranks of another node: they died or the node
+    went down. One line (not the user's to fix: a launcher may retry it)."""
+
+
+# A gloo pair's error names its peer: "Read error [10.0.0.2]:4711: Connection reset by peer".
+PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
+LOST_CONNECTION = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# Where a rank that lost another node says which, for the ranks of its node that only see it go.
+LOST_NODE_KEY = "hydra_ddp/lost_node"
+LOST_NODE_WAIT_S = 3.0
+
+
+def lost_node(error: RuntimeError) -> LostNode | None:
+    """A LostNode for a collective's error that names a peer on another node, or a peer on
+    this node that went because it lost one (it said which in the job's store); None for any
+    other error."""
+    match = PEER_ADDRESS.search(str(error))
+    if match is None or not any(w in str(error) for w in LOST_CONNECTION):
+        return None
+    address = match.group(1)
+    own = {a for held in interface_addresses().values() for a in held}
+    if is_loopback(address) or address in own:
+        where = told_lost_node()
+        if where is None:
+            return None  # a peer on this node failed: its own error says why
+    else:
+        try:
+            where = f"{socket.gethostbyaddr(address)[0]} ({address})"
+        except OSError:
+            where = address
+        tell_lost_node(where)
+    # (worded so that launch/ranks/bootstrap.py's lost_a_peer does not take it for a rank that
+    # only lost a peer: this is the cause the launcher reports)
+    return LostNode(
+        f"lost node {where}: the connections to its ranks broke, they died or the node went "
+        "down; the run continues from its last checkpoint with resume=auto"
+    )
+
+
+def job_store() -> dist.Store | None:
+    """The store of the default process group (still served while its host lives), or None.
+    torch has no public getter for the store init_process_group made (env://)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=LOST_NODE_WAIT_S))
+    except (ValueError, RuntimeError):
+        return None
+    return store
+
+
+def tell_lost_node(where: str) -> None:
+    store = job_store()
+    with contextlib.suppress(RuntimeError):  # (torch's DistStoreError is one)
+        if store is not None:
+            store.set(LOST_NODE_KEY, where)
+
+
+def told_lost_node() -> str | None:
+    """The node another rank found lost, if one says so within LOST_NODE_WAIT_S."""
+    store = job_store()
+    try:
+        if store is not None:
+            store.wait([LOST_NODE_KEY])
+            return store.get(LOST_NODE_KEY).decode()
+    except RuntimeError:
+        pass
+    return None
 
 
 def check_device_ordinal(local_rank: int) -> None:

@@ -11,6 +11,9 @@ import pytest
 from hydra.version import VersionBase
 
 TESTS = Path(__file__).resolve().parent
+# Plugin modules that test modules also import from: rewritten on that first import, before
+# pytest loads them as plugins (else pytest warns that it cannot rewrite them)
+pytest.register_assert_rewrite("tests.hosts")
 FRESH_VERSION_BASE = VersionBase.instance().getbase()  # before any test composed a config
 
 
@@ -186,20 +189,32 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """One line at the end when SLURM tests skipped: how many, why, how to run them."""
+    """One line at the end when SLURM tests skipped, and one when tests on several hosts
+    (tests/hosts.py) did: how many, why, how to run them."""
+    from tests.hosts import SKIP_REASON as HOSTS_SKIP_REASON
     from tests.slurm_cluster import INSTALL_ENV, SKIP_REASON
 
-    reasons = []
-    for report in terminalreporter.stats.get("skipped", []):
-        longrepr = report.longrepr
-        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-        if SKIP_REASON in reason:
-            reasons.append(reason.split(SKIP_REASON, 1)[1].lstrip(": "))
-    if reasons:
+    def skipped(why: str) -> list[str]:
+        reasons = []
+        for report in terminalreporter.stats.get("skipped", []):
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            if why in reason:
+                reasons.append(reason.split(why, 1)[1].lstrip(": "))
+        return reasons
+
+    if reasons := skipped(SKIP_REASON):
         terminalreporter.write_line(
             f"{len(reasons)} SLURM tests skipped ({reasons[0]}): run `python -m pytest` as "
             f"root on a machine with apt-get (and without {INSTALL_ENV}=0), or install "
             "slurm-wlm and munge, to run them",
+            yellow=True,
+            bold=True,
+        )
+    if reasons := skipped(HOSTS_SKIP_REASON):
+        terminalreporter.write_line(
+            f"{len(reasons)} tests on several hosts skipped ({reasons[0]}): run `python -m "
+            "pytest` as root (network namespaces: iproute2 and util-linux) to run them",
             yellow=True,
             bold=True,
         )

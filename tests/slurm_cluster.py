@@ -14,10 +14,19 @@ The fixture skips (with the reason) when not root, when SLURM is missing and ins
 forbidden, or when apt cannot install the packages; the run's last line says how many SLURM
 tests skipped, why, and how to run them (tests/conftest.py).
 Standalone, for poking at it by hand: `python -m tests.slurm_cluster` starts one and waits.
+
+`slurm_two_nodes` (session fixture) is a two-node cluster on tests/hosts.py's hosts: a slurmd on
+each host (NodeName = the host's name, NodeAddr = its address), slurmctld and munged on the
+first host (munged's socket is a file every host sees, as its key would be on a cluster).
+Commands reach it from the first host, the cluster's login node (`cluster.run`: the launcher
+and sbatch run there). Its daemons die with the test process, as everything on a host does. It
+skips when the hosts or the cluster cannot be had.
 """
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import os
 import shutil
 import signal
@@ -26,13 +35,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.helpers import free_port
+
+if TYPE_CHECKING:
+    from tests.hosts import Hosts
 
 COMMANDS = (
     "munged",
@@ -65,6 +78,9 @@ class SlurmCluster:
     cpus: int
     memory_mb: int
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # How a command reaches the cluster: as it is, or on the login host (tests/hosts.py)
+    login: Callable[[list[str]], list[str]] | None = None
+    hosted: set[str] = field(default_factory=set)  # daemons started on a host
 
     @property
     def conf(self) -> Path:
@@ -78,7 +94,7 @@ class SlurmCluster:
     def run(self, *cmd: str, timeout: float = 60, cwd: Path | None = None, **env: str):
         """Run a command against this cluster (extra keyword arguments: environment)."""
         return subprocess.run(
-            cmd,
+            self.login(list(cmd)) if self.login else cmd,
             env={**os.environ, **env, **self.env},
             cwd=cwd,
             capture_output=True,
@@ -87,8 +103,9 @@ class SlurmCluster:
         )
 
     def node_state(self) -> str:
+        """The nodes' state ("idle"), or their states ("allocated idle")."""
         proc = self.run("sinfo", "--noheader", "--Node", "--format=%T")
-        return proc.stdout.strip() if proc.returncode == 0 else ""
+        return " ".join(sorted(set(proc.stdout.split()))) if proc.returncode == 0 else ""
 
     def job_ids(self) -> list[str]:
         proc = self.run("squeue", "--noheader", "--array", "--format=%i")
@@ -113,7 +130,15 @@ class SlurmCluster:
 
 def install() -> None:
     """apt-get install the packages when a command is missing, unless INSTALL_ENV=0 forbids
-    it; ClusterUnavailable then, or if it fails."""
+    it; ClusterUnavailable then, or if it fails. One install at a time: both clusters' fixtures
+    may start at once, on two xdist workers, and apt-get fails on a held dpkg lock."""
+    lock = Path(tempfile.gettempdir()) / "hydra-ddp-slurm-install.lock"
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        install_unlocked()
+
+
+def install_unlocked() -> None:
     missing = [c for c in COMMANDS if not shutil.which(c)]
     if not missing:
         return
@@ -149,18 +174,25 @@ def node_hardware() -> tuple[int, int, str]:
     return cpus, memory, topology
 
 
-def write_config(root: Path, node: str, topology: str, memory_mb: int) -> None:
-    for sub in ("state", "spool", "log", "munge"):
+def write_config(root: Path, nodes: dict[str, str], topology: str, memory_mb: int) -> None:
+    """slurm.conf for `nodes` (name -> address), each with this machine's CPUs and memory;
+    slurmctld on the first node's address."""
+    for sub in ("state", "spool", "log", "munge", *(f"spool/{n}" for n in nodes)):
         (root / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(root / "munge", 0o755)
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o600)
+    first = next(iter(nodes))
+    node_lines = "\n".join(
+        f"NodeName={name} NodeAddr={address} {topology} RealMemory={memory_mb} State=UNKNOWN"
+        for name, address in nodes.items()
+    )
     (root / "slurm.conf").write_text(
         f"""\
-# One-node test cluster (tests/slurm_cluster.py): every path is under {root}
+# Test cluster (tests/slurm_cluster.py): every path is under {root}
 ClusterName=hydra-ddp-test
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={first}({nodes[first]})
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 SlurmUser=root
@@ -169,11 +201,12 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/munge.socket,cred_expire={CRED_EXPIRE_S}
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+# %n: the node's name (each slurmd its own, on a file system they share)
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 # Each task bound to its cores (sched_setaffinity): it runs on the CPUs its srun asked for
 TaskPlugin=task/affinity
@@ -192,28 +225,40 @@ JobCompType=jobcomp/none
 MinJobAge=600
 KillWait=10
 InactiveLimit=0
-NodeName={node} NodeAddr=127.0.0.1 {topology} RealMemory={memory_mb} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{node_lines}
+PartitionName=debug Nodes={",".join(nodes)} Default=YES MaxTime=INFINITE State=UP
 """
     )
 
 
-def start(root: Path) -> SlurmCluster:
-    """Install if needed, configure and start munged, slurmctld and slurmd; wait for idle."""
+def start(root: Path, hosts: Hosts | None = None) -> SlurmCluster:
+    """Install if needed, configure and start munged, slurmctld and slurmd; wait until every
+    node is idle. With `hosts`, one node per host (see the module docstring)."""
     if os.geteuid() != 0:
         raise ClusterUnavailable("the SLURM test cluster runs its daemons as root: not root")
     install()
-    node = socket.gethostname().split(".")[0]
     cpus, memory, topology = node_hardware()
-    write_config(root, node, topology, memory)
-    cluster = SlurmCluster(root, node, cpus, memory)
+    if hosts is None:
+        node = socket.gethostname().split(".")[0]
+        nodes, login = {node: "127.0.0.1"}, None
+    else:
+        nodes = {h.name: h.address for h in hosts.hosts}
+        node, first = hosts.hosts[0].name, hosts.hosts[0]
+        login = functools.partial(hosts.command, first)
+    write_config(root, nodes, topology, memory)
+    cluster = SlurmCluster(root, node, cpus, memory, login=login)
     env = {**os.environ, **cluster.env}
     munge = root / "munge"
 
-    def daemon(name: str, *cmd: str) -> None:
+    def daemon(name: str, *cmd: str, on: str | None = None) -> None:
+        """Start a daemon here, or on host `on` (tests/hosts.py)."""
+        argv = list(cmd)
+        if on is not None and hosts is not None:
+            argv = hosts.command(next(h for h in hosts.hosts if h.name == on), argv)
+            cluster.hosted.add(name)
         log = open(root / "log" / f"{name}.out", "wb")  # noqa: SIM115 - the daemon's lifetime
         cluster.procs[name] = subprocess.Popen(
-            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     try:
@@ -227,12 +272,16 @@ def start(root: Path) -> SlurmCluster:
             f"--pid-file={munge}/munged.pid",
             f"--seed-file={munge}/munged.seed",
             f"--log-file={root}/log/munged.log",
+            on=node if hosts else None,
         )
         wait_for(lambda: (munge / "munge.socket").exists(), 30, "munged", cluster)
-        daemon("slurmctld", "slurmctld", "-D", "-c", "-i", "-f", str(cluster.conf))
+        ctld = ("slurmctld", "-D", "-c", "-i", "-f", str(cluster.conf))
+        daemon("slurmctld", *ctld, on=node if hosts else None)
         wait_for(lambda: cluster.run("scontrol", "ping").returncode == 0, 60, "slurmctld", cluster)
-        daemon("slurmd", "slurmd", "-D", "-N", node, "-f", str(cluster.conf))
-        wait_for(lambda: cluster.node_state() == "idle", 90, "an idle node", cluster)
+        for name in nodes:
+            slurmd = ("slurmd", "-D", "-N", name, "-f", str(cluster.conf))
+            daemon("slurmd" if hosts is None else f"slurmd-{name}", *slurmd, on=name)
+        wait_for(lambda: cluster.node_state() == "idle", 90, "idle nodes", cluster)
     except BaseException:
         stop(cluster)
         raise
@@ -261,7 +310,7 @@ def wait_for(ready, timeout: float, what: str, cluster: SlurmCluster) -> None:
 
 
 def stop(cluster: SlurmCluster) -> None:
-    """Cancel what is left, then stop the daemons we started (slurmd first)."""
+    """Cancel what is left, then stop the daemons we started (slurmds first)."""
     if "slurmctld" in cluster.procs and cluster.procs["slurmctld"].poll() is None:
         ids = cluster.job_ids()
         if ids:
@@ -269,11 +318,14 @@ def stop(cluster: SlurmCluster) -> None:
             deadline = time.time() + 30
             while cluster.job_ids() and time.time() < deadline:
                 time.sleep(0.5)
-    for name in ("slurmd", "slurmctld", "munged"):
+    slurmds = [name for name in cluster.procs if name.startswith("slurmd")]
+    for name in (*slurmds, "slurmctld", "munged"):
         proc = cluster.procs.get(name)
         if proc is None or proc.poll() is not None:
             continue
-        proc.send_signal(signal.SIGTERM)
+        # One on a host is the host's `unshare`, which ignores SIGTERM: SIGKILL ends it and all
+        # it started (tests/hosts.py); its state dies with the temp dir.
+        proc.send_signal(signal.SIGKILL if name in cluster.hosted else signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -285,6 +337,21 @@ def stop(cluster: SlurmCluster) -> None:
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     try:
         cluster = start(tmp_path_factory.mktemp("slurm"))
+    except ClusterUnavailable as e:
+        pytest.skip(f"{SKIP_REASON}: {e}")
+    try:
+        yield cluster
+    finally:
+        stop(cluster)
+
+
+@pytest.fixture(scope="session")
+def slurm_two_nodes(
+    hosts: Hosts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SlurmCluster]:
+    """Two nodes, one on each of the session's hosts (see the module docstring)."""
+    try:
+        cluster = start(tmp_path_factory.mktemp("slurm_two_nodes"), hosts)
     except ClusterUnavailable as e:
         pytest.skip(f"{SKIP_REASON}: {e}")
     try:
