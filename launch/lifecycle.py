@@ -150,7 +150,10 @@ def run_jobs(
         if progress is not None:
             progress.ended(failed, wall_time(job) if ran else None, ran=ran)
         if fail_fast and failed and not failed_first:
+            # the sweep ends here: an ask-and-tell sweeper is not told, so that its study keeps
+            # the trial open and a resumed sweep runs it again, as it does the stopped ones
             failed_first.append((job, ret))
+            return
         if on_done is not None:
             on_done(job, ret)
 

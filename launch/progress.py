@@ -9,7 +9,6 @@ never mix; anywhere else (SLURM logs, CI, a pipe) it is a plain log line per cha
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from typing import IO, Any
@@ -70,11 +69,12 @@ class SweepProgress:
 
     def eta(self, pending: int) -> float | None:
         """The mean wall time of the finished jobs times the rounds of `parallel` jobs left
-        (the running ones count as half done). None before a job has finished."""
-        if not self.walls:
-            return None
+        (the running ones count as half done). None before a job has finished, or when none
+        is left."""
         left = pending + self.running / 2
-        return math.ceil(left / self.parallel * 10) / 10 * (sum(self.walls) / len(self.walls))
+        if not self.walls or not left:
+            return None
+        return left / self.parallel * (sum(self.walls) / len(self.walls))
 
     def update(self) -> None:
         text = self.line()
