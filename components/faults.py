@@ -1,4 +1,5 @@
-"""Fault injection for the fault-tolerance tests: HYDRA_DDP_FAULT="<kind>@<step>[:<rank>]".
+"""Fault injection for the fault-tolerance tests:
+HYDRA_DDP_FAULT="<kind>@<step>[:<rank>][/<job>][,<another>...]" (`/<job>`: in that sweep job only).
 
 kinds: `raise` (an exception), `kill` (SIGKILL this rank), `nan` (this rank's loss becomes NaN),
 `stall` (at its step this rank waits, up to STALL_MAX_S, until a signal has reached it: a test
@@ -24,15 +25,19 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def _parse(spec: str | None) -> tuple[str, int, int | None] | None:
-    if not spec:
-        return None
-    kind, _, where = spec.partition("@")
-    step, _, rank = where.partition(":")
-    return kind, int(step), int(rank) if rank else None
+def _parse(specs: str | None) -> list[tuple[str, int, int | None, int | None]]:
+    faults = []
+    for spec in (specs or "").split(","):
+        if not spec:
+            continue
+        kind, _, where = spec.partition("@")
+        where, _, job = where.partition("/")
+        step, _, rank = where.partition(":")
+        faults.append((kind, int(step), int(rank) if rank else None, int(job) if job else None))
+    return faults
 
 
-FAULT = _parse(os.environ.get("HYDRA_DDP_FAULT"))
+FAULTS = _parse(os.environ.get("HYDRA_DDP_FAULT"))
 STALL_MAX_S = 120.0
 
 
@@ -73,20 +78,28 @@ STALL = Stall()
 
 def inject(step: int, rank: int, loss: torch.Tensor) -> torch.Tensor:
     """Called once per step with the step number about to complete."""
-    if FAULT is None or FAULT[1] < step or FAULT[2] not in (None, rank):
+    for fault in FAULTS:
+        loss = _inject(fault, step, rank, loss)
+    return loss
+
+
+def _inject(
+    fault: tuple[str, int, int | None, int | None], step: int, rank: int, loss: torch.Tensor
+) -> torch.Tensor:
+    kind, at, only_rank, job = fault
+    if at < step or only_rank not in (None, rank) or not _in_job(job):
         return loss
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return loss  # a restarted worker runs clean: the fault was the first attempt's
     if int(os.environ.get(ATTEMPT_ENV) or 1) > 1:
         return loss  # so does a job the launcher started again
-    kind = FAULT[0]
     if kind == "stall":
-        if step < FAULT[1]:
+        if step < at:
             STALL.arm()  # a signal from now on ends the wait at the stall step
         else:
             STALL.wait(STALL_MAX_S)
         return loss
-    if step != FAULT[1]:
+    if step != at:
         return loss
     if kind == "raise":
         raise InjectedFault(f"injected fault at step {step} on rank {rank}")
@@ -95,3 +108,12 @@ def inject(step: int, rank: int, loss: torch.Tensor) -> torch.Tensor:
     if kind == "nan":
         return loss * float("nan")
     return loss
+
+
+def _in_job(job: int | None) -> bool:
+    """Whether this rank runs sweep job `job` (None: any run)."""
+    if job is None:
+        return True
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and int(HydraConfig.get().job.num) == job

@@ -154,6 +154,8 @@ class Attempt:
     backend: dict | None = (
         None  # what its backend needs to find it again (launch/lifecycle.py: opaque)
     )
+    # the code and config it ran (launch/drift.py): commit, dirty, diff_sha256, config_sha256
+    code: dict | None = None
 
 
 @dataclass
@@ -161,6 +163,9 @@ class LaunchRecord:
     job_num: int
     overrides: list[str]
     attempts: list[Attempt] = field(default_factory=list)
+    # the job's resolved config at its first recorded attempt, flat {key: JSON value}: a resumed
+    # job names the keys that changed since (launch/drift.py)
+    config: dict[str, str] | None = None
 
     @property
     def last(self) -> Attempt | None:
@@ -176,7 +181,13 @@ class LaunchRecord:
             Attempt(**{k: v for k, v in a.items() if k in known})
             for a in data.get("attempts") or []
         ]
-        return cls(int(data["job_num"]), [str(o) for o in data["overrides"]], attempts)
+        config = data.get("config")
+        return cls(
+            int(data["job_num"]),
+            [str(o) for o in data["overrides"]],
+            attempts,
+            dict(config) if isinstance(config, dict) else None,
+        )
 
 
 def read_launch_record(job_dir: Path) -> LaunchRecord | None:

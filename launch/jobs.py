@@ -68,6 +68,17 @@ class SweepStopped(CompactHydraException):
     preemption stops them and recorded; a resumed sweep continues them."""
 
 
+class FailedFast(Exception):  # noqa: N818 - it is how the sweep ended, not an error of ours
+    """hydra.launcher.fail_fast: `job` failed for good (after its retries) with `ret`; the
+    launcher stops the sweep (launch/lifecycle.py)."""
+
+    def __init__(self, job: Job, ret: Any) -> None:
+        self.job, self.ret = job, ret
+        error = job_value(ret)
+        self.reason = getattr(error, "reason", "") or describe(error)
+        super().__init__(f"job #{job.num} failed")
+
+
 class Interrupted(KeyboardInterrupt):
     """A stop signal the launcher received (:func:`stop_signals`), raised like Ctrl-C."""
 
@@ -80,6 +91,8 @@ def stop_reason(error: BaseException) -> str:
     """What stopped the launcher: the signal's name, or the error's type."""
     if isinstance(error, Interrupted):
         return error.signal_name
+    if isinstance(error, FailedFast):
+        return f"fail_fast: job #{error.job.num} failed"
     return "SIGINT" if isinstance(error, KeyboardInterrupt) else type(error).__name__
 
 

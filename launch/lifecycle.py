@@ -18,8 +18,11 @@ from typing import Any, Protocol
 
 from core import run_lock
 from core.errors import UserError, describe
+from core.naming import label, swept_values
 from core.run_dir import LAUNCH_FILE
+from launch.drift import check_on_drift
 from launch.jobs import (
+    FailedFast,
     Job,
     SweepStopped,
     compose_jobs,
@@ -30,6 +33,7 @@ from launch.jobs import (
     stop_reason,
     stop_signals,
 )
+from launch.progress import SweepProgress, wall_time
 from launch.report.callback import report_unfinished
 from launch.resume import (
     check_job_dir,
@@ -39,6 +43,7 @@ from launch.resume import (
     hold_sweep_lock,
     prepare_job,
     record_stopped,
+    refuse_drift,
     should_retry,
     start_attempt,
     update_attempt,
@@ -116,21 +121,39 @@ def run_jobs(
     retries: int = 0,
     sleep: Callable[[float], Any] = time.sleep,
     on_done: Callable[[Job, Any], Any] | None = None,
+    fail_fast: bool = False,
+    on_drift: str = "warn",
+    progress: SweepProgress | None = None,
 ) -> dict[int, Any]:
     """Run `jobs` through their whole life on `backend`; return {job num: final JobReturn}.
     The next job is taken from `jobs` only when the backend has room to start it now;
-    `on_done(job, ret)` hears of each job's final JobReturn at once (an ask-and-tell sweeper)."""
+    `on_done(job, ret)` hears of each job's final JobReturn at once (an ask-and-tell sweeper).
+    With `fail_fast` the first job that fails for good raises FailedFast: no job starts after
+    it, and the running ones are stopped and recorded as a stop signal would stop them.
+    `progress` hears of every start and end."""
     if retries < 0:
         raise UserError(f"hydra.launcher.retries={retries}: use 0 (no retry) or more")
+    check_on_drift(on_drift)
     if isinstance(jobs, Sequence):  # every job dir checked before any job starts
         for job in jobs:
             if job.in_sweep:
                 check_job_dir(job)
+                if resume and on_drift == "refuse":
+                    refuse_drift(job)
     results: dict[int, Any] = {}
+    failed_first: list[tuple[Job, Any]] = []  # with fail_fast: the job that ends the sweep
 
-    def done(job: Job, ret: Any) -> None:
+    def done(job: Job, ret: Any, ran: bool = True) -> None:
         run_lock.release(job.job_dir)  # held since its first attempt started (if by us)
         results[job.num] = ret
+        failed = ret.status.name == "FAILED"
+        if progress is not None:
+            progress.ended(failed, wall_time(job) if ran else None, ran=ran)
+        if fail_fast and failed and not failed_first:
+            # the sweep ends here: an ask-and-tell sweeper is not told, so that its study keeps
+            # the trial open and a resumed sweep runs it again, as it does the stopped ones
+            failed_first.append((job, ret))
+            return
         if on_done is not None:
             on_done(job, ret)
 
@@ -144,15 +167,17 @@ def run_jobs(
         if job is None:
             return False
         place(job, backend)
-        ret, attach = prepare_job(job, backend, resume=resume, retries=retries)
+        ret, attach = prepare_job(job, backend, resume=resume, retries=retries, on_drift=on_drift)
         if ret is None and attach is None and not job.error and job.in_sweep:
             ret = gate_job(job)  # the app's checks, the job dir's plan (core/gate.py)
         if ret is None and job.error:
             ret = job_done(job, failed_job_return(job, job.error, cause=UserError(job.error)))
         if ret is not None:
-            done(job, ret)
+            done(job, ret, ran=False)
         elif attach is not None:
             running.append((job, None, attach))
+            if progress is not None:
+                progress.started()
         else:
             pending.append(job)
         return True
@@ -160,7 +185,7 @@ def run_jobs(
     try:
         while True:
             batch = []
-            while pending or next_job():
+            while not failed_first and (pending or next_job()):
                 if not pending:
                     continue
                 job = pending[0]
@@ -171,6 +196,10 @@ def run_jobs(
                     break
                 pending.popleft()
                 batch.append((job, slot))
+            if failed_first:  # no job starts after it
+                for job, slot in batch:
+                    backend.release(job, slot)
+                raise FailedFast(*failed_first[0])
             if batch:
                 for job, _ in batch:
                     start_attempt(job, hold=backend.holds_job_dirs)  # launch.json
@@ -184,9 +213,13 @@ def run_jobs(
                 for (job, slot), handle in zip(batch, handles, strict=True):
                     running.append((job, slot, handle))
                     update_attempt(job, backend=backend.record(handle))
+                    if progress is not None:
+                        progress.started()
             if not running:
                 break
             sleep(backend.poll_s)
+            if progress is not None:
+                progress.draw()  # again, after the log lines that cleared it
             ended = backend.ended([handle for _, _, handle in running])
             for entry in [r for r in running if any(r[2] is h for h in ended)]:
                 running.remove(entry)
@@ -196,13 +229,15 @@ def run_jobs(
                 ret = finish(job, handle, backend)
                 if should_retry(job, ret):
                     pending.appendleft(job)  # next in line: it started before the others
+                    if progress is not None:
+                        progress.running -= 1
                 else:
                     done(job, ret)
     except BaseException as e:
         why = stop_reason(e)
         backend.stop([(job, handle) for job, _, handle in running], why)
         for job, _, _ in running:
-            record_stopped(job, why)
+            record_stopped(job, why, interrupted=isinstance(e, FailedFast))
         raise
     return results
 
@@ -211,7 +246,8 @@ class LifecycleLauncher:
     """Hydra's `Launcher.launch` (a batch) and `launch_stream` (jobs one at a time) through this
     lifecycle. A subclass names itself (`launcher_name`), says whether it can launch here
     (`check`: a UserError if not) and with what (`options`: backend, resume, retries, and
-    optionally stop_on, the signals that stop a sweep, and lock, one launcher per sweep dir)."""
+    fail_fast, on_drift, and optionally stop_on, the signals that stop a sweep, and lock, one
+    launcher per sweep dir)."""
 
     launcher_name = "launcher"
 
@@ -234,7 +270,7 @@ class LifecycleLauncher:
             jobs.extend(compose_jobs(self, job_overrides, initial_job_idx))
             return jobs
 
-        results = self.run_sweep(compose, first=initial_job_idx == 0)
+        results = self.run_sweep(compose, first=initial_job_idx == 0, total=len(job_overrides))
         return [results[job.num] for job in jobs]
 
     def launch_stream(
@@ -255,6 +291,7 @@ class LifecycleLauncher:
         jobs: Callable[[], Iterable[Job]],
         first: bool,
         on_done: Callable[[Job, Any], Any] | None = None,
+        total: int | None = None,
     ) -> dict[int, Any]:
         """:func:`run_jobs` on `jobs()` once Hydra's globals and logging are set, the sweeper
         checked and the sweep dir made (and locked unless `lock` is false). A stop signal ends
@@ -280,9 +317,26 @@ class LifecycleLauncher:
                     # resume=true also starts a sweep resumable: say which this is (a typo)
                     resuming = " (hydra.launcher.resume=true: no earlier jobs there, a new sweep)"
                 log.info("%s: sweep dir %s%s", self.launcher_name, sweep_dir, resuming)
+            parallel = getattr(opts["backend"], "limit", None) or total or 1
+            progress = SweepProgress(total, parallel)
             try:
-                with stop_signals(stop_on):
-                    results = run_jobs(jobs(), **opts, on_done=on_done)
+                try:
+                    with stop_signals(stop_on):
+                        results = run_jobs(jobs(), **opts, on_done=on_done, progress=progress)
+                finally:
+                    progress.close()
+            except FailedFast as e:
+                values = label(swept_values(e.job.overrides, e.job.swept), " ")
+                failed = (
+                    f"job #{e.job.num} ({values or ' '.join(e.job.overrides)}) failed: {e.reason}"
+                )
+                report_unfinished(self.config, f" (hydra.launcher.fail_fast: {failed})")
+                raise SweepStopped(
+                    f"hydra.launcher.fail_fast: {failed}; the sweep stopped there: no job "
+                    f"started after it, the running ones stopped and are recorded in their job "
+                    f"dirs; fix it, then rerun the same command with hydra.sweep.dir={sweep_dir} "
+                    "hydra.launcher.resume=true to continue the sweep"
+                ) from None
             except KeyboardInterrupt as e:
                 report_unfinished(self.config, f" (the sweep was stopped: {stop_reason(e)})")
                 raise SweepStopped(

@@ -50,6 +50,7 @@ from core.run_dir import (
     write_launch_record,
     write_result,
 )
+from launch.drift import drift_line, job_code
 from launch.jobs import STOPPED, write_launcher_result
 from launch.ranks.job_spec import job_return
 from launch.report.jobs import read_overrides
@@ -158,11 +159,14 @@ def check_job_dir(job: Any) -> LaunchRecord | None:
     return record
 
 
-def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[Any, Any]:
+def prepare_job(
+    job: Any, backend: Any, *, resume: bool, retries: int, on_drift: str = "warn"
+) -> tuple[Any, Any]:
     """Read a sweep job's records before it runs: check its dir holds this job, give it its
-    attempt count and retries, and with `resume` decide what to do with it. Returns (rank 0's
-    JobReturn when it completed earlier, else None; the `backend`'s handle of an earlier
-    attempt still running, to wait for, else None)."""
+    attempt count and retries, and with `resume` decide what to do with it, saying in one line
+    when its code or config changed since its first attempt (on_drift=refuse: a UserError).
+    Returns (rank 0's JobReturn when it completed earlier, else None; the `backend`'s handle of
+    an earlier attempt still running, to wait for, else None)."""
     from hydra.core.utils import JobStatus
 
     job.retries_left = retries
@@ -191,6 +195,10 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
     decision = decide(
         rank0_completed=completed, result=result, last=last, attachable=handle is not None
     )
+    if decision.action == "run" and (drift := drift_line(job, record)) is not None:
+        if on_drift == "refuse":
+            raise UserError(f"{drift}: hydra.launcher.on_drift=refuse (warn runs it anyway)")
+        log.warning("%s: it goes on (hydra.launcher.on_drift=refuse stops instead)", drift)
     if left_open and decision.action != "attach" and job.records:
         settle(job.job_dir, record, completed)
     label = f"#{job.num} {' '.join(job.overrides) or '(no overrides)'}"
@@ -208,6 +216,21 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
         again = " from its checkpoints" if has_checkpoints(job.job_dir) else ""
         log.info("%s: %s: runs again%s", label, decision.why, again)
     return None, None
+
+
+def refuse_drift(job: Any) -> None:
+    """Before any job of a resumed sweep starts (hydra.launcher.on_drift=refuse): a UserError
+    when this job would run again with other code or config than its first attempt's."""
+    record = read_launch_record(job.job_dir)
+    result = read_result(job.job_dir)
+    if record is None or (result is not None and result.status in ENDED):
+        return
+    drift = drift_line(job, record)
+    if drift is not None:
+        raise UserError(
+            f"{drift}: hydra.launcher.on_drift=refuse: nothing was started (on_drift=warn runs "
+            "it anyway; or resume from the commit and config it started with)"
+        )
 
 
 def continue_in_dir(job: Any) -> None:
@@ -255,7 +278,10 @@ def start_attempt(job: Any, hold: bool = True) -> None:
     continued = job.continues and has_checkpoints(job.job_dir)
     if job.in_sweep and job.records:
         record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))
-        record.attempts.append(Attempt(job.attempt, job.started, continued=continued))
+        code, flat = job_code(job.spec.config)
+        if record.config is None:
+            record.config = flat
+        record.attempts.append(Attempt(job.attempt, job.started, continued=continued, code=code))
         save_record(job.job_dir, record)
 
 
@@ -281,20 +307,23 @@ def close_attempt(job: Any, ret: Any) -> None:
     update_attempt(job, ended=time.time(), status=status, error=error)
 
 
-def record_stopped(job: Any, signal_name: str) -> str:
+def record_stopped(job: Any, signal_name: str, interrupted: bool = False) -> str:
     """A job the launcher stopped because it was asked to stop (SIGINT/SIGTERM): its run
     recorded `preempted` when it stopped at a checkpoint; a run that left no record of this
-    attempt gets result.json `interrupted`. Returns the status."""
+    attempt gets result.json `interrupted`. `interrupted`: the launcher stopped it on its own
+    (hydra.launcher.fail_fast), recorded `interrupted` either way. Returns the status."""
     result = read_result(job.job_dir, since=job.started) if job.started else None
     if result is None or result.status == "running":
         why = f"the sweep was stopped ({signal_name}) before the job ended"
         result = write_launcher_result(job, "interrupted", why)
     ctrl_c = not job.in_sweep and signal_name == "SIGINT"
-    if ctrl_c and result.status in ("preempted", "interrupted"):
-        # `python train.py dist.nproc_per_node=N` Ctrl-C'd: its ranks stopped at a checkpoint
-        # as preemption does, but the user stopped the run; resume=auto continues it
+    if (ctrl_c or interrupted) and result.status in ("preempted", "interrupted"):
+        # `python train.py dist.nproc_per_node=N` Ctrl-C'd, or a sweep job stopped by fail_fast:
+        # its ranks stopped at a checkpoint as preemption does, but no scheduler preempted it
+        # (the user or the launcher stopped it); resume=auto continues it
+        said = "Ctrl-C" if ctrl_c else signal_name
         result.status = "interrupted"
-        result.error = "interrupted (Ctrl-C)" + (
+        result.error = f"interrupted ({said})" + (
             result.error.partition("preempted")[2] if result.error.startswith("preempted") else ""
         )
         write_result(job.job_dir, result)

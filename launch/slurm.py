@@ -83,6 +83,8 @@ class DDPSlurmQueueConf(SlurmQueueConf):
     poll_interval_s: float = 5.0  # how often to ask SLURM (squeue, else sacct) about the jobs
     resume: bool = False  # continue the sweep in hydra.sweep.dir (launch/resume.py)
     retries: int = 0  # submit a failed job again up to N times (user errors: never)
+    fail_fast: bool = False  # the first failed job ends the sweep (the others cancelled)
+    on_drift: str = "warn"  # a resumed job's code or config changed: warn | refuse
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> DDPSlurmQueueConf:
@@ -117,6 +119,8 @@ class DDPSlurmLauncherBase(LifecycleLauncher, SlurmLauncher):
             "backend": SlurmBackend(self),
             "resume": bool(self.params.get("resume")),
             "retries": int(self.params.get("retries") or 0),
+            "fail_fast": bool(self.params.get("fail_fast")),
+            "on_drift": str(self.params.get("on_drift") or "warn"),
         }
 
     def check(self) -> None:

@@ -110,6 +110,12 @@ class TorchrunLauncherConf:
     # Start a failed job again (from its checkpoints) up to this many times; user errors are
     # not retried.
     retries: int = 0
+    # The first job that fails (after its retries) ends the sweep: no job starts after it, the
+    # running ones stop at a checkpoint (`interrupted`); resume=true continues the sweep.
+    fail_fast: bool = False
+    # A resumed job whose commit, uncommitted diff or config differs from its first attempt's:
+    # warn (one line per job, it runs) or refuse (one line, exit 2, nothing runs).
+    on_drift: str = "warn"
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> TorchrunLauncherConf:
@@ -152,6 +158,8 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
             "backend": TorchrunBackend(s, warm=self.warm),
             "resume": s.resume,
             "retries": s.retries,
+            "fail_fast": s.fail_fast,
+            "on_drift": s.on_drift,
             "stop_on": (signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
             "lock": s.rdzv_endpoint is None,
         }

@@ -415,7 +415,7 @@ def test_a_stall_fault_waits_at_its_step_until_a_signal_has_arrived(monkeypatch)
     """HYDRA_DDP_FAULT=stall@3: steps before it pass; step 3 waits until a signal reaches the
     process (its handler runs as usual), not for STALL_MAX_S; a signal that came after the
     first step but before the stall step ends the wait at once."""
-    monkeypatch.setattr(faults, "FAULT", ("stall", 3, None))
+    monkeypatch.setattr(faults, "FAULTS", [("stall", 3, None, None)])
     monkeypatch.setattr(faults, "STALL_MAX_S", 60.0)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     monkeypatch.delenv(ATTEMPT_ENV, raising=False)

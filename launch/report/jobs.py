@@ -71,6 +71,9 @@ class JobSummary:
     target: dict[str, Any] | None = None
     wandb_run_id: str | None = None
     attempts: int | None = None  # launch.json's: a launcher's retries and resumed sweeps
+    # the commit(s) it ran: its attempts' in launch.json (a→b when a resume changed it), else
+    # result.json's git_commit; 8 hex digits, `+` when the tree was dirty (None: not known)
+    commits: list[str] = field(default_factory=list)
     # An eval.py job (eval.json, no result.json): its split and what it measured there.
     split: str | None = None
     eval: dict[str, float] = field(default_factory=dict)  # acc, acc5, loss, ece
@@ -289,6 +292,24 @@ def read_eval_job(job_dir: Path, evaluation: dict[str, Any]) -> JobSummary:
     )
 
 
+def _commits(job_dir: Path, result: RunResult | None) -> list[str]:
+    """The commits the job's attempts ran, in order (launch/drift.py's `code` entries), else
+    its result.json's."""
+
+    def short(commit: str, dirty: bool | None) -> str:
+        return commit[:8] + ("+" if dirty else "")
+
+    record = read_launch_record(job_dir)
+    found = [
+        short(a.code["commit"], a.code.get("dirty"))
+        for a in (record.attempts if record is not None else [])
+        if a.code and a.code.get("commit")
+    ]
+    if not found and result is not None and result.git_commit:
+        found = [short(result.git_commit, result.git_dirty)]
+    return list(dict.fromkeys(found))
+
+
 def _attempts(job_dir: Path) -> int | None:
     """How many times the launcher started the job (launch.json's attempts; None: no record)."""
     record = read_launch_record(job_dir)
@@ -343,6 +364,7 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
         target=result.target,
         wandb_run_id=result.wandb_run_id,
         attempts=_attempts(job_dir),
+        commits=_commits(job_dir, result if result_path.is_file() else None),
         val_curve=curve,
         train_curve=derived["train_curve"],
     )

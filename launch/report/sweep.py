@@ -26,7 +26,7 @@ from launch.report.jobs import (
     sweep_monitor,
 )
 from launch.report.seeds import DEFAULT_OVER
-from launch.report.tables import csv_text, format_markdown, format_table
+from launch.report.tables import csv_text, format_markdown, format_table, mixed_commits
 from launch.report.wandb_run import log_to_wandb, wandb_settings
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,9 @@ def write_files(summary: SweepSummary, aggregate: Sequence[str]) -> None:
 def tables_text(summary: SweepSummary, aggregate: Sequence[str]) -> str:
     """The job table, then the seeds table when jobs were aggregated."""
     text = format_table(summary.rows, summary.swept_keys)
+    mixed = mixed_commits(summary.rows)
+    if mixed:
+        text += f"\n\nWarning: {mixed}"
     if summary.groups:
         text += "\n\n" + format_groups(summary.groups, summary.swept_keys, aggregate)
     if summary.unreadable:

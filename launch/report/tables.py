@@ -72,7 +72,22 @@ def columns(rows: Sequence[JobSummary], keys: Sequence[str], brief: bool = False
     ]
     if any((r.attempts or 0) > 1 for r in rows):  # retried or resumed: how many starts each
         cols.append(Column("attempts", "attempts", lambda r: r.attempts))
+    if any(r.commits for r in rows):  # a→b: resumed after a commit (launch/drift.py)
+        cols.append(Column("commit", "commit", lambda r: "→".join(r.commits) or None, False, str))
     return cols
+
+
+def mixed_commits(rows: Sequence[JobSummary]) -> str | None:
+    """One line when the sweep's jobs ran more than one commit (or dirty tree): which jobs ran
+    which; None when they all ran the same code."""
+    jobs: dict[str, list[str]] = {}
+    for row in rows:
+        for commit in row.commits:
+            jobs.setdefault(commit, []).append(row.job)
+    if len(jobs) < 2:
+        return None
+    each = "; ".join(f"{c} (jobs {', '.join(j)})" for c, j in jobs.items())
+    return f"mixed commits: the jobs ran {len(jobs)} versions of the code: {each}"
 
 
 def _cell(col: Column, row: JobSummary) -> str:
@@ -142,6 +157,9 @@ def format_markdown(summary: SweepSummary, title: str = "") -> str:
         f"{len(rows)} jobs, {sum(r.status == 'completed' for r in rows)} completed; "
         f"ranked by `{summary.ranked_by}` ({summary.mode})."
     )
+    mixed = mixed_commits(rows)
+    if mixed:
+        lines += ["", f"**Warning: {mixed}.**"]
     table = [["rank", *(c.header for c in cols), "error"]]
     table += [[str(i), *(_cell(c, r) for c in cols), r.error or ""] for i, r in enumerate(rows, 1)]
     align = ["---:", *("---:" if c.numeric else "---" for c in cols), "---"]
