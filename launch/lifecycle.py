@@ -250,6 +250,35 @@ class LifecycleLauncher:
 
         self.run_sweep(lambda: feed, first=True, on_done=ended)
 
+    def preview(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, notes: Sequence[str] = ()
+    ) -> None:
+        """hydra.launcher.dry_run=true (launch/preview.py): compose and check the jobs as
+        :meth:`launch` would, print one row each, start none, write nothing; a job that fails
+        its checks is one line naming it, exit status 2."""
+        from hydra.core.utils import setup_globals
+
+        from launch.preview import preview_jobs, print_table
+
+        with launcher_errors():
+            self.check()
+            opts = self.options()
+            setup_globals()
+            check_sweeper(self.config, opts["resume"])
+            jobs = compose_jobs(self, job_overrides, initial_job_idx)
+            rows, errors = preview_jobs(jobs, opts["backend"], resume=opts["resume"])
+            for error in errors:  # one line per job that would fail its checks
+                log.error("%s", error)
+            if errors:
+                raise SystemExit(UserError.exit_code)
+            sweep_dir = Path(str(self.config.hydra.sweep.dir))
+            resuming = " (resuming)" if opts["resume"] else ""
+            title = (
+                f"{self.launcher_name}, dry run: {len(rows)} job(s) in {sweep_dir}{resuming}; "
+                "nothing started, nothing written"
+            )
+            print_table(title, rows, notes)
+
     def run_sweep(
         self,
         jobs: Callable[[], Iterable[Job]],

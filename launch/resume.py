@@ -185,12 +185,8 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
                 job.job_dir,
             )
         return None, None
-    ret = backend.earlier_return(job, last)
+    decision, ret, handle = resume_decision(job, backend, record, result)
     completed = ret is not None and ret.status == JobStatus.COMPLETED
-    handle = backend.reattach(job, last) if left_open and not completed else None
-    decision = decide(
-        rank0_completed=completed, result=result, last=last, attachable=handle is not None
-    )
     if left_open and decision.action != "attach" and job.records:
         settle(job.job_dir, record, completed)
     label = f"#{job.num} {' '.join(job.overrides) or '(no overrides)'}"
@@ -208,6 +204,25 @@ def prepare_job(job: Any, backend: Any, *, resume: bool, retries: int) -> tuple[
         again = " from its checkpoints" if has_checkpoints(job.job_dir) else ""
         log.info("%s: %s: runs again%s", label, decision.why, again)
     return None, None
+
+
+def resume_decision(
+    job: Any, backend: Any, record: LaunchRecord | None, result: RunResult | None
+) -> tuple[Decision, Any, Any]:
+    """What a resumed sweep does with `job` (:func:`decide`), changing nothing: the decision,
+    rank 0's JobReturn of its last attempt (if any) and the `backend`'s handle of that attempt
+    when it still runs without its launcher. prepare_job acts on it; launch/preview.py shows it."""
+    from hydra.core.utils import JobStatus
+
+    last = record.last if record is not None else None
+    ret = backend.earlier_return(job, last)
+    completed = ret is not None and ret.status == JobStatus.COMPLETED
+    left_open = last is not None and last.ended is None
+    handle = backend.reattach(job, last) if left_open and not completed else None
+    decision = decide(
+        rank0_completed=completed, result=result, last=last, attachable=handle is not None
+    )
+    return decision, ret, handle
 
 
 def continue_in_dir(job: Any) -> None:

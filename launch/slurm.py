@@ -83,6 +83,7 @@ class DDPSlurmQueueConf(SlurmQueueConf):
     poll_interval_s: float = 5.0  # how often to ask SLURM (squeue, else sacct) about the jobs
     resume: bool = False  # continue the sweep in hydra.sweep.dir (launch/resume.py)
     retries: int = 0  # submit a failed job again up to N times (user errors: never)
+    dry_run: bool = False  # print each job's row (launch/preview.py), submit none
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> DDPSlurmQueueConf:
@@ -270,6 +271,15 @@ class SlurmBackend:
             job, params, settings.submitit_folder, settings.max_num_timeout
         )
 
+    def preview_resources(self, job: Job, _slot: bool) -> str:
+        """A dry run's word for the job's submission: the resource options of the sbatch script
+        submitit would write for it (launch/preview.py)."""
+        return " ".join(sbatch_resources(self.plans[job.num]))
+
+    @staticmethod
+    def preview_attempt(s: Submitted) -> str:
+        return f"SLURM job {s.slurm.job_id}"
+
     @staticmethod
     def reserve(_job: Job) -> bool:
         return True  # SLURM queues it
@@ -403,6 +413,26 @@ class SlurmBackend:
                 time.sleep(1.0)
         except KeyboardInterrupt:
             log.warning("not waiting for the cancelled jobs to end")
+
+
+# sbatch options of the batch script that are not resources: files, names, signals.
+NOT_RESOURCES = ("output", "error", "job-name", "open-mode", "wckey", "signal", "requeue")
+
+
+def sbatch_resources(s: Submitted) -> list[str]:
+    """The resource options (`--nodes=1`, `--ntasks-per-node=2`, `--time=60` ...) of the batch
+    script submitit writes for `s`: its own text (SlurmExecutor's, as it submits), read back,
+    so a dry run says what sbatch would get. Nothing is written or submitted."""
+    import submitit
+
+    executor = submitit.AutoExecutor(
+        folder=s.folder, cluster="slurm", slurm_max_num_timeout=s.max_num_timeout
+    )
+    executor.update_parameters(**s.params)
+    # submitit has no public way to the script's text without submitting it
+    text = executor._executor._make_submission_file_text("", "preview")  # noqa: SLF001
+    options = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("#SBATCH ")]
+    return [o for o in options if o.lstrip("-").split("=")[0] not in NOT_RESOURCES]
 
 
 def note_state(s: Submitted, state: str) -> None:
