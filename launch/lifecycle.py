@@ -251,7 +251,10 @@ class LifecycleLauncher:
         self.run_sweep(lambda: feed, first=True, on_done=ended)
 
     def preview(
-        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, notes: Sequence[str] = ()
+        self,
+        job_overrides: Sequence[Sequence[str]],
+        initial_job_idx: int,
+        notes: Sequence[str] = (),
     ) -> None:
         """hydra.launcher.dry_run=true (launch/preview.py): compose and check the jobs as
         :meth:`launch` would, print one row each, start none, write nothing; a job that fails

@@ -30,6 +30,7 @@ from launch.jobs import Job, launcher_errors
 
 log = logging.getLogger(__name__)
 
+
 def install() -> None:
     """Hydra's multirun, for this process: a config with hydra.launcher.dry_run=true previews
     its sweep (:func:`preview_multirun`); any other runs as before. Hydra has no hook between
@@ -41,8 +42,13 @@ def install() -> None:
     multirun = Hydra.multirun
 
     @functools.wraps(multirun)
-    def multirun_or_preview(self: Any, config_name: Any, task_function: Any, overrides: Any,
-                            with_log_configuration: bool = True) -> Any:
+    def multirun_or_preview(
+        self: Any,
+        config_name: Any,
+        task_function: Any,
+        overrides: Any,
+        with_log_configuration: bool = True,
+    ) -> Any:
         from hydra.types import RunMode
 
         cfg = self.compose_config(
@@ -64,10 +70,10 @@ def preview_multirun(cfg: Any, config_loader: Any, task_function: Any) -> None:
     """Hydra's multirun up to the sweep, read-only: the gate's sweep checks (core/gate.py's
     check_sweep, as on_multirun_start runs them), the sweeper and its launcher set up, then the
     sweeper's jobs previewed instead of launched. No callback runs: nothing is written."""
+    from hydra._internal.callbacks import Callbacks
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.plugins import Plugins
     from hydra.core.utils import setup_globals
-    from hydra._internal.callbacks import Callbacks
 
     from core.gate import check_sweep
     from core.hydra_compat import hydra_context
@@ -119,7 +125,9 @@ def preview_jobs(jobs: list[Job], backend: Any, resume: bool) -> tuple[list[dict
             what = None
             record = check_job_dir(job)
             if resume:
-                decision, _, handle = resume_decision(job, backend, record, read_result(job.job_dir))
+                decision, _, handle = resume_decision(
+                    job, backend, record, read_result(job.job_dir)
+                )
                 if decision.action == "done":
                     what = f"skip ({decision.why})"
                 elif decision.action == "attach":
@@ -182,7 +190,9 @@ def gate_row(job: Job) -> str:
         if entry is not None:
             return f"continue from step {entry.step} (epoch {entry.epochs})"
         return "start fresh (no checkpoint)"
-    return "start fresh" + (f" (replaces the earlier run: {plan.replaces})" if plan.replaces else "")
+    return "start fresh" + (
+        f" (replaces the earlier run: {plan.replaces})" if plan.replaces else ""
+    )
 
 
 def print_table(title: str, rows: list[dict], notes: Sequence[str] = ()) -> None:
