@@ -90,8 +90,19 @@ def search_as_multirun(argv: list[str]) -> list[str]:
     return [argv[0], "-m", *argv[1:]]
 
 
+DRY_RUN_ARG = re.compile(r"^\+{0,2}hydra\.launcher\.dry_run=(?!(false|False|0|no)$)")
+
+
+def dry_run_requested(overrides: list[str]) -> bool:
+    """Whether command-line overrides ask for a dry run (hydra.launcher.dry_run=true)."""
+    return any(DRY_RUN_ARG.match(str(arg)) for arg in overrides)
+
+
 def dry_run_as_multirun(argv: list[str]) -> list[str]:
-    """`argv` with -m added for a dry run (hydra.launcher.dry_run=true previews a sweep)."""
+    """`argv` with -m added for a dry run (hydra.launcher.dry_run=true previews a sweep:
+    launch/preview.py)."""
+    if not dry_run_requested(argv[1:]):
+        return argv
     if MULTIRUN_FLAGS & set(argv[1:]) or INTROSPECTION_FLAGS & set(argv[1:]):
         return argv
     return [argv[0], "-m", *argv[1:]]

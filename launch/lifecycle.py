@@ -16,9 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from omegaconf import OmegaConf
+
 from core import run_lock
 from core.errors import UserError, describe
 from core.run_dir import LAUNCH_FILE
+from launch import preview
 from launch.jobs import (
     Job,
     SweepStopped,
@@ -295,6 +298,12 @@ class LifecycleLauncher:
         from hydra.core.utils import setup_globals
 
         with launcher_errors():
+            if OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False):
+                raise UserError(
+                    "hydra.launcher.dry_run=true is read from the command line (set in a config "
+                    "file, it reaches the launcher after the sweeper wrote the sweep dir): pass "
+                    "it there"
+                )
             self.check()
             opts = self.options()
             stop_on = opts.pop("stop_on", (signal.SIGINT, signal.SIGTERM))
@@ -349,3 +358,6 @@ class JobFeed:
 
     def ended(self) -> None:
         self.running -= 1
+
+
+preview.install()  # hydra.launcher.dry_run=true on the command line (launch/preview.py)

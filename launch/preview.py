@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from core.errors import UserError
 from core.gate import NothingToDo, check_start, gate_of
+from core.hydra_compat import dry_run_requested
 from core.run_dir import CHECKPOINT_DIR, read_result
 from launch.jobs import Job, launcher_errors
 
@@ -32,9 +33,11 @@ log = logging.getLogger(__name__)
 
 
 def install() -> None:
-    """Hydra's multirun, for this process: a config with hydra.launcher.dry_run=true previews
-    its sweep (:func:`preview_multirun`); any other runs as before. Hydra has no hook between
-    composing a sweep and its sweeper's first write: the method is wrapped, once."""
+    """Hydra's multirun, for this process: a command line with hydra.launcher.dry_run=true
+    previews its sweep (:func:`preview_multirun`); any other runs as before, untouched. Hydra
+    has no hook between composing a sweep and its sweeper's first write: the method is
+    wrapped, once, when the launchers' module is imported (Hydra's plugin scan imports it
+    before it composes), so any Hydra app with these launchers gets it."""
     from hydra._internal.hydra import Hydra
 
     if getattr(Hydra.multirun, "previews", False):
@@ -51,6 +54,8 @@ def install() -> None:
     ) -> Any:
         from hydra.types import RunMode
 
+        if not dry_run_requested(overrides):
+            return multirun(self, config_name, task_function, overrides, with_log_configuration)
         cfg = self.compose_config(
             config_name=config_name,
             overrides=overrides,

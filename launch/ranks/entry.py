@@ -56,12 +56,7 @@ def entry_point(
 
     check_sweeper_params(sys.argv)
     argv = search_as_multirun(sys.argv)
-    if "RANK" not in os.environ and dry_run_requested(argv):
-        from launch import preview
-
-        preview.install()  # Hydra's multirun previews the sweep (launch/preview.py)
-        argv = dry_run_as_multirun(argv)
-    sys.argv = prepare_argv(argv)
+    sys.argv = prepare_argv(dry_run_as_multirun(argv))
     yaml_errors_as_user_errors()
     hydra_keeps_ctrl_c()
     conf = Path(script).resolve().parent / "conf"
@@ -85,14 +80,6 @@ def entry_point(
             raise SystemExit(user_error.exit_code) from None
         raise
     raise SystemExit(0)
-
-
-DRY_RUN_ARG = re.compile(r"^\+{0,2}hydra\.launcher\.dry_run=(?!(false|False|0|no)$)")
-
-
-def dry_run_requested(argv: list[str]) -> bool:
-    """Whether the command line asks for a dry run (hydra.launcher.dry_run=true)."""
-    return any(DRY_RUN_ARG.match(arg) for arg in argv[1:])
 
 
 def print_help(conf: Path, config_name: str, overrides: list[str]) -> None:
