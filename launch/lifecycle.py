@@ -21,7 +21,6 @@ from omegaconf import OmegaConf
 from core import run_lock
 from core.errors import UserError, describe
 from core.run_dir import LAUNCH_FILE
-from launch import preview
 from launch.jobs import (
     Job,
     SweepStopped,
@@ -272,7 +271,7 @@ class LifecycleLauncher:
             setup_globals()
             check_sweeper(self.config, opts["resume"])
             jobs = compose_jobs(self, job_overrides, initial_job_idx)
-            rows, errors = preview_jobs(jobs, opts["backend"], resume=opts["resume"])
+            rows, errors = preview_jobs(jobs, opts["backend"], opts["resume"], place)
             for error in errors:  # one line per job that would fail its checks
                 log.error("%s", error)
             if errors:
@@ -358,6 +357,3 @@ class JobFeed:
 
     def ended(self) -> None:
         self.running -= 1
-
-
-preview.install()  # hydra.launcher.dry_run=true on the command line (launch/preview.py)

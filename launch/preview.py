@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,9 +115,11 @@ def basic_sweep_jobs(sweeper: Any, arguments: list[str]) -> list[list[str]]:
     return [list(job) for batch in batches for job in batch]
 
 
-def preview_jobs(jobs: list[Job], backend: Any, resume: bool) -> tuple[list[dict], list[str]]:
-    """Each job's row (or its one-line error), from what its launch would do."""
-    from launch.lifecycle import place
+def preview_jobs(
+    jobs: list[Job], backend: Any, resume: bool, place: Callable[[Job, Any], None]
+) -> tuple[list[dict], list[str]]:
+    """Each job's row (or its one-line error), from what its launch would do; `place`:
+    launch/lifecycle.py's, which places a job on the backend."""
     from launch.resume import check_job_dir, continue_in_dir, resume_decision
 
     rows, errors = [], []

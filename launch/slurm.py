@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import UserError, job_value
 from core.run_dir import read_result
 from core.world import check_gpus, job_world, parse_count
+from launch import preview
 from launch.jobs import (
     Job,
     configure_sweep_logging,
@@ -96,6 +97,7 @@ class DDPSlurmQueueConf(SlurmQueueConf):
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="ddp_slurm", node=DDPSlurmQueueConf)
+preview.install()  # hydra.launcher.dry_run=true on the command line (launch/preview.py)
 
 
 class DDPSlurmLauncherBase(LifecycleLauncher, SlurmLauncher):

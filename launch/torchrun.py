@@ -44,6 +44,7 @@ from core.world import (
     visible_gpu_ids,
     visible_gpus,
 )
+from launch import preview
 from launch.jobs import (
     Job,
     configure_sweep_logging,
@@ -119,6 +120,7 @@ class TorchrunLauncherConf:
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="torchrun", node=TorchrunLauncherConf)
+preview.install()  # hydra.launcher.dry_run=true on the command line (launch/preview.py)
 
 
 class TorchrunLauncherBase(LifecycleLauncher, Launcher):
