@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import sys
 from typing import Any
 
 import hydra
@@ -65,11 +66,44 @@ def hydra_context(**fields: Any) -> HydraContext:
     return HydraContext(**fields)
 
 
+# Hydra's flags that print the config or its sources instead of running (--cfg job, --info)
+INTROSPECTION_FLAGS = {"--cfg", "-c", "--info", "-i"}
+
+
 def search_as_multirun(argv: list[str]) -> list[str]:
     """`argv` with -m added when it picks a search config (`hparams_search=<name>`) without
     -m/--multirun: what the search configs' own `hydra.mode: MULTIRUN` says, where Hydra 1.4
-    reads it."""
-    if MULTIRUN_FLAGS & set(argv[1:]) or not any(_SEARCH_OVERRIDE.match(a) for a in argv[1:]):
+    reads it. With --cfg or --info (Hydra prints configs in RUN mode only: "Only one of --run,
+    --multirun, --cfg, --info ... can be specified"), the search's job config is printed as a
+    run's, with one line saying what a trial adds and how to preview the trials."""
+    if not any(_SEARCH_OVERRIDE.match(a) for a in argv[1:]):
+        return argv
+    if INTROSPECTION_FLAGS & set(argv[1:]):
+        print(
+            "a search config: this is its jobs' config before each trial's hydra.sweeper.params; "
+            "hydra.launcher.dry_run=true (without --cfg/--info) previews its first trials",
+            file=sys.stderr,
+        )
+        return [a for a in argv if a not in MULTIRUN_FLAGS] + ["hydra.mode=RUN"]
+    if MULTIRUN_FLAGS & set(argv[1:]):
+        return argv
+    return [argv[0], "-m", *argv[1:]]
+
+
+DRY_RUN_ARG = re.compile(r"^\+{0,2}hydra\.launcher\.dry_run=(?!(false|False|0|no)$)")
+
+
+def dry_run_requested(overrides: list[str]) -> bool:
+    """Whether command-line overrides ask for a dry run (hydra.launcher.dry_run=true)."""
+    return any(DRY_RUN_ARG.match(str(arg)) for arg in overrides)
+
+
+def dry_run_as_multirun(argv: list[str]) -> list[str]:
+    """`argv` with -m added for a dry run (hydra.launcher.dry_run=true previews a sweep:
+    launch/preview.py)."""
+    if not dry_run_requested(argv[1:]):
+        return argv
+    if MULTIRUN_FLAGS & set(argv[1:]) or INTROSPECTION_FLAGS & set(argv[1:]):
         return argv
     return [argv[0], "-m", *argv[1:]]
 

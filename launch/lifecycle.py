@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from omegaconf import OmegaConf
+
 from core import run_lock
 from core.errors import UserError, describe
 from core.naming import label, swept_values
@@ -286,6 +288,38 @@ class LifecycleLauncher:
 
         self.run_sweep(lambda: feed, first=True, on_done=ended)
 
+    def preview(
+        self,
+        job_overrides: Sequence[Sequence[str]],
+        initial_job_idx: int,
+        notes: Sequence[str] = (),
+    ) -> None:
+        """hydra.launcher.dry_run=true (launch/preview.py): compose and check the jobs as
+        :meth:`launch` would, print one row each, start none, write nothing; a job that fails
+        its checks is one line naming it, exit status 2."""
+        from hydra.core.utils import setup_globals
+
+        from launch.preview import preview_jobs, print_table
+
+        with launcher_errors():
+            self.check()
+            opts = self.options()
+            setup_globals()
+            check_sweeper(self.config, opts["resume"])
+            jobs = compose_jobs(self, job_overrides, initial_job_idx)
+            rows, errors = preview_jobs(jobs, opts["backend"], opts["resume"], place)
+            for error in errors:  # one line per job that would fail its checks
+                log.error("%s", error)
+            if errors:
+                raise SystemExit(UserError.exit_code)
+            sweep_dir = Path(str(self.config.hydra.sweep.dir))
+            resuming = " (resuming)" if opts["resume"] else ""
+            title = (
+                f"{self.launcher_name}, dry run: {len(rows)} job(s) in {sweep_dir}{resuming}; "
+                "nothing started, nothing written"
+            )
+            print_table(title, rows, notes)
+
     def run_sweep(
         self,
         jobs: Callable[[], Iterable[Job]],
@@ -300,6 +334,12 @@ class LifecycleLauncher:
         from hydra.core.utils import setup_globals
 
         with launcher_errors():
+            if OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False):
+                raise UserError(
+                    "hydra.launcher.dry_run=true is read from the command line (set in a config "
+                    "file, it reaches the launcher after the sweeper wrote the sweep dir): pass "
+                    "it there"
+                )
             self.check()
             opts = self.options()
             stop_on = opts.pop("stop_on", (signal.SIGINT, signal.SIGTERM))

@@ -189,12 +189,8 @@ def prepare_job(
                 job.job_dir,
             )
         return None, None
-    ret = backend.earlier_return(job, last)
+    decision, ret, handle = resume_decision(job, backend, record, result)
     completed = ret is not None and ret.status == JobStatus.COMPLETED
-    handle = backend.reattach(job, last) if left_open and not completed else None
-    decision = decide(
-        rank0_completed=completed, result=result, last=last, attachable=handle is not None
-    )
     if decision.action == "run" and (drift := drift_line(job, record)) is not None:
         if on_drift == "refuse":
             raise UserError(f"{drift}: hydra.launcher.on_drift=refuse (warn runs it anyway)")
@@ -231,6 +227,25 @@ def refuse_drift(job: Any) -> None:
             f"{drift}: hydra.launcher.on_drift=refuse: nothing was started (on_drift=warn runs "
             "it anyway; or resume from the commit and config it started with)"
         )
+
+
+def resume_decision(
+    job: Any, backend: Any, record: LaunchRecord | None, result: RunResult | None
+) -> tuple[Decision, Any, Any]:
+    """What a resumed sweep does with `job` (:func:`decide`), changing nothing: the decision,
+    rank 0's JobReturn of its last attempt (if any) and the `backend`'s handle of that attempt
+    when it still runs without its launcher. prepare_job acts on it; launch/preview.py shows it."""
+    from hydra.core.utils import JobStatus
+
+    last = record.last if record is not None else None
+    ret = backend.earlier_return(job, last)
+    completed = ret is not None and ret.status == JobStatus.COMPLETED
+    left_open = last is not None and last.ended is None
+    handle = backend.reattach(job, last) if left_open and not completed else None
+    decision = decide(
+        rank0_completed=completed, result=result, last=last, attachable=handle is not None
+    )
+    return decision, ret, handle
 
 
 def continue_in_dir(job: Any) -> None:

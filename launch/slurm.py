@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import UserError, job_value
 from core.run_dir import read_result
 from core.world import check_gpus, job_world, parse_count
+from launch import preview
 from launch.jobs import (
     Job,
     configure_sweep_logging,
@@ -85,6 +86,7 @@ class DDPSlurmQueueConf(SlurmQueueConf):
     retries: int = 0  # submit a failed job again up to N times (user errors: never)
     fail_fast: bool = False  # the first failed job ends the sweep (the others cancelled)
     on_drift: str = "warn"  # a resumed job's code or config changed: warn | refuse
+    dry_run: bool = False  # print each job's row (launch/preview.py), submit none
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> DDPSlurmQueueConf:
@@ -97,6 +99,7 @@ class DDPSlurmQueueConf(SlurmQueueConf):
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="ddp_slurm", node=DDPSlurmQueueConf)
+preview.install()  # hydra.launcher.dry_run=true on the command line (launch/preview.py)
 
 
 class DDPSlurmLauncherBase(LifecycleLauncher, SlurmLauncher):
@@ -274,6 +277,15 @@ class SlurmBackend:
             job, params, settings.submitit_folder, settings.max_num_timeout
         )
 
+    def preview_resources(self, job: Job, _slot: bool) -> str:
+        """A dry run's word for the job's submission: the resource options of the sbatch script
+        submitit would write for it (launch/preview.py)."""
+        return " ".join(sbatch_resources(self.plans[job.num]))
+
+    @staticmethod
+    def preview_attempt(s: Submitted) -> str:
+        return f"SLURM job {s.slurm.job_id}"
+
     @staticmethod
     def reserve(_job: Job) -> bool:
         return True  # SLURM queues it
@@ -407,6 +419,26 @@ class SlurmBackend:
                 time.sleep(1.0)
         except KeyboardInterrupt:
             log.warning("not waiting for the cancelled jobs to end")
+
+
+# sbatch options of the batch script that are not resources: files, names, signals.
+NOT_RESOURCES = ("output", "error", "job-name", "open-mode", "wckey", "signal", "requeue")
+
+
+def sbatch_resources(s: Submitted) -> list[str]:
+    """The resource options (`--nodes=1`, `--ntasks-per-node=2`, `--time=60` ...) of the batch
+    script submitit writes for `s`: its own text (SlurmExecutor's, as it submits), read back,
+    so a dry run says what sbatch would get. Nothing is written or submitted."""
+    import submitit
+
+    executor = submitit.AutoExecutor(
+        folder=s.folder, cluster="slurm", slurm_max_num_timeout=s.max_num_timeout
+    )
+    executor.update_parameters(**s.params)
+    # submitit has no public way to the script's text without submitting it
+    text = executor._executor._make_submission_file_text("", "preview")  # noqa: SLF001
+    options = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("#SBATCH ")]
+    return [o for o in options if o.lstrip("-").split("=")[0] not in NOT_RESOURCES]
 
 
 def note_state(s: Submitted, state: str) -> None:

@@ -44,6 +44,7 @@ from core.world import (
     visible_gpu_ids,
     visible_gpus,
 )
+from launch import preview
 from launch.jobs import (
     Job,
     configure_sweep_logging,
@@ -116,6 +117,8 @@ class TorchrunLauncherConf:
     # A resumed job whose commit, uncommitted diff or config differs from its first attempt's:
     # warn (one line per job, it runs) or refuse (one line, exit 2, nothing runs).
     on_drift: str = "warn"
+    # Compose and check every job, print one row each (launch/preview.py), and start none.
+    dry_run: bool = False
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> TorchrunLauncherConf:
@@ -123,6 +126,7 @@ class TorchrunLauncherConf:
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="torchrun", node=TorchrunLauncherConf)
+preview.install()  # hydra.launcher.dry_run=true on the command line (launch/preview.py)
 
 
 class TorchrunLauncherBase(LifecycleLauncher, Launcher):
@@ -142,7 +146,7 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
         self.task_function = task_function
         self.hydra_context = hydra_context
         configure_sweep_logging(config)
-        if os.environ.get("RANK") is None:  # (check() refuses a sweep inside a rank)
+        if os.environ.get("RANK") is None and not self.settings.dry_run:  # (a rank: check())
             self.start_warm()
 
     def start_warm(self) -> None:
@@ -153,7 +157,8 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
 
     def options(self) -> dict[str, Any]:
         s = self.settings
-        self.start_warm()
+        if not s.dry_run:  # a dry run imports no torch
+            self.start_warm()
         return {
             "backend": TorchrunBackend(s, warm=self.warm),
             "resume": s.resume,
@@ -309,6 +314,18 @@ class TorchrunBackend:
         fewest = min(self.holders.values())
         cpus = [core for core in self.cores if self.holders[core] == fewest][:count]
         return None if len(cpus) == total else cpus
+
+    def preview_resources(self, job: Job, slot: tuple[list[int], list[int] | None]) -> str:
+        """A dry run's word for the slot `reserve` gave the job (launch/preview.py)."""
+        from launch.preview import cores_text
+
+        gpus, cpus = slot
+        where = f"GPUs {','.join(self.gpu_ids[g] for g in gpus)}" if gpus else "CPU"
+        return f"{where}, cores {cores_text(cpus)}"
+
+    @staticmethod
+    def preview_attempt(_handle: Any) -> str:
+        return "its attempt"  # (reattach never finds one: agents die with their launcher)
 
     def release(self, job: Job, slot: tuple[list[int], list[int] | None]) -> None:
         gpus, cpus = slot

@@ -822,3 +822,83 @@ def test_no_slurm_task_is_a_cuda_bad_fork(idle_cluster: SlurmCluster, tmp_path: 
     proc = run(cmd, timeout=240, **idle_cluster.env, **{LOG_ENV: str(log)})
     assert proc.returncode == 0, output(proc)[-5000:]
     assert_no_bad_fork(probed(log), 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# hydra.launcher.dry_run=true: sbatch's resources per job, nothing submitted (launch/preview.py)
+
+
+def sbatch_spy(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """PATH with an sbatch that notes each call, then runs SLURM's; the file of its calls."""
+    import shutil
+
+    bin_dir, calls = tmp_path / "spy", tmp_path / "sbatch.calls"
+    bin_dir.mkdir()
+    spy = bin_dir / "sbatch"
+    spy.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {shutil.which("sbatch")} "$@"\n')
+    spy.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, calls
+
+
+@pytest.mark.slow
+def test_dry_run_shows_each_jobs_sbatch_resources_and_submits_nothing(
+    idle_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """6 jobs of 1 and 2 tasks: 6 rows with the resource options of the job's sbatch script;
+    no sbatch run, nothing queued, no sweep dir."""
+    from tests.test_preview import DRY, table
+
+    spy_env, calls = sbatch_spy(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    cmd = train_cmd(
+        "-m", *SLURM, DRY, f"hydra.sweep.dir={sweep_dir}", *JOB,
+        "dist.nproc_per_node=1,2", "optim.lr=0.05,0.1,0.2",
+    )  # fmt: skip
+    proc = run(cmd, timeout=120, **idle_cluster.env, **spy_env)
+    out = output(proc)
+    assert proc.returncode == 0, out
+    rows = table(out)
+    assert sorted(rows) == [str(n) for n in range(6)], out
+    for num, (overrides, world, resources, run_dir) in rows.items():
+        nproc = 1 if int(num) < 3 else 2
+        assert overrides.startswith(f"dist.nproc_per_node={nproc} optim.lr="), out
+        assert world == f"1 x {nproc}" and run_dir == str(sweep_dir / num), out
+        for option in ("--nodes=1", f"--ntasks-per-node={nproc}", "--cpus-per-task=1"):
+            assert option in resources.split(), (option, resources)
+        assert "--time=60" in resources.split() and "--output" not in resources, resources
+    assert not calls.exists(), calls.read_text()
+    assert idle_cluster.job_ids() == []
+    assert not sweep_dir.exists()
+
+
+@pytest.mark.slow
+def test_dry_run_resume_on_slurm_is_what_resume_does(
+    idle_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A 2-job sweep of the tiny app (job 0 completes, job 1 fails), then a dry run with
+    resume=true: job 0 skipped (its SLURM result), job 1 started fresh, the sweep dir unchanged
+    byte for byte, nothing submitted; the real resume submits job 1 alone."""
+    from tests.test_preview import DRY, RESUME, snapshot, table
+
+    app = write_app(tmp_path / "app")
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, str(app), "-m", "fail=none,exit", f"hydra.sweep.dir={sweep_dir}", RESUME]
+    first = run(cmd, cwd=tmp_path, timeout=240, **idle_cluster.env)
+    assert first.returncode != 0 and (sweep_dir / "1" / "result.json").exists(), output(first)
+    before = snapshot(sweep_dir)
+    attempts = {n: len(read_launch_record(sweep_dir / str(n)).attempts) for n in (0, 1)}
+
+    spy_env, calls = sbatch_spy(tmp_path)
+    proc = run([*cmd, DRY], cwd=tmp_path, timeout=120, **idle_cluster.env, **spy_env)
+    out = output(proc)
+    assert proc.returncode == 0, out
+    rows = table(out)
+    assert rows["0"][-1] == "skip (completed)" and rows["0"][2] == "-", out
+    assert rows["1"][-1] == "start fresh" and "--ntasks-per-node=2" in rows["1"][2], out
+    assert snapshot(sweep_dir) == before, "a dry run changed the sweep dir"
+    assert not calls.exists() and idle_cluster.job_ids() == []
+
+    resumed = run(cmd, cwd=tmp_path, timeout=240, **idle_cluster.env)
+    assert resumed.returncode != 0, output(resumed)  # job 1 fails again
+    assert len(read_launch_record(sweep_dir / "0").attempts) == attempts[0]
+    assert len(read_launch_record(sweep_dir / "1").attempts) == attempts[1] + 1

@@ -20,6 +20,7 @@ from core.hydra_compat import (
     EXECUTION_WHITELIST,
     MULTIRUN_FLAGS,
     VERSION_BASE,
+    dry_run_as_multirun,
     search_as_multirun,
     yaml_errors_as_user_errors,
 )
@@ -54,7 +55,8 @@ def entry_point(
     import hydra
 
     check_sweeper_params(sys.argv)
-    sys.argv = prepare_argv(search_as_multirun(sys.argv))
+    argv = search_as_multirun(sys.argv)
+    sys.argv = prepare_argv(dry_run_as_multirun(argv))
     yaml_errors_as_user_errors()
     hydra_keeps_ctrl_c()
     conf = Path(script).resolve().parent / "conf"

@@ -131,7 +131,8 @@ class OptunaSweeperBase(Sweeper):
         )
         self.resume = bool(OmegaConf.select(config, "hydra.launcher.resume", default=False))
         self.sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)  # SQLite makes the file, not its dir
+        if not OmegaConf.select(config, "hydra.launcher.dry_run", default=False):
+            self.sweep_dir.mkdir(parents=True, exist_ok=True)  # SQLite makes the file, not its dir
         self.storage_spec = storage_spec(self.conf.storage, config, self.sweep_dir)
         if self.study_name is None:
             self.study_name = self.sweep_dir.name
@@ -161,11 +162,7 @@ class OptunaSweeperBase(Sweeper):
                 "give the storage and study_name the sweep had"
             )
         space, fixed = search_space(self.conf.params, arguments)
-        sampler = self.sampler
-        if isinstance(sampler, functools.partial):  # GridSampler: the space is known only now
-            grid = {key: grid_choices(key, d) for key, d in space.items()}
-            sampler = sampler(grid)
-            self.n_trials = min(self.n_trials, math.prod(len(c) for c in grid.values()))
+        sampler = self.space_sampler(space)
         pruner = self.pruner_config()
         study = optuna.create_study(
             study_name=self.study_name,
@@ -204,6 +201,65 @@ class OptunaSweeperBase(Sweeper):
             usage.line(),
         )
 
+    def space_sampler(self, space: dict[str, Any]) -> Any:
+        """The sampler for `space` (GridSampler is given its grid only now, and caps n_trials)."""
+        sampler = self.sampler
+        if isinstance(sampler, functools.partial):
+            grid = {key: grid_choices(key, d) for key, d in space.items()}
+            sampler = sampler(grid)
+            self.n_trials = min(self.n_trials, math.prod(len(c) for c in grid.values()))
+        return sampler
+
+    def preview(self, arguments: list[str]) -> None:
+        """hydra.launcher.dry_run=true (launch/preview.py): the first batch (n_jobs trials) as
+        the sweep would ask them, previewed by the launcher; nothing stored. The study is a
+        throwaway: a copy of the stored one in a temporary dir when the sweep resumes (the same
+        trials continue in their job dirs), else a new one in memory, with the same sampler."""
+        import shutil
+        import tempfile
+
+        import optuna
+
+        from core.trials import open_storage
+
+        space, fixed = search_space(self.conf.params, arguments)
+        with tempfile.TemporaryDirectory() as scratch:
+            stored = stored_file(self.storage_spec)
+            copied = ""
+            if self.resume and stored is not None and stored.exists():
+                shutil.copy2(stored, Path(scratch) / stored.name)
+                copied = self.storage_spec.replace(str(stored), str(Path(scratch) / stored.name))
+                self.storage_spec = copied
+                continue_study(self)  # (on the copy)
+            elif self.resume and stored is None:
+                log.warning(
+                    "the study in %s is not copied for a dry run: its trials are previewed as "
+                    "those of a new study",
+                    shown(self.storage_spec),
+                )
+            sampler = self.space_sampler(space)
+            study = optuna.create_study(
+                study_name=self.study_name,
+                storage=open_storage(copied) if copied else None,
+                sampler=sampler,
+                directions=directions(self.conf.direction),
+                load_if_exists=True,
+            )
+            trials = Trials(self, study, space, fixed)
+            batch = [o for o in (trials.next_overrides() for _ in range(self.conf.n_jobs)) if o]
+            del study, trials  # (before its copy goes)
+        later = max(0, self.n_trials - len(batch))
+        note = (
+            f"the next {later} trial(s) of n_trials={self.conf.n_trials} are asked as trials "
+            "end: they depend on the results of these (Optuna's sampler), so no dry run can "
+            "list them"
+        )
+        if not batch:
+            print(f"Optuna study {self.study_name}: no trial left to ask (n_trials reached)")
+            return
+        nums = [num for num, _ in batch]
+        self.launcher.preview([o for _, o in batch], nums[0], notes=[note] if later else [])
+
     def pruner_config(self) -> Any:
         """`hydra.sweeper.pruner` as plain data, as written (a `_target_` not yet instantiated):
         the ranks build the same pruner from it."""
@@ -226,6 +282,17 @@ class OptunaSweeperBase(Sweeper):
             front = [{"params": t.params, "values": t.values} for t in study.best_trials]
             results = {"name": "optuna", "solutions": front}
         OmegaConf.save(OmegaConf.create(results), self.sweep_dir / RESULTS_FILE)
+
+
+def stored_file(spec: str) -> Path | None:
+    """The file of a SQLite or journal storage (study.py's storage_spec); None for a server."""
+    from core.trials import JOURNAL_PREFIX
+
+    if spec.startswith("sqlite:///"):
+        return Path(spec[len("sqlite:///") :])
+    if spec.startswith(JOURNAL_PREFIX):
+        return Path(spec[len(JOURNAL_PREFIX) :])
+    return None
 
 
 def grid_choices(key: str, distribution: Any) -> list[Any]:
