@@ -49,8 +49,10 @@ log = logging.getLogger(__name__)
 
 GATE_TARGET = "core.gate.RunGate"
 TRAIN, EVAL = "train", "eval"  # the kinds of run: a trajectory that continues, or an evaluation
-# What a start never moves aside: earlier runs set aside, the lock, a sweep job's attempts.
+# What a start never moves aside: earlier runs set aside, the lock, a sweep job's attempts (a
+# single run's attempts are its run's: they move aside with it).
 KEPT_IN_PLACE = (REPLACED_DIR, run_lock.LOCK_FILE, LAUNCH_FILE)
+KEPT_BY_A_SINGLE_RUN = (REPLACED_DIR, run_lock.LOCK_FILE)
 
 
 class NothingToDo(Exception):
@@ -175,24 +177,26 @@ def check_start(
     return plan_start(run_dir, config, gate.kind, sweep=sweep)
 
 
-def open_run(run_dir: Path, plan: Plan, what: str, hold: bool = True) -> None:
+def open_run(
+    run_dir: Path, plan: Plan, what: str, hold: bool = True, keep: tuple = KEPT_IN_PLACE
+) -> None:
     """After check_start passed: hold the run dir (unless `hold` is false: a SLURM job's rank 0
-    holds its own), then set aside what the start replaces."""
+    holds its own), then set aside what the start replaces (all but `keep`)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if hold:
         run_lock.acquire(run_dir, what)
     if plan.replaces is not None:
-        aside = set_aside(run_dir)
+        aside = set_aside(run_dir, keep)
         if aside is not None:
             log.warning("%s: the earlier %s is now in %s", plan.replaces, plan.earlier, aside)
 
 
-def set_aside(run_dir: Path) -> Path | None:
+def set_aside(run_dir: Path, keep: tuple = KEPT_IN_PLACE) -> Path | None:
     """Move the dir's earlier records whole (`.hydra/` and the log too) into
     <run dir>/replaced/<time>/; the folder, or None when there was nothing to move."""
     run_dir = Path(run_dir)
-    present = [p for p in run_dir.iterdir() if p.name not in KEPT_IN_PLACE]
+    present = [p for p in run_dir.iterdir() if p.name not in keep]
     if not present:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -257,11 +261,19 @@ class RunGate(Callback):
     """The gate of a run Hydra runs in this process (`python train.py`, also with
     dist.nproc_per_node=N, whose ranks this process starts; each rank of plain torchrun or
     srun, where rank 0 alone writes and so alone checks): before Hydra makes `.hydra/` and the
-    log. `checks`: the app's checks ("module.function"); `kind`: train or eval."""
+    log. `checks`: the app's checks ("module.function"); `kind`: train or eval; `attempts`: the
+    app's record of a run's attempts ("module.Class", launch/drift.py's RunAttempts: its
+    check(config, run_dir, plan) before anything is written says, or refuses with a UserError,
+    what changed since the run's first attempt; open(...) records the attempt once the dir is
+    held; close(run_dir, job_return) how it ended). Sweep jobs never pass here (Hydra calls
+    on_run_start in run mode only): their launcher records and checks them."""
 
-    def __init__(self, checks: str | None = None, kind: str = TRAIN) -> None:
+    def __init__(self, checks: str | None = None, kind: str = TRAIN, attempts: str | None = None):
         super().__init__()
         self.gate = Gate(load(checks), kind)
+        self.attempts = load(attempts)
+        self.run_dir: Path | None = None  # the run this process opened
+        self.drift: str | None = None  # said once the job's logging is set up
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         from omegaconf import OmegaConf
@@ -273,8 +285,23 @@ class RunGate(Callback):
             check_writable(config, "hydra.run.dir")
             world_size = world_size_of_run(config)
             plan = check_start(config, run_dir, world_size, sweep=False, gate=self.gate)
-            open_run(run_dir, plan, f"{self.gate.kind}, world size {world_size}")
+            if self.attempts is not None:
+                self.drift = self.attempts.check(config, run_dir, plan)
+            keep = KEPT_IN_PLACE if self.attempts is None else KEPT_BY_A_SINGLE_RUN
+            open_run(run_dir, plan, f"{self.gate.kind}, world size {world_size}", keep=keep)
+        if self.attempts is not None:
+            self.attempts.open(config, run_dir, plan)
+            self.run_dir = run_dir
         os.environ.update(run_lock.child_env(run_dir))  # for the ranks this process starts
+
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        if self.drift is not None:  # (in train.log too: Hydra has set up the job's logging)
+            log.warning("%s", self.drift)
+            self.drift = None
+
+    def on_run_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
+        if self.run_dir is not None:
+            self.attempts.close(self.run_dir, job_return)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         with refusing(config):

@@ -1,11 +1,14 @@
-"""Which code and config a sweep job ran, and what changed when it is resumed.
+"""Which code and config a sweep job or a single run ran, and what changed when it is resumed.
 
 Every attempt's launch.json entry (launch/resume.py) holds `code`: the launcher's commit,
 whether its tree was dirty and a digest of the uncommitted diff (components/repro.py's
 git_state: the one git reader of the repo), and a digest of the job's resolved config; the
 record keeps the job's first resolved config, flat, to name the keys that changed. A resumed
 job whose code or config differs from its first attempt's says so in one line
-(:func:`drift_line`); hydra.launcher.on_drift=refuse makes that a user error. Torch-free.
+(:func:`drift_line`); hydra.launcher.on_drift=refuse makes that a user error. A single run
+(`python train.py`, with dist.nproc_per_node=N, rank 0 of plain torchrun) records its attempts
+in its run dir's launch.json the same way, from its gate (:class:`RunAttempts`, named in
+conf/train.yaml's run_gate: core/gate.py imports nothing of launch/). Torch-free.
 """
 
 from __future__ import annotations
@@ -13,11 +16,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import UserError
+from core.errors import UserError, describe, job_value
+from core.run_dir import (
+    Attempt,
+    LaunchRecord,
+    read_launch_record,
+    read_result,
+    write_launch_record,
+)
 
 ON_DRIFT = ("warn", "refuse")
 # How a job starts, not what it runs (core/gate.py's what_runs leaves them out too).
@@ -25,12 +38,12 @@ HOW_IT_STARTS = ("resume", "start_over")
 
 
 @functools.cache  # one git state per launcher process: the code does not change under it
-def code_state() -> dict[str, Any]:
+def code_state(run_dir: Path | None = None) -> dict[str, Any]:
     """{commit, dirty, diff_sha256} of the code the launcher (and so its jobs) runs; commit
-    None outside a git checkout."""
+    None outside a git checkout. A `run_dir` inside the repository is not part of the code."""
     from components.repro import git_state
 
-    state = git_state()
+    state = git_state(run_dir)
     diff = hashlib.sha256(state.diff.encode()).hexdigest()[:16] if state.dirty else None
     return {"commit": state.commit, "dirty": state.dirty, "diff_sha256": diff}
 
@@ -61,10 +74,12 @@ def config_digest(flat: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def job_code(config: DictConfig) -> tuple[dict[str, Any], dict[str, str]]:
+def job_code(
+    config: DictConfig, run_dir: Path | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """(an attempt's `code` entry, the job's flat config)."""
     flat = flat_config(config)
-    return {**code_state(), "config_sha256": config_digest(flat)}, flat
+    return {**code_state(run_dir), "config_sha256": config_digest(flat)}, flat
 
 
 def changes(
@@ -89,14 +104,19 @@ def short(commit: str | None) -> str:
     return commit[:8] if commit else "none"
 
 
-def drift_line(job: Any, record: Any) -> str | None:
-    """One line when the job's code or config differs from its first recorded attempt's (an
-    older launch.json without a `code` entry: None, nothing to compare)."""
+def since_first(record: Any, config: DictConfig, run_dir: Path | None = None) -> list[str]:
+    """What differs between `config` (and the code now) and the record's first attempt (an
+    older launch.json without a `code` entry, or none: nothing to compare)."""
     first = next((a for a in record.attempts if a.code), None) if record is not None else None
     if first is None:
-        return None
-    now, flat = job_code(job.spec.config)
-    found = changes(first.code, now, record.config, flat)
+        return []
+    now, flat = job_code(config, run_dir)
+    return changes(first.code, now, record.config, flat)
+
+
+def drift_line(job: Any, record: Any) -> str | None:
+    """One line when the job's code or config differs from its first recorded attempt's."""
+    found = since_first(record, job.spec.config)
     if not found:
         return None
     what = " ".join(job.overrides) or "(no overrides)"
@@ -109,3 +129,76 @@ def check_on_drift(value: str) -> None:
             f"hydra.launcher.on_drift={value}: use warn (say what changed, go on) or refuse "
             "(stop before anything runs)"
         )
+
+
+def restarted() -> bool:
+    """A torchrun restart of the ranks or a SLURM requeue: the same attempt again."""
+    counts = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+    return any(int(os.environ.get(var) or 0) > 0 for var in counts)
+
+
+class RunAttempts:
+    """A single run's attempts, recorded by its gate (core/gate.py's RunGate, rank 0 only, so
+    one line per run whatever its world size; sweep jobs never pass there: the launcher records
+    and checks them). `plan` is the gate's: "continue" resumes the run dir's trajectory."""
+
+    @staticmethod
+    def check(config: DictConfig, run_dir: Path, plan: Any) -> str | None:
+        """Before anything is written: the line saying what changed since the run's first
+        attempt when it continues (None: nothing did, or it starts fresh);
+        hydra.launcher.on_drift=refuse makes it a UserError."""
+        on_drift = str(OmegaConf.select(config, "hydra.launcher.on_drift", default=None) or "warn")
+        check_on_drift(on_drift)
+        if plan.action != "continue":
+            return None
+        found = since_first(read_launch_record(run_dir), config, run_dir)
+        if not found:
+            return None
+        line = f"{run_dir}: changed since the run started: {'; '.join(found)}"
+        if on_drift == "refuse":
+            raise UserError(
+                f"{line}: hydra.launcher.on_drift=refuse: nothing was started (on_drift=warn runs "
+                "it anyway; or resume from the commit and config it started with)"
+            )
+        return f"{line}: it goes on (hydra.launcher.on_drift=refuse stops instead)"
+
+    @staticmethod
+    def open(config: DictConfig, run_dir: Path, plan: Any) -> None:
+        """Once the gate holds the dir: this attempt and its code in launch.json (a fresh start
+        begins a new record; an attempt a killed run left open is settled first)."""
+        if restarted():
+            return
+        from launch.resume import settle  # (it imports this module)
+
+        record = read_launch_record(run_dir) if plan.action == "continue" else None
+        if record is not None and record.last is not None and record.last.ended is None:
+            settle(run_dir, record, completed=False)
+        if record is None:
+            overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+            record = LaunchRecord(0, [str(o) for o in overrides])
+        code, flat = job_code(config, run_dir)
+        if record.config is None:
+            record.config = flat
+        continued = plan.action == "continue"
+        record.attempts.append(
+            Attempt(len(record.attempts) + 1, time.time(), continued=continued, code=code)
+        )
+        write_launch_record(run_dir, record)
+
+    @staticmethod
+    def close(run_dir: Path, job_return: Any) -> None:
+        """The run ended in this process (not killed): how, as a sweep job's attempt is closed
+        (launch/resume.py's close_attempt)."""
+        from launch.jobs import STOPPED
+        from launch.resume import attempt_end
+
+        record = read_launch_record(run_dir)
+        last = record.last if record is not None else None
+        if last is None or last.ended is not None:
+            return
+        result = read_result(run_dir, since=last.started)
+        completed = job_return is not None and job_return.status.name == "COMPLETED"
+        ended = attempt_end(result, completed, ("failed", *STOPPED))
+        last.status, last.error = ended or ("failed", describe(job_value(job_return)))
+        last.ended = time.time()
+        write_launch_record(run_dir, record)
