@@ -346,3 +346,97 @@ def test_status_line_of_a_real_sweep_on_a_terminal(tmp_path: Path) -> None:
     assert drawn[-1] == "sweep: 2 done, 0 running, 0 failed, 0 pending", drawn
     assert not re.search(r"\] sweep: ", text), "a status line was also logged"
     assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == "completed"
+
+
+# ---------------------------------------------------------------------------------------------
+# single runs: the run gate (core/gate.py) records each attempt's code in the run dir's
+# launch.json and says what changed when the run is resumed
+
+SINGLE = [
+    "wandb.mode=disabled",
+    "trainer.progress_bar=false",
+    "trainer.batch_size=64",
+    "trainer.checkpoint_every_n_steps=5",
+]
+RUN_DRIFT = "changed since the run started"
+
+
+def drift_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if RUN_DRIFT in line]
+
+
+def commit_a_change(repo: Path) -> str:
+    (repo / "README.md").write_text((repo / "README.md").read_text() + "\nA change.\n")
+    git(repo, "commit", "-qam", "a change between two attempts")
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.mark.slow
+def test_a_single_run_resumed_after_a_commit_says_what_changed_once(tmp_path: Path) -> None:
+    """`python train.py`, killed at its second checkpoint, resumed unchanged: no drift line.
+    After a commit, resume=auto with more epochs and hydra.launcher.on_drift=refuse: one line
+    naming the commit change and the key, exit 2, the run dir byte for byte unchanged; without
+    it: that line once (console and train.log), and the run completes; launch.json holds each
+    attempt with its commit."""
+    repo = repo_copy(tmp_path / "repo")
+    first = git(repo, "rev-parse", "HEAD")
+    run_dir = tmp_path / "run"
+    cmd = train_cmd(f"hydra.run.dir={run_dir}", *SINGLE)
+    killed = in_copy(repo, [*cmd, "trainer.max_epochs=2"], HYDRA_DDP_KILL_AT="save.committed#2")
+    assert killed.returncode != 0, output(killed)[-3000:]
+    assert any((run_dir / "checkpoints").glob("step-*.pt"))  # killed after its first one
+
+    unchanged = in_copy(repo, [*cmd, "trainer.max_epochs=2", "resume=auto"])
+    out = output(unchanged)
+    assert unchanged.returncode == 0, out[-5000:]
+    assert "resumed from" in out and drift_lines(out) == [], drift_lines(out)
+
+    second = commit_a_change(repo)
+    before = tree_digest(run_dir)
+    more = [*cmd, "trainer.max_epochs=3", "resume=auto"]
+    refused = in_copy(repo, [*more, "hydra.launcher.on_drift=refuse"])
+    said = [line for line in output(refused).splitlines() if line.strip()]
+    assert refused.returncode == 2, output(refused)[-3000:]
+    assert len(said) == 1 and "Traceback" not in said[0], said
+    assert f"commit {first[:8]}→{second[:8]}; config trainer.max_epochs:" in said[0], said
+    assert "on_drift=refuse: nothing was started" in said[0], said
+    assert tree_digest(run_dir) == before
+
+    resumed = in_copy(repo, more)
+    out = output(resumed)
+    assert resumed.returncode == 0, out[-5000:]
+    (line,) = drift_lines(out)
+    assert f"{run_dir}: {RUN_DRIFT}: commit {first[:8]}→{second[:8]}" in line, line
+    assert "; config trainer.max_epochs: it goes on" in line, line  # that key only
+    assert len(drift_lines((run_dir / "train.log").read_text())) == 1
+    result = read_result(run_dir)
+    assert result.status == "completed" and result.epochs == 3 and result.git_commit == second
+    attempts = read_launch_record(run_dir).attempts
+    assert [a.status for a in attempts] == ["interrupted", "completed", "completed"], attempts
+    assert [a.code["commit"] for a in attempts] == [first, first, second], attempts
+    assert [a.continued for a in attempts] == [False, True, True], attempts
+
+
+@pytest.mark.slow
+def test_a_two_rank_single_run_says_what_changed_once(tmp_path: Path) -> None:
+    """A 2-rank run (dist.nproc_per_node=2), then, after a commit, resumed with plain torchrun
+    and again with dist.nproc_per_node=2, each with more epochs: each resume says what changed
+    in one line (rank 0's gate; the launcher's ranks run no gate), not one per rank."""
+    repo = repo_copy(tmp_path / "repo")
+    first = git(repo, "rev-parse", "HEAD")
+    run_dir = tmp_path / "run"
+    base = [f"hydra.run.dir={run_dir}", *SINGLE]
+    started = in_copy(repo, train_cmd(*base, "trainer.max_epochs=1", "dist.nproc_per_node=2"))
+    assert started.returncode == 0, output(started)[-5000:]
+    second = commit_a_change(repo)
+    for cmd, epochs in (
+        (train_cmd(*base, "trainer.max_epochs=2", "resume=auto", nproc=2), 2),
+        (train_cmd(*base, "trainer.max_epochs=3", "resume=auto", "dist.nproc_per_node=2"), 3),
+    ):
+        resumed = in_copy(repo, cmd)
+        out = output(resumed)
+        assert resumed.returncode == 0, out[-5000:]
+        (line,) = drift_lines(out)
+        assert f"commit {first[:8]}→{second[:8]}" in line and "trainer.max_epochs" in line, line
+        assert read_result(run_dir).epochs == epochs
+    assert len(read_launch_record(run_dir).attempts) == 3
