@@ -22,7 +22,16 @@ from tests.helpers import OFFLINE, QUICK, REPO, free_port, offline_runs, run_env
 
 pytestmark = pytest.mark.slow
 
-RUN_FILES = {".hydra", "train.log", "metrics.jsonl", "result.json", "checkpoints", "repro", "wandb"}
+RUN_FILES = {
+    ".hydra",
+    "train.log",
+    "metrics.jsonl",
+    "result.json",
+    "checkpoints",
+    "repro",
+    "wandb",
+    "launch.json",
+}
 
 
 def two_node_torchrun(endpoint: str, rdzv_id: str, node_rank: int, *overrides: str) -> list[str]:
