@@ -12,8 +12,9 @@ summary and the benchmark (readers).
       checkpoints/            components/checkpoint.py (manifest.json: the commit record)
       repro/                  command.txt, requirements.txt, git.diff (components/repro.py)
       wandb/                  the W&B run
-      launch.json             a sweep job's launcher record: its overrides and every attempt
-                              (LaunchRecord; written by the launcher only, launch/resume.py)
+      launch.json             its overrides and every attempt with its code (LaunchRecord): a
+                              sweep job's by its launcher (launch/resume.py), a single run's by
+                              its gate (launch/drift.py)
       .torchrun/              the torchrun launcher's hand-off files (launch/torchrun.py)
       .run.lock               its holder while it runs (core/run_lock.py)
       replaced/<time>/        an earlier run, whole, moved aside by the start that replaced it
