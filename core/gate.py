@@ -262,7 +262,7 @@ class RunGate(Callback):
     dist.nproc_per_node=N, whose ranks this process starts; each rank of plain torchrun or
     srun, where rank 0 alone writes and so alone checks): before Hydra makes `.hydra/` and the
     log. `checks`: the app's checks ("module.function"); `kind`: train or eval; `attempts`: the
-    app's record of a run's attempts ("module.Class", launch/drift.py's RunAttempts: its
+    app's record of a run's attempts ("module.Class", launch/resume.py's RunAttempts: its
     check(config, run_dir, plan) before anything is written says, or refuses with a UserError,
     what changed since the run's first attempt; open(...) records the attempt once the dir is
     held; close(run_dir, job_return) how it ended). Sweep jobs never pass here (Hydra calls

@@ -14,7 +14,7 @@ summary and the benchmark (readers).
       wandb/                  the W&B run
       launch.json             its overrides and every attempt with its code (LaunchRecord): a
                               sweep job's by its launcher (launch/resume.py), a single run's by
-                              its gate (launch/drift.py)
+                              its gate (launch/resume.py)
       .torchrun/              the torchrun launcher's hand-off files (launch/torchrun.py)
       .run.lock               its holder while it runs (core/run_lock.py)
       replaced/<time>/        an earlier run, whole, moved aside by the start that replaced it

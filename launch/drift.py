@@ -7,8 +7,8 @@ record keeps the job's first resolved config, flat, to name the keys that change
 job whose code or config differs from its first attempt's says so in one line
 (:func:`drift_line`); hydra.launcher.on_drift=refuse makes that a user error. A single run
 (`python train.py`, with dist.nproc_per_node=N, rank 0 of plain torchrun) records its attempts
-in its run dir's launch.json the same way, from its gate (:class:`RunAttempts`, named in
-conf/train.yaml's run_gate: core/gate.py imports nothing of launch/). Torch-free.
+in its run dir's launch.json the same way, from its gate (launch/resume.py's RunAttempts).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -16,21 +16,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import UserError, describe, job_value
-from core.run_dir import (
-    Attempt,
-    LaunchRecord,
-    read_launch_record,
-    read_result,
-    write_launch_record,
-)
+from core.errors import UserError
 
 ON_DRIFT = ("warn", "refuse")
 # How a job starts, not what it runs (core/gate.py's what_runs leaves them out too).
@@ -129,76 +120,3 @@ def check_on_drift(value: str) -> None:
             f"hydra.launcher.on_drift={value}: use warn (say what changed, go on) or refuse "
             "(stop before anything runs)"
         )
-
-
-def restarted() -> bool:
-    """A torchrun restart of the ranks or a SLURM requeue: the same attempt again."""
-    counts = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
-    return any(int(os.environ.get(var) or 0) > 0 for var in counts)
-
-
-class RunAttempts:
-    """A single run's attempts, recorded by its gate (core/gate.py's RunGate, rank 0 only, so
-    one line per run whatever its world size; sweep jobs never pass there: the launcher records
-    and checks them). `plan` is the gate's: "continue" resumes the run dir's trajectory."""
-
-    @staticmethod
-    def check(config: DictConfig, run_dir: Path, plan: Any) -> str | None:
-        """Before anything is written: the line saying what changed since the run's first
-        attempt when it continues (None: nothing did, or it starts fresh);
-        hydra.launcher.on_drift=refuse makes it a UserError."""
-        on_drift = str(OmegaConf.select(config, "hydra.launcher.on_drift", default=None) or "warn")
-        check_on_drift(on_drift)
-        if plan.action != "continue":
-            return None
-        found = since_first(read_launch_record(run_dir), config, run_dir)
-        if not found:
-            return None
-        line = f"{run_dir}: changed since the run started: {'; '.join(found)}"
-        if on_drift == "refuse":
-            raise UserError(
-                f"{line}: hydra.launcher.on_drift=refuse: nothing was started (on_drift=warn runs "
-                "it anyway; or resume from the commit and config it started with)"
-            )
-        return f"{line}: it goes on (hydra.launcher.on_drift=refuse stops instead)"
-
-    @staticmethod
-    def open(config: DictConfig, run_dir: Path, plan: Any) -> None:
-        """Once the gate holds the dir: this attempt and its code in launch.json (a fresh start
-        begins a new record; an attempt a killed run left open is settled first)."""
-        if restarted():
-            return
-        from launch.resume import settle  # (it imports this module)
-
-        record = read_launch_record(run_dir) if plan.action == "continue" else None
-        if record is not None and record.last is not None and record.last.ended is None:
-            settle(run_dir, record, completed=False)
-        if record is None:
-            overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
-            record = LaunchRecord(0, [str(o) for o in overrides])
-        code, flat = job_code(config, run_dir)
-        if record.config is None:
-            record.config = flat
-        continued = plan.action == "continue"
-        record.attempts.append(
-            Attempt(len(record.attempts) + 1, time.time(), continued=continued, code=code)
-        )
-        write_launch_record(run_dir, record)
-
-    @staticmethod
-    def close(run_dir: Path, job_return: Any) -> None:
-        """The run ended in this process (not killed): how, as a sweep job's attempt is closed
-        (launch/resume.py's close_attempt)."""
-        from launch.jobs import STOPPED
-        from launch.resume import attempt_end
-
-        record = read_launch_record(run_dir)
-        last = record.last if record is not None else None
-        if last is None or last.ended is not None:
-            return
-        result = read_result(run_dir, since=last.started)
-        completed = job_return is not None and job_return.status.name == "COMPLETED"
-        ended = attempt_end(result, completed, ("failed", *STOPPED))
-        last.status, last.error = ended or ("failed", describe(job_value(job_return)))
-        last.ended = time.time()
-        write_launch_record(run_dir, record)

@@ -20,7 +20,8 @@ A job's fate is decided from its job dir alone (:func:`decide`):
 
 `hydra.launcher.retries=N` reruns a failed job the same way, up to N times per launch, unless its
 error is the user's (bad input fails the same way again). Both launchers use this module; it
-imports no torch.
+imports no torch. A single run's attempts go into its own launch.json, from its
+gate (:class:`RunAttempts`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from core.run_dir import (
     write_launch_record,
     write_result,
 )
-from launch.drift import drift_line, job_code
+from launch.drift import check_on_drift, drift_line, job_code, since_first
 from launch.jobs import STOPPED, write_launcher_result
 from launch.ranks.job_spec import job_return
 from launch.report.jobs import read_overrides
@@ -407,3 +408,71 @@ def check_sweeper(config: DictConfig, resume: bool) -> None:
             "remove the sweeper's _target_ line to use hydra/sweeper=optuna (this project's: "
             "the same options; it continues the study)"
         )
+
+
+def restarted() -> bool:
+    """A torchrun restart of the ranks or a SLURM requeue: the same attempt again."""
+    counts = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+    return any(int(os.environ.get(var) or 0) > 0 for var in counts)
+
+
+class RunAttempts:
+    """A single run's attempts, recorded by its gate (core/gate.py's RunGate, rank 0 only, so
+    one line per run whatever its world size; sweep jobs never pass there: the launcher records
+    and checks them). `plan` is the gate's: "continue" resumes the run dir's trajectory."""
+
+    @staticmethod
+    def check(config: DictConfig, run_dir: Path, plan: Any) -> str | None:
+        """Before anything is written: the line saying what changed since the run's first
+        attempt when it continues (None: nothing did, or it starts fresh);
+        hydra.launcher.on_drift=refuse makes it a UserError."""
+        on_drift = str(OmegaConf.select(config, "hydra.launcher.on_drift", default=None) or "warn")
+        check_on_drift(on_drift)
+        if plan.action != "continue":
+            return None
+        found = since_first(read_launch_record(run_dir), config, run_dir)
+        if not found:
+            return None
+        line = f"{run_dir}: changed since the run started: {'; '.join(found)}"
+        if on_drift == "refuse":
+            raise UserError(
+                f"{line}: hydra.launcher.on_drift=refuse: nothing was started (on_drift=warn runs "
+                "it anyway; or resume from the commit and config it started with)"
+            )
+        return f"{line}: it goes on (hydra.launcher.on_drift=refuse stops instead)"
+
+    @staticmethod
+    def open(config: DictConfig, run_dir: Path, plan: Any) -> None:
+        """Once the gate holds the dir: this attempt and its code in launch.json (a fresh start
+        begins a new record; an attempt a killed run left open is settled first)."""
+        if restarted():
+            return
+        record = read_launch_record(run_dir) if plan.action == "continue" else None
+        if record is not None and record.last is not None and record.last.ended is None:
+            settle(run_dir, record, completed=False)
+        if record is None:
+            overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+            record = LaunchRecord(0, [str(o) for o in overrides])
+        code, flat = job_code(config, run_dir)
+        if record.config is None:
+            record.config = flat
+        continued = plan.action == "continue"
+        record.attempts.append(
+            Attempt(len(record.attempts) + 1, time.time(), continued=continued, code=code)
+        )
+        write_launch_record(run_dir, record)
+
+    @staticmethod
+    def close(run_dir: Path, job_return: Any) -> None:
+        """The run ended in this process (not killed): how, as a sweep job's attempt is closed
+        (launch/resume.py's close_attempt)."""
+        record = read_launch_record(run_dir)
+        last = record.last if record is not None else None
+        if last is None or last.ended is not None:
+            return
+        result = read_result(run_dir, since=last.started)
+        completed = job_return is not None and job_return.status.name == "COMPLETED"
+        ended = attempt_end(result, completed, ("failed", *STOPPED))
+        last.status, last.error = ended or ("failed", describe(job_value(job_return)))
+        last.ended = time.time()
+        write_launch_record(run_dir, record)
