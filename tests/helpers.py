@@ -673,7 +673,7 @@ def dataset_cfg(name: str, **keys):
 
 
 def _in_process(config_name: str, run_dir: Path, task, overrides) -> object:
-    """Run `task(cfg)` here with world size 1, as a start would: the gate first (core/gate.py:
+    """Run `task(cfg)` here as one rank of a start would: on rank 0 the gate first (core/gate.py:
     the app's checks, the run dir's plan, its lock), then as Hydra's run_job would (config and
     run dir set up, no logging configured): errors propagate as raised, nothing is reported.
     The run dir's lock is given up and W&B's service shut down at the end, so its offline
@@ -685,7 +685,10 @@ def _in_process(config_name: str, run_dir: Path, task, overrides) -> object:
     from core.gate import check_start, open_run
 
     cfg = compose(config_name, run_dir, *overrides)
-    open_run(Path(run_dir), check_start(cfg, Path(run_dir), 1, sweep=False), "a test")
+    gated = int(os.environ.get("RANK", "0")) == 0  # as Hydra's callbacks run: rank 0 only
+    if gated:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        open_run(Path(run_dir), check_start(cfg, Path(run_dir), world_size, sweep=False), "a test")
     HydraConfig.instance().set_config(cfg)
     task_cfg = copy.deepcopy(cfg)
     with open_dict(task_cfg):
@@ -693,7 +696,8 @@ def _in_process(config_name: str, run_dir: Path, task, overrides) -> object:
     try:
         return task(task_cfg)
     finally:
-        run_lock.release(Path(run_dir))
+        if gated:
+            run_lock.release(Path(run_dir))
         if "wandb" in sys.modules:
             sys.modules["wandb"].teardown()
 
