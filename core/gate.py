@@ -177,6 +177,16 @@ def check_start(
     return plan_start(run_dir, config, gate.kind, sweep=sweep)
 
 
+def check_as_peer(config: Any, run_dir: Path, gate: Gate | None) -> None:
+    """A rank other than 0 of a start whose every rank runs the app (plain torchrun, srun):
+    rank 0's gate stands for the run, it alone says a refusal and writes. NothingToDo is
+    raised here too, or this rank would wait for rank 0 at the rendezvous until
+    dist.timeout_s; the app's checks only read (the config, this run's records)."""
+    with contextlib.suppress(UserError):
+        if gate is not None and gate.checks is not None:
+            gate.checks(config, world_size_of_run(config), run_dir)
+
+
 def open_run(
     run_dir: Path, plan: Plan, what: str, hold: bool = True, keep: tuple = KEPT_IN_PLACE
 ) -> None:
@@ -278,9 +288,13 @@ class RunGate(Callback):
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         from omegaconf import OmegaConf
 
-        if int(os.environ.get("RANK", "0")) != 0:
-            return  # writes nothing: rank 0's gate stands for the run
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
+        if int(os.environ.get("RANK", "0")) != 0:  # plain torchrun or srun: each rank is here
+            try:
+                check_as_peer(config, run_dir, self.gate)
+            except NothingToDo:
+                raise SystemExit(0) from None
+            return
         with refusing(config):
             check_writable(config, "hydra.run.dir")
             world_size = world_size_of_run(config)

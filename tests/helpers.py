@@ -10,6 +10,7 @@ import functools
 import gzip
 import hashlib
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -682,13 +683,20 @@ def _in_process(config_name: str, run_dir: Path, task, overrides) -> object:
     from omegaconf import open_dict
 
     from core import run_lock
-    from core.gate import check_start, open_run
+    from core.gate import NothingToDo, check_as_peer, check_start, gate_of, open_run
 
     cfg = compose(config_name, run_dir, *overrides)
-    gated = int(os.environ.get("RANK", "0")) == 0  # as Hydra's callbacks run: rank 0 only
-    if gated:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        open_run(Path(run_dir), check_start(cfg, Path(run_dir), world_size, sweep=False), "a test")
+    gated = int(os.environ.get("RANK", "0")) == 0  # as RunGate.on_run_start: rank 0 writes
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        if gated:
+            plan = check_start(cfg, Path(run_dir), world_size, sweep=False)
+            open_run(Path(run_dir), plan, "a test")
+        else:
+            check_as_peer(cfg, Path(run_dir), gate_of(cfg))
+    except NothingToDo as e:  # (a start says it and exits 0)
+        logging.getLogger("train").info("%s", e)
+        return None
     HydraConfig.instance().set_config(cfg)
     task_cfg = copy.deepcopy(cfg)
     with open_dict(task_cfg):

@@ -169,10 +169,14 @@ def test_result_json_has_one_schema_for_completed_and_failed_runs(tmp_path):
     ok = assert_result_schema(tmp_path / "ok")
     assert ok["status"] == "completed" and ok["error"] is None and ok["best_epoch"] == 1
     assert ok["best_checkpoint"] == "checkpoints/best.pt" and ok["test"]["test/count"] == 180
+    # a user error the run meets once started (one the gate sees leaves no record at all)
+    missing = f"dataset.root={tmp_path / 'nowhere'}"
     with pytest.raises(UserError):
-        train_in_process(tmp_path / "bad", *QUICK, "wandb.mode=disabled", "trainer.max_epochs=0")
+        train_in_process(
+            tmp_path / "bad", *QUICK, "wandb.mode=disabled", "dataset=imagefolder", missing
+        )
     bad = assert_result_schema(tmp_path / "bad")
-    assert bad["status"] == "failed" and "trainer.max_epochs=0" in bad["error"]
+    assert bad["status"] == "failed" and "nowhere" in bad["error"]
     assert bad.keys() == ok.keys()
 
 

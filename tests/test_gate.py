@@ -166,6 +166,11 @@ def test_refused_and_no_op_starts_leave_the_run_dir_byte_identical(tmp_path: Pat
         proc = run(train_cmd(*QUICK, f"hydra.run.dir={run_dir}", *overrides), timeout=300)
         one_line(proc, 0, "holds a completed run", "nothing to continue")
         assert snapshot(run_dir) == before, overrides
+    # plain torchrun: rank 1 ends too, rather than wait for rank 0 at the rendezvous
+    plain = run(train_cmd(*QUICK, f"hydra.run.dir={run_dir}", "resume=auto", nproc=2), timeout=300)
+    said = output(plain)
+    assert plain.returncode == 0 and said.count("holds a completed run") == 1, said[-3000:]
+    assert snapshot(run_dir) == before
     refused = run(
         train_cmd(*QUICK, f"hydra.run.dir={run_dir}", "start_over=true", "trainer.max_epochs=0"),
         timeout=300,

@@ -794,7 +794,10 @@ def test_sweep_console(sweep_2x2: Sweep) -> None:
     """The launcher prints one line when the sweep starts, one per finished job (number, status,
     monitored metric, wall time, swept values) and the summary table; no rank output, no W&B
     banners."""
-    lines = sweep_2x2.out.rstrip("\n").splitlines()
+    every = sweep_2x2.out.rstrip("\n").splitlines()
+    status = [x for x in every if re.search(r"\]\[HYDRA\] sweep: \d+ done", x)]
+    lines = [x for x in every if x not in status]  # the status line: a plain line per change
+    assert status and status[-1].endswith("sweep: 4 done, 0 running, 0 failed, 0 pending")
     start, jobs, (blank, headline, header, rule, *table) = lines[0], lines[1:5], lines[5:]
     assert start.endswith(f"torchrun launcher: sweep dir {sweep_2x2.dir}"), start
     finished = {}

@@ -38,6 +38,7 @@ class PoolBackend:
     job (rank 0 of 1) on this machine, at most `size` at once."""
 
     poll_s = 0.05
+    holds_job_dirs = True
 
     def __init__(self, size: int = 2) -> None:
         self.size, self.busy, self.most_at_once = size, 0, 0

@@ -198,10 +198,12 @@ def test_slot_utilisation_from_the_launch_records(tmp_path: Path) -> None:
 
 
 class SleepBackend:
-    """Each attempt is a `sleep` process as long as the job's `+d=` override says; unlimited
-    room (the feed limits how many run)."""
+    """Each attempt is a `sleep` process as long as the job's override's value says (a key the
+    config has: the gate refuses one it does not); unlimited room (the feed limits how many
+    run)."""
 
     poll_s = 0.02
+    holds_job_dirs = True
 
     def __init__(self) -> None:
         self.started: dict[int, float] = {}
@@ -263,7 +265,7 @@ def test_a_job_starts_whenever_a_slot_frees(train_config, tmp_path: Path) -> Non
         if num == len(durations):
             return None
         events.append(f"ask {num}")
-        return num, [f"+d={durations[num]}"]
+        return num, [f"trainer.progress_every_s={durations[num]}"]
 
     feed = JobFeed(launcher, next_overrides, slots=2)
 

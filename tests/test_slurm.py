@@ -80,6 +80,7 @@ LRS = ("0.05", "0.1")
 # Rank 0 writes exactly these into a train.py job dir; rank 1 nothing; the launcher launch.json.
 JOB_DIR_ENTRIES = {
     ".hydra",
+    "launch.json",  # the run's attempts (a single run's too: its drift check)
     "train.log",
     "metrics.jsonl",
     "result.json",
@@ -87,7 +88,7 @@ JOB_DIR_ENTRIES = {
     "repro",
     "wandb",
 }
-SWEEP_JOB_DIR_ENTRIES = JOB_DIR_ENTRIES | {"launch.json"}
+SWEEP_JOB_DIR_ENTRIES = JOB_DIR_ENTRIES
 
 
 # ---------------------------------------------------------------------------------------------

@@ -187,6 +187,7 @@ def test_two_ranks_share_one_run_dir_written_by_rank_zero(two_runs):
     names = {p.name for p in run_dir.iterdir()}
     assert names == {
         ".hydra",
+        "launch.json",
         "train.log",
         "metrics.jsonl",
         "result.json",
