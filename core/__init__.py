@@ -10,5 +10,9 @@ components/, the scripts), importing none of them:
 * trials.py: how an Optuna trial and its job's rank 0 find each other (storage, pruner, env);
 * requeue.py: `scontrol requeue` of this SLURM job (preemption, and a SLURM task's stop handler).
 * hydra_compat.py: what Hydra 1.3 and 1.4 each need (version_base, the `_target_` whitelist, a
-  search config's multirun).
+  search config's multirun);
+* gate.py: the one gate before any write (RunGate: the app's checks, the run dir's plan);
+  run_lock.py: one holder per run dir; fault_points.py: the crash points tests kill at;
+* network.py: the interface gloo listens on for a job that spans hosts; wandb_service.py: one
+  W&B service for many runs (a sweep's jobs, a run's ranks).
 """
