@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -450,6 +451,23 @@ def ctrl_c_at(delay: float, cmd: list[str]) -> tuple[subprocess.Popen, str, bool
 
 
 CTRL_C_DELAYS = (0.0, 0.1, 0.25, 0.5, 0.8, 1.2, 1.8, 2.6)
+
+
+def test_a_ctrl_c_after_the_start_has_ended_keeps_its_exit_status():
+    """A Ctrl-C that comes while a refused start's exit unwinds out of its main block (after
+    the one line was said) leaves exit status 2, not a KeyboardInterrupt's death by SIGINT."""
+    code = (
+        "import os, signal, time\n"
+        "from launch.ranks.interrupt import ctrl_c_exits\n"
+        "try:\n"
+        "    with ctrl_c_exits():\n"
+        "        raise SystemExit(2)\n"
+        "finally:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(0.2)\n"
+    )
+    proc = run([sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == 2, output(proc)
 
 
 @pytest.mark.slow

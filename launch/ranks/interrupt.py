@@ -63,7 +63,8 @@ def ctrl_c_exits() -> Iterator[None]:
     error raised in its place while it unwound (OmegaConf's flag contexts, open_dict and
     read_write, restore flags on their way out, and on a node Ctrl-C left half built that
     fails with an error of its own). A launcher's own stop handler (launch/jobs.py) and the
-    training's (components/preemption.py) replace this one while they run."""
+    training's (components/preemption.py) replace this one while they run. For a script's
+    main block: Ctrl-C is ignored after it."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, on_sigint)
         sys.unraisablehook = quiet_dropped_ctrl_c
@@ -75,6 +76,11 @@ def ctrl_c_exits() -> Iterator[None]:
         if ctrl_c_received():
             raise interrupted() from None
         raise
+    finally:
+        # The start's outcome is decided (its line said, its exit status set): a Ctrl-C in the
+        # interpreter's exit from here on would replace it with a KeyboardInterrupt (exit -2).
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def hydra_keeps_ctrl_c() -> None:
