@@ -363,7 +363,7 @@ def test_slurm_runs_two_node_jobs_at_once_each_with_its_own_rendezvous(
         "dist.nnodes=2",
         "dist.nproc_per_node=1",
         "optim.lr=0.05,0.1",
-        "trainer.max_epochs=2",
+        "trainer.max_epochs=8",  # long enough to overlap however SLURM starts them
         "trainer.progress_bar=false",
         "wandb.mode=disabled",
         log=log,
