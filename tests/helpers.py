@@ -63,6 +63,13 @@ def run_env(**extra: str) -> dict:
     return env
 
 
+# What a run dir holds after a run (rank 0 writes it): records, checkpoints, its attempts.
+RUN_DIR_ENTRIES = frozenset(
+    {".hydra", "launch.json", "train.log", "metrics.jsonl", "result.json", "checkpoints"}
+    | {"repro", "wandb"}
+)
+
+
 def train_cmd(*overrides: str, nproc: int | None = None, script: str = "train.py") -> list[str]:
     if nproc is None:
         return [sys.executable, script, *overrides]

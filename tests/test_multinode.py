@@ -18,20 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import OFFLINE, QUICK, REPO, free_port, offline_runs, run_env
+from tests.helpers import OFFLINE, QUICK, REPO, RUN_DIR_ENTRIES, free_port, offline_runs, run_env
 
 pytestmark = pytest.mark.slow
 
-RUN_FILES = {
-    ".hydra",
-    "train.log",
-    "metrics.jsonl",
-    "result.json",
-    "checkpoints",
-    "repro",
-    "wandb",
-    "launch.json",
-}
+RUN_FILES = RUN_DIR_ENTRIES
 
 
 def two_node_torchrun(endpoint: str, rdzv_id: str, node_rank: int, *overrides: str) -> list[str]:

@@ -43,6 +43,7 @@ from launch.slurm_queue import cpus_per_gpu_in_sinfo, gpus_in_gres
 from tests.helpers import (
     OFFLINE,
     REPO,
+    RUN_DIR_ENTRIES,
     Sweep,
     offline_runs,
     output,
@@ -78,17 +79,7 @@ SLURM = [
 ]
 LRS = ("0.05", "0.1")
 # Rank 0 writes exactly these into a train.py job dir; rank 1 nothing; the launcher launch.json.
-JOB_DIR_ENTRIES = {
-    ".hydra",
-    "launch.json",  # the run's attempts (a single run's too: its drift check)
-    "train.log",
-    "metrics.jsonl",
-    "result.json",
-    "checkpoints",
-    "repro",
-    "wandb",
-}
-SWEEP_JOB_DIR_ENTRIES = JOB_DIR_ENTRIES
+JOB_DIR_ENTRIES = SWEEP_JOB_DIR_ENTRIES = RUN_DIR_ENTRIES
 
 
 # ---------------------------------------------------------------------------------------------

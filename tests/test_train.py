@@ -26,6 +26,7 @@ from tests.helpers import (
     OFFLINE,
     QUICK,
     REPO,
+    RUN_DIR_ENTRIES,
     offline_runs,
     output,
     read_json,
@@ -185,16 +186,7 @@ def test_two_ranks_share_one_run_dir_written_by_rank_zero(two_runs):
     _, run_dir, proc = two_runs
     # exactly one dir, holding only what rank 0 writes
     names = {p.name for p in run_dir.iterdir()}
-    assert names == {
-        ".hydra",
-        "launch.json",
-        "train.log",
-        "metrics.jsonl",
-        "result.json",
-        "checkpoints",
-        "repro",
-        "wandb",
-    }
+    assert names == RUN_DIR_ENTRIES
     assert {p.name for p in (run_dir / ".hydra").iterdir()} == {
         "config.yaml",
         "hydra.yaml",
