@@ -51,19 +51,26 @@ def install() -> None:
         task_function: Any,
         overrides: Any,
         with_log_configuration: bool = True,
+        **more: Any,  # Hydra 1.4's parsed_overrides, passed on as they came
     ) -> Any:
         from hydra.types import RunMode
 
+        def run() -> Any:
+            return multirun(
+                self, config_name, task_function, overrides, with_log_configuration, **more
+            )
+
         if not dry_run_requested(overrides):
-            return multirun(self, config_name, task_function, overrides, with_log_configuration)
+            return run()
         cfg = self.compose_config(
             config_name=config_name,
             overrides=overrides,
             with_log_configuration=with_log_configuration,
             run_mode=RunMode.MULTIRUN,
+            **more,
         )
         if not OmegaConf.select(cfg, "hydra.launcher.dry_run", default=False):
-            return multirun(self, config_name, task_function, overrides, with_log_configuration)
+            return run()
         preview_multirun(cfg, self.config_loader, task_function)
         return None
 
