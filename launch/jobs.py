@@ -53,6 +53,9 @@ class Job:
     retries_left: int = 0  # hydra.launcher.retries, counted down in this launch
     continues: bool = False  # its next attempt continues from the job dir's checkpoints
     plan: Any = None  # core/gate.py's Plan for its first attempt in this launch (launch/resume.py)
+    # hydra.launcher.fail_fast: <sweep dir>/.failed_fast, made when a job fails for good; a job
+    # that finds it at its start runs nothing (launch/ranks/slurm_task.py)
+    fence: Path | None = None
 
 
 class JobFailed(CompactHydraException):

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from omegaconf import OmegaConf
 
 from core import run_lock
-from core.errors import UserError, describe
+from core.errors import UserError, describe, job_value
 from core.naming import label, swept_values
 from core.run_dir import LAUNCH_FILE
 from launch.drift import check_on_drift
@@ -36,6 +36,7 @@ from launch.jobs import (
     stop_signals,
 )
 from launch.progress import SweepProgress, wall_time
+from launch.ranks.job_spec import FENCE_FILE, NotStarted
 from launch.report.callback import report_unfinished
 from launch.resume import (
     check_job_dir,
@@ -108,9 +109,10 @@ def place(job: Job, backend: Backend) -> None:
         job.error = str(e)
 
 
-def finish(job: Job, handle: Any, backend: Backend) -> Any:
-    """An ended attempt: its JobReturn, the attempt closed in launch.json, one line said."""
-    ret = backend.outcome(job, handle)
+def finish(job: Job, handle: Any, backend: Backend, ret: Any = None) -> Any:
+    """An ended attempt: its JobReturn (`ret` when already read), the attempt closed in
+    launch.json, one line said."""
+    ret = backend.outcome(job, handle) if ret is None else ret
     close_attempt(job, ret)
     return job_done(job, ret)
 
@@ -126,13 +128,16 @@ def run_jobs(
     fail_fast: bool = False,
     on_drift: str = "warn",
     progress: SweepProgress | None = None,
+    fence: Path | None = None,
 ) -> dict[int, Any]:
     """Run `jobs` through their whole life on `backend`; return {job num: final JobReturn}.
     The next job is taken from `jobs` only when the backend has room to start it now;
     `on_done(job, ret)` hears of each job's final JobReturn at once (an ask-and-tell sweeper).
     With `fail_fast` the first job that fails for good raises FailedFast: no job starts after
-    it, and the running ones are stopped and recorded as a stop signal would stop them.
-    `progress` hears of every start and end."""
+    it, and the running ones are stopped and recorded as a stop signal would stop them; a
+    scheduler that starts queued jobs on its own (SLURM) is fenced off by `fence`, a file made
+    at that moment, whose jobs run nothing once it exists (Job.fence). `progress` hears of
+    every start and end."""
     if retries < 0:
         raise UserError(f"hydra.launcher.retries={retries}: use 0 (no retry) or more")
     check_on_drift(on_drift)
@@ -144,6 +149,8 @@ def run_jobs(
                     refuse_drift(job)
     results: dict[int, Any] = {}
     failed_first: list[tuple[Job, Any]] = []  # with fail_fast: the job that ends the sweep
+    if fence is not None:
+        fence.unlink(missing_ok=True)  # an earlier launch's: this one starts the sweep again
 
     def done(job: Job, ret: Any, ran: bool = True) -> None:
         run_lock.release(job.job_dir)  # held since its first attempt started (if by us)
@@ -169,6 +176,7 @@ def run_jobs(
         if job is None:
             return False
         place(job, backend)
+        job.fence = fence if fail_fast else None
         ret, attach = prepare_job(job, backend, resume=resume, retries=retries, on_drift=on_drift)
         if ret is None and attach is None and not job.error and job.in_sweep:
             ret = gate_job(job)  # the app's checks, the job dir's plan (core/gate.py)
@@ -224,11 +232,14 @@ def run_jobs(
                 progress.draw()  # again, after the log lines that cleared it
             ended = backend.ended([handle for _, _, handle in running])
             for entry in [r for r in running if any(r[2] is h for h in ended)]:
-                running.remove(entry)
                 job, slot, handle = entry
+                ret = backend.outcome(job, handle)
+                if isinstance(job_value(ret), NotStarted):
+                    continue  # fenced off: stopped and recorded with the running ones
+                running.remove(entry)
                 if slot is not None:
                     backend.release(job, slot)
-                ret = finish(job, handle, backend)
+                ret = finish(job, handle, backend, ret)
                 if should_retry(job, ret):
                     pending.appendleft(job)  # next in line: it started before the others
                     if progress is not None:
@@ -236,6 +247,8 @@ def run_jobs(
                 else:
                     done(job, ret)
     except BaseException as e:
+        if isinstance(e, FailedFast) and fence is not None:
+            fence.touch()  # the job itself made it, unless it died first
         why = stop_reason(e)
         backend.stop([(job, handle) for job, _, handle in running], why)
         for job, _, _ in running:
@@ -362,7 +375,13 @@ class LifecycleLauncher:
             try:
                 try:
                     with stop_signals(stop_on):
-                        results = run_jobs(jobs(), **opts, on_done=on_done, progress=progress)
+                        results = run_jobs(
+                            jobs(),
+                            **opts,
+                            on_done=on_done,
+                            progress=progress,
+                            fence=sweep_dir / FENCE_FILE,
+                        )
                 finally:
                     progress.close()
             except FailedFast as e:

@@ -37,7 +37,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from core.errors import UserError, describe, find_user_error, job_value
+from core.errors import UserError, describe, job_value
 from core.fault_points import point
 from core.gate import NothingToDo, check_start, gate_of, open_run, what_runs
 from core.run_dir import (
@@ -53,7 +53,7 @@ from core.run_dir import (
 )
 from launch.drift import check_on_drift, drift_line, job_code, since_first
 from launch.jobs import STOPPED, write_launcher_result
-from launch.ranks.job_spec import job_return
+from launch.ranks.job_spec import fails_for_good, job_return
 from launch.report.jobs import read_overrides
 
 log = logging.getLogger(__name__)
@@ -354,10 +354,11 @@ def should_retry(job: Any, ret: Any) -> bool:
     """Whether a job that just ended gets another attempt (hydra.launcher.retries): it failed,
     it has retries left in this launch, and its error is not the user's (bad input fails the
     same way every time). Counts the retry and says so."""
-    if ret.status.name == "COMPLETED" or job.retries_left <= 0:
+    if ret.status.name == "COMPLETED":
         return False
-    if find_user_error(job_value(ret)) is not None:
-        log.info("#%d: not retried: a user error fails the same way again", job.num)
+    if fails_for_good(job, ret):
+        if job.retries_left > 0:
+            log.info("#%d: not retried: a user error fails the same way again", job.num)
         return False
     job.retries_left -= 1
     continue_in_dir(job)

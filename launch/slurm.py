@@ -44,6 +44,7 @@ from launch.jobs import (
     settings_from,
 )
 from launch.lifecycle import LifecycleLauncher
+from launch.ranks.job_spec import NotStarted
 from launch.ranks.slurm_task import in_slurm_task, number_range, run_task
 from launch.slurm_queue import (
     ACTIVE_STATES,
@@ -363,8 +364,10 @@ class SlurmBackend:
         """The JobReturn of one job: rank 0's own, or a failed one saying what went wrong."""
         outcome = load_outcome(result_path(s))
         ret = rank0_return(outcome)
-        if ret is not None and ret.status == JobStatus.COMPLETED:
-            return ret
+        if ret is not None and (
+            ret.status == JobStatus.COMPLETED or isinstance(job_value(ret), NotStarted)
+        ):
+            return ret  # a NotStarted one ran nothing: nothing to record (launch/lifecycle.py)
         rank0: BaseException | str | None = None
         if ret is not None:  # rank 0's failed JobReturn
             rank0 = job_value(ret)

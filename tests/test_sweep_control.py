@@ -270,18 +270,20 @@ def test_fail_fast_under_optuna(tmp_path: Path) -> None:
 def test_fail_fast_on_slurm(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
     """hydra/launcher=slurm: job #1 raises, the launcher cancels the other SLURM jobs (job #0
     checkpoints on SLURM's SIGTERM: `interrupted`; the queued ones never ran), exits non-zero
-    with one line; the resume completes every job."""
+    with one line; the resume completes every job. The launcher polls every 6 s: SLURM starts
+    the queued jobs on the CPU job #1 frees long before the launcher hears of its end, and
+    they run nothing (the sweep's fence, launch/lifecycle.py)."""
     sweep_dir = tmp_path / "sweep"
     cmd = train_cmd(
         "-m",
         "hydra/launcher=slurm",
-        "hydra.launcher.poll_interval_s=0.25",
         "hydra.launcher.cpus_per_task=1",
         f"hydra.sweep.dir={sweep_dir}",
         *SWEEP,
         *GRID,
     )
-    stopped = run([*cmd, FAIL_FAST], timeout=400, **FAULTS, **idle_cluster.env)
+    polls = "hydra.launcher.poll_interval_s=6", "hydra.launcher.poll_interval_s=0.25"
+    stopped = run([*cmd, polls[0], FAIL_FAST], timeout=400, **FAULTS, **idle_cluster.env)
     out = output(stopped)
     assert stopped.returncode != 0 and "Traceback" not in out, out[-5000:]
     assert re.search(r"hydra\.launcher\.fail_fast: job #1 \(.*\) failed: .*injected fault", out)
@@ -290,7 +292,7 @@ def test_fail_fast_on_slurm(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
     assert any((sweep_dir / "0" / "checkpoints").glob("step-*.pt"))
     for num in (2, 3):  # submitted with the others (SLURM queues them) but never ran
         assert not (sweep_dir / str(num) / "metrics.jsonl").exists(), num
-    resumed = run([*cmd, RESUME], timeout=600, **idle_cluster.env)
+    resumed = run([*cmd, polls[1], RESUME], timeout=600, **idle_cluster.env)
     assert resumed.returncode == 0, output(resumed)[-5000:]
     assert all(read_result(sweep_dir / str(n)).status == "completed" for n in range(4))
     assert "resumed from" in (sweep_dir / "0" / "train.log").read_text()

@@ -51,6 +51,24 @@ class Stopped(CompactHydraException):
     cause is in the record of the ranks that died, when there is one."""
 
 
+class NotStarted(Stopped):
+    """A SLURM job that SLURM started after a job of its sweep failed for good under
+    hydra.launcher.fail_fast (SLURM starts a queued job the moment a CPU frees, before the
+    launcher's next poll): it ran nothing; the launcher stops and records it with the running
+    ones (launch/lifecycle.py)."""
+
+
+FENCE_FILE = ".failed_fast"  # in the sweep dir: Job.fence (launch/jobs.py)
+
+
+def fails_for_good(job: Any, ret: Any) -> bool:
+    """Whether `job`'s failed attempt (JobReturn `ret`) is its last in this launch: no
+    hydra.launcher.retries left, or a user error, which fails the same way every time."""
+    from core.errors import find_user_error, job_value
+
+    return job.retries_left <= 0 or find_user_error(job_value(ret)) is not None
+
+
 def job_return(job: Any, status: Any, value: Any) -> Any:
     """A JobReturn made by the launcher, or by a SLURM task stopped before its task ran (rank 0
     returned none), for `job`, a launch.jobs.Job."""

@@ -25,7 +25,7 @@ from core.errors import UserError
 from core.run_dir import ATTEMPT_ENV, REQUEUE_EXIT_CODE
 from core.world import cores_per_rank
 from launch.ranks.bootstrap import report_failure, run_rank
-from launch.ranks.job_spec import Stopped, job_return
+from launch.ranks.job_spec import NotStarted, Stopped, fails_for_good, job_return
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +131,17 @@ def run_task(job: Any) -> Any:
         job_id = submitit.JobEnvironment().job_id
         with open_dict(job.spec.config):
             job.spec.config.hydra.job.id = job_id
+        if job.fence is not None and job.fence.exists():
+            raise NotStarted(
+                "not started: a job of this sweep failed for good (hydra.launcher.fail_fast)"
+            )
         if rank == 0:  # the writer holds the job dir while the SLURM job runs (core/gate.py);
             # held by another: this task fails, and srun --kill-on-bad-exit ends the others
             run_lock.acquire(job.job_dir, f"SLURM job {job_id}, rank 0")
         ret = run_rank(job.spec, rank)
+        failed = rank == 0 and ret.status.name == "FAILED"
+        if failed and job.fence is not None and fails_for_good(job, ret):
+            job.fence.touch()  # before this job's CPUs free up for a queued one
     except Stopped as e:  # stopped before the job's task function ran: rank 0 still says so
         if rank != 0:
             raise SystemExit(str(e)) from None
