@@ -16,12 +16,13 @@ computes its metrics with the same code (components/evaluation.py).
 """
 
 if __name__ == "__main__":  # `python eval.py ...`: Hydra first, torch only when a job runs
-    from launch.ranks.interrupt import ctrl_c_exits
+    from ddp_launcher.ranks.interrupt import ctrl_c_exits
 
     with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
+        from ddp_launcher.ranks.entry import entry_point
+        from ddp_launcher.torchrun import run_task_or_hand_off
+
         import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-        from launch.ranks.entry import entry_point
-        from launch.torchrun import run_task_or_hand_off
 
         entry_point(__file__, task="eval:main", config_name="eval", hand_off=run_task_or_hand_off)
 
@@ -31,6 +32,8 @@ import math
 import os
 from pathlib import Path
 
+from ddp_launcher.core.manifest import find_checkpoint
+from ddp_launcher.core.run_dir import EvalReport
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -38,10 +41,8 @@ import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 from components.distributed import data_barrier, init_distributed
 from components.eval_record import EvalRecord
 from components.evaluation import Predictions, evaluate
-from components.manifest import find_checkpoint
 from components.precision import memory_format, precision_context, resolve_precision
 from components.trained import load_trained, load_weights, trained_config
-from core.run_dir import EvalReport
 from data import ImageFiles, build_datasets, eval_loader, loader_options, sample_positions
 from data.datasets import SPLITS
 from models import build_model
@@ -51,7 +52,7 @@ log = logging.getLogger("eval")
 
 def main(cfg: DictConfig) -> float | None:
     """Hydra's task function; returns the split's top-1 accuracy (None for a folder)."""
-    # (With dist.nproc_per_node=N, launch/torchrun.py's run_task_or_hand_off has handed
+    # (With dist.nproc_per_node=N, ddp_launcher/torchrun.py's run_task_or_hand_off has handed
     # this to N ranks.)
     return evaluate_checkpoint(cfg)
 

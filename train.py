@@ -22,12 +22,13 @@ state over `self` and its methods, and a researcher editing the loop would read 
 if __name__ == "__main__":  # `python train.py ...` (also each rank under plain torchrun)
     # Hydra composes conf/train.yaml first: --help, --cfg and config errors come back before
     # the imports below load torch; then it imports this file as `train` and runs main().
-    from launch.ranks.interrupt import ctrl_c_exits
+    from ddp_launcher.ranks.interrupt import ctrl_c_exits
 
     with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
+        from ddp_launcher.ranks.entry import entry_point
+        from ddp_launcher.torchrun import run_task_or_hand_off
+
         import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-        from launch.ranks.entry import entry_point
-        from launch.torchrun import run_task_or_hand_off
 
         entry_point(__file__, task="train:main", config_name="train", hand_off=run_task_or_hand_off)
 
@@ -41,6 +42,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.requeue import requeue_on_slurm
+from ddp_launcher.core.run_dir import process_age_s
+from ddp_launcher.core.world import per_rank_batch, rank_world_size
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -80,10 +85,6 @@ from components.train_step import Progress, TrainStep, train_row
 from components.wandb_media import ValMedia
 from conf.checks import checkpoint_fit
 from conf.folder_recipe import folder_augment
-from core.errors import UserError
-from core.requeue import requeue_on_slurm
-from core.run_dir import process_age_s
-from core.world import per_rank_batch, rank_world_size
 from data import (
     DataSplits,
     FirstBatches,
@@ -105,7 +106,7 @@ def main(cfg: DictConfig) -> float | None:
     (trainer.monitor: what sweepers optimise; never a test metric). A user error propagates to
     whoever runs the task, which reports it once; preemption exits with 75. (With
     dist.nproc_per_node=N, the process you started hands the job to N ranks before this
-    file is imported: launch/torchrun.py's run_task_or_hand_off.)"""
+    file is imported: ddp_launcher/torchrun.py's run_task_or_hand_off.)"""
     try:
         return train(cfg)
     except Pruned as e:  # the sweeper's pruner stopped the trial: a result, not an error
@@ -121,8 +122,8 @@ def train(cfg: DictConfig) -> float | None:
     """One run, in every rank; returns the monitored metric's best value."""
     tc = cfg.trainer
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # The gate (core/gate.py, conf/checks.py) checked the settings and the run dir where the
-    # run started, before anything was written.
+    # The gate (ddp_launcher/core/gate.py, conf/checks.py) checked the settings and the run dir
+    # where the run started, before anything was written.
     micro_batch = per_rank_batch(tc.batch_size, rank_world_size(), tc.accumulate_grad_batches)
     # `run`: rank 0's metrics.jsonl, W&B run and result.json, however the run ends; `env`: this
     # rank's place in the process group and its pinned device (GPU LOCAL_RANK).

@@ -1,7 +1,7 @@
 """Checkpoints: written by rank 0 only, atomically and verifiably; loaded with weights_only=True.
 
 Layout of <run dir>/checkpoints/:
-  manifest.json            the commit record (components/manifest.py): which step files are
+  manifest.json            the commit record (ddp_launcher/core/manifest.py): which step files are
                            committed, with their SHA-256, and which last.pt and best.pt are
   step-00000120.pt         one per step saved (a step saved again: step-00000120-1.pt); the
                            newest `keep` are kept, plus the best
@@ -45,9 +45,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
-
-from components.manifest import (
+from ddp_launcher.core.errors import UserError, one_line, resolved_yaml
+from ddp_launcher.core.fault_points import point
+from ddp_launcher.core.gate import resume_choice
+from ddp_launcher.core.manifest import (
     BEST,
     LAST,
     LINKS,
@@ -64,10 +65,8 @@ from components.manifest import (
     usable,
     verify,
 )
-from core.errors import UserError, one_line, resolved_yaml
-from core.fault_points import point
-from core.gate import resume_choice
-from core.run_dir import CHECKPOINT_DIR, atomic_path, write_atomic
+from ddp_launcher.core.run_dir import CHECKPOINT_DIR, atomic_path, write_atomic
+from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddp_launcher.core.run_dir import RunResult
 from tqdm import tqdm
-
-from core.run_dir import RunResult
 
 log = logging.getLogger("train")  # the run's own lines: train.log and the console
 

@@ -21,13 +21,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ddp_launcher.core import world
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.network import (
+    GLOO_IFNAME_ENV,
+    gloo_interface,
+    interface_addresses,
+    is_loopback,
+)
+from ddp_launcher.core.world import started_as_rank
 from hydra.errors import CompactHydraException
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from core import world
-from core.errors import UserError
-from core.network import GLOO_IFNAME_ENV, gloo_interface, interface_addresses, is_loopback
-from core.world import started_as_rank
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ class DistEnv:
 
 
 def requested_world(dist_cfg) -> tuple[int, int]:
-    """(nproc_per_node, nnodes) this run should have, `auto` resolved (core/world.py).
+    """(nproc_per_node, nnodes) this run should have, `auto` resolved (ddp_launcher/core/world.py).
 
     Under torchrun, auto takes the environment's values and an explicit value must match them.
     """
@@ -232,7 +236,8 @@ def spans_nodes() -> bool:
 
 def choose_gloo_interface() -> None:
     """GLOO_SOCKET_IFNAME, unless set, for a job that spans nodes: the interface the other
-    nodes reach this one on (core/network.py), not gloo's default, the address of this node's
+    nodes reach this one on (ddp_launcher/core/network.py), not gloo's default, the address of this
+    node's
     hostname, which may be a loopback address. It serves a NCCL job's gloo group too."""
     if os.environ.get(GLOO_IFNAME_ENV):
         return
@@ -277,7 +282,7 @@ def lost_node(error: RuntimeError) -> LostNode | None:
         except OSError:
             where = address
         tell_lost_node(where)
-    # (worded so that launch/ranks/bootstrap.py's lost_a_peer does not take it for a rank that
+    # (worded so that ddp_launcher/ranks/bootstrap.py's lost_a_peer does not take it for a rank that
     # only lost a peer: this is the cause the launcher reports)
     return LostNode(
         f"lost node {where}: the connections to its ranks broke, they died or the node went "

@@ -13,12 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
-
-from components.evaluation import EvalResult
-from components.metrics import init_wandb
-from components.wandb_media import class_panels
-from core.run_dir import (
+from ddp_launcher.core.run_dir import (
     CONFUSION_FILE,
     EVAL_FILE,
     PREDICTIONS_FILE,
@@ -26,7 +21,12 @@ from core.run_dir import (
     atomic_path,
     write_json_atomic,
 )
-from core.wandb_mode import resolve_wandb_mode
+from ddp_launcher.core.wandb_mode import resolve_wandb_mode
+from omegaconf import DictConfig, OmegaConf
+
+from components.evaluation import EvalResult
+from components.metrics import init_wandb
+from components.wandb_media import class_panels
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ import signal
 import threading
 
 import torch
-
-from core.run_dir import ATTEMPT_ENV
+from ddp_launcher.core.run_dir import ATTEMPT_ENV
 
 
 class InjectedFault(RuntimeError):

@@ -17,17 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
-
-from components.console import end_line
-from components.manifest import BEST, committed_best
-from components.preemption import Preempted
-from components.pruning import Pruned
-from components.repro import REPRO_DIR, write_repro
-from components.wandb_media import CheckpointArtifacts, save_files
-from core.errors import describe
-from core.fault_points import point
-from core.naming import (
+from ddp_launcher.core.errors import describe
+from ddp_launcher.core.fault_points import point
+from ddp_launcher.core.manifest import BEST, committed_best
+from ddp_launcher.core.naming import (
     SWEPT_KEYS_ENV,
     agent_sweep_keys,
     in_wandb_agent,
@@ -36,7 +29,8 @@ from core.naming import (
     sweep_group,
     swept_values,
 )
-from core.run_dir import (
+from ddp_launcher.core.repro import REPRO_DIR, write_repro
+from ddp_launcher.core.run_dir import (
     CHECKPOINT_DIR,
     METRICS_FILE,
     RunResult,
@@ -46,8 +40,14 @@ from core.run_dir import (
     write_atomic,
     write_result,
 )
-from core.wandb_mode import resolve_wandb_mode
-from core.wandb_service import run_settings, wait_for_service
+from ddp_launcher.core.wandb_mode import resolve_wandb_mode
+from ddp_launcher.core.wandb_service import run_settings, wait_for_service
+from omegaconf import DictConfig, OmegaConf
+
+from components.console import end_line
+from components.preemption import Preempted
+from components.pruning import Pruned
+from components.wandb_media import CheckpointArtifacts, save_files
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ class WandbIdentity:
 def wandb_identity(group: str | None, name: str | None) -> WandbIdentity:
     """Defaults from Hydra: a sweep's jobs share one group (the experiment's name, else `sweep`,
     plus the sweep dir's timestamp); a sweep job is named by its number and the values of the
-    keys its sweep varies (`3:lr=0.01235,hidden=128`, core/naming.py); a plain run by its
+    keys its sweep varies (`3:lr=0.01235,hidden=128`, ddp_launcher/core/naming.py); a plain run by
+    its
     overrides. Under `wandb agent` the swept keys are the agent's parameters."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -131,7 +132,8 @@ def init_wandb(
     try:
         import wandb
 
-        wait_for_service()  # one this process or the sweep started early (core/wandb_service.py)
+        # one this process or the sweep started early (ddp_launcher/core/wandb_service.py)
+        wait_for_service()
         run = wandb.init(
             project=None if agent else w.project,
             entity=None if agent else w.entity,
@@ -353,7 +355,8 @@ class RunLogger:
         epochs_done: int = 0,
         steps_done: int | None = None,
     ) -> str | None:
-        """Write repro/ (components/repro.py), start metrics.jsonl and the W&B run (continuing
+        """Write repro/ (ddp_launcher/core/repro.py), start metrics.jsonl and the W&B run
+        (continuing
         `wandb_run_id`; with the repro files, and wandb.watch on `model` if asked); returns the
         W&B id. `facts` with `params`, `flops_per_sample` and `precision` go to result.json
         too; `monitor` (components.monitor.Monitor) keeps the bests result.json reports;

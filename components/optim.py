@@ -13,10 +13,9 @@ import logging
 import math
 
 import torch
+from ddp_launcher.core.errors import UserError, one_line
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-
-from core.errors import UserError, one_line
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import os
 from contextlib import nullcontext
 
 import torch
+from ddp_launcher.core.errors import UserError
 
 from components.distributed import rank0_decides
-from core.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,7 @@ import threading
 
 import torch
 import torch.distributed as dist
-
-from core.run_dir import REQUEUE_EXIT_CODE
+from ddp_launcher.core.run_dir import REQUEUE_EXIT_CODE
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""Pruning a sweep's trial from inside its ranks (`hydra.sweeper.pruner`, launch/sweeper/).
+"""Pruning a sweep's trial from inside its ranks (`hydra.sweeper.pruner`, ddp_launcher/sweeper/).
 
 The Optuna sweeper runs each trial as a DDP job in other processes (torchrun agents, SLURM
 tasks), so the trial is reached through the study's shared storage: the sweeper exports the
-storage, the study's name and its pruner (core/trials.py's STORAGE_ENV, STUDY_ENV,
+storage, the study's name and its pruner (ddp_launcher/core/trials.py's STORAGE_ENV, STUDY_ENV,
 PRUNER_ENV, inherited by every rank under either launcher) and tags each trial with its
 sweep dir and job number, which each job reads from its own Hydra config. After every
 validation rank 0 reports the monitored metric to its trial (`Trial.report`) and asks the pruner
@@ -12,7 +12,7 @@ the same epoch. train.py then raises
 the study TrialState.PRUNED.
 
 Torch-free at import; torch only for the broadcast. What the sweeper shares with this module
-(variable names, storage, pruner) is in core/trials.py.
+(variable names, storage, pruner) is in ddp_launcher/core/trials.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.trials import (
+from ddp_launcher.core.trials import (
     JOB_NUM_ATTR,
     PRUNER_ENV,
     STORAGE_ENV,

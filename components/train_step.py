@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from ddp_launcher.core.errors import UserError
 from omegaconf import DictConfig
 
 from components import faults
@@ -21,7 +22,6 @@ from components.distributed import DistEnv
 from components.loss_window import LossWindow
 from components.precision import as_model_input, memory_format, precision_context
 from components.speed import Speed, peak_memory_mb
-from core.errors import UserError
 from data.mixing import BatchMix
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ddp_launcher.core.errors import UserError, one_line
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from components.checkpoint import load_checkpoint
-from core.errors import UserError, one_line
 from data.datasets import LOADER_KEYS
 
 # Keys of eval.py's own config, never taken into the trained config. `dist` too: the world

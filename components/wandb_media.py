@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from ddp_launcher.core.errors import UserError
 
 from components.evaluation import EvalResult
-from core.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,8 @@ class ValMedia:
 
     def __init__(self, cfg, splits, val_loader, env) -> None:
         """`cfg`: the run's config (wandb.*, trainer.max_epochs); `env`: this rank's DistEnv."""
-        from core.wandb_mode import resolve_wandb_mode
+        from ddp_launcher.core.wandb_mode import resolve_wandb_mode
+
         from data import sample_positions
         from data.datasets import labels_of
 

@@ -1,5 +1,6 @@
 """The experiment's own checks of a job's config, torch-free: what no schema type can say. The
-gate (core/gate.py; named in conf/train.yaml's and conf/eval.yaml's hydra.callbacks) runs them
+gate (ddp_launcher/core/gate.py; named in conf/train.yaml's and conf/eval.yaml's hydra.callbacks)
+runs them
 where a run starts, and the launchers for every sweep job before any starts: bad input is one
 line naming the key and the fix (a UserError) before anything is written.
 """
@@ -10,15 +11,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.gate import NothingToDo, resume_choice
+from ddp_launcher.core.manifest import committed_entry, find_checkpoint, read_manifest, usable
+from ddp_launcher.core.run_dir import CHECKPOINT_DIR, read_result
+from ddp_launcher.core.world import check_batch_size
 from omegaconf import DictConfig, OmegaConf
 
-from components.manifest import committed_entry, find_checkpoint, read_manifest, usable
 from components.monitor import Monitor, check_target
 from conf.schema import check_keys
-from core.errors import UserError
-from core.gate import NothingToDo, resume_choice
-from core.run_dir import CHECKPOINT_DIR, read_result
-from core.world import check_batch_size
 
 PRECISIONS = ("auto", "32", "64", "bf16", "fp16")  # components/precision.py's
 DEVICES = ("auto", "cpu", "cuda")  # components/distributed.py's

@@ -42,7 +42,8 @@ class DatasetConfig:
 
     _target_: str = MISSING
     # DataLoader workers per rank: auto (this rank's share of the cores, less the one it
-    # trains on: core.world.data_workers) or an integer >= 0 (0: load in the rank itself)
+    # trains on: ddp_launcher.core.world.data_workers) or an integer >= 0 (0: load in the rank
+    # itself)
     num_workers: str = "auto"
     # Sets held in memory (digits, MNIST family, CIFAR) as one uint8 tensor on the training
     # device, batches built with tensor ops (data/fast.py); false: the DataLoader path.
@@ -441,7 +442,7 @@ def check_keys(cfg: Any, path: str = "") -> None:
     for key in extra:
         if arguments is None or key in arguments:
             continue  # a key the target takes (or any key: **kwargs, an unknown target)
-        from core.errors import UserError
+        from ddp_launcher.core.errors import UserError
 
         known = list(dict.fromkeys([*fields, *sorted(arguments)]))
         where = f"{path} ({schema.__name__})" if path else f"the config ({schema.__name__})"

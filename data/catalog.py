@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ddp_launcher.core.errors import UserError
 from torch.utils.data import Subset
 from torchvision import datasets as tvd
 from torchvision.transforms import v2
 from torchvision.transforms.functional import to_pil_image
 
-from core.errors import UserError
 from data.datasets import DataSource, FastPath, carve_val, holdout_size, stratified_holdout
 from data.decode import DecodeImage, looks_readable, read_bytes
 from data.digits import Digits

@@ -28,11 +28,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from ddp_launcher.core.errors import UserError, describe, instantiate, one_line
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from torch.utils.data import Dataset, Subset
 
-from core.errors import UserError, describe, instantiate, one_line
 from data.fast import InMemoryData, as_uint8_nchw
 from data.seeding import EpochSeededDataset
 from data.transforms import Recipe, is_random

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.world import data_workers
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from core.errors import UserError
-from core.world import data_workers
 from data.datasets import DataSplits, SplitView
 from data.decode import device_stages
 from data.fast import FastEvalLoader, FastTrainLoader
@@ -88,7 +88,7 @@ def loader_options(
 ) -> dict:
     """This rank's keyword arguments of build_loaders / eval_loader: its place in the world,
     and from the dataset config (any dataset node: a user's may lack these keys) the workers
-    (`auto`: from the cores this rank has, core.world.data_workers) and the fast path;
+    (`auto`: from the cores this rank has, ddp_launcher.core.world.data_workers) and the fast path;
     pinned memory on GPU."""
     if local_world_size is None:
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))

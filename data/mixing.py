@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from ddp_launcher.core.errors import UserError
 from torchvision.transforms import v2
 
-from core.errors import UserError
 from data.seeding import mix_seed, seeded
 
 _MIX_STREAM = 0x6D6978  # keeps these seeds apart from the per-sample ones

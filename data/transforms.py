@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from ddp_launcher.core.errors import UserError
 from torchvision import transforms as v1
 from torchvision.transforms import AutoAugmentPolicy, v2
-
-from core.errors import UserError
 
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -123,9 +122,8 @@ def auto_augment(policy: str = "imagenet", **kwargs: Any) -> v2.AutoAugment:
 def build_recipe(augment_cfg: Any) -> Recipe:
     """Instantiate the `augment` config (None or missing: no augmentation); an argument a
     transform rejects becomes a one-line error naming the key."""
+    from ddp_launcher.core.errors import find_user_error, instantiate, one_line
     from hydra.errors import InstantiationException
-
-    from core.errors import find_user_error, instantiate, one_line
 
     if augment_cfg is None:
         return Recipe()

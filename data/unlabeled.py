@@ -6,12 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from ddp_launcher.core.errors import UserError
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
-
-from core.errors import UserError
 
 UNLABELED = -1  # the label of every item
 

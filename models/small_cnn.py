@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ddp_launcher.core.errors import UserError
 from torch import Tensor, nn
-
-from core.errors import UserError
 
 __all__ = ["SmallCNN"]
 

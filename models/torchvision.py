@@ -18,10 +18,9 @@ import re
 from functools import lru_cache
 
 import torchvision
+from ddp_launcher.core.errors import UserError
 from torch import nn
 from torchvision.models import ResNet
-
-from core.errors import UserError
 
 __all__ = ["build_torchvision_model", "classification_model_names"]
 

@@ -46,7 +46,8 @@ def pin_to_the_cpu() -> None:
     MACHINE_CUDA_ENV, MACHINE_GPUS_ENV) for the tests marked `gpu`, which run their GPU work
     in a process that sees them (tests/gpu.py). xdist's workers inherit both from the
     controller, whose hook ran first."""
-    from core.world import visible_gpus
+    from ddp_launcher.core.world import visible_gpus
+
     from tests.gpu import MACHINE_CUDA_ENV, MACHINE_GPUS_ENV, UNSET
 
     if MACHINE_CUDA_ENV not in os.environ:

@@ -28,13 +28,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import yaml
+from ddp_launcher.core.hydra_compat import VERSION_BASE
+from ddp_launcher.core.run_dir import read_metrics
 from PIL import Image
 from torch.utils.data import Dataset
 
-from core.hydra_compat import VERSION_BASE
-from core.run_dir import read_metrics
-
 REPO = Path(__file__).resolve().parent.parent
+# this checkout's code: the experiment and its launcher package (launch/pyproject.toml)
+IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])
 
 # Quick settings for tests that only need a run to happen; each test adds what it checks.
 # W&B is off unless a test reads what W&B wrote (OFFLINE): its service costs each run seconds.
@@ -57,7 +58,7 @@ def run_env(**extra: str) -> dict:
         WANDB_SILENT="true",
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=IMPORT_PATH,
     )
     env.update(extra)
     return env
@@ -681,16 +682,16 @@ def dataset_cfg(name: str, **keys):
 
 
 def _in_process(config_name: str, run_dir: Path, task, overrides) -> object:
-    """Run `task(cfg)` here as one rank of a start would: on rank 0 the gate first (core/gate.py:
+    """Run `task(cfg)` here as one rank of a start would: on rank 0 the gate first
+    (ddp_launcher/core/gate.py:
     the app's checks, the run dir's plan, its lock), then as Hydra's run_job would (config and
     run dir set up, no logging configured): errors propagate as raised, nothing is reported.
     The run dir's lock is given up and W&B's service shut down at the end, so its offline
     records are complete on disk."""
+    from ddp_launcher.core import run_lock
+    from ddp_launcher.core.gate import NothingToDo, check_as_peer, check_start, gate_of, open_run
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
-
-    from core import run_lock
-    from core.gate import NothingToDo, check_as_peer, check_start, gate_of, open_run
 
     cfg = compose(config_name, run_dir, *overrides)
     gated = int(os.environ.get("RANK", "0")) == 0  # as RunGate.on_run_start: rank 0 writes

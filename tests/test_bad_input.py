@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ddp_launcher.core.errors import UserError
 from omegaconf import open_dict
 from PIL import Image
 
-from core.errors import UserError
 from tests.helpers import (
     QUICK,
     REPO,
@@ -386,7 +386,7 @@ def task_config(*overrides: str):
 
 def test_a_gpu_listed_twice_is_refused():
     """hydra.launcher.gpus=[0,0] gave two jobs one GPU."""
-    from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
+    from ddp_launcher.torchrun import TorchrunBackend, TorchrunLauncherConf
 
     with pytest.raises(UserError, match=r"hydra.launcher.gpus=\[0, 0\] names a GPU twice"):
         TorchrunBackend(TorchrunLauncherConf(gpus=[0, 0]), gpu_ids=["0", "1"], cores=[0, 1])
@@ -458,7 +458,7 @@ def test_a_ctrl_c_after_the_start_has_ended_keeps_its_exit_status():
     the one line was said) leaves exit status 2, not a KeyboardInterrupt's death by SIGINT."""
     code = (
         "import os, signal, time\n"
-        "from launch.ranks.interrupt import ctrl_c_exits\n"
+        "from ddp_launcher.ranks.interrupt import ctrl_c_exits\n"
         "try:\n"
         "    with ctrl_c_exits():\n"
         "        raise SystemExit(2)\n"

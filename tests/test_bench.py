@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from ddp_launcher.core.hydra_compat import VERSION_BASE
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from PIL import Image
 from torchvision.datasets import MNIST
 
 import conf.schema  # noqa: F401 - registers the schema for compose()
-from core.hydra_compat import VERSION_BASE
 from data import build_datasets
 from data.transforms import NORMALIZATION, build_recipe
 from docs.bench import bench, common, workloads
 from docs.bench import reference as bench_reference
-from tests.helpers import REPO, run_env
+from tests.helpers import IMPORT_PATH, REPO, run_env
 
 
 def composed(workload: str, data_root: Path | None = None, workers: int | None = 0):
@@ -285,7 +285,7 @@ def test_gpu_check_without_its_packages_says_so_in_one_line_and_fails(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "docs.bench", "--workloads", "G", "--out", str(tmp_path / "r")],
         cwd=REPO,
-        env=run_env(PYTHONPATH=f"{hide}{os.pathsep}{REPO}"),
+        env=run_env(PYTHONPATH=f"{hide}{os.pathsep}{IMPORT_PATH}"),
         capture_output=True,
         text=True,
         timeout=180,

@@ -22,16 +22,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+from ddp_launcher.core import world
+from ddp_launcher.core.errors import (
+    ReportUserError,
+    UserError,
+    describe,
+    find_user_error,
+    instantiate,
+)
+from ddp_launcher.core.gate import resume_choice
+from ddp_launcher.core.run_dir import ATTEMPT_ENV, RunResult, read_result
 
 from components import checkpoint as ck
 from components import faults
 from components.loss_window import LossWindow
 from components.metrics import RunLogger, ending, rows_to_replay
 from components.preemption import Preempted
-from core import world
-from core.errors import ReportUserError, UserError, describe, find_user_error, instantiate
-from core.gate import resume_choice
-from core.run_dir import ATTEMPT_ENV, RunResult, read_result
 from tests.helpers import training_state
 
 
@@ -848,8 +854,7 @@ def test_wandb_charts_the_gpus_cuda_visible_devices_gives(monkeypatch, visible, 
     """x_stats_gpu_device_ids (NVML indices) of every run's settings follow CUDA_VISIBLE_DEVICES;
     UUIDs and MIG instances through NVML (faked), which is left closed."""
     import wandb
-
-    from core.wandb_service import run_settings
+    from ddp_launcher.core.wandb_service import run_settings
 
     nvml = FakeNVML()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
@@ -863,7 +868,7 @@ def test_wandb_charts_the_gpus_cuda_visible_devices_gives(monkeypatch, visible, 
 
 def test_wandb_charts_every_gpu_where_uuids_cannot_be_mapped(monkeypatch):
     """Without nvidia-ml-py a UUID has no NVML index to give: every GPU, as before."""
-    from core.wandb_service import gpu_device_ids
+    from ddp_launcher.core.wandb_service import gpu_device_ids
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-9a8b7c6d-1111")
@@ -899,7 +904,7 @@ def test_requirements_lists_every_distribution_as_importlib_metadata_reads_it() 
     importlib.metadata's full parse: one `Name==Version` per distribution, sorted, first wins."""
     from importlib import metadata
 
-    from components.repro import requirements
+    from ddp_launcher.core.repro import requirements
 
     expected: dict[str, str] = {}
     for distribution in metadata.distributions():

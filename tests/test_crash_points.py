@@ -1,6 +1,7 @@
 """Every crash point tried (issue 55, case 7): a SIGKILL at each named point of the checkpoint
 save protocol and at each write of metrics.jsonl, result.json and the launch records
-(core/fault_points.py's POINTS), of a rank or of the launcher, with 1 and 2 ranks; then a
+(ddp_launcher/core/fault_points.py's POINTS), of a rank or of the launcher, with 1 and 2 ranks;
+then a
 resume, which must end as the uninterrupted run did: identical weights, each metrics row once,
 result.json's best = the epoch whose bytes best.pt holds, and test metrics from those bytes.
 
@@ -15,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ddp_launcher.core.fault_points import POINTS
 
 from components.checkpoint import load_checkpoint
-from core.fault_points import POINTS
 from tests.helpers import assert_same_training, output, read_json, run, train_cmd, val_rows
 
 # digits, 22 steps an epoch: saves at steps 8, 16, 22 (epoch 1: the first best), 24, 32, 40,

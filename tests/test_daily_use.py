@@ -13,9 +13,9 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.run_dir import RunResult
 
-from core.errors import UserError
-from core.run_dir import RunResult
 from tests.helpers import (
     QUICK,
     REPO,

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ddp_launcher.core.errors import UserError
 from omegaconf import OmegaConf
 from torch.utils.data import Dataset, DistributedSampler
 from torchvision import datasets as tvd
 
-from core.errors import UserError
 from data import (
     DataSource,
     DataSplits,

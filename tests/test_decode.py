@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.world import data_workers
 from PIL import Image
 from torchvision.transforms import v2
 
-from core.errors import UserError
-from core.world import data_workers
 from data import build_datasets, build_loaders
 from data.catalog import FakeImages
 from data.decode import (

@@ -1,5 +1,6 @@
 """The docs cannot rot: every `python train.py ...`, `python eval.py ...`, `torchrun ...
-train.py ...` and `sbatch ... launch/sbatch_example.sh ...` command in README.md and docs/*.md is
+train.py ...` and `sbatch ... ddp_launcher/sbatch_example.sh ...` command in README.md and
+docs/*.md is
 composed by Hydra in this process (as `python train.py --cfg job <overrides>` would, without
 torch or a process), so a renamed key, group or choice fails here, naming the file and line of
 the command. Commands that need data or a cluster are composed, not run; a sweep (`-m`) has
@@ -13,13 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from core.hydra_compat import VERSION_BASE
+from ddp_launcher.core.hydra_compat import VERSION_BASE
 
 REPO = Path(__file__).resolve().parent.parent  # tests/helpers.py would import torch
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SCRIPTS = {"train.py": "train", "eval.py": "eval", "launch/sbatch_example.sh": "train"}
+SCRIPTS = {"train.py": "train", "eval.py": "eval", "ddp_launcher/sbatch_example.sh": "train"}
 # Hydra's own flags: those that take a value, and those that do not (they change what Hydra
 # prints, not what it composes).
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "-sc", "--shell-completion"}

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ddp_launcher.core.errors import UserError
 from omegaconf import OmegaConf
 from PIL import Image
 
 from components.checkpoint import atomic_save, load_checkpoint
-from core.errors import UserError
 from data import FastEvalLoader, build_datasets
 from tests.helpers import (
     OFFLINE,

@@ -1,5 +1,7 @@
-"""Records by construction (issue 55, cases 1-6): one gate before any write (core/gate.py), one
-holder per run dir (core/run_lock.py), nothing overwritten in place. Through the real entry
+"""Records by construction (issue 55, cases 1-6): one gate before any write
+(ddp_launcher/core/gate.py), one
+holder per run dir (ddp_launcher/core/run_lock.py), nothing overwritten in place. Through the real
+entry
 points: `python train.py`, `python train.py dist.nproc_per_node=2`, `python eval.py`, sweeps. A
 refused or no-op start leaves the dir byte-identical: every file, `.hydra/`, train.log, the
 launcher's files and multirun.yaml included."""
@@ -59,9 +61,10 @@ def one_line(proc, code: int, *fragments: str) -> str:
 
 
 def holding(path: Path) -> subprocess.Popen:
-    """Another process holding `path` as a run dir (core/run_lock.py), until it is killed."""
+    """Another process holding `path` as a run dir (ddp_launcher/core/run_lock.py), until it is
+    killed."""
     code = (
-        "import sys, time; from core import run_lock; "
+        "import sys, time; from ddp_launcher.core import run_lock; "
         "run_lock.acquire(sys.argv[1], 'a test'); print('held', flush=True); time.sleep(600)"
     )
     holder = subprocess.Popen(

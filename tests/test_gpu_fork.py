@@ -21,17 +21,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from ddp_launcher.core import world
+from ddp_launcher.jobs import Job
+from ddp_launcher.torchrun import TorchrunBackend, TorchrunLauncherConf, single_run_settings
 
 import tests.helpers as fx
-from core import world
-from launch.jobs import Job
-from launch.torchrun import TorchrunBackend, TorchrunLauncherConf, single_run_settings
 from tests.gpu_probe import LOG_ENV
 
 PROBE = "dataset._target_=tests.gpu_probe.digits"
 # A CPU-only torch in every process started with it (and forked from one).
 CPU_ONLY_TORCH = {
-    "PYTHONPATH": os.pathsep.join([str(fx.REPO / "tests" / "cpu_only_torch"), str(fx.REPO)])
+    "PYTHONPATH": os.pathsep.join([str(fx.REPO / "tests" / "cpu_only_torch"), fx.IMPORT_PATH])
 }
 
 
@@ -128,8 +128,8 @@ def test_a_server_that_called_cuda_forks_no_job(tmp_path: Path) -> None:
         "import torch\n"
         "torch.cuda.is_available()  # asks the CUDA driver: every later fork is a bad fork\n"
         "import conf.schema  # the typed config, as train.py registers it\n"
-        "from launch.ranks.entry import entry_point\n"
-        "from launch.torchrun import run_task_or_hand_off\n\n"
+        "from ddp_launcher.ranks.entry import entry_point\n"
+        "from ddp_launcher.torchrun import run_task_or_hand_off\n\n"
         "def main(cfg):\n    return 0\n\n"
         "if __name__ == '__main__':\n"
         f"    entry_point({str(fx.REPO / 'train.py')!r}, 'cuda_at_import:main', 'train',\n"
@@ -152,11 +152,11 @@ def test_a_server_that_called_cuda_forks_no_job(tmp_path: Path) -> None:
 
 
 def test_a_rank_in_a_bad_fork_stops_with_one_line_before_any_cuda_call() -> None:
-    """launch/ranks/forked.py's check, in a process forked after its parent asked CUDA (with
+    """ddp_launcher/ranks/forked.py's check, in a process forked after its parent asked CUDA (with
     a CPU-only torch's torch._C)."""
     code = (
         "import os, sys, torch\n"
-        "from launch.ranks.forked import check_not_a_bad_fork\n"
+        "from ddp_launcher.ranks.forked import check_not_a_bad_fork\n"
         "check_not_a_bad_fork()  # a clean process: nothing to say\n"
         "torch.cuda.is_available()\n"
         "pid = os.fork()\n"
@@ -252,7 +252,7 @@ def test_a_jobs_cores_follow_its_share_of_the_node(monkeypatch: pytest.MonkeyPat
 
     def rank_share(backend: TorchrunBackend, j: Job, slot: tuple) -> tuple[int, int, int]:
         """(the job's cores, threads and DataLoader workers of each of its ranks), the ranks'
-        affinity being the job's slice (launch/ranks/agent.py sets it; they inherit it)."""
+        affinity being the job's slice (ddp_launcher/ranks/agent.py sets it; they inherit it)."""
         gpus, cpus = slot
         threads = int(backend.job_env(j, gpus, cpus)["OMP_NUM_THREADS"])
         mine = cores if cpus is None else cpus
@@ -326,7 +326,7 @@ def test_a_slurm_task_sizes_its_threads_and_workers_from_its_own_cpus(
 
 AFFINITY_SHARE = (
     "import os, sys\n"
-    "from core.world import cores_per_rank, data_workers\n"
+    "from ddp_launcher.core.world import cores_per_rank, data_workers\n"
     "local_world = int(sys.argv[1])\n"
     "print(len(os.sched_getaffinity(0)), cores_per_rank(local_world),"
     " data_workers('auto', local_world))\n"

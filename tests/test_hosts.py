@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import IMPORT_PATH, REPO
 from tests.hosts import (
     SKIP_REASON,
     Hosts,
@@ -145,7 +145,7 @@ def test_a_killed_run_leaves_no_process_and_the_next_run_removes_its_hosts(
     proc = subprocess.Popen(
         [sys.executable, str(script), str(tmp_path / "hosts")],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": IMPORT_PATH},
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -1,4 +1,5 @@
-"""The `hydra/launcher=torchrun` plugin (launch/torchrun.py, launch/jobs.py, launch/ranks/).
+"""The `hydra/launcher=torchrun` plugin (ddp_launcher/torchrun.py, ddp_launcher/jobs.py,
+ddp_launcher/ranks/).
 
 First the launcher's logic without processes: the scheduler with fake processes, world sizes,
 failure reasons, composing jobs. Then real processes (marked slow): Hydra's own launcher suites
@@ -23,20 +24,19 @@ from types import SimpleNamespace
 import cloudpickle
 import pytest
 import yaml
-from hydra.core.plugins import Plugins
-from hydra.core.utils import JobReturn, JobStatus
-from hydra.plugins.launcher import Launcher
-from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
-from omegaconf import OmegaConf
-
-from core.errors import UserError, job_value
-from core.hydra_compat import HYDRA_VERSION
-from core.naming import SWEPT_KEYS_ENV
-from core.run_dir import LAUNCHER_DIR, RESULT_FILE, RunResult, read_result, write_result
-from core.world import check_batch_size, job_world, parse_count
-from hydra_plugins.hydra_ddp_torchrun_launcher.torchrun_launcher import TorchrunLauncher
-from launch import slurm
-from launch.jobs import (
+from ddp_launcher import slurm
+from ddp_launcher.core.errors import UserError, job_value
+from ddp_launcher.core.hydra_compat import HYDRA_VERSION
+from ddp_launcher.core.naming import SWEPT_KEYS_ENV
+from ddp_launcher.core.run_dir import (
+    LAUNCHER_DIR,
+    RESULT_FILE,
+    RunResult,
+    read_result,
+    write_result,
+)
+from ddp_launcher.core.world import check_batch_size, job_world, parse_count
+from ddp_launcher.jobs import (
     Job,
     JobFailed,
     compose_jobs,
@@ -46,12 +46,20 @@ from launch.jobs import (
     launcher_errors,
     record_failure,
 )
-from launch.lifecycle import finish, place, run_jobs
-from launch.ranks.bootstrap import TaskExit, exits_as_errors
-from launch.ranks.handoff import FAILURES_JSON, RESULT_PKL
-from launch.ranks.job_spec import JobSpec, Stopped
-from launch.torchrun import TorchrunBackend, TorchrunLauncherConf
+from ddp_launcher.lifecycle import finish, place, run_jobs
+from ddp_launcher.ranks.bootstrap import TaskExit, exits_as_errors
+from ddp_launcher.ranks.handoff import FAILURES_JSON, RESULT_PKL
+from ddp_launcher.ranks.job_spec import JobSpec, Stopped
+from ddp_launcher.torchrun import TorchrunBackend, TorchrunLauncherConf
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.launcher import Launcher
+from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+from hydra_plugins.hydra_ddp_launcher.torchrun_launcher import TorchrunLauncher
+from omegaconf import OmegaConf
+
 from tests.helpers import (
+    IMPORT_PATH,
     OFFLINE,
     QUICK,
     SWEEP_LRS,
@@ -532,7 +540,7 @@ def test_every_way_a_job_fails_before_its_ranks_leaves_a_result_json(
         ["dist.nproc_per_node=4", "trainer.batch_size=64", "trainer.accumulate_grad_batches=3"],
     ]
     jobs = compose_jobs(launcher, batch, 0)
-    caplog.set_level("INFO", logger="launch.jobs")
+    caplog.set_level("INFO", logger="ddp_launcher.jobs")
     done = run_jobs(jobs, TorchrunBackend(TorchrunLauncherConf()))
     results = [done[job.num] for job in jobs]
     assert [r.status for r in results] == [JobStatus.FAILED] * 4
@@ -545,7 +553,7 @@ def test_every_way_a_job_fails_before_its_ranks_leaves_a_result_json(
     )
     assert "world size 4 x trainer.accumulate_grad_batches=3" in errors[3]
     assert not any((job.job_dir / LAUNCHER_DIR).exists() for job in jobs)  # nothing started
-    lines = [r.getMessage() for r in caplog.records if r.name == "launch.jobs"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddp_launcher.jobs"]
     assert len(lines) == 4 and lines[2] == f"#2 failed  nproc_per_node=2 batch_size=63: {errors[2]}"
     # A user error stays findable behind the verdict (exit status 2)
     assert isinstance(results[2]._return_value.__cause__, UserError)
@@ -586,7 +594,7 @@ def test_failures_outside_train_py_leave_a_result_json(tmp_path: Path) -> None:
 def test_job_done_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """One line per finished sweep job: number, status, the monitored metric's best value (4
     significant digits) and epoch, wall time, swept values; none for a plain run."""
-    caplog.set_level("INFO", logger="launch.jobs")
+    caplog.set_level("INFO", logger="ddp_launcher.jobs")
     job = fake_job(3, job_dir=tmp_path / "3")
     job.overrides, job.swept = ["optim.lr=0.012345678", "trainer.max_epochs=5"], ["optim.lr"]
     job.started = time.time() - 41.24
@@ -635,7 +643,7 @@ def repo_on_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hydra's integration tests run `python task.py` from a temp dir with our environment:
     the plugin (hydra_plugins/ here) and launch/ must be importable there."""
     rest = os.environ.get("PYTHONPATH")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), *([rest] if rest else [])]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([IMPORT_PATH, *([rest] if rest else [])]))
 
 
 def test_discovery() -> None:
@@ -840,7 +848,7 @@ def test_job_files(sweep_2x2: Sweep) -> None:
 
 @pytest.mark.slow
 def test_sweep_summary(sweep_2x2: Sweep, tmp_path: Path) -> None:
-    """The multirun wrote summary.csv/.md/.png; `python -m launch.report` rebuilds them."""
+    """The multirun wrote summary.csv/.md/.png; `python -m ddp_launcher.report` rebuilds them."""
     rows = summary_rows(sweep_2x2.dir)
     assert sorted(r["job"] for r in rows) == ["0", "1", "2", "3"]
     assert all(r["status"] == "completed" and r["error"] == "" for r in rows), rows
@@ -854,7 +862,7 @@ def test_sweep_summary(sweep_2x2: Sweep, tmp_path: Path) -> None:
     )
     for name in SUMMARY_FILES:
         (copy / name).unlink()
-    proc = run([sys.executable, "-m", "launch.report", str(copy)], timeout=120)
+    proc = run([sys.executable, "-m", "ddp_launcher.report", str(copy)], timeout=120)
     assert proc.returncode == 0, output(proc)
     for name in SUMMARY_FILES:
         assert (copy / name).stat().st_size > 0
@@ -1041,7 +1049,9 @@ def test_bad_launcher_input_is_one_line_and_exit_2(
     assert not list(out_dir.rglob("rank_logs")) and not list(out_dir.rglob("job.pkl"))  # no rank
     if "-m" not in overrides:  # a run: that one line is all it prints, and it writes nothing
         assert text.strip().splitlines() == lines, text
-        assert not out_dir.exists()  # refused by the gate before any write (core/gate.py)
+        assert (
+            not out_dir.exists()
+        )  # refused by the gate before any write (ddp_launcher/core/gate.py)
         assert time.time() - started < 60
     elif where:  # SLURM: the sweep stops at its first line; no job ran
         rest = [line for line in text.strip().splitlines() if "launcher: sweep dir" not in line]
@@ -1069,7 +1079,7 @@ def test_bad_launcher_input_is_one_line_and_exit_2(
 @pytest.mark.skipif(
     HYDRA_VERSION >= (1, 4),
     reason="its dataset target is a test module, outside Hydra 1.4's _target_ allowlist "
-    "(core/hydra_compat.py); the verdict does not depend on Hydra's version",
+    "(ddp_launcher/core/hydra_compat.py); the verdict does not depend on Hydra's version",
 )
 def test_a_user_error_of_rank_1_is_the_jobs_in_one_line(tmp_path: Path) -> None:
     """`python train.py dist.nproc_per_node=2`, rank 1 hits a user error: the job's verdict is
@@ -1090,7 +1100,7 @@ def test_a_user_error_of_rank_1_is_the_jobs_in_one_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(
     HYDRA_VERSION >= (1, 4),
     reason="its dataset target is a test module, outside Hydra 1.4's _target_ allowlist "
-    "(core/hydra_compat.py); the wait does not depend on Hydra's version",
+    "(ddp_launcher/core/hydra_compat.py); the wait does not depend on Hydra's version",
 )
 def test_a_wait_for_local_rank_0s_data_past_the_timeout_is_one_line(tmp_path: Path) -> None:
     """`python train.py dist.nproc_per_node=2` with a dataset whose download takes local rank

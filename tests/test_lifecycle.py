@@ -1,4 +1,5 @@
-"""A third backend, written against launch/lifecycle.py's Backend protocol alone: a local pool of
+"""A third backend, written against ddp_launcher/lifecycle.py's Backend protocol alone: a local
+pool of
 plain processes (one rank each, no torchrun). A 2-job sweep runs through the shared lifecycle:
 composed, placed, recorded in launch.json, started at most `size` at a time, its outcome read,
 reported, and a resumed sweep does not run it again."""
@@ -13,13 +14,12 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from ddp_launcher.core.run_dir import read_launch_record
+from ddp_launcher.jobs import Job, compose_jobs, failed_job_return
+from ddp_launcher.lifecycle import run_jobs
+from ddp_launcher.ranks.bootstrap import rank_main
+from ddp_launcher.ranks.handoff import RESULT_PKL, read_job_return
 from hydra.core.utils import JobStatus
-
-from core.run_dir import read_launch_record
-from launch.jobs import Job, compose_jobs, failed_job_return
-from launch.lifecycle import run_jobs
-from launch.ranks.bootstrap import rank_main
-from launch.ranks.handoff import RESULT_PKL, read_job_return
 
 POOL_DIR = ".pool"  # in each job dir: the pickled job and rank 0's JobReturn
 
@@ -34,7 +34,8 @@ def pool_rank(payload: str) -> None:
 
 
 class PoolBackend:
-    """Each attempt is one process running launch/ranks/bootstrap.py's rank_main on the pickled
+    """Each attempt is one process running ddp_launcher/ranks/bootstrap.py's rank_main on the
+    pickled
     job (rank 0 of 1) on this machine, at most `size` at once."""
 
     poll_s = 0.05

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.hydra_compat import VERSION_BASE
 from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -14,8 +16,6 @@ from omegaconf.errors import MissingMandatoryValue
 from torch import nn
 
 import conf.schema  # registers the ConfigStore schemas the YAMLs extend
-from core.errors import UserError
-from core.hydra_compat import VERSION_BASE
 from models import SmallCNN, build_torchvision_model
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

@@ -1,4 +1,4 @@
-"""`hydra.launcher.dry_run=true` (launch/preview.py) and `--cfg`/`--info` on a search config.
+"""`hydra.launcher.dry_run=true` (ddp_launcher/preview.py) and `--cfg`/`--info` on a search config.
 
 A dry run composes and checks every job of a sweep as its launch would and prints one row each,
 in one process that imports no torch, writing nothing: a fresh sweep dir is not made, an
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from ddp_launcher.core.run_dir import read_launch_record
 
-from core.run_dir import read_launch_record
-from tests.helpers import REPO, output, run, train_cmd
+from tests.helpers import IMPORT_PATH, output, run, train_cmd
 from tests.test_docs import COMMANDS
 
 GRID = ["dist.nproc_per_node=1,2", "optim.lr=0.05,0.1,0.2"]
@@ -46,7 +46,7 @@ def probed(cmd: list[str], tmp_path: Path, **env: str) -> tuple[subprocess.Compl
     (probe / "sitecustomize.py").write_text(PROBE)
     log = tmp_path / "probe.log"
     log.unlink(missing_ok=True)
-    proc = run(cmd, PYTHONPATH=f"{probe}:{REPO}", PREVIEW_PROBE_LOG=str(log), **env)
+    proc = run(cmd, PYTHONPATH=f"{probe}:{IMPORT_PATH}", PREVIEW_PROBE_LOG=str(log), **env)
     return proc, log.read_text() if log.exists() else ""
 
 

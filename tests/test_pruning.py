@@ -1,4 +1,4 @@
-"""Pruning across DDP jobs, end to end: the Optuna sweeper (launch/sweeper/) on a search
+"""Pruning across DDP jobs, end to end: the Optuna sweeper (ddp_launcher/sweeper/) on a search
 config shaped as lightning-hydra-template writes them, trials of 2 ranks each, 2 at a time, a
 median pruner. The pruned trial stops at the same epoch in both ranks, after its checkpoint, and
 says so in result.json, launch.json, the sweep report, its W&B run and the study; a resumed
@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
+from ddp_launcher.resume import read_launch_record
 
-from launch.resume import read_launch_record
 from tests.helpers import offline_runs, output, run, train_cmd
 
 # lightning-hydra-template's configs/hparams_search/mnist_optuna.yaml, its sweeper `_target_`
@@ -52,8 +52,7 @@ PRUNED_SWEEP = [
 def study_trials(sweep_dir: Path, storage: str) -> list:
     """The study of the sweep, from its file in the sweep dir (optuna.db or optuna.journal)."""
     import optuna
-
-    from core.trials import open_storage
+    from ddp_launcher.core.trials import open_storage
 
     path = sweep_dir / storage
     assert path.exists(), f"no {path}"

@@ -11,6 +11,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.hydra_compat import VERSION_BASE
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torchvision import datasets as tvd
@@ -21,8 +23,6 @@ from components.ema import EMA
 from components.monitor import Monitor
 from components.optim import param_groups, scaled_lr
 from conf.schema import MixupConfig
-from core.errors import UserError
-from core.hydra_compat import VERSION_BASE
 from data import build_datasets, build_loaders
 from data.fast import erase, erase_params
 from data.mixing import BatchMix

@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from ddp_launcher.core.errors import UserError
 
 from components.checkpoint import load_checkpoint, step_files
-from core.errors import UserError
 from tests.helpers import (
     OFFLINE,
     QUICK,

@@ -1,4 +1,4 @@
-"""Resumable sweeps (launch/resume.py, launch/sweeper/) and the launcher's death.
+"""Resumable sweeps (ddp_launcher/resume.py, ddp_launcher/sweeper/) and the launcher's death.
 
 First the logic without processes: what a resumed sweep does with each job dir, overrides that
 do not match, attempts and retries, the sweep lock, stop signals, the Optuna trial plan. Then
@@ -26,11 +26,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import OmegaConf
-
-from core.errors import UserError
-from core.run_dir import (
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.run_dir import (
     Attempt,
     LaunchRecord,
     RunResult,
@@ -39,9 +36,9 @@ from core.run_dir import (
     write_launch_record,
     write_result,
 )
-from launch.jobs import Interrupted, Job, failed_job_return, stop_signals
-from launch.ranks.job_spec import JobSpec
-from launch.resume import (
+from ddp_launcher.jobs import Interrupted, Job, failed_job_return, stop_signals
+from ddp_launcher.ranks.job_spec import JobSpec
+from ddp_launcher.resume import (
     LOCK_FILE,
     check_job_dir,
     check_overrides,
@@ -53,7 +50,10 @@ from launch.resume import (
     should_retry,
     start_attempt,
 )
-from launch.sweeper.study import plan_trials
+from ddp_launcher.sweeper.study import plan_trials
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+
 from tests.helpers import (
     REPO,
     assert_same_training,
@@ -144,7 +144,7 @@ def test_prepare_decides_per_job_from_its_dir(tmp_path: Path, caplog) -> None:
     (jobs[3].job_dir / ".hydra" / "overrides.yaml").write_text("- a=3\n")
     write_launch_record(jobs[4].job_dir, LaunchRecord(4, ["a=4"], [Attempt(1, time.time())]))
 
-    class Backend:  # what prepare asks a backend (launch/lifecycle.py)
+    class Backend:  # what prepare asks a backend (ddp_launcher/lifecycle.py)
         @staticmethod
         def earlier_return(job: Job, _attempt: Attempt | None) -> JobReturn | None:
             return returned(33.0) if job.num == 3 else None
@@ -293,7 +293,8 @@ def test_optuna_trial_plan() -> None:
 # prints the child's pid, then waits.
 PARENT = """
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import sys, time; from launch.ranks.lifeline "
+child = subprocess.Popen([sys.executable, "-c", "import sys, time; from ddp_launcher.ranks.lifeline
+"
                           "import die_with_parent; die_with_parent(); "
                           "open(sys.argv[1], 'w').close(); time.sleep(120)", sys.argv[1]],
                          env={**os.environ, "HYDRA_DDP_PARENT_PID": str(os.getpid())})
@@ -304,7 +305,8 @@ time.sleep(120)
 
 @pytest.mark.slow
 def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
-    """die_with_parent (launch/ranks/lifeline.py): a SIGKILLed parent takes the child with it; a
+    """die_with_parent (ddp_launcher/ranks/lifeline.py): a SIGKILLed parent takes the child with
+    it; a
     child whose parent is already gone (it names another pid) ends itself at once."""
     tag, ready = f"pdeathsig-{os.getpid()}", tmp_path / "ready"
     parent = subprocess.Popen(
@@ -328,7 +330,7 @@ def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from launch.ranks.lifeline import die_with_parent; "
+            "from ddp_launcher.ranks.lifeline import die_with_parent; "
             "die_with_parent(); print('still alive')",
         ],
         cwd=REPO,
@@ -343,8 +345,7 @@ def test_a_process_dies_with_its_parent(tmp_path: Path) -> None:
 def optuna_sweeper(tmp_path: Path, n_trials: int):
     """The resumable Optuna sweeper as Hydra would set it up with resume on (no launcher)."""
     import optuna
-
-    from launch.sweeper.sweeper import OptunaSweeperBase
+    from ddp_launcher.sweeper.sweeper import OptunaSweeperBase
 
     sweeper = OptunaSweeperBase(
         sampler=optuna.samplers.RandomSampler(seed=0),
@@ -368,8 +369,7 @@ def test_optuna_continues_a_stored_study(tmp_path: Path) -> None:
     (its params kept), and n_trials=4 leaves 3 to ask; a sweep dir with jobs but no stored
     study is an error, before anything runs."""
     import optuna
-
-    from launch.sweeper.study import continue_study
+    from ddp_launcher.sweeper.study import continue_study
 
     sweeper = optuna_sweeper(tmp_path, n_trials=4)
     impl = sweeper
@@ -761,7 +761,7 @@ def test_a_sweep_dir_of_the_last_release_reports_and_resumes(tmp_path: Path) -> 
     assert status(killed) is None and attempts(killed)[-1].ended is None  # as it was left
     killed_rows = (killed / "metrics.jsonl").read_text().splitlines()
 
-    report = run([sys.executable, "-m", "launch.report", str(sweep_dir)])
+    report = run([sys.executable, "-m", "ddp_launcher.report", str(sweep_dir)])
     assert report.returncode == 0, output(report)[-5000:]
     table = {r["job"]: r["status"] for r in summary_rows(sweep_dir)}
     assert table.keys() == {"0", "1", "2"}, table

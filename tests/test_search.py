@@ -1,7 +1,8 @@
-"""The Optuna sweeper (launch/sweeper/): the override grammar to Optuna 5 distributions, the study's
+"""The Optuna sweeper (ddp_launcher/sweeper/): the override grammar to Optuna 5 distributions, the
+study's
 storage and pruner, a trial reached from another process through the storage
 (components/pruning.py), slot utilisation, and jobs started whenever a slot frees
-(launch/lifecycle.py's JobFeed)."""
+(ddp_launcher/lifecycle.py's JobFeed)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,8 @@ from typing import Any
 
 import optuna
 import pytest
-from hydra.core.utils import JobStatus
-from omegaconf import OmegaConf
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-from components.pruning import TrialLink
-from core.errors import UserError
-from core.trials import (
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.trials import (
     JOB_NUM_ATTR,
     PRUNER_ENV,
     STORAGE_ENV,
@@ -30,15 +26,21 @@ from core.trials import (
     build_pruner,
     open_storage,
 )
-from launch.jobs import Job
-from launch.lifecycle import JobFeed, run_jobs
-from launch.ranks.job_spec import job_return
-from launch.resume import Attempt, LaunchRecord, write_launch_record
-from launch.sweeper.space import search_space, trial_overrides
-from launch.sweeper.study import directions, shown, storage_spec
-from launch.sweeper.usage import SlotUsage
+from ddp_launcher.jobs import Job
+from ddp_launcher.lifecycle import JobFeed, run_jobs
+from ddp_launcher.ranks.job_spec import job_return
+from ddp_launcher.resume import Attempt, LaunchRecord, write_launch_record
+from ddp_launcher.sweeper.space import search_space, trial_overrides
+from ddp_launcher.sweeper.study import directions, shown, storage_spec
+from ddp_launcher.sweeper.usage import SlotUsage
+from hydra.core.utils import JobStatus
+from omegaconf import OmegaConf
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from components.pruning import TrialLink
 
 REPO = Path(__file__).resolve().parent.parent
+IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])
 
 
 def test_the_grammar_of_hydras_optuna_sweeper() -> None:
@@ -172,7 +174,7 @@ def test_a_rank_reaches_its_trial_through_the_storage(tmp_path: Path, kind: str)
     mine = study.ask()
     mine.set_user_attr(SWEEP_DIR_ATTR, sweep_dir)
     mine.set_user_attr(JOB_NUM_ATTR, 1)
-    env = {**os.environ, STORAGE_ENV: spec, STUDY_ENV: "s", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, STORAGE_ENV: spec, STUDY_ENV: "s", "PYTHONPATH": IMPORT_PATH}
     env[PRUNER_ENV] = '{"type": "median", "n_startup_trials": 2}'  # the sweeper's, as JSON
     out = subprocess.run(
         [sys.executable, "-c", RANK, sweep_dir], env=env, capture_output=True, text=True
@@ -299,7 +301,7 @@ def test_a_job_starts_whenever_a_slot_frees(train_config, tmp_path: Path) -> Non
 def test_a_search_config_is_a_multirun_on_the_command_line(argv, multirun) -> None:
     """Hydra 1.4 reads hydra.mode only from the primary config and the command line: the entry
     point says on the command line what a search config's `hydra.mode: MULTIRUN` says."""
-    from core.hydra_compat import search_as_multirun
+    from ddp_launcher.core.hydra_compat import search_as_multirun
 
     expected = [argv[0], "-m", *argv[1:]] if multirun else argv
     assert search_as_multirun(argv) == expected

@@ -1,4 +1,5 @@
-"""Seeds aggregated in the sweep report (launch/report/seeds.py, groups.py): mean ± sample std,
+"""Seeds aggregated in the sweep report (ddp_launcher/report/seeds.py, groups.py): mean ± sample
+std,
 n and the 95 % Student-t interval per configuration, on real job dirs in tmp_path."""
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ import math
 from pathlib import Path
 
 import pytest
+from ddp_launcher.report.seeds import describe, group_jobs, rank_groups
+from ddp_launcher.report.sweep import write_summary
+from ddp_launcher.report.wandb_run import log_to_wandb
 
-from launch.report.seeds import describe, group_jobs, rank_groups
-from launch.report.sweep import write_summary
-from launch.report.wandb_run import log_to_wandb
 from tests.helpers import offline_runs
 from tests.test_summary import _completed, _write_job
 

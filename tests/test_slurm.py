@@ -1,4 +1,5 @@
-"""The `hydra/launcher=slurm` plugin (launch/slurm.py) and launch/sbatch_example.sh on a real
+"""The `hydra/launcher=slurm` plugin (ddp_launcher/slurm.py) and ddp_launcher/sbatch_example.sh on
+a real
 one-node SLURM cluster (tests/slurm_cluster.py: slurm-wlm + munge, started as root; skipped
 when that is not possible), with gloo ranks on CPU and offline W&B.
 
@@ -7,7 +8,8 @@ train.py sweep (dist.nproc_per_node=2, optim.lr=0.05,0.1) is shared by the tests
 W&B runs, the summary, and serves as the uninterrupted reference of the preemption test. A
 sweep whose launcher is SIGKILLed is resumed: the rerun waits for its SLURM jobs. A tiny
 Hydra app (written into a temp dir, no torch) checks what the sweeper receives and how failures
-are reported. Then `srun`/`sbatch` by hand: launch/slurm.py's mapping, launch/sbatch_example.sh.
+are reported. Then `srun`/`sbatch` by hand: ddp_launcher/slurm.py's mapping,
+ddp_launcher/sbatch_example.sh.
 """
 
 from __future__ import annotations
@@ -27,20 +29,26 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 import yaml
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.run_dir import read_launch_record, read_result
+from ddp_launcher.ranks.slurm_task import (
+    expand_nodelist,
+    expand_tasks_per_node,
+    master_port,
+    torch_env,
+)
+from ddp_launcher.slurm import GPU_TASK_CPUS, DDPSlurmQueueConf, job_resources
+from ddp_launcher.slurm_queue import cpus_per_gpu_in_sinfo, gpus_in_gres
 from hydra import version as hydra_version
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 from hydra.version import VersionBase
+from hydra_plugins.hydra_ddp_launcher.slurm_launcher import DDPSlurmLauncher
 
 from components.checkpoint import load_checkpoint
-from core.errors import UserError
-from core.run_dir import read_launch_record, read_result
-from hydra_plugins.hydra_ddp_slurm_launcher.slurm_launcher import DDPSlurmLauncher
-from launch.ranks.slurm_task import expand_nodelist, expand_tasks_per_node, master_port, torch_env
-from launch.slurm import GPU_TASK_CPUS, DDPSlurmQueueConf, job_resources
-from launch.slurm_queue import cpus_per_gpu_in_sinfo, gpus_in_gres
 from tests.helpers import (
+    IMPORT_PATH,
     OFFLINE,
     REPO,
     RUN_DIR_ENTRIES,
@@ -214,7 +222,7 @@ def cluster_env(idle_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> 
     for key, value in idle_cluster.env.items():
         monkeypatch.setenv(key, value)
     rest = os.environ.get("PYTHONPATH")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), *([rest] if rest else [])]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([IMPORT_PATH, *([rest] if rest else [])]))
     version_base = VersionBase.instance().getbase()
     VersionBase.instance().version_base = hydra_version._UNSPECIFIED_
     try:
@@ -679,12 +687,12 @@ def test_pruning_across_slurm_jobs(idle_cluster: SlurmCluster, tmp_path: Path) -
 
 
 # ---------------------------------------------------------------------------------------------
-# srun by hand: launch/sbatch_example.sh
+# srun by hand: ddp_launcher/sbatch_example.sh
 
 
 @pytest.mark.slow
 def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
-    """`srun -n2 python -m launch.ranks.slurm_task env`: ranks 0 and 1 of 2, one rendezvous
+    """`srun -n2 python -m ddp_launcher.ranks.slurm_task env`: ranks 0 and 1 of 2, one rendezvous
     address."""
     proc = idle_cluster.run(
         "srun",
@@ -693,11 +701,11 @@ def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
         "--cpus-per-task=1",
         sys.executable,
         "-m",
-        "launch.ranks.slurm_task",
+        "ddp_launcher.ranks.slurm_task",
         "env",
         timeout=120,
         cwd=REPO,
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=IMPORT_PATH,
     )
     assert proc.returncode == 0, proc.stderr
     envs = [dict(kv.split("=", 1) for kv in line.split()) for line in proc.stdout.splitlines()]
@@ -711,7 +719,8 @@ def test_srun_tasks_get_torch_variables(idle_cluster: SlurmCluster) -> None:
 
 @pytest.mark.slow
 def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """sbatch launch/sbatch_example.sh with 2 tasks: one DDP run in RUN_DIR, written by rank 0."""
+    """sbatch ddp_launcher/sbatch_example.sh with 2 tasks: one DDP run in RUN_DIR, written by
+    rank 0."""
     run_dir = tmp_path / "run"
     proc = run(
         [
@@ -721,7 +730,7 @@ def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_
             "--ntasks-per-node=2",
             "--cpus-per-task=1",
             f"--output={tmp_path}/slurm-%j.out",
-            "launch/sbatch_example.sh",
+            "ddp_launcher/sbatch_example.sh",
             "trainer.max_epochs=1",
             "wandb.mode=offline",
             "trainer.progress_bar=false",
@@ -751,7 +760,7 @@ def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_
 @pytest.mark.slow
 def test_tasks_run_on_the_cpus_sbatch_gave_them(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
     """The cluster binds each task to its cores (task/affinity). A sweep job with
-    hydra.launcher.cpus_per_task=2, and launch/sbatch_example.sh with --cpus-per-task=2: each
+    hydra.launcher.cpus_per_task=2, and ddp_launcher/sbatch_example.sh with --cpus-per-task=2: each
     task runs on 2 CPUs (this machine's 2), not 1 (since SLURM 22.05 srun does not inherit
     sbatch's count), and its threads and DataLoader workers follow; each rank records them
     (tests/gpu_probe.py)."""
@@ -782,7 +791,7 @@ def test_tasks_run_on_the_cpus_sbatch_gave_them(idle_cluster: SlurmCluster, tmp_
         "--ntasks-per-node=1",
         "--cpus-per-task=2",
         f"--output={tmp_path}/slurm-%j.out",
-        "launch/sbatch_example.sh",
+        "ddp_launcher/sbatch_example.sh",
         PROBE,
         *quick,
     ]
@@ -817,7 +826,8 @@ def test_no_slurm_task_is_a_cuda_bad_fork(idle_cluster: SlurmCluster, tmp_path: 
 
 
 # ---------------------------------------------------------------------------------------------
-# hydra.launcher.dry_run=true: sbatch's resources per job, nothing submitted (launch/preview.py)
+# hydra.launcher.dry_run=true: sbatch's resources per job, nothing submitted
+# (ddp_launcher/preview.py)
 
 
 def sbatch_spy(tmp_path: Path) -> tuple[dict[str, str], Path]:

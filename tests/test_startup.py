@@ -1,5 +1,5 @@
 """Start fast: the processes that do not train import no torch (nor torchvision, nor W&B), and
-jobs forked from the warm start's server (launch/ranks/warm.py) train exactly as fresh
+jobs forked from the warm start's server (ddp_launcher/ranks/warm.py) train exactly as fresh
 processes do."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_a_two_rank_job_and_a_sweep_start_without_torch_in_their_own_process(
     assert not proc.imported & set(HEAVY)
     assert (sweep_dir / "summary.png").exists()
 
-    proc = run_own_imports("-m", "launch.report", str(sweep_dir))
+    proc = run_own_imports("-m", "ddp_launcher.report", str(sweep_dir))
     assert proc.returncode == 0, fx.output(proc)
     assert not proc.imported & set(HEAVY)
 
@@ -129,10 +129,10 @@ def test_the_startup_benchmark_reads_fixed_costs_and_ratios_from_medians() -> No
 
 @pytest.mark.slow
 def test_an_agent_that_ends_at_once_is_seen_to_end(tmp_path: Path) -> None:
-    """launch/warm.py: an agent forked from the warm start's server that ends at once (its
+    """ddp_launcher/warm.py: an agent forked from the warm start's server that ends at once (its
     working dir is gone) is seen to end, with its exit status."""
-    from launch.ranks.job_spec import AgentSpec
-    from launch.warm import WarmStart
+    from ddp_launcher.ranks.job_spec import AgentSpec
+    from ddp_launcher.warm import WarmStart
 
     spec = AgentSpec(
         payload="job.pkl",
@@ -152,11 +152,11 @@ def test_an_agent_that_ends_at_once_is_seen_to_end(tmp_path: Path) -> None:
 
 
 def test_the_agents_rendezvous_event_names_are_torchs() -> None:
-    """launch/ranks/agent.py's cheap get_method_name gives the name torch's own gives (the method
+    """ddp_launcher/ranks/agent.py's cheap get_method_name gives the name torch's own gives (the
+    method
     `depth` frames up), also when the stack is too short."""
+    from ddp_launcher.ranks.agent import cheap_rendezvous_event_names
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    from launch.ranks.agent import cheap_rendezvous_event_names
 
     torchs = dynamic_rendezvous.get_method_name
     try:

@@ -1,5 +1,5 @@
-"""launch/report/: sweep summary files, plot, W&B summary run, CLI and Hydra callback, on real
-files in tmp_path; core/naming.py: swept keys, short names, values to 4 digits."""
+"""ddp_launcher/report/: sweep summary files, plot, W&B summary run, CLI and Hydra callback, on real
+files in tmp_path; ddp_launcher/core/naming.py: swept keys, short names, values to 4 digits."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
-
-from core.naming import (
+from ddp_launcher.core.naming import (
     declared_sweep_keys,
     fmt_duration,
     fmt_value,
@@ -24,12 +22,14 @@ from core.naming import (
     swept_keys,
     swept_values,
 )
-from launch.report.callback import SweepSummaryCallback
-from launch.report.figure import summary_figure
-from launch.report.jobs import JOB_TYPE, PANELS, read_sweep
-from launch.report.sweep import write_summary
-from launch.report.tables import format_table
-from launch.report.wandb_run import log_to_wandb
+from ddp_launcher.report.callback import SweepSummaryCallback
+from ddp_launcher.report.figure import summary_figure
+from ddp_launcher.report.jobs import JOB_TYPE, PANELS, read_sweep
+from ddp_launcher.report.sweep import write_summary
+from ddp_launcher.report.tables import format_table
+from ddp_launcher.report.wandb_run import log_to_wandb
+from omegaconf import OmegaConf
+
 from tests.helpers import offline_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def _write_job(
 
 
 def _completed(accs: list[float], **extra) -> dict:
-    """result.json as train.py writes it (core/run_dir.py's RunResult)."""
+    """result.json as train.py writes it (ddp_launcher/core/run_dir.py's RunResult)."""
     best = max(accs)
     return {
         "status": "completed",
@@ -148,7 +148,7 @@ def _assert_png(path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# core/naming.py
+# ddp_launcher/core/naming.py
 
 
 def test_swept_keys_from_the_sweep_config_and_the_jobs() -> None:
@@ -353,9 +353,9 @@ def test_format_table_lists_failures(sweep: Path) -> None:
 
 
 def test_attempts_come_from_launch_json(sweep: Path) -> None:
-    """How often a launcher started each job (launch/resume.py's launch.json: retries,
+    """How often a launcher started each job (ddp_launcher/resume.py's launch.json: retries,
     resumed sweeps) is a column; a job dir without the record has none."""
-    from core.run_dir import Attempt, LaunchRecord, write_launch_record
+    from ddp_launcher.core.run_dir import Attempt, LaunchRecord, write_launch_record
 
     tries = [Attempt(1, 1.0, 2.0, "failed"), Attempt(2, 3.0, 4.0, "failed", continued=True)]
     write_launch_record(sweep / "3", LaunchRecord(3, ["optim.lr=3.0"], tries))
@@ -478,7 +478,7 @@ def test_damaged_records_are_left_out_one_line_each(tmp_path: Path) -> None:
     """A result.json or eval.json that is not what its writer writes: the job is left out of
     the table with one line naming its dir and what is wrong (summary.md too); the rest is
     reported as ever."""
-    from launch.report.sweep import headline, tables_text
+    from ddp_launcher.report.sweep import headline, tables_text
 
     sweep_dir = damaged_sweep(tmp_path / "sweep", *DAMAGED)
     summary = write_summary(sweep_dir)
@@ -498,7 +498,7 @@ def test_damaged_records_are_left_out_one_line_each(tmp_path: Path) -> None:
 
 
 def test_a_sweep_of_only_damaged_records_is_one_error(tmp_path: Path) -> None:
-    from launch.report.jobs import UnreadableRecord
+    from ddp_launcher.report.jobs import UnreadableRecord
 
     sweep_dir = tmp_path / "sweep"
     damaged_sweep(sweep_dir, "final_x", "eval_list")
@@ -606,7 +606,7 @@ def test_wandb_failure_is_a_warning(sweep: Path, monkeypatch, caplog) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "launch.report", *args],
+        [sys.executable, "-m", "ddp_launcher.report", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -667,7 +667,7 @@ def test_cli_on_a_read_only_sweep_dir_prints_its_tables(tmp_path: Path, sweep: P
     """A sweep dir the report cannot write (a read-only mount; root ignores permissions, so
     root gets one): the tables are printed, and the headline says the files were not
     written and why."""
-    cmd = [sys.executable, "-m", "launch.report", str(sweep)]
+    cmd = [sys.executable, "-m", "ddp_launcher.report", str(sweep)]
     if os.geteuid() == 0:
         mount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
         cmd = ["unshare", "--mount", "sh", "-c", mount, str(sweep), *cmd]
@@ -732,7 +732,7 @@ hydra:
     chdir: false
   callbacks:
     sweep_summary:
-      _target_: launch.report.callback.SweepSummaryCallback
+      _target_: ddp_launcher.report.callback.SweepSummaryCallback
 """
 
 

@@ -29,11 +29,11 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import pytest
+from ddp_launcher.core.run_dir import read_launch_record, read_result
+from ddp_launcher.drift import changes, drift_line, flat_config
+from ddp_launcher.progress import ERASE_LINE, SweepProgress
 from omegaconf import OmegaConf
 
-from core.run_dir import read_launch_record, read_result
-from launch.drift import changes, drift_line, flat_config
-from launch.progress import ERASE_LINE, SweepProgress
 from tests import test_resume
 from tests.helpers import REPO, output, run, run_env, summary_rows, train_cmd
 
@@ -147,7 +147,13 @@ def repo_copy(root: Path) -> Path:
 
 
 def in_copy(repo: Path, cmd: list[str], **env: str) -> subprocess.CompletedProcess:
-    return run(cmd, cwd=repo, PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1", **env)
+    return run(
+        cmd,
+        cwd=repo,
+        PYTHONPATH=os.pathsep.join([str(repo), str(repo / "launch")]),
+        PYTHONDONTWRITEBYTECODE="1",
+        **env,
+    )
 
 
 def tree_digest(path: Path) -> dict[str, str]:
@@ -185,7 +191,7 @@ def test_fail_fast_then_resume_after_a_commit(tmp_path: Path) -> None:
     (a pipe) has a plain status line per change; a commit lands; on_drift=refuse then refuses
     in one line, exit 2, the sweep dir unchanged; the resume names the commit change once per
     job it runs again (#0, #1), completes every job, and result.json, summary.csv and
-    `python -m launch.report` show each job's commit, the sweep flagged as mixing two."""
+    `python -m ddp_launcher.report` show each job's commit, the sweep flagged as mixing two."""
     repo = repo_copy(tmp_path / "repo")
     first = git(repo, "rev-parse", "HEAD")
     sweep_dir = tmp_path / "sweep"
@@ -230,7 +236,7 @@ def test_fail_fast_then_resume_after_a_commit(tmp_path: Path) -> None:
     commits = {r["job"]: r["commit"] for r in summary_rows(sweep_dir)}
     both, new = f"{first[:8]}→{second[:8]}", second[:8]
     assert commits == {"0": both, "1": both, "2": new, "3": new}, commits
-    report = in_copy(repo, [sys.executable, "-m", "launch.report", str(sweep_dir)])
+    report = in_copy(repo, [sys.executable, "-m", "ddp_launcher.report", str(sweep_dir)])
     assert report.returncode == 0, output(report)
     assert both in report.stdout and "mixed commits" in report.stdout, report.stdout
 
@@ -272,7 +278,7 @@ def test_fail_fast_on_slurm(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
     checkpoints on SLURM's SIGTERM: `interrupted`; the queued ones never ran), exits non-zero
     with one line; the resume completes every job. The launcher polls every 6 s: SLURM starts
     the queued jobs on the CPU job #1 frees long before the launcher hears of its end, and
-    they run nothing (the sweep's fence, launch/lifecycle.py)."""
+    they run nothing (the sweep's fence, ddp_launcher/lifecycle.py)."""
     sweep_dir = tmp_path / "sweep"
     cmd = train_cmd(
         "-m",
@@ -347,7 +353,7 @@ def test_status_line_of_a_real_sweep_on_a_terminal(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# single runs: the run gate (core/gate.py) records each attempt's code in the run dir's
+# single runs: the run gate (ddp_launcher/core/gate.py) records each attempt's code in the run dir's
 # launch.json and says what changed when the run is resumed
 
 SINGLE = [

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.hydra_compat import VERSION_BASE
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import conf.schema  # noqa: F401 - registers the schema for compose()
 from components.checkpoint import load_checkpoint
-from core.errors import UserError
-from core.hydra_compat import VERSION_BASE
 from tests.helpers import (
     OFFLINE,
     QUICK,
@@ -349,7 +349,8 @@ def assert_clean_failure(proc, *fragments: str):
 
 @pytest.mark.parametrize("overrides, fragments", BAD_INPUTS)
 def test_bad_input_is_one_user_error_and_recorded(tmp_path, overrides, fragments):
-    """One line naming the fix. What the gate (core/gate.py) finds before a start writes
+    """One line naming the fix. What the gate (ddp_launcher/core/gate.py) finds before a start
+    writes
     anything leaves nothing written; what only the run finds is recorded in result.json."""
     run_dir = tmp_path / "r"
     with pytest.raises(UserError) as caught:
@@ -364,8 +365,10 @@ def test_bad_input_is_one_user_error_and_recorded(tmp_path, overrides, fragments
 
 
 def refused_at_the_gate(run_dir: Path, *overrides: str) -> str | None:
-    """The gate's refusal of this start (core/gate.py: the app's checks, the run dir), if any."""
-    from core.gate import check_start
+    """The gate's refusal of this start (ddp_launcher/core/gate.py: the app's checks, the run
+    dir), if any."""
+    from ddp_launcher.core.gate import check_start
+
     from tests.helpers import compose
 
     try:

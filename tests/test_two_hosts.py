@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 import torch.distributed as dist
+from ddp_launcher.core import network
+from ddp_launcher.core.run_dir import read_launch_record
+from ddp_launcher.ranks.bootstrap import lost_a_peer
+from ddp_launcher.ranks.slurm_task import master_port
 
-from core import network
-from core.run_dir import read_launch_record
-from launch.ranks.bootstrap import lost_a_peer
-from launch.ranks.slurm_task import master_port
 from tests.helpers import REPO, output, read_json, run, run_env, summary_rows, train_cmd, weights
 
 if TYPE_CHECKING:
@@ -119,11 +119,13 @@ def ports_over_time(procs: list[subprocess.Popen], pid: int, timeout: float = 60
 
 
 # ---------------------------------------------------------------------------------------------
-# a rank's view: gloo's interface (core/network.py), a lost node (components/distributed.py)
+# a rank's view: gloo's interface (ddp_launcher/core/network.py), a lost node
+# (components/distributed.py)
 
 
 def made_up_node(monkeypatch, interfaces: dict, routes: dict, names: dict) -> None:
-    """This process's node as core/network.py sees it: its interfaces (name -> addresses), the
+    """This process's node as ddp_launcher/core/network.py sees it: its interfaces (name ->
+    addresses), the
     local address of its route to each host, what each name resolves to."""
     monkeypatch.setattr(network, "interface_addresses", lambda: interfaces)
     monkeypatch.setattr(network, "source_address", lambda host: routes.get(host))

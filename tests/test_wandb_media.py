@@ -329,7 +329,7 @@ def test_two_ranks_gather_the_samples_exactly(two_ranks, tmp_path, scans):
 
 @pytest.mark.parametrize("key", ["wandb.num_images", "wandb.media_every_n_epochs"])
 def test_negative_counts_are_one_user_error(tmp_path, key):
-    from core.errors import UserError
+    from ddp_launcher.core.errors import UserError
 
     with pytest.raises(UserError, match=rf"^{key}=-1 must be >= 0 \(0: off\)$"):
         train_in_process(tmp_path / "r", *QUICK, f"{key}=-1")

@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core.run_dir import write_atomic
+from ddp_launcher.core.run_dir import write_atomic
 
 IDX_FILES = (
     "train-images-idx3-ubyte",

@@ -6,7 +6,8 @@ import os
 
 
 def digits(**kwargs):
-    from core.errors import UserError
+    from ddp_launcher.core.errors import UserError
+
     from data.catalog import digits as build
 
     if os.environ.get("RANK") == "1":

@@ -1,0 +1,111 @@
+"""Errors that are the user's to fix: one line naming the fix, never a traceback.
+
+A UserError is raised where the problem is found and reported once, by whoever runs the task:
+ReportUserError below (a Hydra callback) in a process that runs its own Hydra job, or the rank
+bootstrap (ddp_launcher/ranks/bootstrap.py) in ranks a launcher started. Nothing catches it between.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
+
+
+class UserError(CompactHydraException):
+    """Bad input (config, data, checkpoint, environment). The message names the fix."""
+
+    exit_code = 2
+
+
+def find_user_error(error: BaseException | None) -> UserError | None:
+    """The UserError behind `error`, if any: Hydra's instantiate wraps what a target raises."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def job_value(ret: Any) -> Any:
+    """A JobReturn's value, or a failed job's exception, without raising it. Hydra's public
+    `JobReturn.return_value` raises a failed job's exception (after printing a line to stderr)
+    and offers no other getter: this is the one place that reads the private field."""
+    return ret._return_value
+
+
+def one_line(text: object) -> str:
+    """The first non-empty line of `text`, stripped ("" for none)."""
+    for line in str(text).strip().splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def describe(error: BaseException) -> str:
+    """One line for an exception: a user error's message, or any CompactHydraException's (what
+    Hydra prints alone), else `Type: first line`."""
+    user_error = find_user_error(error)
+    if user_error is not None:
+        return one_line(user_error)
+    text = one_line(error)
+    if isinstance(error, CompactHydraException) and text:
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def instantiate(node, **kwargs):
+    """Hydra's instantiate, re-raising a UserError its target raised as itself (Hydra wraps it
+    in a multi-line InstantiationException); a missing mandatory value (`???`) is one too."""
+    from hydra.utils import instantiate as hydra_instantiate
+    from omegaconf.errors import MissingMandatoryValue
+
+    try:
+        return hydra_instantiate(node, **kwargs)
+    except MissingMandatoryValue as e:  # a `???` the user had to fill in
+        key = e.full_key or "a mandatory key"
+        raise UserError(f"{key} is required: set {key}=<value>") from None
+    except Exception as e:
+        user_error = find_user_error(e)
+        if user_error is None:
+            raise
+        raise user_error from None
+
+
+class ReportUserError(Callback):
+    """Reports a user error of a plain Hydra run (`python train.py`, or each rank under plain
+    torchrun) as one log line (console and train.log) and exits with UserError.exit_code,
+    before Hydra would print the error between lines of its own. Any other failure, and every
+    job of a sweep (its launcher reports those), is left to Hydra."""
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN:
+            return
+        failure = job_value(job_return)
+        error = find_user_error(failure)
+        if error is not None:
+            if not getattr(failure, "already_said", False):  # (by the rank that hit it)
+                logging.getLogger("train").error("%s", error)
+            raise SystemExit(error.exit_code)
+
+
+def resolved_yaml(cfg) -> str:
+    """The config as YAML with every interpolation resolved; a value that does not resolve or
+    validate (often from an environment variable, `${oc.env:...}`) is a UserError naming it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_yaml(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        what = one_line(str(e).replace("While dereferencing interpolation", "from"))
+        raise UserError(
+            f"{e.full_key}: {what}: fix it, or the environment variable it reads"
+        ) from None

@@ -1,0 +1,230 @@
+"""World-size rules, shared by the ranks (components/distributed.py) and the launchers
+(launch/: a job's world from its config, checked before any rank starts). Imports no torch
+unless a GPU driver is present: launchers use it too.
+
+`dist.nproc_per_node` and `dist.nnodes` are `auto` or a positive integer. `auto` nproc means
+every usable GPU of a node, or 1 where the job uses no GPU (none visible, or dist.backend=gloo);
+`auto` nnodes means 1. Under torchrun (or srun) the environment's values win, and an explicit
+value must agree with them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ddp_launcher.core.errors import UserError
+
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # what torchrun (or our srun mapping) sets
+
+
+def parse_count(value: Any, key: str, minimum: int = 1) -> int | None:
+    """`auto` -> None, an integer >= `minimum` (1, or 0 for counts that may be none, like a
+    node's GPUs) -> itself; anything else is a UserError naming `key`."""
+    text = str(value).strip()
+    if text == "auto":
+        return None
+    if text.isdigit() and int(text) >= minimum:
+        return int(text)
+    kinds = {0: "a non-negative integer", 1: "a positive integer"}
+    kind = kinds.get(minimum, f"an integer >= {minimum}")
+    raise UserError(f"{key}={text} is not valid: use {key}=auto or {kind}")
+
+
+def started_as_rank(environ=os.environ) -> bool:
+    """True in a process that torchrun (or srun mapped to torch's variables) started as a rank."""
+    return all(k in environ for k in RANK_ENV)
+
+
+def rank_world_size(environ=os.environ) -> int:
+    """The world size this process is a rank of: torchrun's (or srun's) WORLD_SIZE, else 1."""
+    return int(environ["WORLD_SIZE"]) if started_as_rank(environ) else 1
+
+
+def gpu_driver_present() -> bool:
+    """Whether Linux shows a GPU driver's device nodes (NVIDIA, WSL's, AMD ROCm's)."""
+    if not sys.platform.startswith("linux"):
+        return True  # cannot tell without asking torch
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or any(
+        os.path.exists(p) for p in ("/dev/dxg", "/dev/kfd")
+    )
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use. No torch import (seconds) in a process without it: NVIDIA's
+    device nodes, narrowed by CUDA_VISIBLE_DEVICES as CUDA narrows them (the list up to its
+    first invalid entry); only other drivers (ROCm, WSL) ask torch."""
+    if "torch" not in sys.modules:
+        if not gpu_driver_present():
+            return 0
+        nodes = glob.glob("/dev/nvidia[0-9]*")
+        if nodes:
+            return min(len(nodes), len(cuda_visible(os.environ.get("CUDA_VISIBLE_DEVICES"))))
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def visible_gpu_ids() -> list[str]:
+    """This process's GPUs as CUDA_VISIBLE_DEVICES names them, entries kept as written (ids,
+    UUIDs, MIG instances): a launcher hands its jobs subsets of these, never positions. Unset:
+    0..n-1."""
+    n, value = visible_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    return cuda_visible(value)[:n] if value is not None else [str(i) for i in range(n)]
+
+
+def cuda_visible(value: str | None) -> list[str]:
+    """CUDA_VISIBLE_DEVICES' entries as CUDA reads them: unset is every device (a long list);
+    a negative or empty entry ends the list."""
+    if value is None:
+        return [str(i) for i in range(1024)]
+    kept = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        kept.append(entry)
+    return kept
+
+
+def uses_gpus(backend: Any, n_gpus: int) -> bool:
+    """Whether a job with this `dist.backend` runs its ranks on GPUs, given `n_gpus` usable."""
+    return n_gpus > 0 and str(backend) != "gloo"
+
+
+def requested_world(dist_cfg: Any, n_gpus: int) -> tuple[int, int]:
+    """(nproc_per_node, nnodes) a job asks for outside torchrun, `auto` resolved."""
+    nproc = parse_count(dist_cfg.nproc_per_node, "dist.nproc_per_node")
+    nnodes = parse_count(dist_cfg.nnodes, "dist.nnodes")
+    if nproc is None:
+        nproc = n_gpus if uses_gpus(dist_cfg.backend, n_gpus) else 1
+    return nproc, nnodes or 1
+
+
+def per_rank_batch(global_batch: int, world_size: int, accumulate: int = 1) -> int:
+    """The micro-batch each rank runs: global batch / (world size x accumulation steps)."""
+    parts = world_size * accumulate
+    if accumulate < 1:
+        raise UserError(f"trainer.accumulate_grad_batches={accumulate}: use a positive integer")
+    if global_batch <= 0:
+        raise UserError(f"trainer.batch_size={global_batch}: use a positive integer")
+    if global_batch % parts:
+        fix = max(parts, round(global_batch / parts) * parts)
+        what = f"the world size {world_size}" + (
+            f" x trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
+        )
+        raise UserError(
+            f"trainer.batch_size={global_batch} (the global batch) is not divisible by {what}: "
+            f"use a multiple of {parts}, e.g. trainer.batch_size={fix}"
+        )
+    return global_batch // parts
+
+
+def usable_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity: a launcher gives each job that runs
+    beside others a slice of its own, which the job's ranks inherit)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def cores_per_rank(local_world_size: int, environ=os.environ) -> int:
+    """This rank's CPU cores, from the cores it may really run on (its affinity): shared among
+    the node's ranks, as a torchrun job's are (its launcher gives the job a slice); a SLURM
+    task's own, where SLURM says how many (--cpus-per-task) and the affinity does not hold
+    fewer."""
+    cores = len(usable_cores())
+    if "SLURM_PROCID" in environ and environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        # On a cluster that binds tasks (task/affinity, task/cgroup) the affinity is the task's
+        # own CPUs, and may be fewer than SLURM_CPUS_PER_TASK says: since SLURM 22.05 an srun
+        # without -c (or SRUN_CPUS_PER_TASK) gives each task 1 CPU while the variable, set by
+        # sbatch, still reads the job's count. On one that does not bind, the affinity is
+        # the whole node's, shared by its tasks, and SLURM's count is the task's share. The
+        # smaller is right on both.
+        return max(1, min(int(environ["SLURM_CPUS_PER_TASK"]), cores))
+    return max(1, cores // max(1, local_world_size))
+
+
+def data_workers(value: Any, local_world_size: int) -> int:
+    """`dataset.num_workers`: an integer >= 0, or `auto`: every core of this rank's share but
+    the one its own process trains on (none where a rank has a single core)."""
+    workers = parse_count(value, "dataset.num_workers", minimum=0)
+    return cores_per_rank(local_world_size) - 1 if workers is None else workers
+
+
+def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
+    """(ranks per node, nodes, whether its ranks use GPUs) a job asks for in its `dist` node,
+    `auto` resolved against `n_gpus` usable GPUs per node. An app without a `dist` node (or
+    without a key of it) runs 1 rank on 1 node."""
+    dist = OmegaConf.select(config, "dist")
+    if not isinstance(dist, DictConfig):
+        return 1, 1, False
+    request = SimpleNamespace(
+        nproc_per_node=OmegaConf.select(dist, "nproc_per_node", default=1),
+        nnodes=OmegaConf.select(dist, "nnodes", default=1),
+        backend=OmegaConf.select(dist, "backend", default="auto"),
+    )
+    nproc, nnodes = requested_world(request, n_gpus)
+    return nproc, nnodes, uses_gpus(request.backend, n_gpus)
+
+
+def check_batch_size(config: DictConfig, world_size: int) -> None:
+    """A job's global `trainer.batch_size` must split evenly over its ranks (and accumulation
+    steps): checked here, before any rank starts (ddp_launcher/core/world.py's rule, as in the
+    ranks).
+    Apps without a `trainer` node are not checked."""
+    trainer = OmegaConf.select(config, "trainer")
+    if not isinstance(trainer, DictConfig) or "batch_size" not in trainer:
+        return
+    accumulate = OmegaConf.select(trainer, "accumulate_grad_batches", default=1)
+    per_rank_batch(int(trainer.batch_size), world_size, int(accumulate))
+
+
+def check_gpus(nproc: int, gpu_job: bool, n_gpus: int, what: str) -> None:
+    """A GPU job takes one GPU per rank: it cannot ask for more than a node has (`what`)."""
+    if gpu_job and nproc > n_gpus:
+        raise UserError(
+            f"dist.nproc_per_node={nproc} asks for {nproc} GPUs per node but {what}: "
+            "lower dist.nproc_per_node"
+        )
+
+
+C10D_DEFAULT_PORT = 29400  # torch's, for an endpoint without one (c10d_rendezvous_backend.py)
+
+
+def endpoint_parts(endpoint: str) -> tuple[str, str]:
+    """(host, port) of a rendezvous endpoint HOST[:PORT], as torch's parse_rendezvous_endpoint
+    reads it ([v6 address] in brackets; no port: c10d's default)."""
+    text = endpoint.strip()
+    if not (text.startswith("[") and text.endswith("]")) and ":" in text:
+        host, port = text.rsplit(":", 1)
+        return host, port
+    return text, str(C10D_DEFAULT_PORT)
+
+
+def keeps_records(node_rank: int | None, rdzv_endpoint: str | None) -> bool:
+    """Whether this node's launcher keeps the records of a sweep whose multi-node jobs every
+    node's launcher runs (the job dir's lock, launch.json, what a start replaces): node 0's
+    (hydra.launcher.node_rank), else the rendezvous host's, whose agent torch's c10d makes the
+    store's: a name of this machine, or an address it can bind."""
+    if node_rank is not None:
+        return int(node_rank) == 0
+    if not rdzv_endpoint:
+        return True
+    import socket
+
+    host = endpoint_parts(rdzv_endpoint)[0].strip("[]")
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, None)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address[0], 0))
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,75 @@
+"""The launcher's side of the warm start: multiprocessing's forkserver, whose server
+ddp_launcher/ranks/warm.py prepares, forks every job's torchrun agent, so a job pays no import and
+the
+launcher never imports torch. The server exits when this process does.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from multiprocessing import forkserver
+from typing import Any
+
+from ddp_launcher.ranks.agent import run_agent
+from ddp_launcher.ranks.job_spec import AgentSpec
+from ddp_launcher.ranks.lifeline import PARENT_PID_ENV
+from ddp_launcher.ranks.warm import PRELOAD_ENV, WANDB_PRELOAD
+
+SERVER_MODULE = "ddp_launcher.ranks.warm"  # the server imports it, and it the rest (PRELOAD_ENV)
+CONTEXT = multiprocessing.get_context("forkserver")
+
+
+class WarmStart:
+    """The forkserver of this process, prepared for one task's jobs (the first caller's)."""
+
+    def __init__(self) -> None:
+        self.modules: list[str] | None = None
+
+    def ensure_running(self, modules: list[str] = (), wandb: bool = False) -> None:
+        """Start the server unless it runs; it imports `modules` (the task's: train, eval) and
+        starts the sweep's W&B service when `wandb`, while this process goes on."""
+        if self.modules is None:
+            self.modules = [*modules, *[WANDB_PRELOAD] * wandb]
+        # The server is a new interpreter started with this process's environment, which is
+        # how it learns what to import: multiprocessing hands it module names only, and
+        # (up to Python 3.13) not our sys.path.
+        values = {
+            PRELOAD_ENV: ",".join(self.modules),
+            "PYTHONPATH": import_path(),
+            PARENT_PID_ENV: str(os.getpid()),  # it dies with this process
+        }
+        before = {key: os.environ.get(key) for key in values}
+        os.environ.update(values)
+        try:
+            CONTEXT.set_forkserver_preload([SERVER_MODULE])
+            forkserver.ensure_running()
+        finally:
+            for key, value in before.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def start(self, spec: AgentSpec) -> multiprocessing.Process:
+        """Fork a job's torchrun agent (it becomes the process `spec` asks for)."""
+        self.ensure_running()
+        agent = CONTEXT.Process(target=run_agent, args=(spec,), name="torchrun agent")
+        agent.start()
+        return agent
+
+
+def import_path() -> str:
+    """This process's import path: ranks import the task function's modules by reference."""
+    return os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+
+
+def task_modules(task_function: Any) -> list[str]:
+    """The module a task function runs ("train" for train.py's; ddp_launcher/ranks/bootstrap.py's
+    run_task names it), to import in the server; none for a task defined in a script."""
+    args = getattr(task_function, "args", ())
+    if args and isinstance(args[0], str) and ":" in args[0]:
+        return [args[0].partition(":")[0]]
+    module = getattr(task_function, "__module__", None)
+    return [] if module in (None, "__main__") else [module]

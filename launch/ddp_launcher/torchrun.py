@@ -1,0 +1,540 @@
+"""Run Hydra jobs as torchrun jobs: `hydra/launcher=torchrun`, and `python train.py
+dist.nproc_per_node=N` (:func:`run_in_torchrun`).
+
+A job is one torchrun agent (ddp_launcher/ranks/agent.py: torch's `elastic_launch` starts,
+supervises
+and restarts the ranks), forked by this process's warm start (ddp_launcher/warm.py); its ranks run
+ddp_launcher/ranks/bootstrap.py's rank_main on the pickled JobSpec, and rank 0 hands back its
+JobReturn in result.pkl. :class:`TorchrunBackend` gives each job its GPUs, CPU slice and (single
+node) its own rendezvous port, so jobs that run at once never collide. Nothing outlives the
+launcher (ddp_launcher/ranks/lifeline.py); its SIGINT, SIGTERM or SIGHUP stop the running jobs as
+preemption does. Hydra instantiates hydra_plugins/hydra_ddp_torchrun_launcher's subclass of
+:class:`TorchrunLauncherBase` (it only instantiates launchers defined under hydra_plugins).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.plugins.launcher import Launcher
+from omegaconf import DictConfig
+
+from ddp_launcher import preview
+from ddp_launcher.core import run_lock
+from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value, one_line
+from ddp_launcher.core.fault_points import LAUNCHER_PID_ENV
+from ddp_launcher.core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
+from ddp_launcher.core.wandb_service import wandb_wanted
+from ddp_launcher.core.world import (
+    check_gpus,
+    endpoint_parts,
+    job_world,
+    keeps_records,
+    requested_world,
+    started_as_rank,
+    usable_cores,
+    visible_gpu_ids,
+    visible_gpus,
+)
+from ddp_launcher.jobs import (
+    Job,
+    configure_sweep_logging,
+    failed_job_return,
+    failure_reason,
+    resolve_output_dirs,
+    settings_from,
+)
+from ddp_launcher.lifecycle import LifecycleLauncher, run_jobs
+from ddp_launcher.ranks.bootstrap import run_task
+from ddp_launcher.ranks.handoff import (
+    FAILURES_JSON,
+    JOB_JSON,
+    JOB_PKL,
+    RESULT_PKL,
+    describe_failure,
+    read_failures,
+    read_job_return,
+)
+from ddp_launcher.ranks.job_spec import AgentSpec, JobSpec, Stopped, job_return
+from ddp_launcher.warm import WarmStart, import_path, task_modules
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+AGENT_LOG = "agent.log"  # in <job dir>/.torchrun/: the torchrun agent's own output in a sweep
+# How long stopped jobs get to checkpoint and exit (torchrun gives its ranks 30 s) before SIGKILL.
+STOP_GRACE_S = 60.0
+
+
+@dataclass
+class TorchrunLauncherConf:
+    """`hydra.launcher` of `hydra/launcher=torchrun`. A job's world size is not set here: it
+    comes from the job's own `dist.nproc_per_node` x `dist.nnodes` (1 x 1 without `dist`)."""
+
+    _target_: str = "hydra_plugins.hydra_ddp_launcher.torchrun_launcher.TorchrunLauncher"
+    # Jobs running at once. null: on a GPU node as many as fit on disjoint GPU sets; 1 on CPU.
+    max_parallel: int | None = None
+    # Passed to the elastic agent: restarts of a job's ranks after a rank fails.
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    # Single-node jobs get a free port each (torchrun --standalone). Multi-node jobs
+    # (dist.nnodes > 1) need an endpoint every node reaches, and the same job on each node.
+    # HOST:PORT is job 0's; job n of the sweep meets at HOST:PORT+n (its own store: jobs run at
+    # once, and each node's launcher computes the same), so ports PORT to PORT + jobs - 1 must
+    # be free on HOST. No port: torch's c10d default, 29400.
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    node_rank: int | None = None
+    # GPUs jobs may use, as positions in this process's visible GPUs (CUDA_VISIBLE_DEVICES'
+    # entries when set: gpus=[1,3] with CUDA_VISIBLE_DEVICES=4,5,6,7 means GPUs 5 and 7);
+    # null: every visible GPU. Each job gets a disjoint set of them.
+    gpus: list[int] | None = None
+    # Per-rank stdout/stderr files, relative to the job dir (torchrun --log-dir, --redirects=3).
+    log_dir: str = "rank_logs"
+    # Ranks whose output also goes to the console (torchrun --tee: 0 none, 3 stdout+stderr,
+    # 0:3 local rank 0's). null: none in a sweep (one line per finished job, then the summary),
+    # local rank 0's for `python train.py dist.nproc_per_node=N`.
+    tee: str | None = None
+    # Rerun with the same command and hydra.sweep.dir: completed jobs are not run again, the
+    # others continue from their checkpoints (ddp_launcher/resume.py).
+    resume: bool = False
+    # Start a failed job again (from its checkpoints) up to this many times; user errors are
+    # not retried.
+    retries: int = 0
+    # The first job that fails (after its retries) ends the sweep: no job starts after it, the
+    # running ones stop at a checkpoint (`interrupted`); resume=true continues the sweep.
+    fail_fast: bool = False
+    # A resumed job whose commit, uncommitted diff or config differs from its first attempt's:
+    # warn (one line per job, it runs) or refuse (one line, exit 2, nothing runs).
+    on_drift: str = "warn"
+    # Compose and check every job, print one row each (ddp_launcher/preview.py), and start none.
+    dry_run: bool = False
+
+    @classmethod
+    def from_config(cls, launcher_cfg: Any) -> TorchrunLauncherConf:
+        return cls(**settings_from(cls, launcher_cfg))
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="torchrun", node=TorchrunLauncherConf)
+preview.install()  # hydra.launcher.dry_run=true on the command line (ddp_launcher/preview.py)
+
+
+class TorchrunLauncherBase(LifecycleLauncher, Launcher):
+    """Hydra's Launcher for `hydra/launcher=torchrun` (launch and launch_stream: lifecycle)."""
+
+    launcher_name = "torchrun launcher"
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = TorchrunLauncherConf.from_config(settings)
+        self.config: DictConfig | None = None
+        self.task_function: Any = None
+        self.hydra_context: Any = None
+        self.warm = WarmStart()  # one for the whole sweep: torch is imported once
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        self.config = config
+        self.task_function = task_function
+        self.hydra_context = hydra_context
+        configure_sweep_logging(config)
+        if os.environ.get("RANK") is None and not self.settings.dry_run:  # (a rank: check())
+            self.start_warm()
+
+    def start_warm(self) -> None:
+        """The warm start's server imports torch (on another core) while this process has the
+        sweeper validate the batch (Hydra composes every job) and composes the jobs itself;
+        later batches (Optuna's) find it running."""
+        self.warm.ensure_running(task_modules(self.task_function), wandb=wandb_wanted(self.config))
+
+    def options(self) -> dict[str, Any]:
+        s = self.settings
+        if not s.dry_run:  # a dry run imports no torch
+            self.start_warm()
+        return {
+            "backend": TorchrunBackend(s, warm=self.warm),
+            "resume": s.resume,
+            "retries": s.retries,
+            "fail_fast": s.fail_fast,
+            "on_drift": s.on_drift,
+            "stop_on": (signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
+            "lock": s.rdzv_endpoint is None,
+        }
+
+    def check(self) -> None:
+        if os.environ.get("RANK") is not None:
+            raise UserError(
+                "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
+            )
+
+
+def run_task_or_hand_off(task: str, cfg: DictConfig) -> Any:
+    """The task function of train.py and eval.py ("module:function",
+    ddp_launcher/ranks/bootstrap.py's
+    run_task runs it). `python train.py dist.nproc_per_node=N` (not itself a rank): this
+    process only hands the job to N ranks, which run the same task, so it imports neither
+    torch nor the task's module (seconds). Everywhere else the task runs here."""
+    if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
+        return run_in_torchrun(cfg, functools.partial(run_task, task))
+    return run_task(task, cfg)
+
+
+def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
+    """`python train.py dist.nproc_per_node=N`: run this very job's N ranks under torchrun.
+
+    Hydra has already made the run dir and written `.hydra/` here; the ranks reuse both.
+    Returns rank 0's return value; raises ddp_launcher.jobs.JobFailed when the job failed.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.singleton import Singleton
+
+    hydra_cfg = HydraConfig.get()
+    # The job's whole config, hydra node too: HydraConfig keeps it only as the hydra node's
+    # parent (no public getter).
+    config = copy.deepcopy(hydra_cfg._get_parent())
+    resolve_output_dirs(config, ("hydra.run.dir", "hydra.runtime.output_dir"))
+    spec = JobSpec(
+        task_function,
+        config,
+        Singleton.get_state(),
+        job_dir_key="hydra.run.dir",
+        job_subdir_key=None,
+    )
+    job = Job(
+        0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec, in_sweep=False
+    )
+    settings = single_run_settings(hydra_cfg.launcher)
+    (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
+    if ret.status.name == "FAILED":  # (JobReturn.return_value would log it first: no)
+        raise job_value(ret)
+    return ret.return_value
+
+
+def single_run_settings(launcher_cfg: Any) -> TorchrunLauncherConf:
+    """The launcher settings of `python train.py dist.nproc_per_node=N`: one run, the only job
+    this process starts, so it gets every core it may use whatever share of the GPUs it takes
+    (max_parallel 1); rank 0's output is what the user watches, as in a 1-rank run (the other
+    ranks' only output is errors, in their files under rank_logs/; the launcher names a rank
+    that failed first)."""
+    settings = TorchrunLauncherConf.from_config(launcher_cfg)
+    settings.max_parallel = 1
+    if settings.tee is None:
+        settings.tee = "0:3"
+    return settings
+
+
+class TorchrunBackend:
+    """ddp_launcher/lifecycle.py's Backend on this machine: a job's attempt is a torchrun agent; a
+    GPU
+    job takes one GPU per rank, a set disjoint from every running job's (CUDA_VISIBLE_DEVICES);
+    at most `max_parallel` jobs at once (null: one per GPU, 1 on CPU), each on its share of the
+    launcher's CPU cores (:meth:`cpu_slice`)."""
+
+    poll_s = POLL_S
+    holds_job_dirs = True  # its agents die with it: it holds each running job's dir for it
+
+    def __init__(
+        self,
+        settings: TorchrunLauncherConf,
+        gpu_ids: list[str] | None = None,
+        cores: list[int] | None = None,
+        warm: WarmStart | None = None,
+    ) -> None:
+        self.settings = settings
+        self.tee = settings.tee if settings.tee is not None else "0"
+        self.warm = warm if warm is not None else WarmStart()
+        # CUDA_VISIBLE_DEVICES entries as written (a job's are a subset of them); the launcher's
+        # `gpus` are positions in this list.
+        self.gpu_ids = visible_gpu_ids() if gpu_ids is None else list(gpu_ids)
+        positions = range(len(self.gpu_ids))
+        gpus = list(settings.gpus) if settings.gpus is not None else list(positions)
+        if any(g not in positions for g in gpus):
+            raise UserError(
+                f"hydra.launcher.gpus={gpus}: positions in the {len(self.gpu_ids)} visible GPUs "
+                f"({','.join(self.gpu_ids) or 'none'}): use numbers from 0 to "
+                f"{len(self.gpu_ids) - 1}, or null for all"
+            )
+        if len(set(gpus)) < len(gpus):  # one GPU would go to two jobs (or ranks) at once
+            raise UserError(
+                f"hydra.launcher.gpus={gpus} names a GPU twice: list each GPU once, or null for all"
+            )
+        if settings.max_parallel is not None and settings.max_parallel < 1:
+            raise UserError(
+                f"hydra.launcher.max_parallel={settings.max_parallel}: use a number of jobs >= 1, "
+                "or null for one per GPU set (1 on CPU)"
+            )
+        self.gpus, self.free = list(gpus), list(gpus)
+        self.limit = settings.max_parallel or max(len(gpus), 1)
+        self.cores = usable_cores() if cores is None else list(cores)
+        self.holders = dict.fromkeys(self.cores, 0)  # running jobs on each core
+        self.running = 0
+
+    def place(self, job: Job) -> None:
+        gpus, s = self.gpus, self.settings
+        job.nproc, job.nnodes, job.uses_gpus = job_world(job.spec.config, len(gpus))
+        # the same job runs on every node: one node's launcher keeps its records
+        job.records = job.nnodes == 1 or keeps_records(s.node_rank, s.rdzv_endpoint)
+        check_gpus(job.nproc, job.uses_gpus, len(gpus), f"the launcher has {len(gpus)} ({gpus})")
+        if job.nnodes > 1 and not s.rdzv_endpoint:
+            raise UserError(
+                f"dist.nnodes={job.nnodes} needs a rendezvous point every node can reach: set "
+                "hydra.launcher.rdzv_endpoint=HOST:PORT and start the same job on each node"
+            )
+        if s.rdzv_endpoint:
+            job_endpoint(s.rdzv_endpoint, job.num)  # a UserError when it cannot be had
+
+    def reserve(self, job: Job) -> tuple[list[int], list[int] | None] | None:
+        """The job's GPUs (positions) and CPU slice, or None while there is no room."""
+        need = job.nproc if job.uses_gpus else 0
+        if self.running >= self.limit or need > len(self.free):
+            return None
+        mine, self.free = self.free[:need], self.free[need:]
+        self.running += 1
+        cpus = self.cpu_slice(need)
+        for core in cpus or self.cores:
+            self.holders[core] += 1
+        return mine, cpus
+
+    def cpu_slice(self, gpus: int) -> list[int] | None:
+        """The cores of a job taking `gpus` GPUs: its share of the node, the larger of its GPUs'
+        share and one running job's (1/limit), so that a job with every GPU, or the only job
+        that may run, gets every core, two 4-GPU jobs of 8 GPUs half each, and `max_parallel`
+        CPU jobs 1/max_parallel each. They come from the cores no running job holds (threads
+        and DataLoader workers of the running jobs stay within the cores, disjoint); where
+        none is free (more jobs at once than cores), from those held by the fewest jobs.
+        None: every core (the launcher's own affinity: nothing to narrow)."""
+        total = len(self.cores)
+        count = max(1, total // self.limit, total * gpus // len(self.gpus) if gpus else 0)
+        fewest = min(self.holders.values())
+        cpus = [core for core in self.cores if self.holders[core] == fewest][:count]
+        return None if len(cpus) == total else cpus
+
+    def preview_resources(self, job: Job, slot: tuple[list[int], list[int] | None]) -> str:
+        """A dry run's word for the slot `reserve` gave the job (ddp_launcher/preview.py)."""
+        from ddp_launcher.preview import cores_text
+
+        gpus, cpus = slot
+        where = f"GPUs {','.join(self.gpu_ids[g] for g in gpus)}" if gpus else "CPU"
+        return f"{where}, cores {cores_text(cpus)}"
+
+    @staticmethod
+    def preview_attempt(_handle: Any) -> str:
+        return "its attempt"  # (reattach never finds one: agents die with their launcher)
+
+    def release(self, job: Job, slot: tuple[list[int], list[int] | None]) -> None:
+        gpus, cpus = slot
+        self.free = sorted(self.free + gpus)
+        for core in cpus or self.cores:
+            self.holders[core] -= 1
+        self.running -= 1
+
+    def node(self, job: Job) -> str:
+        """A multi-node job runs in the same (shared) job dir on every node: each node's
+        launcher keeps its files (payload, failures, rank logs) apart, under node<node_rank>
+        or its host name. Global rank 0 writes result.pkl and job.json into its node's."""
+        if job.nnodes == 1:
+            return ""
+        if self.settings.node_rank is not None:
+            return f"node{self.settings.node_rank}"
+        import socket
+
+        return socket.gethostname()
+
+    def files(self, job: Job) -> Path:
+        return job.job_dir / LAUNCHER_DIR / self.node(job)
+
+    def job_env(self, job: Job, gpus: list[int], cpus: list[int] | None) -> dict[str, str]:
+        """The environment of a job's agent and ranks: this process's, plus its GPUs (the
+        launcher's CUDA_VISIBLE_DEVICES entries at those positions, as written) and threads."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = import_path()
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_ids[g] for g in gpus)
+        # The job's cores shared among its ranks, unless the user chose: one OpenMP pool each.
+        cores = len(cpus) if cpus else len(self.cores)
+        if not env.get("OMP_NUM_THREADS"):
+            env["OMP_NUM_THREADS"] = str(max(1, cores // max(1, job.nproc)))
+        env[ATTEMPT_ENV] = str(job.attempt)
+        env[LAUNCHER_PID_ENV] = str(os.getpid())
+        if job.in_sweep:  # this launcher holds the job dir for its ranks (ddp_launcher/resume.py)
+            env.update(run_lock.child_env(job.job_dir))
+        return env
+
+    def agent_spec(self, job: Job, env: dict[str, str], cpus: list[int] | None) -> AgentSpec:
+        s, files = self.settings, self.files(job)
+        spec = AgentSpec(
+            payload=str(files / JOB_PKL),
+            failures=str(files / FAILURES_JSON),
+            nproc=job.nproc,
+            nnodes=job.nnodes,
+            max_restarts=s.max_restarts,
+            monitor_interval=s.monitor_interval,
+            log_dir=str(job.job_dir / s.log_dir / self.node(job)),
+            tee=self.tee,
+            line_prefix=f"[{job.label}rank${{rank}}]: ",
+            env=env,
+            cwd=os.getcwd(),
+            # Nothing of a job reaches a quiet sweep's console (the launcher says how it
+            # ended): the agent's own lines go to agent.log beside the ranks' files.
+            log=None if self.tee != "0" else str(files / AGENT_LOG),
+            cpus=cpus,
+        )
+        if s.rdzv_endpoint:  # (place() refused a multi-node job without one)
+            spec.rdzv_backend = s.rdzv_backend
+            spec.rdzv_endpoint = job_endpoint(s.rdzv_endpoint, job.num)
+            spec.rdzv_id, spec.node_rank = s.rdzv_id or job.job_dir.name, s.node_rank
+        return spec
+
+    def start(self, batch: list[tuple[Job, Any]]) -> list[Any]:
+        return [self.start_one(job, *slot) for job, slot in batch]
+
+    def start_one(self, job: Job, gpus: list[int], cpus: list[int] | None = None) -> Any:
+        import cloudpickle
+
+        files = self.files(job)
+        files.mkdir(parents=True, exist_ok=True)
+        for stale in (RESULT_PKL, JOB_JSON, FAILURES_JSON):  # from an earlier run into this dir
+            (files / stale).unlink(missing_ok=True)
+        with open(files / JOB_PKL, "wb") as f:
+            cloudpickle.dump(job.spec, f)
+        env = self.job_env(job, gpus, cpus)
+        log.log(
+            logging.DEBUG if job.in_sweep else logging.INFO,
+            "#%d %s: %d rank(s)%s",
+            job.num,
+            " ".join(job.overrides) or "(no overrides)",
+            job.nproc * job.nnodes,
+            f" on GPUs {env['CUDA_VISIBLE_DEVICES']}" if gpus else "",
+        )
+        job.started = time.time()
+        # Started by a sweep's first job, kept for every later one (it has imported torch).
+        self.warm.ensure_running(
+            task_modules(job.spec.task_function), wandb=wandb_wanted(job.spec.config)
+        )
+        return self.warm.start(self.agent_spec(job, env, cpus))
+
+    @staticmethod
+    def record(_process: Any) -> None:
+        return None  # an agent does not outlive its launcher: nothing to find again
+
+    @staticmethod
+    def ended(processes: list[Any]) -> list[Any]:
+        return [p for p in processes if p.exitcode is not None]
+
+    def earlier_return(self, job: Job, _attempt: Any) -> Any:
+        """Rank 0's JobReturn of the job's last attempt (a resumed sweep asks)."""
+        return read_job_return(self.files(job) / RESULT_PKL, job)
+
+    @staticmethod
+    def reattach(_job: Job, _attempt: Any) -> None:
+        return None  # its agent died with the launcher that started it
+
+    def outcome(self, job: Job, process: Any) -> Any:
+        """The JobReturn of a finished job: rank 0's own, or a failed one saying why."""
+        from hydra.core.utils import JobStatus
+
+        code, files = process.exitcode, self.files(job)
+        ret = read_job_return(files / RESULT_PKL, job)
+        if code == 0 and ret is not None and ret.status == JobStatus.COMPLETED:
+            return ret
+        if code == 0 and ret is None and job.nnodes > 1:
+            # Every rank here succeeded and global rank 0 ran on another node: the job's value
+            # and files are that node's (its launcher returns them to its sweeper).
+            log.info("#%d: done on this node; rank 0 ran on another node", job.num)
+            return job_return(job, JobStatus.COMPLETED, None)
+        rank_logs = job.job_dir / self.settings.log_dir
+        rank0 = job_value(ret) if ret is not None and ret.status == JobStatus.FAILED else None
+        failures = read_failures(files / FAILURES_JSON)
+        if rank0 is None:  # stopped before it sent its JobReturn: its error file still says
+            said = [f["error"] for f in failures if f.get("rank") == 0 and f.get("error")]
+            rank0 = Stopped(one_line(said[0])) if said else None
+        dead = [f"{describe_failure(f)}; rank logs in {rank_logs}" for f in failures]
+        if code is not None and code < 0:
+            otherwise = f"torchrun was killed by {signal.Signals(-code).name}"
+        elif code == 0:
+            otherwise = "torchrun exited with code 0 but rank 0 left no result"
+        else:
+            otherwise = f"torchrun exited with code {code}: see {rank_logs} for each rank's output"
+        # Another rank failed first (the agent orders the failures: a rank that only lost a
+        # peer comes last): rank 0's own error is a consequence, in brackets after the cause.
+        first = failures[0] if failures else {}
+        another = first.get("rank", 0) != 0 and not first.get("lost_a_peer")
+        if rank0 is not None and another and find_user_error(rank0) is None:
+            rank0 = Stopped(describe(rank0))
+        elif rank0 is not None and all(f.get("lost_a_peer") for f in failures) and failures:
+            # Every error known is a lost peer: the rank that went first left none (killed)
+            rank0 = Stopped(describe(rank0))
+            dead = [f"a rank ended without an error of its own (killed?); rank logs in {rank_logs}"]
+        # A rank that failed first with a user error (exit 2, its error file says which) can
+        # get rank 0 stopped before rank 0 reports the same error: the job's failure is still
+        # the user's to fix (the sweep exits 2), and reads as rank 0 would have put it.
+        stopped = rank0 is None or isinstance(rank0, Stopped)
+        user = (
+            UserError(first["error"])
+            if stopped and first.get("exitcode") == UserError.exit_code and first.get("error")
+            else None
+        )
+        reason = failure_reason(user or rank0, dead, otherwise)
+        failed = failed_job_return(job, reason, ret, cause=user)
+        # Rank 0 printed its own error where the user watches (`python train.py
+        # dist.nproc_per_node=N` shows rank 0's output): the launcher need not say it again.
+        job_value(failed).already_said = not stopped and self.tee != "0"
+        return failed
+
+    @staticmethod
+    def stop(running: list[tuple[Job, Any]], why: str, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop running jobs as preemption does, all at once: SIGTERM to each agent (torchrun
+        forwards it to its ranks: they agree on a step, checkpoint, exit 75), then wait up to
+        `grace_s` for all of them; past it, or at a second Ctrl-C, SIGKILL (the ranks die with
+        their agent)."""
+        alive = [process for _, process in running if process.exitcode is None]
+        if alive:
+            log.warning("%s: stopping %d running job(s): they checkpoint and exit", why, len(alive))
+        for process in alive:
+            signal_group(process, signal.SIGTERM)
+        deadline = time.time() + grace_s
+        try:
+            for process in alive:
+                process.join(timeout=max(0.0, deadline - time.time()))
+            if any(process.exitcode is None for process in alive):
+                raise TimeoutError
+        except (TimeoutError, KeyboardInterrupt):
+            log.warning("killing the jobs that are still running")
+            for process in alive:
+                signal_group(process, signal.SIGKILL)
+            for process in alive:
+                process.join()
+
+
+def job_endpoint(endpoint: str, num: int) -> str:
+    """Job `num`'s rendezvous endpoint: hydra.launcher.rdzv_endpoint's port + num. Jobs that run
+    at once on the same hosts would otherwise share one store: torch's c10d rendezvous makes an
+    agent whose port is taken a client of the store already there, and when the job hosting it
+    ends, the other job's agents lose their store. Every node's launcher numbers a sweep's jobs
+    alike, a resumed sweep too, so each computes the same endpoint. HOST[:PORT] is read as
+    torch's parse_rendezvous_endpoint reads it ([v6 address] in brackets)."""
+    host, port = endpoint_parts(endpoint)
+    where = f"hydra.launcher.rdzv_endpoint={endpoint}"
+    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+        raise UserError(f"{where} is not HOST:PORT: use e.g. node01:29400")
+    if int(port) + num >= 2**16:
+        raise UserError(
+            f"{where}: job #{num} meets at port {port} + {num}, past 65535: use a lower port"
+        )
+    return f"{host}:{int(port) + num}"
+
+
+def signal_group(process: Any, sig: int) -> None:
+    """Signal the agent's process group: the agent and the ranks it forked (torchrun also
+    forwards SIGTERM to them itself)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
