@@ -20,11 +20,10 @@ if __name__ == "__main__":  # `python eval.py ...`: Hydra first, torch only when
 
     with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
         from ddp_launcher.ranks.entry import entry_point
-        from ddp_launcher.torchrun import run_task_or_hand_off
 
         import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 
-        entry_point(__file__, task="eval:main", config_name="eval", hand_off=run_task_or_hand_off)
+        entry_point(__file__, task="eval:main", config_name="eval")
 
 
 import logging

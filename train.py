@@ -26,11 +26,10 @@ if __name__ == "__main__":  # `python train.py ...` (also each rank under plain 
 
     with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
         from ddp_launcher.ranks.entry import entry_point
-        from ddp_launcher.torchrun import run_task_or_hand_off
 
         import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 
-        entry_point(__file__, task="train:main", config_name="train", hand_off=run_task_or_hand_off)
+        entry_point(__file__, task="train:main", config_name="train")
 
 import logging
 import math
@@ -46,6 +45,7 @@ from ddp_launcher.core.errors import UserError
 from ddp_launcher.core.requeue import requeue_on_slurm
 from ddp_launcher.core.run_dir import process_age_s
 from ddp_launcher.core.world import per_rank_batch, rank_world_size
+from ddp_launcher.ranks.pruning import Pruned, TrialLink, check_prune, pruner_for
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -79,7 +79,6 @@ from components.precision import (
 )
 from components.preemption import Preempted, StopRequest
 from components.profiling import StepProfiler
-from components.pruning import Pruned, TrialLink, check_prune, pruner_for
 from components.speed import Speed, model_facts, peak_memory_mb
 from components.train_step import Progress, TrainStep, train_row
 from components.wandb_media import ValMedia

@@ -42,11 +42,11 @@ from ddp_launcher.core.run_dir import (
 )
 from ddp_launcher.core.wandb_mode import resolve_wandb_mode
 from ddp_launcher.core.wandb_service import run_settings, wait_for_service
+from ddp_launcher.ranks.pruning import Pruned
 from omegaconf import DictConfig, OmegaConf
 
 from components.console import end_line
 from components.preemption import Preempted
-from components.pruning import Pruned
 from components.wandb_media import CheckpointArtifacts, save_files
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ def ending(error: BaseException | None) -> tuple[str, str | None]:
         return "completed", None
     if isinstance(error, Preempted):
         return "preempted", str(error)
-    if isinstance(error, Pruned):  # the sweeper's pruner stopped it (components/pruning.py)
+    if isinstance(error, Pruned):  # the sweeper's pruner stopped it (ddp_launcher/ranks/pruning.py)
         return "pruned", str(error)
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", "interrupted (Ctrl-C)"

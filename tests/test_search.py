@@ -1,7 +1,7 @@
 """The Optuna sweeper (ddp_launcher/sweeper/): the override grammar to Optuna 5 distributions, the
 study's
 storage and pruner, a trial reached from another process through the storage
-(components/pruning.py), slot utilisation, and jobs started whenever a slot frees
+(ddp_launcher/ranks/pruning.py), slot utilisation, and jobs started whenever a slot frees
 (ddp_launcher/lifecycle.py's JobFeed)."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ddp_launcher.core.trials import (
 from ddp_launcher.jobs import Job
 from ddp_launcher.lifecycle import JobFeed, run_jobs
 from ddp_launcher.ranks.job_spec import job_return
+from ddp_launcher.ranks.pruning import TrialLink
 from ddp_launcher.resume import Attempt, LaunchRecord, write_launch_record
 from ddp_launcher.sweeper.space import search_space, trial_overrides
 from ddp_launcher.sweeper.study import directions, shown, storage_spec
@@ -36,8 +37,6 @@ from ddp_launcher.sweeper.usage import SlotUsage
 from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-from components.pruning import TrialLink
 
 REPO = Path(__file__).resolve().parent.parent
 IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])
@@ -139,7 +138,7 @@ def test_the_search_space_merges_from_the_command_line(train_config) -> None:
 # the storage the environment names, report 3 epochs, print whether it was pruned (and when).
 RANK = """
 import sys
-from components.pruning import TrialLink
+from ddp_launcher.ranks.pruning import TrialLink
 link = TrialLink.from_env(sys.argv[1], 1)
 for epoch, value in enumerate([0.1, 0.1, 0.1], 1):
     if link.should_prune(epoch, value):

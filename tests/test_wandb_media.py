@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ddp_launcher.core import repro
 from PIL import Image
 
-from components import repro
 from components.wandb_media import CheckpointArtifacts, pick_samples
 from data.digits import Digits
 from tests.helpers import (

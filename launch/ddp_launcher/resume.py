@@ -59,7 +59,7 @@ from ddp_launcher.report.jobs import read_overrides
 log = logging.getLogger(__name__)
 
 # A run that ended for good: a resumed sweep does not run it again (pruned: the sweeper's
-# pruner stopped it, components/pruning.py).
+# pruner stopped it, ddp_launcher/ranks/pruning.py).
 ENDED = ("completed", "pruned")
 LOCK_FILE = ".launcher.lock"  # in the sweep dir: one launcher per sweep dir at a time
 # hydra-optuna-sweeper's sweeper (a config's `_target_` line may still name it): it would start

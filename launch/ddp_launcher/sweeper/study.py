@@ -33,7 +33,7 @@ def on_slurm(config: DictConfig) -> bool:
 
 
 def storage_spec(storage: Any, config: DictConfig, sweep_dir: Path) -> str:
-    """What `hydra.sweeper.storage` names, as components/pruning.py's open_storage reads it."""
+    """What `hydra.sweeper.storage` names, as ranks/pruning.py's open_storage reads it."""
     kind = "auto" if storage is None else str(storage)
     if kind == "auto":
         kind = "journal" if on_slurm(config) else "sqlite"

@@ -1,5 +1,6 @@
 """`hydra/sweeper=optuna` (docs/sweeps.md, "Optuna"): hydra-optuna-sweeper 1.3's configuration
-on current Optuna, plus pruning across a DDP job's ranks (`pruner`: components/pruning.py), a new
+on current Optuna, plus pruning across a DDP job's ranks (`pruner`:
+ddp_launcher/ranks/pruning.py), a new
 trial whenever any running one ends (a launcher's `launch_stream`; else batches, `launch`), the
 study beside its jobs (study.py; job number = trial number) and resume (study.py). Hydra
 instantiates the subclass in hydra_plugins/hydra_ddp_optuna_sweeper.
@@ -172,7 +173,7 @@ class OptunaSweeperBase(Sweeper):
             directions=directions(self.conf.direction),
             load_if_exists=True,
         )
-        # The ranks reach their trials through the storage (components/pruning.py).
+        # The ranks reach their trials through the storage (ddp_launcher/ranks/pruning.py).
         os.environ[STORAGE_ENV], os.environ[STUDY_ENV] = self.storage_spec, study.study_name
         os.environ[PRUNER_ENV] = json.dumps(pruner)
         trials = Trials(self, study, space, fixed)
