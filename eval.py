@@ -33,11 +33,11 @@ from pathlib import Path
 
 from ddp_launcher.core.manifest import find_checkpoint
 from ddp_launcher.core.run_dir import EvalReport
+from ddp_launcher.ranks.distributed import data_barrier, init_distributed
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-from components.distributed import data_barrier, init_distributed
 from components.eval_record import EvalRecord
 from components.evaluation import Predictions, evaluate
 from components.precision import memory_format, precision_context, resolve_precision

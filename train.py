@@ -44,14 +44,8 @@ import torch
 from ddp_launcher.core.errors import UserError
 from ddp_launcher.core.requeue import requeue_on_slurm
 from ddp_launcher.core.run_dir import process_age_s
-from ddp_launcher.core.world import per_rank_batch, rank_world_size
-from ddp_launcher.ranks.pruning import Pruned, TrialLink, check_prune, pruner_for
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
-
-from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
-from components.console import Console
-from components.distributed import (
+from ddp_launcher.core.world import rank_world_size
+from ddp_launcher.ranks.distributed import (
     DistEnv,
     broadcast_weights,
     data_barrier,
@@ -62,6 +56,13 @@ from components.distributed import (
     tighten_timeout,
     wrap_ddp,
 )
+from ddp_launcher.ranks.preemption import Preempted, StopRequest
+from ddp_launcher.ranks.pruning import Pruned, TrialLink, check_prune, pruner_for
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
+from components.console import Console
 from components.divergence import DivergenceWatch
 from components.ema import EMA, build_ema
 from components.evaluation import evaluate
@@ -77,12 +78,11 @@ from components.precision import (
     resolve_precision,
     warn_if_bf16_emulated,
 )
-from components.preemption import Preempted, StopRequest
 from components.profiling import StepProfiler
 from components.speed import Speed, model_facts, peak_memory_mb
 from components.train_step import Progress, TrainStep, train_row
 from components.wandb_media import ValMedia
-from conf.checks import checkpoint_fit
+from conf.checks import checkpoint_fit, per_rank_batch
 from conf.folder_recipe import folder_augment
 from data import (
     DataSplits,

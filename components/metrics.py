@@ -42,11 +42,11 @@ from ddp_launcher.core.run_dir import (
 )
 from ddp_launcher.core.wandb_mode import resolve_wandb_mode
 from ddp_launcher.core.wandb_service import run_settings, wait_for_service
+from ddp_launcher.ranks.preemption import Preempted
 from ddp_launcher.ranks.pruning import Pruned
 from omegaconf import DictConfig, OmegaConf
 
 from components.console import end_line
-from components.preemption import Preempted
 from components.wandb_media import CheckpointArtifacts, save_files
 
 log = logging.getLogger(__name__)

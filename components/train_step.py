@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from ddp_launcher.core.errors import UserError
+from ddp_launcher.ranks import faults
+from ddp_launcher.ranks.distributed import DistEnv
 from omegaconf import DictConfig
 
-from components import faults
-from components.distributed import DistEnv
 from components.loss_window import LossWindow
 from components.precision import as_model_input, memory_format, precision_context
 from components.speed import Speed, peak_memory_mb

@@ -15,14 +15,43 @@ from ddp_launcher.core.errors import UserError
 from ddp_launcher.core.gate import NothingToDo, resume_choice
 from ddp_launcher.core.manifest import committed_entry, find_checkpoint, read_manifest, usable
 from ddp_launcher.core.run_dir import CHECKPOINT_DIR, read_result
-from ddp_launcher.core.world import check_batch_size
 from omegaconf import DictConfig, OmegaConf
 
 from components.monitor import Monitor, check_target
 from conf.schema import check_keys
 
 PRECISIONS = ("auto", "32", "64", "bf16", "fp16")  # components/precision.py's
-DEVICES = ("auto", "cpu", "cuda")  # components/distributed.py's
+DEVICES = ("auto", "cpu", "cuda")  # ddp_launcher/ranks/distributed.py's
+
+
+def per_rank_batch(global_batch: int, world_size: int, accumulate: int = 1) -> int:
+    """The micro-batch each rank runs: global batch / (world size x accumulation steps)."""
+    parts = world_size * accumulate
+    if accumulate < 1:
+        raise UserError(f"trainer.accumulate_grad_batches={accumulate}: use a positive integer")
+    if global_batch <= 0:
+        raise UserError(f"trainer.batch_size={global_batch}: use a positive integer")
+    if global_batch % parts:
+        fix = max(parts, round(global_batch / parts) * parts)
+        what = f"the world size {world_size}" + (
+            f" x trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
+        )
+        raise UserError(
+            f"trainer.batch_size={global_batch} (the global batch) is not divisible by {what}: "
+            f"use a multiple of {parts}, e.g. trainer.batch_size={fix}"
+        )
+    return global_batch // parts
+
+
+def check_batch_size(config: DictConfig, world_size: int) -> None:
+    """A job's global `trainer.batch_size` must split evenly over its ranks (and accumulation
+    steps): checked before any rank starts, as in the ranks. Configs without a `trainer` node are
+    not checked."""
+    trainer = OmegaConf.select(config, "trainer")
+    if not isinstance(trainer, DictConfig) or "batch_size" not in trainer:
+        return
+    accumulate = OmegaConf.select(trainer, "accumulate_grad_batches", default=1)
+    per_rank_batch(int(trainer.batch_size), world_size, int(accumulate))
 
 
 def check_train(cfg: DictConfig, world_size: int, run_dir: Path) -> None:

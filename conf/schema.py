@@ -42,7 +42,7 @@ class DatasetConfig:
 
     _target_: str = MISSING
     # DataLoader workers per rank: auto (this rank's share of the cores, less the one it
-    # trains on: ddp_launcher.core.world.data_workers) or an integer >= 0 (0: load in the rank
+    # trains on: data/loaders.py's data_workers) or an integer >= 0 (0: load in the rank
     # itself)
     num_workers: str = "auto"
     # Sets held in memory (digits, MNIST family, CIFAR) as one uint8 tensor on the training
@@ -130,7 +130,7 @@ class AutoAugmentConfig:
 
 @dataclass
 class DistConfig:
-    """World size and process group (components/distributed.py)."""
+    """World size and process group (ddp_launcher/ranks/distributed.py)."""
 
     # "auto" or a positive integer. Under torchrun, auto takes the environment's values and an
     # explicit value must match it; without torchrun, auto means every visible GPU (1 on CPU).

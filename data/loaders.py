@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from ddp_launcher.core.errors import UserError
-from ddp_launcher.core.world import data_workers
+from ddp_launcher.core.world import cores_per_rank, parse_count
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from data.datasets import DataSplits, SplitView
@@ -59,6 +59,13 @@ class Loaders:
         return chunk_indices(self.train_sampler, self.train.batch_size)  # type: ignore[arg-type]
 
 
+def data_workers(value: Any, local_world_size: int) -> int:
+    """`dataset.num_workers`: an integer >= 0, or `auto`: every core of this rank's share but
+    the one its own process trains on (none where a rank has a single core)."""
+    workers = parse_count(value, "dataset.num_workers", minimum=0)
+    return cores_per_rank(local_world_size) - 1 if workers is None else workers
+
+
 def chunk_indices(sampler: Iterable[tuple[int, int]], batch_size: int) -> list[list[int]]:
     """``(epoch, index)`` items -> the indices of each full batch of ``batch_size``."""
     indices = [index for _, index in sampler]
@@ -88,7 +95,7 @@ def loader_options(
 ) -> dict:
     """This rank's keyword arguments of build_loaders / eval_loader: its place in the world,
     and from the dataset config (any dataset node: a user's may lack these keys) the workers
-    (`auto`: from the cores this rank has, ddp_launcher.core.world.data_workers) and the fast path;
+    (`auto`: from the cores this rank has, data_workers) and the fast path;
     pinned memory on GPU."""
     if local_world_size is None:
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))

@@ -19,9 +19,9 @@ LOG_ENV = "GPU_PROBE_LOG"
 def digits(**kwargs):
     import torch
     from ddp_launcher.core.run_dir import ATTEMPT_ENV
-    from ddp_launcher.core.world import data_workers
 
     from data.catalog import digits as build
+    from data.loaders import data_workers
 
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     record = {

@@ -32,12 +32,13 @@ from ddp_launcher.core.errors import (
 )
 from ddp_launcher.core.gate import resume_choice
 from ddp_launcher.core.run_dir import ATTEMPT_ENV, RunResult, read_result
+from ddp_launcher.ranks import faults
+from ddp_launcher.ranks.preemption import Preempted
 
 from components import checkpoint as ck
-from components import faults
 from components.loss_window import LossWindow
 from components.metrics import RunLogger, ending, rows_to_replay
-from components.preemption import Preempted
+from conf import checks
 from tests.helpers import training_state
 
 
@@ -338,11 +339,11 @@ def test_requested_world(nproc, backend, gpus, expected):
 
 
 def test_per_rank_batch_and_its_error():
-    assert world.per_rank_batch(64, 2) == 32 and world.per_rank_batch(64, 2, 4) == 8
+    assert checks.per_rank_batch(64, 2) == 32 and checks.per_rank_batch(64, 2, 4) == 8
     with pytest.raises(UserError, match="trainer.batch_size=63 .* world size 2.*batch_size=64"):
-        world.per_rank_batch(63, 2)
+        checks.per_rank_batch(63, 2)
     with pytest.raises(UserError, match="accumulate_grad_batches=0"):
-        world.per_rank_batch(64, 1, 0)
+        checks.per_rank_batch(64, 1, 0)
 
 
 def test_started_as_rank():
@@ -358,7 +359,7 @@ def test_the_step_timeout_is_set_with_the_torch_at_hand(monkeypatch, public):
     (e.g. the torch 2.11 a GPU machine ships), never an AttributeError after step 1."""
     from datetime import timedelta
 
-    from components.distributed import DistEnv, tighten_timeout
+    from ddp_launcher.ranks.distributed import DistEnv, tighten_timeout
 
     asked = []
     real = dist.set_timeout if public else dist.distributed_c10d._set_pg_timeout
@@ -493,7 +494,7 @@ def test_local_rank_beyond_the_visible_gpus_is_one_line_naming_cuda_visible_devi
 ):
     """One GPU per SLURM task (or torchrun starting more ranks than GPUs): LOCAL_RANK=1 sees
     one GPU. A user error before any CUDA call, not CUDA's "invalid device ordinal"."""
-    from components.distributed import init_distributed
+    from ddp_launcher.ranks.distributed import init_distributed
 
     rank_env(1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
@@ -538,7 +539,7 @@ def fake_nccl(monkeypatch):
 def test_the_one_rank_group_binds_its_gpu_as_the_ranks_groups_do(fake_nccl):
     """`python train.py` on one GPU (the in-process group): init_process_group gets the rank's
     device as device_id, as under torchrun."""
-    from components.distributed import init_distributed
+    from ddp_launcher.ranks.distributed import init_distributed
 
     with init_distributed(dist_cfg(backend="auto"), "auto") as env:
         assert env.backend == "nccl" and env.device == torch.device("cuda", 0)
@@ -550,7 +551,7 @@ def test_the_one_rank_group_binds_its_gpu_as_the_ranks_groups_do(fake_nccl):
 def test_nccl_ranks_wait_for_the_data_on_a_gloo_group(fake_nccl):
     """Under NCCL the ranks wait for local rank 0's data on a gloo group made with the run's
     timeout (gloo raises at it; NCCL's watchdog would abort the process without a word)."""
-    from components.distributed import data_barrier, init_distributed
+    from ddp_launcher.ranks.distributed import data_barrier, init_distributed
 
     with init_distributed(dist_cfg(backend="nccl", timeout_s=42), "cuda") as env:
         data_barrier(env)()
@@ -559,7 +560,7 @@ def test_nccl_ranks_wait_for_the_data_on_a_gloo_group(fake_nccl):
 
 
 def test_device_cuda_with_gloo_is_a_user_error_even_where_gpus_are_visible(monkeypatch):
-    from components.distributed import init_distributed
+    from ddp_launcher.ranks.distributed import init_distributed
 
     monkeypatch.setattr(world, "visible_gpus", lambda: 2)
     gloo = dist_cfg(backend="gloo")
@@ -571,7 +572,7 @@ def test_device_cuda_with_gloo_is_a_user_error_even_where_gpus_are_visible(monke
 
 
 def test_sync_batchnorm_on_gloo_is_a_user_error_before_the_process_group():
-    from components.distributed import init_distributed
+    from ddp_launcher.ranks.distributed import init_distributed
 
     cfg = dist_cfg(backend="gloo", sync_batchnorm=True)
     with (
@@ -585,7 +586,8 @@ def test_sync_batchnorm_on_gloo_is_a_user_error_before_the_process_group():
 def test_sync_batchnorm_converts_before_the_optimizer_takes_the_parameters():
     """train.py converts right after building the model: the optimizer (and EMA, compile) get
     the SyncBatchNorm model's own Parameter objects."""
-    from components.distributed import DistEnv, sync_batchnorm
+    from ddp_launcher.ranks.distributed import DistEnv, sync_batchnorm
+
     from components.optim import build_optimizer
     from models import build_model
     from tests.helpers import composed_train_config

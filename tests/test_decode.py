@@ -11,7 +11,6 @@ import pytest
 import torch
 import torchvision
 from ddp_launcher.core.errors import UserError
-from ddp_launcher.core.world import data_workers
 from PIL import Image
 from torchvision.transforms import v2
 
@@ -28,7 +27,7 @@ from data.decode import (
     nvjpeg_decodes,
     read_bytes,
 )
-from data.loaders import loader_options, staged
+from data.loaders import data_workers, loader_options, staged
 from data.seeding import EpochSeededDataset, mix_seed, seeded
 from data.transforms import NORMALIZATION, Recipe, is_random, split_stages, train_transform
 from tests import helpers as fx

@@ -8,6 +8,7 @@ each of its jobs composed."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import pytest
 from ddp_launcher.core.hydra_compat import VERSION_BASE
 
 REPO = Path(__file__).resolve().parent.parent  # tests/helpers.py would import torch
+IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])  # as tests/helpers.py
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SCRIPTS = {"train.py": "train", "eval.py": "eval", "ddp_launcher/sbatch_example.sh": "train"}
@@ -293,7 +295,8 @@ def test_composing_in_process_is_what_the_script_composes():
         del cfg["hydra"]  # what --cfg job prints: the job's config, as YAML
     in_process = yaml.safe_load(OmegaConf.to_yaml(cfg))
     script = [sys.executable, "train.py", "--cfg", "job", *shlex.split(text)[2:]]
-    printed = subprocess.run(script, cwd=REPO, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHONPATH": IMPORT_PATH}  # this checkout's launcher package
+    printed = subprocess.run(script, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert printed.returncode == 0, printed.stderr
     assert yaml.safe_load(printed.stdout) == in_process
     assert in_process["dataset"]["_target_"] == "data.example.shapes.shapes"

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+from ddp_launcher.ranks.preemption import REQUEUE_EXIT_CODE
 
 from components.checkpoint import load_checkpoint, step_files, verify
-from components.preemption import REQUEUE_EXIT_CODE
 from tests.helpers import (
     OFFLINE,
     REPO,

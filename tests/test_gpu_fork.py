@@ -326,7 +326,8 @@ def test_a_slurm_task_sizes_its_threads_and_workers_from_its_own_cpus(
 
 AFFINITY_SHARE = (
     "import os, sys\n"
-    "from ddp_launcher.core.world import cores_per_rank, data_workers\n"
+    "from ddp_launcher.core.world import cores_per_rank\n"
+    "from data.loaders import data_workers\n"
     "local_world = int(sys.argv[1])\n"
     "print(len(os.sched_getaffinity(0)), cores_per_rank(local_world),"
     " data_workers('auto', local_world))\n"

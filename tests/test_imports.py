@@ -129,12 +129,16 @@ def test_launch_and_report_import_no_torch() -> None:
                 with_torch.append(name)
                 break
     # Lazily, in their own processes only: torchrun's agent, a plain torchrun rank's entry point
-    # (the agreed start time); and the GPU
-    # count, only where a GPU driver is present.
+    # (the agreed start time); and the GPU count, only where a GPU driver is present. The
+    # rank's training services (its process group, stop requests, injected faults) are imported
+    # by the app's training code alone, in its ranks.
     assert set(with_torch) <= {
         "ddp_launcher.ranks.agent",
         "ddp_launcher.ranks.entry",
         "ddp_launcher.core.world",
+        "ddp_launcher.ranks.distributed",
+        "ddp_launcher.ranks.preemption",
+        "ddp_launcher.ranks.faults",
     }, with_torch
 
 

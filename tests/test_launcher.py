@@ -35,7 +35,7 @@ from ddp_launcher.core.run_dir import (
     read_result,
     write_result,
 )
-from ddp_launcher.core.world import check_batch_size, job_world, parse_count
+from ddp_launcher.core.world import job_world, parse_count
 from ddp_launcher.jobs import (
     Job,
     JobFailed,
@@ -58,6 +58,7 @@ from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, Launche
 from hydra_plugins.hydra_ddp_launcher.torchrun_launcher import TorchrunLauncher
 from omegaconf import OmegaConf
 
+from conf import checks
 from tests.helpers import (
     IMPORT_PATH,
     OFFLINE,
@@ -558,8 +559,8 @@ def test_every_way_a_job_fails_before_its_ranks_leaves_a_result_json(
     # A user error stays findable behind the verdict (exit status 2)
     assert isinstance(results[2]._return_value.__cause__, UserError)
     # no `trainer` node: not checked
-    check_batch_size(OmegaConf.create({"dist": {"nproc_per_node": 2}}), 2)
-    check_batch_size(OmegaConf.create({"trainer": {"max_epochs": 2}}), 3)
+    checks.check_batch_size(OmegaConf.create({"dist": {"nproc_per_node": 2}}), 2)
+    checks.check_batch_size(OmegaConf.create({"trainer": {"max_epochs": 2}}), 3)
 
 
 def test_failures_outside_train_py_leave_a_result_json(tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ def ports_over_time(procs: list[subprocess.Popen], pid: int, timeout: float = 60
 
 # ---------------------------------------------------------------------------------------------
 # a rank's view: gloo's interface (ddp_launcher/core/network.py), a lost node
-# (components/distributed.py)
+# (ddp_launcher/ranks/distributed.py)
 
 
 def made_up_node(monkeypatch, interfaces: dict, routes: dict, names: dict) -> None:
@@ -152,7 +152,7 @@ def test_gloo_listens_on_the_interface_the_other_nodes_reach(monkeypatch) -> Non
 
 
 def test_gloo_socket_ifname_set_by_the_user_is_kept(monkeypatch) -> None:
-    from components import distributed
+    from ddp_launcher.ranks import distributed
 
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib7")
     monkeypatch.setattr(distributed, "gloo_interface", lambda _: pytest.fail("asked"))
@@ -164,7 +164,7 @@ def test_a_lost_connection_names_the_node_it_led_to(monkeypatch) -> None:
     """A collective's error naming a peer on another node is a LostNode naming that node; one
     naming a peer on this node is one only where a rank said which node it lost (in the job's
     store); any other error is not one."""
-    from components import distributed
+    from ddp_launcher.ranks import distributed
 
     monkeypatch.setattr(distributed, "interface_addresses", lambda: {"eth0": ["10.0.0.1"]})
     monkeypatch.setattr(distributed.socket, "gethostbyaddr", lambda a: ("node2", [], [a]))

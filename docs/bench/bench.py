@@ -94,7 +94,7 @@ def train_file_size(train_samples: int, val_fraction: float = 0.1) -> int:
 def resolve_workers(value: int | str, world_size: int) -> int:
     """A workload's workers per rank as train.py resolves ``dataset.num_workers`` (auto: this
     rank's share of the cores less one), so that both sides get the same number."""
-    from ddp_launcher.core.world import data_workers
+    from data.loaders import data_workers
 
     return data_workers(value, world_size)
 

@@ -107,7 +107,7 @@ def launch(world_size: int, target: list[str], python: str | None = None) -> lis
 def run_env(threads: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.pop("HYDRA_DDP_FAULT", None)
-    path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(REPO), str(REPO / "launch"), env.get("PYTHONPATH")) if p)
     env.update(
         OMP_NUM_THREADS=str(threads),
         PYTHONPATH=path,

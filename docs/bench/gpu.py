@@ -138,7 +138,7 @@ def wheel_pins(python: str) -> dict[str, str]:
     pins = {}
     for line in (REPO / "requirements.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
-        if not line:
+        if not line or line.startswith("-"):  # pip options (-e ./launch: the launcher package)
             continue
         req = Requirement(line)
         marker_env = {"python_version": python, "python_full_version": f"{python}.0"}
@@ -622,7 +622,7 @@ PROBES = {"probe": probe, "decode": decode, "matmul": matmul}
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
+    sys.path[:0] = [str(REPO), str(REPO / "launch")]
     if sys.argv[1] in ("wheels", "run"):
         sys.exit(main(sys.argv[1:]))
     print(RESULT_TAG + json.dumps(PROBES[sys.argv[1]]()), flush=True)

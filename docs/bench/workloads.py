@@ -34,7 +34,7 @@ class Workload:
     shape: tuple[int, int, int]  # one sample as the model sees it, C x H x W
     steps: int  # default optimizer steps per run (one epoch of steps * global_batch samples)
     # DataLoader workers per rank, one cell each (the same on both sides; "auto": train.py's
-    # rule, ddp_launcher.core.world.data_workers); None: not a DataLoader workload (B: fast path)
+    # rule, data.loaders.data_workers); None: not a DataLoader workload (B: fast path)
     workers: tuple[int | str, ...] | None = (0,)
     smoke_world_sizes: tuple[int, ...] = (1, 2)  # the cells --smoke runs
 

@@ -70,7 +70,7 @@ SLURM_KEYS = (
 class DDPSlurmQueueConf(SlurmQueueConf):
     """hydra-submitit-launcher's SLURM options, plus what a DDP job needs. A job's world size
     comes from its own `dist` config (one task per rank; job_resources). Every key is documented
-    in conf/hydra/launcher/slurm.yaml."""
+    in hydra_plugins/hydra_ddp_launcher/conf/hydra/launcher/slurm.yaml."""
 
     _target_: str = "hydra_plugins.hydra_ddp_launcher.slurm_launcher.DDPSlurmLauncher"
     # auto: each job's dist.nnodes / dist.nproc_per_node; an integer fixes it for every job

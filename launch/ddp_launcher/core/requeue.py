@@ -1,4 +1,4 @@
-"""`scontrol requeue` of this SLURM job: what a preempted run (components/preemption.py)
+"""`scontrol requeue` of this SLURM job: what a preempted run (ddp_launcher/ranks/preemption.py)
 and a SLURM task stopped before training (ddp_launcher/ranks/slurm_task.py) ask SLURM.
 Torch-free."""
 

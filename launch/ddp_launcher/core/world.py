@@ -1,4 +1,4 @@
-"""World-size rules, shared by the ranks (components/distributed.py) and the launchers
+"""World-size rules, shared by the ranks (ddp_launcher/ranks/distributed.py) and the launchers
 (launch/: a job's world from its config, checked before any rank starts). Imports no torch
 unless a GPU driver is present: launchers use it too.
 
@@ -106,25 +106,6 @@ def requested_world(dist_cfg: Any, n_gpus: int) -> tuple[int, int]:
     return nproc, nnodes or 1
 
 
-def per_rank_batch(global_batch: int, world_size: int, accumulate: int = 1) -> int:
-    """The micro-batch each rank runs: global batch / (world size x accumulation steps)."""
-    parts = world_size * accumulate
-    if accumulate < 1:
-        raise UserError(f"trainer.accumulate_grad_batches={accumulate}: use a positive integer")
-    if global_batch <= 0:
-        raise UserError(f"trainer.batch_size={global_batch}: use a positive integer")
-    if global_batch % parts:
-        fix = max(parts, round(global_batch / parts) * parts)
-        what = f"the world size {world_size}" + (
-            f" x trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
-        )
-        raise UserError(
-            f"trainer.batch_size={global_batch} (the global batch) is not divisible by {what}: "
-            f"use a multiple of {parts}, e.g. trainer.batch_size={fix}"
-        )
-    return global_batch // parts
-
-
 def usable_cores() -> list[int]:
     """The CPU cores this process may run on (its affinity: a launcher gives each job that runs
     beside others a slice of its own, which the job's ranks inherit)."""
@@ -150,13 +131,6 @@ def cores_per_rank(local_world_size: int, environ=os.environ) -> int:
     return max(1, cores // max(1, local_world_size))
 
 
-def data_workers(value: Any, local_world_size: int) -> int:
-    """`dataset.num_workers`: an integer >= 0, or `auto`: every core of this rank's share but
-    the one its own process trains on (none where a rank has a single core)."""
-    workers = parse_count(value, "dataset.num_workers", minimum=0)
-    return cores_per_rank(local_world_size) - 1 if workers is None else workers
-
-
 def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
     """(ranks per node, nodes, whether its ranks use GPUs) a job asks for in its `dist` node,
     `auto` resolved against `n_gpus` usable GPUs per node. An app without a `dist` node (or
@@ -171,18 +145,6 @@ def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
     )
     nproc, nnodes = requested_world(request, n_gpus)
     return nproc, nnodes, uses_gpus(request.backend, n_gpus)
-
-
-def check_batch_size(config: DictConfig, world_size: int) -> None:
-    """A job's global `trainer.batch_size` must split evenly over its ranks (and accumulation
-    steps): checked here, before any rank starts (ddp_launcher/core/world.py's rule, as in the
-    ranks).
-    Apps without a `trainer` node are not checked."""
-    trainer = OmegaConf.select(config, "trainer")
-    if not isinstance(trainer, DictConfig) or "batch_size" not in trainer:
-        return
-    accumulate = OmegaConf.select(trainer, "accumulate_grad_batches", default=1)
-    per_rank_batch(int(trainer.batch_size), world_size, int(accumulate))
 
 
 def check_gpus(nproc: int, gpu_job: bool, n_gpus: int, what: str) -> None:

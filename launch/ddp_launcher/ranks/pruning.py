@@ -94,7 +94,7 @@ def check_prune(link: TrialLink | None, epoch: int, val: dict[str, float], monit
     to its trial and asks the pruner; every rank gets the answer in one broadcast (always, so all
     ranks call the same collectives). Raises :class:`Pruned` on every rank when the trial is to
     stop."""
-    from components.distributed import rank0_decides
+    from ddp_launcher.ranks.distributed import rank0_decides
 
     metric, pruned = monitor.metric, False
     if link is not None and metric in val:

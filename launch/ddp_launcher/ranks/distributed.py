@@ -21,6 +21,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from hydra.errors import CompactHydraException
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 from ddp_launcher.core import world
 from ddp_launcher.core.errors import UserError
 from ddp_launcher.core.network import (
@@ -30,8 +33,6 @@ from ddp_launcher.core.network import (
     is_loopback,
 )
 from ddp_launcher.core.world import started_as_rank
-from hydra.errors import CompactHydraException
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+
 from ddp_launcher.core.run_dir import REQUEUE_EXIT_CODE
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ import signal
 import threading
 
 import torch
+
 from ddp_launcher.core.run_dir import ATTEMPT_ENV
 
 
