@@ -26,6 +26,7 @@ from ddp_launcher.jobs import Job
 from ddp_launcher.torchrun import TorchrunBackend, TorchrunLauncherConf, single_run_settings
 
 import tests.helpers as fx
+from data import loaders
 from tests.gpu_probe import LOG_ENV
 
 PROBE = "dataset._target_=tests.gpu_probe.digits"
@@ -229,7 +230,7 @@ def test_jobs_that_run_at_once_share_the_cores_without_overlap(
         seen |= set(cpus)
         threads += int(backend.job_env(j, gpus, cpus)["OMP_NUM_THREADS"])
         monkeypatch.setattr(world, "usable_cores", lambda c=cpus: c)  # what the rank inherits
-        workers += world.data_workers("auto", 1)
+        workers += loaders.data_workers("auto", 1)
     assert backend.reserve(job(8, 1, True)) is None  # all 8 GPUs busy
     assert seen == set(cores) and threads <= 112 and workers <= 112
     # One job alone keeps the whole machine, and sets no affinity.
@@ -257,7 +258,7 @@ def test_a_jobs_cores_follow_its_share_of_the_node(monkeypatch: pytest.MonkeyPat
         threads = int(backend.job_env(j, gpus, cpus)["OMP_NUM_THREADS"])
         mine = cores if cpus is None else cpus
         monkeypatch.setattr(world, "usable_cores", lambda: list(mine))
-        return len(mine), threads, world.data_workers("auto", j.nproc)
+        return len(mine), threads, loaders.data_workers("auto", j.nproc)
 
     backend = node()
     whole = job(0, 8, True)
@@ -319,9 +320,9 @@ def test_a_slurm_task_sizes_its_threads_and_workers_from_its_own_cpus(
     monkeypatch.setattr(world, "usable_cores", lambda: list(range(14)))
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "14")
-    assert world.cores_per_rank(8) == 14 and world.data_workers("auto", 8) == 13
+    assert world.cores_per_rank(8) == 14 and loaders.data_workers("auto", 8) == 13
     monkeypatch.delenv("SLURM_PROCID")  # not a SLURM task: the node's cores among its ranks
-    assert world.cores_per_rank(8) == 1 and world.data_workers("auto", 8) == 0
+    assert world.cores_per_rank(8) == 1 and loaders.data_workers("auto", 8) == 0
 
 
 AFFINITY_SHARE = (

@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,9 +60,22 @@ def commands(out: Path, py: str | None = None) -> dict[str, list[str]]:
     }
 
 
+def tree_path(tree: Path) -> list[str]:
+    """The import path of `tree`'s code alone: the tree, its launcher package (launch/, since it
+    became one), and for a tree from before that a shadow of the installed package's Hydra
+    plugin, so that Hydra, which imports every plugin on the path, finds only the tree's own."""
+    if (tree / "launch" / "pyproject.toml").exists():
+        return [str(tree), str(tree / "launch")]
+    shadow = Path(tempfile.gettempdir()) / "hydra-ddp-bench-shadow"
+    plugin = shadow / "hydra_plugins" / "hydra_ddp_launcher"
+    plugin.mkdir(parents=True, exist_ok=True)
+    (plugin / "__init__.py").touch()
+    return [str(shadow), str(tree)]
+
+
 def timed(cmd: list[str], tree: Path, timeout_s: float) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_"))}
-    env["PYTHONPATH"] = str(tree)
+    env["PYTHONPATH"] = os.pathsep.join(tree_path(tree))
     started = time.perf_counter()
     proc = subprocess.run(
         cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
