@@ -1,5 +1,5 @@
 """The machine's own GPUs, for the tests marked `gpu`: the suite hides them from itself and from
-every process a test starts (tests/conftest.py: pin_to_the_cpu), so a GPU test runs its GPU
+every process a test starts (conftest.py: pin_to_the_cpu), so a GPU test runs its GPU
 work in a process given them back (`gpu_env`, `on_gpu`). No torch import: conftest uses it."""
 
 from __future__ import annotations

@@ -494,7 +494,7 @@ def test_ctrl_c_in_the_first_seconds_is_interrupted(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_before_a_sweep_starts_its_jobs_is_interrupted(tmp_path):
     """The same before a sweep's launcher runs (from then on its own handler stops the jobs
-    and says how to resume: tests/test_resume.py)."""
+    and says how to resume: launch/tests/test_resume.py)."""
     for delay in CTRL_C_DELAYS[:4]:
         sweep_dir = tmp_path / str(delay)
         cmd = train_cmd("-m", *QUICK, "optim.lr=0.1,0.2", f"hydra.sweep.dir={sweep_dir}")

@@ -213,7 +213,7 @@ def test_without_a_tty_progress_is_a_plain_line(tmp_path, caplog):
 
 
 # The default job's console: tests/test_train.py's test_the_default_job. A sweep's (a line
-# per job, then the table): tests/test_launcher.py's test_sweep_console, on its 2x2 sweep.
+# per job, then the table): launch/tests/test_launcher.py's test_sweep_console, on its 2x2 sweep.
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -1,5 +1,5 @@
 """The docs cannot rot: every `python train.py ...`, `python eval.py ...`, `torchrun ...
-train.py ...` and `sbatch ... ddp_launcher/sbatch_example.sh ...` command in README.md and
+train.py ...` and `sbatch ... launch/ddp_launcher/sbatch_example.sh ...` command in README.md and
 docs/*.md is
 composed by Hydra in this process (as `python train.py --cfg job <overrides>` would, without
 torch or a process), so a renamed key, group or choice fails here, naming the file and line of
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent  # tests/helpers.py would import t
 IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])  # as tests/helpers.py
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SCRIPTS = {"train.py": "train", "eval.py": "eval", "ddp_launcher/sbatch_example.sh": "train"}
+SCRIPTS = {"train.py": "train", "eval.py": "eval", "launch/ddp_launcher/sbatch_example.sh": "train"}
 # Hydra's own flags: those that take a value, and those that do not (they change what Hydra
 # prints, not what it composes).
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "-sc", "--shell-completion"}

@@ -1,4 +1,5 @@
-"""A task function for tests/test_resume.py's foreign-app sweep (no result.json, no torch): it
+"""A task function for launch/tests/test_resume.py's foreign-app sweep (no result.json, no torch):
+it
 appends its `a` to the file named by RESUME_TEST_CALLS, and a=1 fails until a file beside it,
 <calls>.ok, exists (a transient failure)."""
 

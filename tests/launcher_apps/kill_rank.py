@@ -1,4 +1,4 @@
-"""A Hydra app for tests/test_launcher.py: with kill=true, rank 1 SIGKILLs itself at once and
+"""A Hydra app for launch/tests/test_launcher.py: with kill=true, rank 1 SIGKILLs itself at once and
 rank 0 waits as if blocked in a collective with it (torchrun's agent then stops it).
 
     python tests/launcher_apps/kill_rank.py -m hydra/launcher=torchrun kill=true,false

@@ -1,4 +1,4 @@
-"""A dataset target for tests/test_launcher.py: rank 1 alone hits a user error while building
+"""A dataset target for launch/tests/test_launcher.py: rank 1 alone hits a user error while building
 its data (as a corrupt file only its shard reads would), so rank 0 fails in its next
 collective only because rank 1 is gone; the other ranks build scikit-learn's digits."""
 

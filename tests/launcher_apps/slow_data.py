@@ -1,4 +1,4 @@
-"""A dataset target for tests/test_launcher.py: a set that local rank 0 "downloads" for
+"""A dataset target for launch/tests/test_launcher.py: a set that local rank 0 "downloads" for
 SLOW_DATA_S seconds (dataset.download=true) while the node's other ranks wait for it, as a
 large download or the indexing of a big folder on a network file system can take; then
 scikit-learn's digits."""

@@ -76,8 +76,8 @@ from tests.helpers import (
     wait_for_no_processes,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-APPS = Path(__file__).resolve().parent / "launcher_apps"
+REPO = Path(__file__).resolve().parents[2]
+APPS = REPO / "tests" / "launcher_apps"
 SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
 NO_WANDB = "wandb.mode=disabled"  # for sweeps whose W&B runs no test reads (saves ~2 s a job)
 

@@ -12,9 +12,9 @@ import pytest
 from ddp_launcher.report.seeds import describe, group_jobs, rank_groups
 from ddp_launcher.report.sweep import write_summary
 from ddp_launcher.report.wandb_run import log_to_wandb
+from test_summary import _completed, _write_job
 
 from tests.helpers import offline_runs
-from tests.test_summary import _completed, _write_job
 
 # Student's t 0.975 quantiles from the published table (2 and 1 degrees of freedom).
 T975 = {1: 12.706204736174698, 2: 4.302652729749464}

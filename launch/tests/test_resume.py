@@ -8,7 +8,7 @@ uninterrupted reference; the same sweep is SIGKILLed at a random moment (the see
 survives, only unfinished jobs start, and every job ends with the reference's weights and
 metrics. Then retries, a foreign Hydra app, an Optuna study continued across a kill, and a
 sweep dir the last release (b2beecb) wrote, killed mid-job: it reports and resumes.
-SLURM re-attachment is in tests/test_slurm.py (the one-node cluster).
+SLURM re-attachment is in launch/tests/test_slurm.py (the one-node cluster).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])
 
 

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test module; helpers live in tests/helpers.py. Also how the
+"""Fixtures shared by every test module, the experiment's (tests/) and the launcher package's
+(launch/tests/); helpers live in tests/helpers.py. Also how the
 suite shares the machine's cores (pytest-xdist, pyproject.toml's `-n auto --dist loadgroup`),
 how it stays on the CPU on a GPU host (pin_to_the_cpu; `gpu` tests), and the run's last word on
 SLURM tests that could not run."""
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 from hydra.version import VersionBase
 
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent
+TESTS = (ROOT / "tests", ROOT / "launch" / "tests")  # where this suite's fixtures are written
 # Plugin modules that test modules also import from: rewritten on that first import, before
 # pytest loads them as plugins (else pytest warns that it cannot rewrite them)
 pytest.register_assert_rewrite("tests.hosts")
@@ -178,7 +180,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             scope = defs[-1].scope
             if name in PER_WORKER or scope not in ("module", "session"):
                 continue
-            if not Path(inspect.getfile(defs[-1].func)).is_relative_to(TESTS):
+            written = Path(inspect.getfile(defs[-1].func))
+            if not any(written.is_relative_to(folder) for folder in TESTS):
                 continue
             keys.append(f"{item.module.__name__}::{name}" if scope == "module" else name)
         for key in keys[1:]:

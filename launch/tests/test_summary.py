@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from tests.helpers import offline_runs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CONSTANT = "trainer.max_epochs=3"  # in every job's overrides: no column, not in the legend
 

@@ -45,6 +45,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 from hydra.version import VersionBase
 from hydra_plugins.hydra_ddp_launcher.slurm_launcher import DDPSlurmLauncher
+from test_pruning import check_pruned, pruned_sweep
 
 from components.checkpoint import load_checkpoint
 from tests.helpers import (
@@ -62,7 +63,6 @@ from tests.helpers import (
     train_cmd,
     wait_for_rows,
 )
-from tests.test_pruning import check_pruned, pruned_sweep
 
 if TYPE_CHECKING:
     from tests.slurm_cluster import SlurmCluster
@@ -679,7 +679,7 @@ def test_failed_jobs_are_reported(idle_cluster: SlurmCluster, tmp_path: Path) ->
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_pruning_across_slurm_jobs(idle_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """tests/test_pruning.py's search as SLURM jobs of 2 tasks each: the study is a journal
+    """launch/tests/test_pruning.py's search as SLURM jobs of 2 tasks each: the study is a journal
     file on the shared sweep dir (no database), the pruned trial says so everywhere."""
     _, sweep_dir, out = pruned_sweep(tmp_path, *SLURM, **idle_cluster.env)
     assert not (sweep_dir / "optuna.db").exists()
@@ -848,7 +848,7 @@ def test_dry_run_shows_each_jobs_sbatch_resources_and_submits_nothing(
 ) -> None:
     """6 jobs of 1 and 2 tasks: 6 rows with the resource options of the job's sbatch script;
     no sbatch run, nothing queued, no sweep dir."""
-    from tests.test_preview import DRY, table
+    from test_preview import DRY, table
 
     spy_env, calls = sbatch_spy(tmp_path)
     sweep_dir = tmp_path / "sweep"
@@ -880,7 +880,7 @@ def test_dry_run_resume_on_slurm_is_what_resume_does(
     """A 2-job sweep of the tiny app (job 0 completes, job 1 fails), then a dry run with
     resume=true: job 0 skipped (its SLURM result), job 1 started fresh, the sweep dir unchanged
     byte for byte, nothing submitted; the real resume submits job 1 alone."""
-    from tests.test_preview import DRY, RESUME, snapshot, table
+    from test_preview import DRY, RESUME, snapshot, table
 
     app = write_app(tmp_path / "app")
     sweep_dir = tmp_path / "sweep"

@@ -3,7 +3,7 @@
 A dry run composes and checks every job of a sweep as its launch would and prints one row each,
 in one process that imports no torch, writing nothing: a fresh sweep dir is not made, an
 existing one stays byte for byte. Real processes: a 6-job grid of 1- and 2-rank jobs (torchrun
-and, in tests/test_slurm.py's one-node cluster, SLURM), a bad value in one job, the Optuna
+and, in launch/tests/test_slurm.py's one-node cluster, SLURM), a bad value in one job, the Optuna
 sweeper's first batch, and a half-finished sweep (killed at a job's first checkpoint) whose
 preview names the skipped, continued and fresh jobs, which the real resume then does.
 """

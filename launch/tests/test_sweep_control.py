@@ -29,12 +29,12 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import pytest
+import test_resume
 from ddp_launcher.core.run_dir import read_launch_record, read_result
 from ddp_launcher.drift import changes, drift_line, flat_config
 from ddp_launcher.progress import ERASE_LINE, SweepProgress
 from omegaconf import OmegaConf
 
-from tests import test_resume
 from tests.helpers import REPO, output, run, run_env, summary_rows, train_cmd
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def test_a_drift_line_names_the_commit_the_diff_and_the_keys() -> None:
 # ---------------------------------------------------------------------------------------------
 # real sweeps
 
-# tests/test_resume.py's sweep (22 steps an epoch, a checkpoint every 5), parallelism its own
+# launch/tests/test_resume.py's sweep (22 steps an epoch, a checkpoint every 5), parallelism its own
 SWEEP = [o for o in test_resume.SWEEP if not o.startswith("hydra.launcher.max_parallel")]
 GRID = test_resume.GRID
 FAIL_FAST = "hydra.launcher.fail_fast=true"
