@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The package on its own (launch/README.md): a fresh venv holding only torch (the CPU build pip
 # takes from this machine's disk), `pip install ./launch` and pytest, and nothing of this
-# checkout importable; there the example app (launch/examples/) runs
+# checkout importable; there the example app (launch/examples/) runs one 2-rank run and
 #   (a) a torchrun sweep over world sizes 1 and 2,
 #   (b) a sweep whose launcher is SIGKILLed mid-sweep, then resumed to the end,
 #   (c) an Optuna search whose pruner stops trials,
@@ -58,6 +58,10 @@ expect_status() { # SWEEP_DIR STATUS JOB...
     [[ $got == "$want" ]] || fail "$sweep/$job/result.json says '$got', not '$want'"
   done
 }
+
+step "one run with 2 ranks: python toy_ddp.py dist.nproc_per_node=2 (hands off to torchrun)"
+"$py" toy_ddp.py dist.nproc_per_node=2 hydra.run.dir=single || fail "the run exited $?"
+expect_status . completed single
 
 step "(a) a torchrun sweep over world sizes 1 and 2"
 "$py" toy_ddp.py -m hydra/launcher=torchrun dist.nproc_per_node=1,2 hydra.sweep.dir=worlds ||
