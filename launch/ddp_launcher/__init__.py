@@ -10,7 +10,8 @@ each name loads its module when first used (the launcher's startup is measured).
 * the run dir a job writes for the launcher and the report: RunResult, write_result,
   read_result (result.json), METRICS_FILE (metrics.jsonl rows), CHECKPOINT_DIR;
 * the rank's world: rank_world_size(), started_as_rank();
-* pruning from the ranks (hydra/sweeper=optuna): TrialLink, Pruned;
+* pruning from the ranks (hydra/sweeper=optuna): pruner_for(rank) (rank 0's TrialLink of
+  a trial with a pruner, else None), Pruned;
 * requeue_on_slurm(): a preempted SLURM job goes back to the queue.
 
 The code, one sub-package per process: this folder runs in the launcher (lifecycle.py: a job's
@@ -37,6 +38,7 @@ _API = {
     "started_as_rank": "ddp_launcher.core.world",
     "TrialLink": "ddp_launcher.ranks.pruning",
     "Pruned": "ddp_launcher.ranks.pruning",
+    "pruner_for": "ddp_launcher.ranks.pruning",
     "requeue_on_slurm": "ddp_launcher.core.requeue",
 }
 __all__ = sorted(_API)
