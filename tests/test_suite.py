@@ -56,9 +56,8 @@ def test_a_launcher_suite_test_first_leaves_the_plugins_configs_for_the_next_tes
     """Hydra's launcher suites put back the ConfigStore a test started with: run first in a
     process, one would take away the configs our plugins store when Hydra discovers them
     (conftest.py: pytest_configure discovers them before any test)."""
-    suite = (
-        "launch/tests/test_launcher.py::TestTorchrunLauncher::test_sweep_1_job[torchrun-overrides0]"
-    )
+    suite = "launch/tests/test_hydra_suites.py::TestTorchrunLauncher::"
+    suite += "test_sweep_1_job[torchrun-overrides0]"
     optuna = next(c for c in COMMANDS if "sweeps.md" in c.where and "optuna" in c.text)
     needs_optuna = f"tests/test_docs.py::test_every_documented_command_composes[{optuna.where}]"
     proc = run(

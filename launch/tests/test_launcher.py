@@ -51,16 +51,11 @@ from ddp_launcher.ranks.bootstrap import TaskExit, exits_as_errors
 from ddp_launcher.ranks.handoff import FAILURES_JSON, RESULT_PKL
 from ddp_launcher.ranks.job_spec import JobSpec, Stopped
 from ddp_launcher.torchrun import TorchrunBackend, TorchrunLauncherConf
-from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.plugins.launcher import Launcher
-from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
-from hydra_plugins.hydra_ddp_launcher.torchrun_launcher import TorchrunLauncher
 from omegaconf import OmegaConf
 
 from conf import checks
 from tests.helpers import (
-    IMPORT_PATH,
     OFFLINE,
     QUICK,
     SWEEP_LRS,
@@ -635,67 +630,8 @@ def test_launcher_user_errors_are_one_line_and_exit_2(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Hydra's launcher test suites (hydra.test_utils apps: no `dist` key, so 1 rank per job)
-
-
-@pytest.fixture
-def repo_on_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hydra's integration tests run `python task.py` from a temp dir with our environment:
-    the plugin (hydra_plugins/ here) and launch/ must be importable there."""
-    rest = os.environ.get("PYTHONPATH")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([IMPORT_PATH, *([rest] if rest else [])]))
-
-
-def test_discovery() -> None:
-    """Hydra finds the launcher plugin in the hydra_plugins namespace package."""
-    assert TorchrunLauncher.__name__ in [x.__name__ for x in Plugins.instance().discover(Launcher)]
-
-
-# Two jobs at a time: the suites' sweeps of 2+ jobs take the time of one (each job is a process
-# start), and the contract is checked with the scheduler running jobs side by side.
-PARALLEL = "hydra.launcher.max_parallel=2"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher_name, overrides", [("torchrun", [PARALLEL])])
-class TestTorchrunLauncher(LauncherTestSuite):
-    """Hydra's launcher suite: in-process sweeps of hydra.test_utils apps."""
-
-    if hasattr(LauncherTestSuite, "test_failure_preserves_task_traceback"):  # Hydra 1.4's suite
-
-        @pytest.mark.xfail(
-            strict=True,
-            reason="Hydra 1.4 asks a launcher to hand back the task's own exception; a failed "
-            "job's value here is its one-line verdict, JobFailed (caused by rank 0's error)",
-        )
-        def test_failure_preserves_task_traceback(
-            self, hydra_sweep_runner, launcher_name, overrides, tmpdir
-        ) -> None:
-            super().test_failure_preserves_task_traceback(
-                hydra_sweep_runner, launcher_name, overrides, tmpdir
-            )
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("repo_on_pythonpath")
-@pytest.mark.parametrize(
-    "task_launcher_cfg, extra_flags",
-    [
-        (
-            {},
-            [
-                "-m",
-                "hydra/job_logging=hydra_debug",
-                "hydra/job_logging=disabled",
-                "hydra/launcher=torchrun",
-                PARALLEL,
-            ],
-        )
-    ],
-)
-class TestTorchrunLauncherIntegration(IntegrationTestSuite):
-    """Hydra's integration suite: `python task.py -m ...` apps written into a temp dir."""
+# Hydra's launcher test suites and plugin discovery: launch/tests/test_hydra_suites.py (run
+# in this checkout and, by launch/tests/fresh_venv.sh, against the installed package).
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ PRELOAD_ENV = "HYDRA_DDP_WARM_PRELOAD"  # the task's modules, comma-separated; W
 WANDB_PRELOAD = "+wandb"  # start the W&B service and import W&B's run modules
 # Imported before the task's modules: torch, its elastic agent, and what every rank imports
 # late (measured with py-spy on a sweep: each cost every job 0.1-0.3 s): numpy.ma (np.unique
-# of floats, in the split of val from train), the rank's config schema, torch's flop counter.
+# of floats, in the split of val from train), torch's flop counter. The task's own modules
+# (its config schema with them) come from PRELOAD_ENV.
 PRELOAD = (
     "torch",
     "torch._dynamo",
@@ -32,7 +33,6 @@ PRELOAD = (
     "cloudpickle",
     "ddp_launcher.ranks.agent",
     "ddp_launcher.ranks.bootstrap",
-    "conf.schema",
 )
 UNCLEAN: str | None = None  # why this server must not be forked from (None: it may)
 
