@@ -16,10 +16,10 @@ computes its metrics with the same code (components/evaluation.py).
 """
 
 if __name__ == "__main__":  # `python eval.py ...`: Hydra first, torch only when a job runs
-    from ddp_launcher.ranks.interrupt import ctrl_c_exits
+    from ddp_launcher import ctrl_c_exits
 
     with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
-        from ddp_launcher.ranks.entry import entry_point
+        from ddp_launcher import entry_point
 
         import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 

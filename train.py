@@ -22,10 +22,10 @@ state over `self` and its methods, and a researcher editing the loop would read 
 if __name__ == "__main__":  # `python train.py ...` (also each rank under plain torchrun)
     # Hydra composes conf/train.yaml first: --help, --cfg and config errors come back before
     # the imports below load torch; then it imports this file as `train` and runs main().
-    from ddp_launcher.ranks.interrupt import ctrl_c_exits
+    from ddp_launcher import ctrl_c_exits
 
     with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
-        from ddp_launcher.ranks.entry import entry_point
+        from ddp_launcher import entry_point
 
         import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
 
@@ -41,10 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_launcher.core.errors import UserError
-from ddp_launcher.core.requeue import requeue_on_slurm
+from ddp_launcher import UserError, rank_world_size, requeue_on_slurm
 from ddp_launcher.core.run_dir import process_age_s
-from ddp_launcher.core.world import rank_world_size
 from ddp_launcher.ranks.distributed import (
     DistEnv,
     broadcast_weights,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddp_launcher.core.run_dir import RunResult
+from ddp_launcher import RunResult
 from tqdm import tqdm
 
 log = logging.getLogger("train")  # the run's own lines: train.log and the console

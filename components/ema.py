@@ -8,7 +8,7 @@ can validate its share of the EMA model; checkpoints save it through the Trainin
 from __future__ import annotations
 
 import torch
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 

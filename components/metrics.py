@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ddp_launcher import Pruned
 from ddp_launcher.core.errors import describe
 from ddp_launcher.core.fault_points import point
 from ddp_launcher.core.manifest import BEST, committed_best
@@ -43,7 +44,6 @@ from ddp_launcher.core.run_dir import (
 from ddp_launcher.core.wandb_mode import resolve_wandb_mode
 from ddp_launcher.core.wandb_service import run_settings, wait_for_service
 from ddp_launcher.ranks.preemption import Preempted
-from ddp_launcher.ranks.pruning import Pruned
 from omegaconf import DictConfig, OmegaConf
 
 from components.console import end_line

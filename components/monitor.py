@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 
 MODES = ("max", "min")
 

@@ -8,7 +8,7 @@ import os
 from contextlib import nullcontext
 
 import torch
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 from ddp_launcher.ranks.distributed import rank0_decides
 
 log = logging.getLogger(__name__)

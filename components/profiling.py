@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 
 log = logging.getLogger(__name__)
 

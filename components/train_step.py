@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 from ddp_launcher.ranks import faults
 from ddp_launcher.ranks.distributed import DistEnv
 from omegaconf import DictConfig

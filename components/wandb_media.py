@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 
 from components.evaluation import EvalResult
 

@@ -11,10 +11,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import CHECKPOINT_DIR, UserError, read_result
 from ddp_launcher.core.gate import NothingToDo, resume_choice
 from ddp_launcher.core.manifest import committed_entry, find_checkpoint, read_manifest, usable
-from ddp_launcher.core.run_dir import CHECKPOINT_DIR, read_result
 from omegaconf import DictConfig, OmegaConf
 
 from components.monitor import Monitor, check_target

@@ -442,7 +442,7 @@ def check_keys(cfg: Any, path: str = "") -> None:
     for key in extra:
         if arguments is None or key in arguments:
             continue  # a key the target takes (or any key: **kwargs, an unknown target)
-        from ddp_launcher.core.errors import UserError
+        from ddp_launcher import UserError
 
         known = list(dict.fromkeys([*fields, *sorted(arguments)]))
         where = f"{path} ({schema.__name__})" if path else f"the config ({schema.__name__})"

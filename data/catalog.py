@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 from torch.utils.data import Subset
 from torchvision import datasets as tvd
 from torchvision.transforms import v2

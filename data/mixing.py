@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 from torchvision.transforms import v2
 
 from data.seeding import mix_seed, seeded

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 from torchvision import transforms as v1
 from torchvision.transforms import AutoAugmentPolicy, v2
 

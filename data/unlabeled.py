@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 from torch import Tensor, nn
 
 __all__ = ["SmallCNN"]

@@ -18,7 +18,7 @@ import re
 from functools import lru_cache
 
 import torchvision
-from ddp_launcher.core.errors import UserError
+from ddp_launcher import UserError
 from torch import nn
 from torchvision.models import ResNet
 
