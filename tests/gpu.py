@@ -1,6 +1,7 @@
 """The machine's own GPUs, for the tests marked `gpu`: the suite hides them from itself and from
-every process a test starts (conftest.py: pin_to_the_cpu), so a GPU test runs its GPU
-work in a process given them back (`gpu_env`, `on_gpu`). No torch import: conftest uses it."""
+every process a test starts (tests/suite_plugin.py: pin_to_the_cpu), so a GPU test runs its GPU
+work in a process given them back (`gpu_env`, `on_gpu`). No torch import: tests/suite_plugin.py
+uses it."""
 
 from __future__ import annotations
 

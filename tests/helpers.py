@@ -132,8 +132,8 @@ def sweep(sweep_dir: Path, *overrides: str, timeout: float = 300, **env: str) ->
     return Sweep(sweep_dir, run(cmd, timeout=timeout, **env))
 
 
-# The session's 2x2 sweep (conftest.py: sweep_2x2): dist.nproc_per_node=2,1 x these lrs, and a
-# secret in its environment that must not end up in the job files.
+# The session's 2x2 sweep (tests/suite_plugin.py: sweep_2x2): dist.nproc_per_node=2,1 x these lrs,
+# and a secret in its environment that must not end up in the job files.
 SWEEP_LRS = ("0.05", "0.1")
 SWEEP_SECRET = "s3cret-launcher-test-value"
 

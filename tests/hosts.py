@@ -18,7 +18,7 @@ their namespaces) happens in a `finally`, and each new run first removes what a 
 process is gone left behind (:func:`remove_leftovers`).
 
 `hosts` (session fixture) makes two hosts for the whole run; it skips with one line (the run's
-last line counts such skips, conftest.py) where namespaces cannot be made: not root, no
+last line counts such skips, tests/suite_plugin.py) where namespaces cannot be made: not root, no
 `ip`/`unshare`/`setpriv`, or the kernel refuses. `python -m tests.hosts 2` makes some by hand.
 """
 

@@ -12,7 +12,7 @@ the temp dir is touched besides the package installation: commands reach this cl
 
 The fixture skips (with the reason) when not root, when SLURM is missing and installing it is
 forbidden, or when apt cannot install the packages; the run's last line says how many SLURM
-tests skipped, why, and how to run them (conftest.py).
+tests skipped, why, and how to run them (tests/suite_plugin.py).
 Standalone, for poking at it by hand: `python -m tests.slurm_cluster` starts one and waits.
 
 `slurm_two_nodes` (session fixture) is a two-node cluster on tests/hosts.py's hosts: a slurmd on

@@ -247,7 +247,7 @@ def test_compare_python_runs_every_mode_again_with_the_other_interpreter(tmp_pat
 
 
 def test_gpu_check_without_a_gpu_says_so_in_one_line_and_fails(tmp_path):
-    """Here (and in the suite on any host: conftest.py hides the GPUs) torch sees none."""
+    """Here (and in the suite on any host: tests/suite_plugin.py hides the GPUs) torch sees none."""
     proc = subprocess.run(
         [sys.executable, "-m", "docs.bench", "--workloads", "G", "--out", str(tmp_path / "r")],
         cwd=REPO,
@@ -320,7 +320,7 @@ def test_gpu_check_states_what_it_ran_on():
 
     assert found == {
         "missing": [],
-        "count": 0,  # conftest.py hides any GPU
+        "count": 0,  # tests/suite_plugin.py hides any GPU
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -256,7 +256,7 @@ def test_bad_input_is_one_user_error_and_writes_nothing(
 @pytest.fixture(scope="session")
 def train_sweep(sweep_2x2) -> Path:
     """A training sweep with 1-rank and 2-rank jobs (1 epoch each, test_after_fit on): the
-    session's 2x2 sweep (conftest.py), jobs #0 and #1 on 2 ranks, #2 and #3 on 1."""
+    session's 2x2 sweep (tests/suite_plugin.py), jobs #0 and #1 on 2 ranks, #2 and #3 on 1."""
     return sweep_2x2.dir
 
 

@@ -1,4 +1,4 @@
-"""How the suite shares the cores (conftest.py): tests that share an expensive fixture of
+"""How the suite shares the cores (tests/suite_plugin.py): tests that share an expensive fixture of
 this suite run on one xdist worker, so it is built once; a test that shares nothing is free to
 run anywhere. A broken grouping only shows as a slower run, so it is checked here. And how it
 stays on the CPU on a GPU host, its `gpu` tests getting the machine's GPUs back."""
@@ -55,7 +55,7 @@ def test_tests_sharing_a_fixture_share_one_xdist_group_and_no_other(request):
 def test_a_launcher_suite_test_first_leaves_the_plugins_configs_for_the_next_test(tmp_path):
     """Hydra's launcher suites put back the ConfigStore a test started with: run first in a
     process, one would take away the configs our plugins store when Hydra discovers them
-    (conftest.py: pytest_configure discovers them before any test)."""
+    (tests/suite_plugin.py: pytest_configure discovers them before any test)."""
     suite = "launch/tests/test_hydra_suites.py::TestTorchrunLauncher::"
     suite += "test_sweep_1_job[torchrun-overrides0]"
     optuna = next(c for c in COMMANDS if "sweeps.md" in c.where and "optuna" in c.text)

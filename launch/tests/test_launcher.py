@@ -635,7 +635,7 @@ def test_launcher_user_errors_are_one_line_and_exit_2(
 
 
 # ---------------------------------------------------------------------------------------------
-# the session's 2x2 train.py sweep (conftest.py: sweep_2x2): dist.nproc_per_node=2,1 x
+# the session's 2x2 train.py sweep (tests/suite_plugin.py: sweep_2x2): dist.nproc_per_node=2,1 x
 # optim.lr=0.05,0.1, two jobs at a time. Jobs in Hydra's order: #0 (2 ranks, lr 0.05), #1 (2
 # ranks, lr 0.1), #2 (1 rank, lr 0.05), #3 (1 rank, lr 0.1): #0 and #1 are two 2-rank jobs
 # started together.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra.version import VersionBase
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
 TESTS = (ROOT / "tests", ROOT / "launch" / "tests")  # where this suite's fixtures are written
 # Plugin modules that test modules also import from: rewritten on that first import, before
 # pytest loads them as plugins (else pytest warns that it cannot rewrite them)
