@@ -293,9 +293,9 @@ def test_optuna_trial_plan() -> None:
 # prints the child's pid, then waits.
 PARENT = """
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import sys, time; from ddp_launcher.ranks.lifeline
-"
-                          "import die_with_parent; die_with_parent(); "
+child = subprocess.Popen([sys.executable, "-c", "import sys, time; "
+                          "from ddp_launcher.ranks.lifeline import die_with_parent; "
+                          "die_with_parent(); "
                           "open(sys.argv[1], 'w').close(); time.sleep(120)", sys.argv[1]],
                          env={**os.environ, "HYDRA_DDP_PARENT_PID": str(os.getpid())})
 print(child.pid, flush=True)

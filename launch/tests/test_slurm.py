@@ -730,7 +730,7 @@ def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_
             "--ntasks-per-node=2",
             "--cpus-per-task=1",
             f"--output={tmp_path}/slurm-%j.out",
-            "ddp_launcher/sbatch_example.sh",
+            "launch/ddp_launcher/sbatch_example.sh",
             "trainer.max_epochs=1",
             "wandb.mode=offline",
             "trainer.progress_bar=false",
@@ -791,7 +791,7 @@ def test_tasks_run_on_the_cpus_sbatch_gave_them(idle_cluster: SlurmCluster, tmp_
         "--ntasks-per-node=1",
         "--cpus-per-task=2",
         f"--output={tmp_path}/slurm-%j.out",
-        "ddp_launcher/sbatch_example.sh",
+        "launch/ddp_launcher/sbatch_example.sh",
         PROBE,
         *quick,
     ]
