@@ -80,6 +80,7 @@ def folder_with(root: Path, *bad: str) -> list[Path]:
 # an ImageFolder with one unreadable image: its path and the fix, on 1 and 2 ranks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name,nproc",
     [
@@ -107,6 +108,7 @@ def test_an_unreadable_image_is_one_line_naming_it(tmp_path, name, nproc):
     assert str(bad) in error and "gloo" not in error and "Connection" not in error, error
 
 
+@pytest.mark.slow
 def test_skip_unreadable_leaves_the_bad_images_out_in_one_warning(tmp_path):
     """dataset.skip_unreadable=true: each kind of unreadable file is left out, counted in one
     warning; the run trains on the rest and completes."""
@@ -125,6 +127,7 @@ def test_skip_unreadable_leaves_the_bad_images_out_in_one_warning(tmp_path):
 # a run's own bad input: the file or key named, on every way of starting the run
 
 
+@pytest.mark.slow
 def test_an_empty_class_folder_is_named(tmp_path):
     make_imagefolder(tmp_path / "data", {"train": 4, "val": 2})
     for image in (tmp_path / "data" / "train" / "emu").iterdir():
@@ -215,6 +218,7 @@ SWEEP_BAD_INPUT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides,fragments", SWEEP_BAD_INPUT)
 def test_bad_sweep_input_is_one_line_naming_the_key(tmp_path, overrides, fragments):
     if any("postgresql" in o for o in overrides):
@@ -230,6 +234,7 @@ def test_bad_sweep_input_is_one_line_naming_the_key(tmp_path, overrides, fragmen
     assert "pw@" not in output(proc)  # a URL's password stays out of the console
 
 
+@pytest.mark.slow
 def test_resume_where_no_sweep_ran_says_it_starts_a_new_one(tmp_path):
     """hydra.launcher.resume=true also starts a sweep resumable (docs/fault-tolerance.md): on a
     sweep dir without earlier jobs (a new one, or a mistyped one) it says so, where it said
@@ -394,6 +399,7 @@ def test_a_gpu_listed_twice_is_refused():
     assert sorted(backend.gpus) == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad, fragments",
     [

@@ -246,6 +246,7 @@ def test_compare_python_runs_every_mode_again_with_the_other_interpreter(tmp_pat
 # --- workload G: the GPU check (docs/bench/gpu.py) -------------------------------------------
 
 
+@pytest.mark.slow
 def test_gpu_check_without_a_gpu_says_so_in_one_line_and_fails(tmp_path):
     """Here (and in the suite on any host: tests/suite_plugin.py hides the GPUs) torch sees none."""
     proc = subprocess.run(
@@ -276,6 +277,7 @@ sys.meta_path.insert(0, Hidden())
 """
 
 
+@pytest.mark.slow
 def test_gpu_check_without_its_packages_says_so_in_one_line_and_fails(tmp_path):
     """Without Hydra and OmegaConf (a bare GPU machine), G's preflight stops before any cell:
     one line naming what is missing and the command that installs it, exit status 2."""
@@ -298,6 +300,7 @@ def test_gpu_check_without_its_packages_says_so_in_one_line_and_fails(tmp_path):
     assert not (tmp_path / "r").exists()  # nothing ran
 
 
+@pytest.mark.slow
 def test_gpu_check_states_what_it_ran_on():
     """G's preflight probe (the process every cell's environment matches) finds torch's,
     CUDA's, torchvision's and Python's versions; the table's first line states them with the
@@ -423,6 +426,7 @@ def test_gpu_check_wheel_folder_builds_here_and_installs_offline(tmp_path):
     assert all(path.startswith(str(site)) for path in done.stdout.split()), done.stdout
 
 
+@pytest.mark.slow
 def test_gpu_check_cells_use_train_configs_that_compose(tmp_path, monkeypatch):
     """Every train.py and eval.py cell of the GPU check composes, on CUDA, with what its name
     says: run first on a GPU machine, a cell must not fail on a config key. The cells include

@@ -125,6 +125,7 @@ def test_a_second_start_on_a_held_run_dir_is_refused_and_a_dead_holder_taken_ove
     assert not (run_dir / LOCK).exists()  # a run that ended leaves none
 
 
+@pytest.mark.slow
 def test_eval_and_sweep_jobs_are_held_too(tmp_path: Path) -> None:
     """An evaluation's dir and a sweep job's dir held by another process: eval.py is refused
     in one line, exit 2; the sweep's job fails alone, with that line, and nothing of it is
@@ -157,6 +158,7 @@ def test_eval_and_sweep_jobs_are_held_too(tmp_path: Path) -> None:
 # cases 2-5: a refused or no-op start changes nothing; what a start replaces moves whole
 
 
+@pytest.mark.slow
 def test_refused_and_no_op_starts_leave_the_run_dir_byte_identical(tmp_path: Path) -> None:
     """Case 3: resume=auto on a completed run (also with a smaller trainer.max_epochs) changes
     nothing and says so, exit 0. Case 4: a refused start_over=true moves nothing. Case 5: a
@@ -196,6 +198,7 @@ def test_refused_and_no_op_starts_leave_the_run_dir_byte_identical(tmp_path: Pat
     assert snapshot(killed) == before  # .hydra/hydra.yaml included
 
 
+@pytest.mark.slow
 def test_what_a_start_replaces_moves_whole_into_replaced(tmp_path: Path) -> None:
     """Case 2: resume=<another run's checkpoint> into a dir holding a completed run moves that
     run whole (.hydra/ and train.log too) into replaced/<time>/ before it starts. Case 5:

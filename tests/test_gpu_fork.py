@@ -50,6 +50,7 @@ def run_probed(cmd: list[str], log: Path, **env: str) -> list[dict]:
     return ranks
 
 
+@pytest.mark.slow
 def test_the_cpu_only_torch_of_these_tests_lacks_the_probe() -> None:
     """tests/cpu_only_torch/ removes what torch's CPU wheels do not compile, in a process and
     in its forks; torch as installed has it (else the faker would prove nothing)."""
@@ -152,6 +153,7 @@ def test_a_server_that_called_cuda_forks_no_job(tmp_path: Path) -> None:
     assert "Cannot re-initialize CUDA" not in out and "Traceback" not in out, out
 
 
+@pytest.mark.slow
 def test_a_rank_in_a_bad_fork_stops_with_one_line_before_any_cuda_call() -> None:
     """ddp_launcher/ranks/forked.py's check, in a process forked after its parent asked CUDA (with
     a CPU-only torch's torch._C)."""
@@ -335,6 +337,7 @@ AFFINITY_SHARE = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(world.usable_cores()) < 2, reason="needs 2 cores to restrict to 1")
 def test_threads_and_workers_follow_the_real_affinity() -> None:
     """Real processes started on 1 of this machine's cores (as SLURM binds a task whose srun

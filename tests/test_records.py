@@ -70,6 +70,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_refused_start_changes_nothing_in_the_run_dir(tmp_path, nproc):
     run_dir = tmp_path / "r"
@@ -140,6 +141,7 @@ def reference(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "restart", [killed_before_any_checkpoint, rerun_with_resume_auto, started_over]
 )
@@ -151,6 +153,7 @@ def test_every_step_once_after_each_kind_of_restart(tmp_path, reference, restart
     assert_same_training(run_dir, reference)
 
 
+@pytest.mark.slow
 def test_a_fallback_resume_drops_the_abandoned_trajectory(tmp_path):
     run_dir = tmp_path / "r"
     fell_back_to_an_older_checkpoint(run_dir)
@@ -226,6 +229,7 @@ def one_line_error(proc, *fragments: str, not_counted: tuple[str, ...] = ()) -> 
         assert fragment in out, (fragment, out[-3000:])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_its_digest_is_refused(tmp_path):
     """Case 6: eval.py and resume refuse a checkpoint without its .sha256 in one line (a
     damaged one would load and give nonsense)."""

@@ -52,6 +52,7 @@ def test_tests_sharing_a_fixture_share_one_xdist_group_and_no_other(request):
         assert first.nodeid.endswith(f"@{__name__}.shared_once")
 
 
+@pytest.mark.slow
 def test_a_launcher_suite_test_first_leaves_the_plugins_configs_for_the_next_test(tmp_path):
     """Hydra's launcher suites put back the ConfigStore a test started with: run first in a
     process, one would take away the configs our plugins store when Hydra discovers them
@@ -72,6 +73,7 @@ def cuda_visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
+@pytest.mark.slow
 def test_the_suite_sees_no_gpu_and_gpu_tests_get_the_machines_back(monkeypatch):
     """On a GPU host the suite's CPU tests run as on a CPU machine: no GPU in this process nor
     in the processes tests start (an `auto` world would take every GPU); a `gpu` test's

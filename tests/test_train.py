@@ -643,6 +643,7 @@ def test_a_diverging_run_says_so_once_and_records_it(tmp_path, caplog):
 # ------------------------------------------------------------------------------ trainer.target
 
 
+@pytest.mark.slow
 def test_target_records_when_the_metric_first_reached_it(tmp_path):
     """digits with trainer.target=0.9: result.json and the W&B summary record the first
     validation at >= 0.9 (its epoch and step, the seconds from process start on the same clock
