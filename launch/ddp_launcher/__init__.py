@@ -26,7 +26,7 @@ import importlib
 from typing import Any
 
 _API = {
-    "entry_point": "ddp_launcher.ranks.entry",
+    "entry_point": "ddp_launcher.app",
     "ctrl_c_exits": "ddp_launcher.ranks.interrupt",
     "UserError": "ddp_launcher.core.errors",
     "RunResult": "ddp_launcher.core.run_dir",

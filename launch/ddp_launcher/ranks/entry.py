@@ -25,7 +25,7 @@ from ddp_launcher.core.hydra_compat import (
     yaml_errors_as_user_errors,
 )
 from ddp_launcher.core.run_dir import process_start_time
-from ddp_launcher.ranks.bootstrap import OTHER_RANK_OVERRIDES
+from ddp_launcher.ranks.bootstrap import OTHER_RANK_OVERRIDES, run_task
 from ddp_launcher.ranks.interrupt import hydra_keeps_ctrl_c
 
 INFO_FLAGS = {  # Hydra's flags that print and exit: no run dir for the ranks to agree on
@@ -66,9 +66,7 @@ def entry_point(
     # `hand_off(task, cfg)` decides where the task runs (ddp_launcher/torchrun.py's
     # run_task_or_hand_off: here, or in the N ranks it starts) before anything imports the task's
     # module.
-    if hand_off is None:  # `python app.py dist.nproc_per_node=N` starts N ranks here
-        from ddp_launcher.torchrun import run_task_or_hand_off as hand_off
-    task_function = functools.partial(hand_off, task)
+    task_function = functools.partial(hand_off or run_task, task)
     # Hydra reads the config path and the job's name from the task function's module; the job
     # name is set in the config (hydra.job.name), the config path is the script's conf/.
     task_function.__module__ = __name__

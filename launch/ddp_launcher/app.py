@@ -1,0 +1,14 @@
+"""An app's entry (the public `ddp_launcher.entry_point`): ranks/entry.py's, with the launcher's
+hand-off, so that `python app.py dist.nproc_per_node=N` starts N ranks (torchrun.py). Here, in
+the launcher's side, because the rank's side imports nothing of the launcher."""
+
+from __future__ import annotations
+
+
+def entry_point(script: str, task: str, config_name: str) -> None:
+    """Run `conf/<config_name>.yaml` beside `script` with `task` ("module:function") as the
+    job, in this process or in the ranks it starts (ranks/entry.py's entry_point)."""
+    from ddp_launcher.ranks.entry import entry_point as enter
+    from ddp_launcher.torchrun import run_task_or_hand_off
+
+    enter(script, task, config_name, hand_off=run_task_or_hand_off)
