@@ -33,12 +33,11 @@ VERSION_BASE: dict[str, str] = {} if HYDRA_VERSION >= (1, 4) else {"version_base
 # your own package (a dataset, a transform, a model) goes here too: the whitelist must come
 # from code, not config, for it to mean anything (Hydra's threat model).
 TRUSTED_TARGETS: tuple[str, ...] = (
-    # the project's own
+    # the launcher's own (its callbacks), and the experiment's packages
+    "ddp_launcher.*",
     "components.*",
     "conf.*",
-    "core.*",
     "data.*",
-    "launch.*",
     "models.*",
     # libraries its configs name: optimizers, torchvision transforms and models, Optuna's
     # samplers and pruners (hydra.sweeper.sampler, hydra.sweeper.pruner)
