@@ -81,9 +81,8 @@ class WandbIdentity:
 
 def wandb_identity(group: str | None, name: str | None) -> WandbIdentity:
     """Defaults from Hydra: a sweep's jobs share one group (the experiment's name, else `sweep`,
-    plus the sweep dir's timestamp); a sweep job is named by its number and the values of the
-    keys its sweep varies (`3:lr=0.01235,hidden=128`, ddp_launcher/core/naming.py); a plain run by
-    its
+    plus the sweep dir's timestamp); a sweep job is named by its number and the values of the keys
+    its sweep varies (`3:lr=0.01235,hidden=128`, ddp_launcher/core/naming.py); a plain run by its
     overrides. Under `wandb agent` the swept keys are the agent's parameters."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

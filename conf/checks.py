@@ -1,8 +1,7 @@
 """The experiment's own checks of a job's config, torch-free: what no schema type can say. The
 gate (ddp_launcher/core/gate.py; named in conf/train.yaml's and conf/eval.yaml's hydra.callbacks)
-runs them
-where a run starts, and the launchers for every sweep job before any starts: bad input is one
-line naming the key and the fix (a UserError) before anything is written.
+runs them where a run starts, and the launchers for every sweep job before any starts: bad input is
+one line naming the key and the fix (a UserError) before anything is written.
 """
 
 from __future__ import annotations

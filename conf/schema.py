@@ -41,9 +41,8 @@ class DatasetConfig:
     Every key but the loader's two below is an argument of that function."""
 
     _target_: str = MISSING
-    # DataLoader workers per rank: auto (this rank's share of the cores, less the one it
-    # trains on: data/loaders.py's data_workers) or an integer >= 0 (0: load in the rank
-    # itself)
+    # DataLoader workers per rank: auto (this rank's share of the cores, less the one it trains on:
+    # data/loaders.py's data_workers) or an integer >= 0 (0: load in the rank itself)
     num_workers: str = "auto"
     # Sets held in memory (digits, MNIST family, CIFAR) as one uint8 tensor on the training
     # device, batches built with tensor ops (data/fast.py); false: the DataLoader path.

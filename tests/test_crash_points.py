@@ -1,8 +1,7 @@
 """Every crash point tried (issue 55, case 7): a SIGKILL at each named point of the checkpoint
 save protocol and at each write of metrics.jsonl, result.json and the launch records
-(ddp_launcher/core/fault_points.py's POINTS), of a rank or of the launcher, with 1 and 2 ranks;
-then a
-resume, which must end as the uninterrupted run did: identical weights, each metrics row once,
+(ddp_launcher/core/fault_points.py's POINTS), of a rank or of the launcher, with 1 and 2 ranks; then
+a resume, which must end as the uninterrupted run did: identical weights, each metrics row once,
 result.json's best = the epoch whose bytes best.pt holds, and test metrics from those bytes.
 
 Each case is one job of a sweep whose jobs are the same run (`seed=0,0,...`), killed where

@@ -1,9 +1,8 @@
 """Records by construction (issue 55, cases 1-6): one gate before any write
-(ddp_launcher/core/gate.py), one
-holder per run dir (ddp_launcher/core/run_lock.py), nothing overwritten in place. Through the real
-entry
-points: `python train.py`, `python train.py dist.nproc_per_node=2`, `python eval.py`, sweeps. A
-refused or no-op start leaves the dir byte-identical: every file, `.hydra/`, train.log, the
+(ddp_launcher/core/gate.py), one holder per run dir (ddp_launcher/core/run_lock.py), nothing
+overwritten in place. Through the real entry points: `python train.py`, `python train.py
+dist.nproc_per_node=2`, `python eval.py`, sweeps. A refused or no-op start leaves the dir
+byte-identical: every file, `.hydra/`, train.log, the
 launcher's files and multirun.yaml included."""
 
 from __future__ import annotations

@@ -3,11 +3,10 @@ composed and checked as the launcher checks it before it starts, one row each, n
 
 Hydra's sweepers write the sweep dir before their launcher sees a job (BasicSweeper makes it and
 writes multirun.yaml; ours opens its study there), so a dry run takes Hydra's multirun over
-(:func:`install`, from the entry point when the command line asks for one): the same config,
-sweeper and launcher, asked for the jobs instead of told to run them. A row comes from the code
-the real launch runs: the backend places the job (its world size, its launcher checks), the
-resume decision of ddp_launcher/resume.py, the app's gate (ddp_launcher/core/gate.py's check_start:
-conf/checks.py's
+(:func:`install`, from the entry point when the command line asks for one): the same config, sweeper
+and launcher, asked for the jobs instead of told to run them. A row comes from the code the real
+launch runs: the backend places the job (its world size, its launcher checks), the resume decision
+of ddp_launcher/resume.py, the app's gate (ddp_launcher/core/gate.py's check_start: conf/checks.py's
 checks, the run dir's plan), the backend's own resources (torchrun's GPUs and CPU slice from its
 packing; SLURM's sbatch options from submitit's batch script). Nothing is written, no process
 started, torch not imported; a job that would fail its checks is one line naming it, exit 2.

@@ -2,13 +2,12 @@
 dist.nproc_per_node=N` (:func:`run_in_torchrun`).
 
 A job is one torchrun agent (ddp_launcher/ranks/agent.py: torch's `elastic_launch` starts,
-supervises
-and restarts the ranks), forked by this process's warm start (ddp_launcher/warm.py); its ranks run
-ddp_launcher/ranks/bootstrap.py's rank_main on the pickled JobSpec, and rank 0 hands back its
-JobReturn in result.pkl. :class:`TorchrunBackend` gives each job its GPUs, CPU slice and (single
-node) its own rendezvous port, so jobs that run at once never collide. Nothing outlives the
-launcher (ddp_launcher/ranks/lifeline.py); its SIGINT, SIGTERM or SIGHUP stop the running jobs as
-preemption does. Hydra instantiates hydra_plugins/hydra_ddp_torchrun_launcher's subclass of
+supervises and restarts the ranks), forked by this process's warm start (ddp_launcher/warm.py); its
+ranks run ddp_launcher/ranks/bootstrap.py's rank_main on the pickled JobSpec, and rank 0 hands back
+its JobReturn in result.pkl. :class:`TorchrunBackend` gives each job its GPUs, CPU slice and (single
+node) its own rendezvous port, so jobs that run at once never collide. Nothing outlives the launcher
+(ddp_launcher/ranks/lifeline.py); its SIGINT, SIGTERM or SIGHUP stop the running jobs as preemption
+does. Hydra instantiates hydra_plugins/hydra_ddp_torchrun_launcher's subclass of
 :class:`TorchrunLauncherBase` (it only instantiates launchers defined under hydra_plugins).
 """
 

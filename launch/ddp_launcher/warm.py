@@ -1,7 +1,6 @@
 """The launcher's side of the warm start: multiprocessing's forkserver, whose server
 ddp_launcher/ranks/warm.py prepares, forks every job's torchrun agent, so a job pays no import and
-the
-launcher never imports torch. The server exits when this process does.
+the launcher never imports torch. The server exits when this process does.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ values written to 4 significant digits. One place for W&B run names and config
 summary's columns and legend (ddp_launcher/report/). Torch-free.
 
 A job learns which of its overrides are swept from its launcher: ddp_launcher/jobs.py puts the
-sweep's
-keys into the job's `hydra.job.env_set` under SWEPT_KEYS_ENV (recorded in .hydra/hydra.yaml and
-set in the job's environment while it runs). Under `wandb agent` the swept keys are those of the
+sweep's keys into the job's `hydra.job.env_set` under SWEPT_KEYS_ENV (recorded in .hydra/hydra.yaml
+and set in the job's environment while it runs). Under `wandb agent` the swept keys are those of the
 agent's parameter file (WANDB_SWEEP_PARAM_PATH).
 """
 

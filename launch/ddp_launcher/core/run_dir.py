@@ -14,8 +14,7 @@ summary and the benchmark (readers).
       wandb/                  the W&B run
       launch.json             its overrides and every attempt with its code (LaunchRecord): a
                               sweep job's by its launcher (ddp_launcher/resume.py), a single run's
-                              by
-                              its gate (ddp_launcher/resume.py)
+                              by its gate (ddp_launcher/resume.py)
       .torchrun/              the torchrun launcher's hand-off files (ddp_launcher/torchrun.py)
       .run.lock               its holder while it runs (ddp_launcher/core/run_lock.py)
       replaced/<time>/        an earlier run, whole, moved aside by the start that replaced it

@@ -1,8 +1,7 @@
 """How a sweep's Optuna trial and its job's rank 0 find each other (torch-free; the sweeper in
-ddp_launcher/sweeper/ and the in-rank pruning in ddp_launcher/ranks/pruning.py both use it):
-the
-environment the
-sweeper exports to every rank, the trial attributes that name a trial's job, the storage a spec
+ddp_launcher/sweeper/ and the in-rank pruning in ddp_launcher/ranks/pruning.py both use it): the
+environment the sweeper exports to every rank, the trial attributes that name a trial's job, the
+storage a spec
 names and the pruner `hydra.sweeper.pruner` names. Optuna is imported only when used."""
 
 from __future__ import annotations

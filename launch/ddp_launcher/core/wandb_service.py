@@ -1,11 +1,10 @@
 """One W&B service (wandb-core) for many runs, started before it is needed.
 
-W&B's documented hand-off: a process whose environment has WANDB_SERVICE connects to that
-service instead of starting its own (`wandb beta core start` prints such a token). We start
-it with the function behind that command, without its detached mode, so the service ends with
-the process that started it: the warm interpreter of a sweep (ddp_launcher/ranks/warm.py: every job
-of the
-sweep uses it), or a single run's own process, where it starts in a thread while torch imports
+W&B's documented hand-off: a process whose environment has WANDB_SERVICE connects to that service
+instead of starting its own (`wandb beta core start` prints such a token). We start it with the
+function behind that command, without its detached mode, so the service ends with the process that
+started it: the warm interpreter of a sweep (ddp_launcher/ranks/warm.py: every job of the sweep uses
+it), or a single run's own process, where it starts in a thread while torch imports
 (`start_wandb_service(background=True)`; the run waits for it in :func:`wait_for_service`).
 
 A failure here only costs the speed-up: wandb.init starts its own service as it always does.

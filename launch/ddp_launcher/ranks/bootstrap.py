@@ -148,9 +148,8 @@ def record_rank_error(error: BaseException) -> None:
             "extraInfo": {
                 "py_callstack": "".join(traceback.format_exception(error)),
                 "timestamp": str(int(time.time())),
-                # ours: when to the microsecond (torch's has 1 s), the exit status, and whether
-                # the rank only lost a peer (ddp_launcher/ranks/agent.py orders the failures by
-                # them)
+                # ours: when to the microsecond (torch's has 1 s), the exit status, and whether the
+                # rank only lost a peer (ddp_launcher/ranks/agent.py orders the failures by them)
                 "time": time.time(),
                 "exitcode": exit_status(error),
                 "lost_a_peer": lost_a_peer(error),

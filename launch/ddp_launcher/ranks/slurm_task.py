@@ -1,10 +1,9 @@
 """In each SLURM task (one task = one rank, no torchrun): SLURM's variables -> torch's
 (:func:`torch_env`, as docs/slurm.md lists them; ddp_launcher/sbatch_example.sh maps the same in
-bash),
-then the rank (:func:`run_task`, through bootstrap.py; rank 0 returns the JobReturn submitit
-pickles). A preempted task ends with exit 75 on rank 0 and 0 on the others, so that
-`srun --kill-on-bad-exit` leaves rank 0 the time to requeue.
-`python -m ddp_launcher.ranks.slurm_task env` prints the mapping of the task it runs in.
+bash), then the rank (:func:`run_task`, through bootstrap.py; rank 0 returns the JobReturn submitit
+pickles). A preempted task ends with exit 75 on rank 0 and 0 on the others, so that `srun
+--kill-on-bad-exit` leaves rank 0 the time to requeue. `python -m ddp_launcher.ranks.slurm_task env`
+prints the mapping of the task it runs in.
 """
 
 from __future__ import annotations

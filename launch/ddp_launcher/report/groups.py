@@ -1,7 +1,6 @@
 """The seeds-aggregated table of a sweep report: jobs whose swept values differ only in the
-aggregated keys (`seed` by default) as one row each, per metric mean ± std, n and the 95 %
-Student-t interval (ddp_launcher/report/seeds.py), ranked by the mean of the ranking metric.
-Printed after
+aggregated keys (`seed` by default) as one row each, per metric mean ± std, n and the 95 % Student-t
+interval (ddp_launcher/report/seeds.py), ranked by the mean of the ranking metric. Printed after
 the job table, a section of summary.md, summary_groups.csv, and a W&B Table."""
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ def log_to_wandb(
 ) -> str | None:
     """One W&B run with job_type=sweep_summary in the sweep's group (the group its jobs' runs
     are in, ddp_launcher/core/naming.py's sweep_group): the table as a W&B Table, with a link to
-    each
-    job's run (its id offline), and summary.png. Returns the run's id; None when W&B is
+    each job's run (its id offline), and summary.png. Returns the run's id; None when W&B is
     disabled. A W&B failure is a warning."""
     from ddp_launcher.core.errors import UserError
     from ddp_launcher.core.wandb_mode import resolve_wandb_mode
