@@ -16,14 +16,9 @@ computes its metrics with the same code (components/evaluation.py).
 """
 
 if __name__ == "__main__":  # `python eval.py ...`: Hydra first, torch only when a job runs
-    from ddp_launcher import ctrl_c_exits
+    from ddp_launcher import entry_point
 
-    with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
-        from ddp_launcher import entry_point
-
-        import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-
-        entry_point(__file__, task="eval:main", config_name="eval")
+    entry_point(__file__, task="eval:main", config_name="eval", schema="conf.schema")
 
 
 import logging
@@ -31,15 +26,14 @@ import math
 import os
 from pathlib import Path
 
-from ddp_launcher.core.manifest import find_checkpoint
-from ddp_launcher.core.run_dir import EvalReport
-from ddp_launcher.ranks.distributed import data_barrier, init_distributed
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-from components.eval_record import EvalRecord
+from components.distributed import data_barrier, init_distributed
+from components.eval_record import EvalRecord, EvalReport
 from components.evaluation import Predictions, evaluate
+from components.manifest import find_checkpoint
 from components.precision import memory_format, precision_context, resolve_precision
 from components.trained import load_trained, load_weights, trained_config
 from data import ImageFiles, build_datasets, eval_loader, loader_options, sample_positions

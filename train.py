@@ -20,16 +20,11 @@ state over `self` and its methods, and a researcher editing the loop would read 
 """
 
 if __name__ == "__main__":  # `python train.py ...` (also each rank under plain torchrun)
-    # Hydra composes conf/train.yaml first: --help, --cfg and config errors come back before
-    # the imports below load torch; then it imports this file as `train` and runs main().
-    from ddp_launcher import ctrl_c_exits
+    # Hydra composes conf/train.yaml first (--help, --cfg and config errors answer before torch
+    # loads), then runs main() here, or in the dist.nproc_per_node ranks it starts.
+    from ddp_launcher import entry_point
 
-    with ctrl_c_exits():  # Ctrl-C however early: one line, exit 130
-        from ddp_launcher import entry_point
-
-        import conf.schema  # noqa: F401 - registers the typed config schema with Hydra
-
-        entry_point(__file__, task="train:main", config_name="train")
+    entry_point(__file__, task="train:main", config_name="train", schema="conf.schema")
 
 import logging
 import math
@@ -41,9 +36,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_launcher import UserError, rank_world_size, requeue_on_slurm
-from ddp_launcher.core.run_dir import process_age_s
-from ddp_launcher.ranks.distributed import (
+from ddp_launcher import (
+    Pruned,
+    TrialLink,
+    UserError,
+    process_age_s,
+    pruner_for,
+    rank_world_size,
+    requeue_on_slurm,
+)
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
+from components.console import Console
+from components.distributed import (
     DistEnv,
     broadcast_weights,
     data_barrier,
@@ -54,19 +61,12 @@ from ddp_launcher.ranks.distributed import (
     tighten_timeout,
     wrap_ddp,
 )
-from ddp_launcher.ranks.preemption import Preempted, StopRequest
-from ddp_launcher.ranks.pruning import Pruned, TrialLink, check_prune, pruner_for
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
-
-from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
-from components.console import Console
 from components.divergence import DivergenceWatch
 from components.ema import EMA, build_ema
 from components.evaluation import evaluate
 from components.loss_window import LossWindow
 from components.metrics import RunLogger, run_facts
-from components.monitor import Monitor
+from components.monitor import Monitor, check_prune
 from components.optim import build_optimizer, lr_schedule, warmup_steps
 from components.precision import (
     grad_scaler,
@@ -76,6 +76,7 @@ from components.precision import (
     resolve_precision,
     warn_if_bf16_emulated,
 )
+from components.preemption import Preempted, StopRequest
 from components.profiling import StepProfiler
 from components.speed import Speed, model_facts, peak_memory_mb
 from components.train_step import Progress, TrainStep, train_row
@@ -103,7 +104,7 @@ def main(cfg: DictConfig) -> float | None:
     (trainer.monitor: what sweepers optimise; never a test metric). A user error propagates to
     whoever runs the task, which reports it once; preemption exits with 75. (With
     dist.nproc_per_node=N, the process you started hands the job to N ranks before this
-    file is imported: ddp_launcher/torchrun.py's run_task_or_hand_off.)"""
+    file is imported: ddp_launcher.entry_point.)"""
     try:
         return train(cfg)
     except Pruned as e:  # the sweeper's pruner stopped the trial: a result, not an error
@@ -119,7 +120,7 @@ def train(cfg: DictConfig) -> float | None:
     """One run, in every rank; returns the monitored metric's best value."""
     tc = cfg.trainer
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # The gate (ddp_launcher/core/gate.py, conf/checks.py) checked the settings and the run dir
+    # The gate (ddp_launcher.RunGate with conf/checks.py) checked the settings and the run dir
     # where the run started, before anything was written.
     micro_batch = per_rank_batch(tc.batch_size, rank_world_size(), tc.accumulate_grad_batches)
     # `run`: rank 0's metrics.jsonl, W&B run and result.json, however the run ends; `env`: this

@@ -1,7 +1,7 @@
 """Checkpoints: written by rank 0 only, atomically and verifiably; loaded with weights_only=True.
 
 Layout of <run dir>/checkpoints/:
-  manifest.json            the commit record (ddp_launcher/core/manifest.py): which step files are
+  manifest.json            the commit record (components/manifest.py): which step files are
                            committed, with their SHA-256, and which last.pt and best.pt are
   step-00000120.pt         one per step saved (a step saved again: step-00000120-1.pt); the
                            newest `keep` are kept, plus the best
@@ -45,10 +45,18 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 import torch.distributed as dist
-from ddp_launcher.core.errors import UserError, one_line, resolved_yaml
-from ddp_launcher.core.fault_points import point
-from ddp_launcher.core.gate import resume_choice
-from ddp_launcher.core.manifest import (
+from ddp_launcher import (
+    CHECKPOINT_DIR,
+    UserError,
+    atomic_path,
+    crash_point,
+    one_line,
+    resume_choice,
+    write_atomic,
+)
+from omegaconf import DictConfig
+
+from components.manifest import (
     BEST,
     LAST,
     LINKS,
@@ -65,8 +73,6 @@ from ddp_launcher.core.manifest import (
     usable,
     verify,
 )
-from ddp_launcher.core.run_dir import CHECKPOINT_DIR, atomic_path, write_atomic
-from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +89,10 @@ def atomic_save(obj: Any, path: Path) -> str:
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     write_atomic(digest_path(path), f"{digest}\n", durable=True)
-    point("save.digest_written")
+    crash_point("save.digest_written")
     with atomic_path(path, durable=True) as staged:
         staged.write_bytes(data)
-    point("save.step_written")
+    crash_point("save.step_written")
     return digest
 
 
@@ -500,17 +506,17 @@ class Checkpointer:
         path = self.dir / name
         entry = entry_of(ckpt, atomic_save(ckpt, path), self.fit)
         link(path, self.dir / LAST)
-        point("save.last_linked")
+        crash_point("save.last_linked")
         if is_best:
             link(path, self.dir / BEST)
-            point("save.best_linked")
+            crash_point("save.best_linked")
         files = {**self.manifest.files, name: entry}
         new = kept(Manifest(name, name if is_best else self.manifest.best, files), self.keep)
         commit(self.dir, new)
         self.manifest = new
-        point("save.committed")
+        crash_point("save.committed")
         tidy(self.dir, new)
-        point("save.pruned")
+        crash_point("save.pruned")
         return path
 
     def restore(self, state: TrainingState, resume: str | None) -> Path | None:
@@ -611,3 +617,18 @@ def _follow(path: Path, sha256: str, loaded: dict[str, Any] | None, rank: int) -
     if rank == 0:
         return loaded  # type: ignore[return-value]
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def resolved_yaml(cfg) -> str:
+    """The config as YAML with every interpolation resolved; a value that does not resolve or
+    validate (often from an environment variable, `${oc.env:...}`) is a UserError naming it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_yaml(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        what = one_line(str(e).replace("While dereferencing interpolation", "from"))
+        raise UserError(
+            f"{e.full_key}: {what}: fix it, or the environment variable it reads"
+        ) from None

@@ -7,26 +7,47 @@ evaluation that fails; W&B problems are warnings and never fail it.
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ddp_launcher.core.run_dir import (
-    CONFUSION_FILE,
-    EVAL_FILE,
-    PREDICTIONS_FILE,
-    EvalReport,
-    atomic_path,
-    write_json_atomic,
-)
-from ddp_launcher.core.wandb_mode import resolve_wandb_mode
+from ddp_launcher import atomic_path, resolve_wandb_mode, write_atomic
 from omegaconf import DictConfig, OmegaConf
 
 from components.evaluation import EvalResult
 from components.metrics import init_wandb
 from components.wandb_media import class_panels
+
+EVAL_FILE = "eval.json"
+CONFUSION_FILE = "confusion_matrix.png"
+PREDICTIONS_FILE = "predictions.csv"
+
+
+@dataclass
+class EvalReport:
+    """eval.json: what eval.py measured, on which checkpoint and split."""
+
+    split: str  # train | val | test | the folder of images predicted on
+    checkpoint: str
+    status: str = "completed"
+    # loss, acc, acc5, ece, count; {} for unlabeled images (predictions only)
+    metrics: dict[str, float] = field(default_factory=dict)
+    classes: list[str] = field(default_factory=list)
+    per_class: list[dict[str, Any]] = field(default_factory=list)  # class, acc, count
+    confusion_matrix: list[list[int]] = field(default_factory=list)  # [true][predicted]
+    predictions: str | None = None  # the predictions file, relative to the eval dir
+    world_size: int = 1
+    train_wandb_run_id: str | None = None  # the W&B run of the training run
+    wandb_run_id: str | None = None  # this evaluation's W&B run
+    wall_time_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +87,7 @@ class EvalRecord:
             write_predictions(self.out_dir / PREDICTIONS_FILE, rows, classes, dataset.sample_ids())
             report.predictions = PREDICTIONS_FILE
         report.wall_time_s = round(time.time() - self.started, 3)
-        write_json_atomic(self.out_dir / EVAL_FILE, report.to_json())
+        write_atomic(self.out_dir / EVAL_FILE, json.dumps(report.to_json(), indent=2) + "\n")
         log.info(
             "wrote %s%s",
             self.out_dir / EVAL_FILE,
@@ -125,7 +146,7 @@ class EvalRecord:
         run.finish()
         if label == "test" and result is not None and train_id:
             self._into_training_run(w, train_id, group, train_name, result.scalars("test"))
-        write_json_atomic(self.out_dir / EVAL_FILE, report.to_json())
+        write_atomic(self.out_dir / EVAL_FILE, json.dumps(report.to_json(), indent=2) + "\n")
 
     def _into_training_run(self, w, run_id: str, group, name, test: dict) -> None:
         online = resolve_wandb_mode(w.mode) == "online"

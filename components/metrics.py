@@ -12,41 +12,32 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_launcher import Pruned
-from ddp_launcher.core.errors import describe
-from ddp_launcher.core.fault_points import point
-from ddp_launcher.core.manifest import BEST, committed_best
-from ddp_launcher.core.naming import (
-    SWEPT_KEYS_ENV,
-    agent_sweep_keys,
-    in_wandb_agent,
-    label,
-    override_pairs,
-    sweep_group,
-    swept_values,
-)
-from ddp_launcher.core.repro import REPRO_DIR, write_repro
-from ddp_launcher.core.run_dir import (
+from ddp_launcher import (
     CHECKPOINT_DIR,
     METRICS_FILE,
+    REPRO_DIR,
+    Pruned,
     RunResult,
-    holds_run,
+    crash_point,
+    describe,
+    job_identity,
     read_metrics,
     read_result,
+    resolve_wandb_mode,
+    wandb_settings,
     write_atomic,
+    write_repro,
     write_result,
 )
-from ddp_launcher.core.wandb_mode import resolve_wandb_mode
-from ddp_launcher.core.wandb_service import run_settings, wait_for_service
-from ddp_launcher.ranks.preemption import Preempted
 from omegaconf import DictConfig, OmegaConf
 
 from components.console import end_line
+from components.manifest import BEST, committed_best
+from components.preemption import Preempted
 from components.wandb_media import CheckpointArtifacts, save_files
 
 log = logging.getLogger(__name__)
@@ -70,41 +61,14 @@ def run_facts(
     }
 
 
-@dataclass
-class WandbIdentity:
-    """Where a run goes in W&B and what tells it apart from its sweep's other runs."""
-
-    group: str | None = None
-    name: str | None = None
-    swept: dict[str, Any] = field(default_factory=dict)  # {short key: value}: config["swept"]
-
-
-def wandb_identity(group: str | None, name: str | None) -> WandbIdentity:
-    """Defaults from Hydra: a sweep's jobs share one group (the experiment's name, else `sweep`,
-    plus the sweep dir's timestamp); a sweep job is named by its number and the values of the keys
-    its sweep varies (`3:lr=0.01235,hidden=128`, ddp_launcher/core/naming.py); a plain run by its
-    overrides. Under `wandb agent` the swept keys are the agent's parameters."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return WandbIdentity(group, name)
-    hc = HydraConfig.get()
-    sweep = hc.mode == RunMode.MULTIRUN
-    experiment = hc.runtime.choices.get("experiment")
-    if group is None:
-        group = sweep_group(experiment, hc.sweep.dir) if sweep else experiment
-    overrides = [str(o) for o in hc.overrides.task]
-    keys = hc.job.env_set.get(SWEPT_KEYS_ENV)  # "" from a launcher: a sweep of one job
-    keys = [k for k in keys.split(",") if k] if keys is not None else agent_sweep_keys()
-    if keys is None and sweep:  # started by another launcher: every override tells it apart
-        keys = [key for key, _ in override_pairs(overrides)]
-    swept = swept_values(overrides, keys or [])
-    if name is None:
-        name = label(swept) if keys is not None else hc.job.override_dirname
-        if sweep:
-            name = f"{hc.job.num}:{name}" if name else str(hc.job.num)
-    return WandbIdentity(group, name or None, swept)
+def holds_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds an earlier attempt's records: a result, a row, a checkpoint."""
+    ckpt = run_dir / CHECKPOINT_DIR
+    return (
+        read_result(run_dir) is not None
+        or bool(read_metrics(run_dir / METRICS_FILE))
+        or (ckpt.is_dir() and any(ckpt.glob("*.pt")))
+    )
 
 
 def init_wandb(
@@ -131,8 +95,6 @@ def init_wandb(
     try:
         import wandb
 
-        # one this process or the sweep started early (ddp_launcher/core/wandb_service.py)
-        wait_for_service()
         run = wandb.init(
             project=None if agent else w.project,
             entity=None if agent else w.entity,
@@ -145,7 +107,8 @@ def init_wandb(
             mode=mode,
             id=run_id,
             resume=resume or ("allow" if run_id else None),
-            settings=run_settings(wandb, mode, w.init_timeout_s),
+            # (W&B's service the launcher started early: ddp_launcher.wandb_settings)
+            settings=wandb_settings(wandb, mode, w.init_timeout_s),
         )
         log.info("W&B run %s (%s mode) in %s", run.id, mode, run.dir)
         return run
@@ -242,7 +205,7 @@ class RunLogger:
         self.result.wall_time_s = round(time.time() - self._started, 3)
         if self.enabled:
             write_result(self.run_dir, self.result)
-            point("result.written")
+            crash_point("result.written")
             if self._file is not None:
                 self._file.close()
             if self.artifacts is not None:  # wandb.log_checkpoints=last: the newest, now
@@ -430,10 +393,10 @@ class RunLogger:
         w = cfg.wandb
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config["run"] = facts
-        who = wandb_identity(w.group, w.name)
+        who = job_identity(w.group, w.name)  # a sweep's group, the job's swept values
         if who.swept:  # the swept values as they are, for parallel-coordinates panels
             config["swept"] = who.swept
-        agent = in_wandb_agent()
+        agent = who.agent
         if agent and run_id and run_id != os.environ["WANDB_RUN_ID"]:
             log.info(
                 "W&B: the agent's run %s records this run (the checkpoint's was %s)",
@@ -518,7 +481,7 @@ class RunLogger:
         now = time.time()
         row = {**row, "time": round(now, 3), "elapsed_s": round(now - self._started, 3)}
         self._file.write(json.dumps(row) + "\n")
-        point("metrics.row")
+        crash_point("metrics.row")
         if self.wandb is not None and row["step"] >= self._wandb_start:
             try:
                 self.wandb.log(row, step=row["step"])

@@ -11,9 +11,12 @@ at which the monitored metric reached a given value, and when (result.json's `ta
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddp_launcher import UserError
+
+if TYPE_CHECKING:
+    from ddp_launcher import TrialLink
 
 MODES = ("max", "min")
 
@@ -155,3 +158,21 @@ def check_target(metric: str, target: float | None) -> float | None:
             f"trainer.target={target} is outside {metric}'s range: use a fraction in [0, 1]{hint}"
         )
     return value
+
+
+def check_prune(
+    link: TrialLink | None, epoch: int, val: dict[str, float], monitor: Monitor, device
+):
+    """After a validation of a trial the Optuna sweeper prunes (`link`: rank 0's, else None):
+    rank 0 reports the monitored metric and asks the pruner; every rank gets the answer in one
+    broadcast (always, so all ranks call the same collectives). Raises Pruned on every rank
+    when the trial is to stop."""
+    from ddp_launcher import Pruned
+
+    from components.distributed import rank0_decides
+
+    metric, pruned = monitor.metric, False
+    if link is not None and metric in val:
+        pruned = link.should_prune(epoch, val[metric])
+    if rank0_decides(pruned, device):
+        raise Pruned(epoch, float(val.get(metric, float("nan"))), monitor.best)

@@ -13,7 +13,7 @@ import logging
 import math
 
 import torch
-from ddp_launcher.core.errors import UserError, one_line
+from ddp_launcher import UserError, one_line
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 

@@ -9,7 +9,8 @@ from contextlib import nullcontext
 
 import torch
 from ddp_launcher import UserError
-from ddp_launcher.ranks.distributed import rank0_decides
+
+from components.distributed import rank0_decides
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def native_bf16(device: torch.device) -> tuple[bool, str]:
 def resolve_precision(precision, env) -> str:
     """trainer.precision as this run trains: `auto` becomes bf16 where rank 0's device has
     native bf16, else 32, every rank following rank 0 (`env`:
-    ddp_launcher.ranks.distributed.DistEnv,
+    components.distributed.DistEnv,
     its process group up), and rank 0 says which and why in one line. Other values come back
     as they are, checked."""
     precision = str(precision)

@@ -202,7 +202,7 @@ class Speed:
         """Count a step; True after the run's first one (startup is over)."""
         self.timer.step_done()
         if self.first_step_s is None:
-            from ddp_launcher.core.run_dir import process_age_s
+            from ddp_launcher import process_age_s
 
             self.first_step_s = round(process_age_s(), 3)
             return True

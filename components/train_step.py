@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from ddp_launcher import UserError
-from ddp_launcher.ranks import faults
-from ddp_launcher.ranks.distributed import DistEnv
 from omegaconf import DictConfig
 
+from components.distributed import DistEnv
 from components.loss_window import LossWindow
 from components.precision import as_model_input, memory_format, precision_context
 from components.speed import Speed, peak_memory_mb
@@ -98,7 +97,6 @@ class TrainStep:
                 with self.autocast:
                     logits = self.model(x)
                     loss = F.cross_entropy(logits, y, label_smoothing=tc.label_smoothing)
-                loss = faults.inject(progress.step + 1, env.rank, loss)
                 # On CPU this check is free; on GPU it waits for the log step (no host sync).
                 if tc.nonfinite == "error" and device.type == "cpu" and not torch.isfinite(loss):
                     raise non_finite(loss.item(), progress.step + 1, progress.epoch, env.rank)

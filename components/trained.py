@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_launcher.core.errors import UserError, one_line
+from ddp_launcher import UserError, one_line
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 

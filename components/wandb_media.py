@@ -157,7 +157,7 @@ class ValMedia:
 
     def __init__(self, cfg, splits, val_loader, env) -> None:
         """`cfg`: the run's config (wandb.*, trainer.max_epochs); `env`: this rank's DistEnv."""
-        from ddp_launcher.core.wandb_mode import resolve_wandb_mode
+        from ddp_launcher import resolve_wandb_mode
 
         from data import sample_positions
         from data.datasets import labels_of

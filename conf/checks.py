@@ -1,5 +1,5 @@
 """The experiment's own checks of a job's config, torch-free: what no schema type can say. The
-gate (ddp_launcher/core/gate.py; named in conf/train.yaml's and conf/eval.yaml's hydra.callbacks)
+gate (ddp_launcher.RunGate, named in conf/train.yaml's and conf/eval.yaml's hydra.callbacks)
 runs them where a run starts, and the launchers for every sweep job before any starts: bad input is
 one line naming the key and the fix (a UserError) before anything is written.
 """
@@ -10,16 +10,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ddp_launcher import CHECKPOINT_DIR, UserError, read_result
-from ddp_launcher.core.gate import NothingToDo, resume_choice
-from ddp_launcher.core.manifest import committed_entry, find_checkpoint, read_manifest, usable
+from ddp_launcher import CHECKPOINT_DIR, NothingToDo, UserError, read_result, resume_choice
 from omegaconf import DictConfig, OmegaConf
 
+from components.manifest import committed_entry, find_checkpoint, read_manifest, usable
 from components.monitor import Monitor, check_target
 from conf.schema import check_keys
 
 PRECISIONS = ("auto", "32", "64", "bf16", "fp16")  # components/precision.py's
-DEVICES = ("auto", "cpu", "cuda")  # ddp_launcher/ranks/distributed.py's
+DEVICES = ("auto", "cpu", "cuda")  # components/distributed.py's
 
 
 def per_rank_batch(global_batch: int, world_size: int, accumulate: int = 1) -> int:
@@ -120,8 +119,7 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     if resume is None:
         return
     if resume == "auto":
-        manifest = read_manifest(Path(run_dir) / CHECKPOINT_DIR)
-        entry = manifest.files[manifest.last] if manifest and manifest.last else None
+        entry = last_entry(run_dir)
         where = Path(run_dir) / CHECKPOINT_DIR / "last.pt"
     else:
         where = resume
@@ -177,3 +175,17 @@ def check_eval(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
     """eval.py's: the checkpoint it names exists and is whole."""
     path = find_checkpoint(cfg.run, cfg.ckpt)
     usable(path, "ckpt")
+
+
+def last_entry(run_dir: Path):
+    """The manifest entry of the run dir's committed last.pt (None: none committed)."""
+    manifest = read_manifest(Path(run_dir) / CHECKPOINT_DIR)
+    return manifest.files[manifest.last] if manifest and manifest.last else None
+
+
+def resume_point(cfg: DictConfig, run_dir: Path) -> str | None:
+    """Where a job that continues in `run_dir` picks up (the dry run's `resume` column, asked
+    through the gate's `progress` hook): the step and epoch of its committed checkpoint; None:
+    none to continue from."""
+    entry = last_entry(run_dir)
+    return None if entry is None else f"step {entry.step} (epoch {entry.epochs})"

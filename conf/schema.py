@@ -129,7 +129,7 @@ class AutoAugmentConfig:
 
 @dataclass
 class DistConfig:
-    """World size and process group (ddp_launcher/ranks/distributed.py)."""
+    """World size and process group (components/distributed.py)."""
 
     # "auto" or a positive integer. Under torchrun, auto takes the environment's values and an
     # explicit value must match it; without torchrun, auto means every visible GPU (1 on CPU).

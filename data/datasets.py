@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from ddp_launcher.core.errors import UserError, describe, instantiate, one_line
+from ddp_launcher import UserError, describe, instantiate, one_line
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from torch.utils.data import Dataset, Subset

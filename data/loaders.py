@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from ddp_launcher import UserError
-from ddp_launcher.core.world import cores_per_rank, parse_count
+from ddp_launcher import UserError, cores_per_rank, parse_count
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from data.datasets import DataSplits, SplitView

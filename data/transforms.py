@@ -122,16 +122,16 @@ def auto_augment(policy: str = "imagenet", **kwargs: Any) -> v2.AutoAugment:
 def build_recipe(augment_cfg: Any) -> Recipe:
     """Instantiate the `augment` config (None or missing: no augmentation); an argument a
     transform rejects becomes a one-line error naming the key."""
-    from ddp_launcher.core.errors import find_user_error, instantiate, one_line
+    from ddp_launcher import instantiate, one_line
     from hydra.errors import InstantiationException
 
     if augment_cfg is None:
         return Recipe()
     try:
-        return instantiate(augment_cfg)
+        return instantiate(augment_cfg)  # (a transform's UserError comes back as itself)
+    except UserError:
+        raise
     except Exception as e:  # Hydra 1.3 wraps a transform's error, 1.4 raises it as it is
-        if find_user_error(e) is not None:
-            raise
         cause = (e.__cause__ if isinstance(e, InstantiationException) else None) or e
         raise UserError(f"augment: {one_line(cause)}: fix augment.*") from None
 

@@ -15,7 +15,7 @@ __all__ = ["SmallCNN", "build_model", "build_torchvision_model"]
 def build_model(model_cfg: Any, splits: Any) -> nn.Module:
     """``cfg.model`` (any `_target_`) sized for the data: ``num_classes``, ``in_channels`` and
     ``image_size`` of ``splits`` (data.DataSplits) are passed to the target."""
-    from ddp_launcher.core.errors import instantiate
+    from ddp_launcher import instantiate
 
     return instantiate(
         model_cfg,

@@ -36,6 +36,7 @@ from torch.utils.data import Dataset
 REPO = Path(__file__).resolve().parent.parent
 # this checkout's code: the experiment and its launcher package (launch/pyproject.toml)
 IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])
+FAULT_INJECTION = REPO / "tests" / "fault_injection"  # its sitecustomize (tests/faults.py)
 
 # Quick settings for tests that only need a run to happen; each test adds what it checks.
 # W&B is off unless a test reads what W&B wrote (OFFLINE): its service costs each run seconds.
@@ -61,6 +62,8 @@ def run_env(**extra: str) -> dict:
         PYTHONPATH=IMPORT_PATH,
     )
     env.update(extra)
+    if env.get("HYDRA_DDP_FAULT"):  # the suite's fault injection (tests/faults.py), first
+        env["PYTHONPATH"] = os.pathsep.join([str(FAULT_INJECTION), env["PYTHONPATH"]])
     return env
 
 

@@ -32,13 +32,14 @@ from ddp_launcher.core.errors import (
 )
 from ddp_launcher.core.gate import resume_choice
 from ddp_launcher.core.run_dir import ATTEMPT_ENV, RunResult, read_result
-from ddp_launcher.ranks import faults
-from ddp_launcher.ranks.preemption import Preempted
 
 from components import checkpoint as ck
+from components import distributed
 from components.loss_window import LossWindow
 from components.metrics import RunLogger, ending, rows_to_replay
+from components.preemption import Preempted
 from conf import checks
+from tests import faults
 from tests.helpers import training_state
 
 
@@ -359,7 +360,7 @@ def test_the_step_timeout_is_set_with_the_torch_at_hand(monkeypatch, public):
     (e.g. the torch 2.11 a GPU machine ships), never an AttributeError after step 1."""
     from datetime import timedelta
 
-    from ddp_launcher.ranks.distributed import DistEnv, tighten_timeout
+    from components.distributed import DistEnv, tighten_timeout
 
     asked = []
     real = dist.set_timeout if public else dist.distributed_c10d._set_pg_timeout
@@ -494,11 +495,11 @@ def test_local_rank_beyond_the_visible_gpus_is_one_line_naming_cuda_visible_devi
 ):
     """One GPU per SLURM task (or torchrun starting more ranks than GPUs): LOCAL_RANK=1 sees
     one GPU. A user error before any CUDA call, not CUDA's "invalid device ordinal"."""
-    from ddp_launcher.ranks.distributed import init_distributed
+    from components.distributed import init_distributed
 
     rank_env(1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    monkeypatch.setattr(world, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(distributed, "visible_gpus", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: pytest.fail(f"set_device({i})"))
     with pytest.raises(UserError) as caught, init_distributed(dist_cfg(backend="nccl"), "auto"):
         pass
@@ -513,13 +514,48 @@ def test_local_rank_beyond_the_visible_gpus_is_one_line_naming_cuda_visible_devi
         pass
 
 
+def test_virtual_local_rank_gives_each_rank_its_one_gpu(monkeypatch, rank_env):
+    """`torchrun --virtual-local-rank` (torch >= 2.14): every rank has LOCAL_RANK=0 and sees its
+    one GPU as GPU 0. Its rank takes that GPU, whether the flag reached it as PET_* or only on
+    its agent's command line; without the flag the same view is refused in one line that names
+    the flag among the fixes, and a virtual rank that sees no GPU is told to make its own
+    visible."""
+    import subprocess
+
+    rank_env(1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    monkeypatch.setattr(distributed, "visible_gpus", lambda: 1)
+    monkeypatch.setenv("PET_VIRTUAL_LOCAL_RANK", "1")
+    distributed.check_device_ordinal(0)
+    monkeypatch.delenv("PET_VIRTUAL_LOCAL_RANK")
+    agent = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--virtual-local-rank"]
+    )
+    try:
+        monkeypatch.setattr(distributed.os, "getppid", lambda: agent.pid)
+        distributed.check_device_ordinal(0)
+        monkeypatch.setattr(distributed, "visible_gpus", lambda: 0)
+        with pytest.raises(UserError, match="sees 0 GPU.*make its GPU visible to this rank"):
+            distributed.check_device_ordinal(0)
+    finally:
+        agent.kill()
+        agent.wait()
+    monkeypatch.setattr(distributed.os, "getppid", lambda: os.getpid())  # no flag
+    monkeypatch.setattr(distributed, "visible_gpus", lambda: 1)
+    with pytest.raises(UserError) as caught:
+        distributed.check_device_ordinal(0)
+    message = str(caught.value)
+    assert "\n" not in message and "of 2 ranks" in message and "--virtual-local-rank" in message
+
+
 @pytest.fixture
 def fake_nccl(monkeypatch):
     """A machine with one GPU, faked: the process group calls torch.distributed would make
     are recorded ({name: (args, kwargs)}), none is made."""
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)  # a single process, not a rank torchrun started
-    monkeypatch.setattr(world, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(distributed, "visible_gpus", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     calls: dict = {}
 
@@ -539,7 +575,7 @@ def fake_nccl(monkeypatch):
 def test_the_one_rank_group_binds_its_gpu_as_the_ranks_groups_do(fake_nccl):
     """`python train.py` on one GPU (the in-process group): init_process_group gets the rank's
     device as device_id, as under torchrun."""
-    from ddp_launcher.ranks.distributed import init_distributed
+    from components.distributed import init_distributed
 
     with init_distributed(dist_cfg(backend="auto"), "auto") as env:
         assert env.backend == "nccl" and env.device == torch.device("cuda", 0)
@@ -551,7 +587,7 @@ def test_the_one_rank_group_binds_its_gpu_as_the_ranks_groups_do(fake_nccl):
 def test_nccl_ranks_wait_for_the_data_on_a_gloo_group(fake_nccl):
     """Under NCCL the ranks wait for local rank 0's data on a gloo group made with the run's
     timeout (gloo raises at it; NCCL's watchdog would abort the process without a word)."""
-    from ddp_launcher.ranks.distributed import data_barrier, init_distributed
+    from components.distributed import data_barrier, init_distributed
 
     with init_distributed(dist_cfg(backend="nccl", timeout_s=42), "cuda") as env:
         data_barrier(env)()
@@ -560,9 +596,9 @@ def test_nccl_ranks_wait_for_the_data_on_a_gloo_group(fake_nccl):
 
 
 def test_device_cuda_with_gloo_is_a_user_error_even_where_gpus_are_visible(monkeypatch):
-    from ddp_launcher.ranks.distributed import init_distributed
+    from components.distributed import init_distributed
 
-    monkeypatch.setattr(world, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(distributed, "visible_gpus", lambda: 2)
     gloo = dist_cfg(backend="gloo")
     with (
         pytest.raises(UserError, match="trainer.device=cuda with dist.backend=gloo.*device=cpu"),
@@ -572,7 +608,7 @@ def test_device_cuda_with_gloo_is_a_user_error_even_where_gpus_are_visible(monke
 
 
 def test_sync_batchnorm_on_gloo_is_a_user_error_before_the_process_group():
-    from ddp_launcher.ranks.distributed import init_distributed
+    from components.distributed import init_distributed
 
     cfg = dist_cfg(backend="gloo", sync_batchnorm=True)
     with (
@@ -586,8 +622,7 @@ def test_sync_batchnorm_on_gloo_is_a_user_error_before_the_process_group():
 def test_sync_batchnorm_converts_before_the_optimizer_takes_the_parameters():
     """train.py converts right after building the model: the optimizer (and EMA, compile) get
     the SyncBatchNorm model's own Parameter objects."""
-    from ddp_launcher.ranks.distributed import DistEnv, sync_batchnorm
-
+    from components.distributed import DistEnv, sync_batchnorm
     from components.optim import build_optimizer
     from models import build_model
     from tests.helpers import composed_train_config
@@ -891,8 +926,8 @@ def test_an_offline_run_on_a_jobs_gpus_records_as_ever(tmp_path, monkeypatch):
         made.append(settings := run_settings(*args))
         return settings
 
-    run_settings = metrics.run_settings
-    monkeypatch.setattr(metrics, "run_settings", recorded)
+    run_settings = metrics.wandb_settings
+    monkeypatch.setattr(metrics, "wandb_settings", recorded)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
     overrides = ("trainer.max_epochs=1", "trainer.device=cpu", "dist.backend=gloo")
     train_in_process(tmp_path / "run", *overrides, "wandb.mode=offline")

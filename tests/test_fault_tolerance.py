@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ddp_launcher.ranks.preemption import REQUEUE_EXIT_CODE
+from ddp_launcher import REQUEUE_EXIT_CODE
 
 from components.checkpoint import load_checkpoint, step_files, verify
 from tests.helpers import (

@@ -129,16 +129,13 @@ def test_launch_and_report_import_no_torch() -> None:
                 with_torch.append(name)
                 break
     # Lazily, in their own processes only: torchrun's agent, a plain torchrun rank's entry point
-    # (the agreed start time); and the GPU count, only where a GPU driver is present. The
-    # rank's training services (its process group, stop requests, injected faults) are imported
-    # by the app's training code alone, in its ranks.
+    # (the agreed start time); and the GPU count, only where a GPU driver is present; a rank of
+    # a job across nodes, for the store that says which node was lost.
     assert set(with_torch) <= {
         "ddp_launcher.ranks.agent",
         "ddp_launcher.ranks.entry",
         "ddp_launcher.core.world",
-        "ddp_launcher.ranks.distributed",
-        "ddp_launcher.ranks.preemption",
-        "ddp_launcher.ranks.faults",
+        "ddp_launcher.ranks.nodes",
     }, with_torch
 
 
@@ -147,3 +144,109 @@ def test_the_cycle_finder_finds_one() -> None:
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}}) == [["x", "y", "z"]]
     assert cycles({"x": {"y"}, "y": set()}) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The seam: the experiment (the fork) uses the launcher package only through its public API
+
+
+FORK_OUTSIDE = {"launch", "tests", "docs"}  # what is not the fork's own code
+# Config values that name code by import path: `_target_`s, and the gate's hooks (RunGate's
+# checks, attempts, progress), which it imports by name.
+NAMES_CODE = ("_target_", "checks", "attempts", "progress")
+
+
+def past_the_api(path: Path, public: set[str]) -> list[str]:
+    """Each `ddp_launcher` import in a Python file that is not `from ddp_launcher import
+    <public name>`, as `file:line: the import`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            bad = [a.name for a in node.names if a.name.split(".")[0] == "ddp_launcher"]
+            bad = [n for n in bad if n != "ddp_launcher"]  # (`import ddp_launcher`: public)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == (
+            "ddp_launcher"
+        ):
+            names = [a.name for a in node.names]
+            bad = [] if node.module == "ddp_launcher" and set(names) <= public else [node.module]
+        else:
+            continue
+        found += [f"{path.relative_to(REPO)}:{node.lineno}: {name}" for name in bad]
+    return found
+
+
+def targets_past_the_api(path: Path, public: set[str]) -> list[str]:
+    """Each config value of NAMES_CODE in a YAML file that names ddp_launcher but not one of
+    its public names (`ddp_launcher.<public name>`)."""
+    import yaml
+
+    found = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                names_ours = isinstance(value, str) and value.startswith("ddp_launcher")
+                if key in NAMES_CODE and names_ours:
+                    module, _, name = value.replace(":", ".").rpartition(".")
+                    if module != "ddp_launcher" or name not in public:
+                        found.append(f"{path.relative_to(REPO)}: {key}: {value}")
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    for document in yaml.safe_load_all(path.read_text()):
+        walk(document)
+    return found
+
+
+def fork_files(suffix: str) -> list[Path]:
+    return [
+        p
+        for p in sorted(REPO.rglob(f"*{suffix}"))
+        if p.relative_to(REPO).parts[0] not in FORK_OUTSIDE
+        and not any(part.startswith(".") for part in p.relative_to(REPO).parts)
+    ]
+
+
+def test_the_fork_uses_the_launcher_only_through_its_public_api() -> None:
+    """No module of the experiment imports a ddp_launcher module past its __init__ (the public
+    API, ddp_launcher.__all__), and no config names one by `_target_` or hook."""
+    import ddp_launcher
+
+    public = set(ddp_launcher.__all__)
+    found = [line for p in fork_files(".py") for line in past_the_api(p, public)]
+    found += [line for p in fork_files(".yaml") for line in targets_past_the_api(p, public)]
+    assert not found, "\n".join(found)
+
+
+def test_the_seam_check_finds_imports_and_targets_past_the_api(tmp_path) -> None:
+    """The check can fail: an import of a module below the API, a name the API lacks, and a
+    config target naming an internal module are each found."""
+    public = {"UserError", "RunGate"}
+    source = tmp_path / "app.py"
+    source.write_text(
+        "from ddp_launcher import UserError\n"
+        "from ddp_launcher.core.errors import one_line\n"
+        "from ddp_launcher import one_line\n"
+        "import ddp_launcher.core.gate\n"
+    )
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "hydra:\n  callbacks:\n    gate:\n      _target_: ddp_launcher.core.gate.RunGate\n"
+        "      attempts: ddp_launcher.resume.RunAttempts\n"
+        "    ok:\n      _target_: ddp_launcher.RunGate\n"
+    )
+    global REPO
+    saved, REPO = REPO, tmp_path
+    try:
+        lines = past_the_api(source, public) + targets_past_the_api(config, public)
+    finally:
+        REPO = saved
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "ddp_launcher.core.errors",
+        "ddp_launcher",
+        "ddp_launcher.core.gate",
+        "_target_: ddp_launcher.core.gate.RunGate",
+        "attempts: ddp_launcher.resume.RunAttempts",
+    ], lines

@@ -120,7 +120,7 @@ def test_force_ddp_wraps_a_single_rank_and_trains_the_same(monkeypatch, tmp_path
     """dist.force_ddp=true: DDP around the model even at world size 1 (how the GPU check runs
     DDP's reducer and DDPOptimizer on one GPU, docs/bench/gpu.py); its all-reduce over one rank
     changes nothing, so the weights end as the plain model's do. Without it, no DDP."""
-    import ddp_launcher.ranks.distributed as distributed
+    import components.distributed as distributed
 
     wrapped = []
 

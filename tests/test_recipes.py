@@ -548,7 +548,8 @@ def test_monitor_min_picks_best_pt_and_is_returned(tmp_path):
 
 def _agree_worker(rank: int, port: int) -> list[bool]:
     import torch.distributed as dist
-    from ddp_launcher.ranks.distributed import rank0_decides
+
+    from components.distributed import rank0_decides
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

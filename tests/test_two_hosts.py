@@ -120,7 +120,7 @@ def ports_over_time(procs: list[subprocess.Popen], pid: int, timeout: float = 60
 
 # ---------------------------------------------------------------------------------------------
 # a rank's view: gloo's interface (ddp_launcher/core/network.py), a lost node
-# (ddp_launcher/ranks/distributed.py)
+# (ddp_launcher/ranks/nodes.py)
 
 
 def made_up_node(monkeypatch, interfaces: dict, routes: dict, names: dict) -> None:
@@ -151,9 +151,18 @@ def test_gloo_listens_on_the_interface_the_other_nodes_reach(monkeypatch) -> Non
     assert "set GLOO_SOCKET_IFNAME" in warning and "ib0 (10.1.0.5 fe80::1)" in warning
 
 
-def test_gloo_socket_ifname_set_by_the_user_is_kept(monkeypatch) -> None:
-    from ddp_launcher.ranks import distributed
+def a_rank_of_two_nodes(monkeypatch) -> None:
+    """This process as rank 1 of a job of 2 nodes x 1 rank (the variables torchrun sets)."""
+    for key, value in {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "node1")
 
+
+def test_gloo_socket_ifname_set_by_the_user_is_kept(monkeypatch) -> None:
+    from ddp_launcher.ranks import nodes as distributed
+
+    a_rank_of_two_nodes(monkeypatch)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib7")
     monkeypatch.setattr(distributed, "gloo_interface", lambda _: pytest.fail("asked"))
     distributed.choose_gloo_interface()
@@ -164,8 +173,9 @@ def test_a_lost_connection_names_the_node_it_led_to(monkeypatch) -> None:
     """A collective's error naming a peer on another node is a LostNode naming that node; one
     naming a peer on this node is one only where a rank said which node it lost (in the job's
     store); any other error is not one."""
-    from ddp_launcher.ranks import distributed
+    from ddp_launcher.ranks import nodes as distributed
 
+    a_rank_of_two_nodes(monkeypatch)
     monkeypatch.setattr(distributed, "interface_addresses", lambda: {"eth0": ["10.0.0.1"]})
     monkeypatch.setattr(distributed.socket, "gethostbyaddr", lambda a: ("node2", [], [a]))
     monkeypatch.setattr(distributed, "LOST_NODE_WAIT_S", 0.2)
@@ -185,6 +195,50 @@ def test_a_lost_connection_names_the_node_it_led_to(monkeypatch) -> None:
         dist.destroy_process_group()
     assert distributed.lost_node(RuntimeError("CUDA out of memory")) is None
     assert not lost_a_peer(lost)  # the cause the launcher reports, not a consequence
+
+
+def test_a_nccl_job_that_lost_a_node_names_it_in_one_line(monkeypatch) -> None:
+    """NCCL's errors name no peer: a rank of a job across nodes that gets one ("remote process
+    exited or there was a network error", the watchdog's timeout) asks its gloo group with one
+    barrier, whose error names the node that went; a barrier that passes means no node was
+    lost (the error stays as it is). NCCL's watchdog is made to raise in the rank
+    (TORCH_NCCL_ASYNC_ERROR_HANDLING=2) instead of ending it with SIGABRT, unless set."""
+    import torch.distributed as torch_dist
+    from ddp_launcher.ranks import nodes
+
+    a_rank_of_two_nodes(monkeypatch)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    nodes.choose_gloo_interface()
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    nodes.choose_gloo_interface()
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+    monkeypatch.setattr(nodes, "interface_addresses", lambda: {"eth0": ["10.0.0.1"]})
+    monkeypatch.setattr(nodes.socket, "gethostbyaddr", lambda a: ("node2", [], [a]))
+    monkeypatch.setattr(nodes, "tell_lost_node", lambda where: None)
+    nccl = RuntimeError(
+        "NCCL error in: ProcessGroupNCCL.cpp:2030, remote process exited or there was a network "
+        "error, NCCL version 2.27.5\nncclRemoteError: A call failed possibly due to a network "
+        "error or a remote process exiting prematurely."
+    )
+    peer = "[gloo/transport/tcp/pair.cc:545] Read error [10.0.0.2]:4711: Connection reset by peer"
+    barriers = []
+
+    def barrier(group=None):
+        barriers.append(group)
+        raise RuntimeError(peer)
+
+    monkeypatch.setattr(torch_dist, "barrier", barrier)
+    lost = nodes.lost_node(nccl, cpu_group="the job's gloo group")
+    assert barriers == ["the job's gloo group"]
+    assert str(lost).startswith("lost node node2 (10.0.0.2): the connections to its ranks")
+    assert "\n" not in str(lost) and not lost_a_peer(lost)
+    monkeypatch.setattr(torch_dist, "barrier", lambda group=None: None)
+    assert nodes.lost_node(nccl, cpu_group="the job's gloo group") is None  # nobody went
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # one node: nothing to name
+    assert nodes.lost_node(RuntimeError(peer)) is None
 
 
 # ---------------------------------------------------------------------------------------------

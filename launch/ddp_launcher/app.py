@@ -4,11 +4,20 @@ the launcher's side, because the rank's side imports nothing of the launcher."""
 
 from __future__ import annotations
 
+import importlib
 
-def entry_point(script: str, task: str, config_name: str) -> None:
+
+def entry_point(script: str, task: str, config_name: str, schema: str | None = None) -> None:
     """Run `conf/<config_name>.yaml` beside `script` with `task` ("module:function") as the
-    job, in this process or in the ranks it starts (ranks/entry.py's entry_point)."""
-    from ddp_launcher.ranks.entry import entry_point as enter
-    from ddp_launcher.torchrun import run_task_or_hand_off
+    job, in this process or in the ranks it starts (ranks/entry.py's entry_point). `schema`: a
+    module to import first, which registers the config's typed schema with Hydra's
+    ConfigStore. A Ctrl-C however early is one line and exit 130 (ranks/interrupt.py)."""
+    from ddp_launcher.ranks.interrupt import ctrl_c_exits
 
-    enter(script, task, config_name, hand_off=run_task_or_hand_off)
+    with ctrl_c_exits():
+        from ddp_launcher.ranks.entry import entry_point as enter
+        from ddp_launcher.torchrun import run_task_or_hand_off
+
+        if schema is not None:
+            importlib.import_module(schema)
+        enter(script, task, config_name, hand_off=run_task_or_hand_off)

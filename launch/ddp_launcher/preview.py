@@ -18,7 +18,6 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -26,7 +25,7 @@ from omegaconf import OmegaConf
 from ddp_launcher.core.errors import UserError
 from ddp_launcher.core.gate import NothingToDo, check_start, gate_of
 from ddp_launcher.core.hydra_compat import dry_run_requested
-from ddp_launcher.core.run_dir import CHECKPOINT_DIR, read_result
+from ddp_launcher.core.run_dir import read_result
 from ddp_launcher.jobs import Job, launcher_errors
 
 log = logging.getLogger(__name__)
@@ -187,9 +186,8 @@ def swept_overrides(job: Job) -> list[str]:
 def gate_row(job: Job) -> str:
     """What the job's start would do, by the app's gate (ddp_launcher/core/gate.py): start fresh,
     continue
-    from the step of its committed checkpoint, or nothing (completed); a UserError as is."""
-    from ddp_launcher.core.manifest import read_manifest
-
+    from where it stands (the gate's `progress` hook: the app's record of it), or nothing
+    (completed); a UserError as is."""
     config, world = job.spec.config, job.nproc * job.nnodes
     try:
         if job.records:
@@ -201,11 +199,9 @@ def gate_row(job: Job) -> str:
     except NothingToDo:
         return "skip (completed: nothing to do)"
     if plan.action == "continue":
-        manifest = read_manifest(Path(job.job_dir) / CHECKPOINT_DIR)
-        entry = manifest.files[manifest.last] if manifest and manifest.last else None
-        if entry is not None:
-            return f"continue from step {entry.step} (epoch {entry.epochs})"
-        return "start fresh (no checkpoint)"
+        gate = gate_of(config)
+        where = gate.progress(config, job.job_dir) if gate and gate.progress else None
+        return f"continue from {where}" if where else "start fresh (nothing to continue from)"
     return "start fresh" + (
         f" (replaces the earlier run: {plan.replaces})" if plan.replaces else ""
     )

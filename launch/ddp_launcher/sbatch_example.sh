@@ -35,7 +35,7 @@
 #   --ntasks-per-node=<GPUs per node> --gpus-per-node=<GPUs per node> (not --gpus-per-task).
 
 set -euo pipefail
-# The signals are for the ranks (launch/ddp_launcher/ranks/preemption.py); this shell waits for srun to finish.
+# The signals are for the ranks (the app's preemption handling); this shell waits for srun to finish.
 trap ':' TERM USR1
 
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)

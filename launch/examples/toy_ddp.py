@@ -5,10 +5,9 @@ python toy_ddp.py -m hydra/launcher=torchrun dist.nproc_per_node=1,2   a sweep
 python toy_ddp.py hparams_search=lr                                    Optuna, pruning"""
 
 if __name__ == "__main__":  # Hydra composes conf/toy.yaml before torch is imported
-    from ddp_launcher import ctrl_c_exits, entry_point
+    from ddp_launcher import entry_point
 
-    with ctrl_c_exits():
-        entry_point(__file__, task="toy_ddp:main", config_name="toy")
+    entry_point(__file__, task="toy_ddp:main", config_name="toy")
 
 import json
 from pathlib import Path

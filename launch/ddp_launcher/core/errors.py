@@ -94,18 +94,3 @@ class ReportUserError(Callback):
             if not getattr(failure, "already_said", False):  # (by the rank that hit it)
                 logging.getLogger("train").error("%s", error)
             raise SystemExit(error.exit_code)
-
-
-def resolved_yaml(cfg) -> str:
-    """The config as YAML with every interpolation resolved; a value that does not resolve or
-    validate (often from an environment variable, `${oc.env:...}`) is a UserError naming it."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        return OmegaConf.to_yaml(cfg, resolve=True)
-    except OmegaConfBaseException as e:
-        what = one_line(str(e).replace("While dereferencing interpolation", "from"))
-        raise UserError(
-            f"{e.full_key}: {what}: fix it, or the environment variable it reads"
-        ) from None

@@ -48,7 +48,9 @@ from ddp_launcher.core.run_dir import (
 
 log = logging.getLogger(__name__)
 
-GATE_TARGET = "ddp_launcher.core.gate.RunGate"
+# How an app's config names the gate: the public name (configs written before it was public, in
+# sweeps that resume, name its module)
+GATE_TARGETS = ("ddp_launcher.RunGate", "ddp_launcher.core.gate.RunGate")
 TRAIN, EVAL = "train", "eval"  # the kinds of run: a trajectory that continues, or an evaluation
 # What a start never moves aside: earlier runs set aside, the lock, a sweep job's attempts (a
 # single run's attempts are its run's: they move aside with it).
@@ -71,10 +73,13 @@ class Plan:
 @dataclass(frozen=True)
 class Gate:
     """An app's gate, as its config names it: `checks(config, world_size, run_dir)` raises a
-    UserError for bad input (torch-free); `kind` is TRAIN or EVAL."""
+    UserError for bad input (torch-free); `kind` is TRAIN or EVAL; `progress(config, run_dir)`
+    says where a start that continues in run_dir picks up ("step 40 (epoch 4)"; None: from
+    nothing), for the dry run."""
 
     checks: Callable[[Any, int, Path], None] | None
     kind: str = TRAIN
+    progress: Callable[[Any, Path], str | None] | None = None
 
 
 def gate_of(config: Any) -> Gate | None:
@@ -83,8 +88,10 @@ def gate_of(config: Any) -> Gate | None:
 
     callbacks = OmegaConf.select(config, "hydra.callbacks", default=None) or {}
     for spec in callbacks.values():
-        if OmegaConf.select(spec, "_target_", default=None) == GATE_TARGET:
-            return Gate(load(spec.get("checks")), str(spec.get("kind") or TRAIN))
+        if OmegaConf.select(spec, "_target_", default=None) in GATE_TARGETS:
+            return Gate(
+                load(spec.get("checks")), str(spec.get("kind") or TRAIN), load(spec.get("progress"))
+            )
     return None
 
 
@@ -279,9 +286,15 @@ class RunGate(Callback):
     held; close(run_dir, job_return) how it ended). Sweep jobs never pass here (Hydra calls
     on_run_start in run mode only): their launcher records and checks them."""
 
-    def __init__(self, checks: str | None = None, kind: str = TRAIN, attempts: str | None = None):
+    def __init__(
+        self,
+        checks: str | None = None,
+        kind: str = TRAIN,
+        attempts: str | None = None,
+        progress: str | None = None,
+    ):
         super().__init__()
-        self.gate = Gate(load(checks), kind)
+        self.gate = Gate(load(checks), kind, load(progress))
         self.attempts = load(attempts)
         self.run_dir: Path | None = None  # the run this process opened
         self.drift: str | None = None  # said once the job's logging is set up

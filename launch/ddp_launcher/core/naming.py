@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,44 @@ def agent_sweep_keys(environ: Mapping[str, str] = os.environ) -> list[str] | Non
 def in_wandb_agent(environ: Mapping[str, str] = os.environ) -> bool:
     """True in a run `wandb agent` started: its run id and sweep id are in the environment."""
     return all(environ.get(k) for k in WANDB_AGENT_ENV)
+
+
+@dataclass
+class JobIdentity:
+    """Where a job's run goes in a tracker (W&B) and what tells it apart from its sweep's
+    other jobs: the public `ddp_launcher.job_identity`."""
+
+    group: str | None = None
+    name: str | None = None
+    swept: dict[str, Any] = field(default_factory=dict)  # {short key: value}
+    agent: bool = False  # started by `wandb agent` (its run, project and entity are the agent's)
+
+
+def job_identity(group: str | None = None, name: str | None = None) -> JobIdentity:
+    """Defaults from Hydra, for the job running in this process (`group`, `name`: the app's own,
+    which win): a sweep's jobs share one group (the `experiment` config group's choice, else
+    `sweep`, plus the sweep dir's timestamp); a sweep job is named by its number and the values
+    of the keys its sweep varies (`3:lr=0.01235,hidden=128`); a plain run by its overrides.
+    Under `wandb agent` the swept keys are the agent's parameters."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    agent = in_wandb_agent()
+    if not HydraConfig.initialized():
+        return JobIdentity(group, name, agent=agent)
+    hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
+    experiment = hc.runtime.choices.get("experiment")
+    if group is None:
+        group = sweep_group(experiment, hc.sweep.dir) if sweep else experiment
+    overrides = [str(o) for o in hc.overrides.task]
+    keys = hc.job.env_set.get(SWEPT_KEYS_ENV)  # "" from a launcher: a sweep of one job
+    keys = [k for k in keys.split(",") if k] if keys is not None else agent_sweep_keys()
+    if keys is None and sweep:  # started by another launcher: every override tells it apart
+        keys = [key for key, _ in override_pairs(overrides)]
+    swept = swept_values(overrides, keys or [])
+    if name is None:
+        name = label(swept) if keys is not None else hc.job.override_dirname
+        if sweep:
+            name = f"{hc.job.num}:{name}" if name else str(hc.job.num)
+    return JobIdentity(group, name or None, swept, agent)

@@ -9,7 +9,7 @@ with GLOO_SOCKET_IFNAME unset takes :func:`gloo_interface`: the interface of its
 MASTER_ADDR; on MASTER_ADDR's own node (its route is loopback), the interface of its hostname's
 address, else its only interface that is up besides loopback, else gloo's own choice and a
 warning naming the interfaces. NCCL picks its own interfaces (NCCL_SOCKET_IFNAME); a NCCL job's
-gloo group (ddp_launcher/ranks/preemption.py) takes this one too.
+gloo group (its waits and flags on the host) takes this one too.
 """
 
 from __future__ import annotations

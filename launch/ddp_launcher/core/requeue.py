@@ -1,6 +1,6 @@
-"""`scontrol requeue` of this SLURM job: what a preempted run (ddp_launcher/ranks/preemption.py)
-and a SLURM task stopped before training (ddp_launcher/ranks/slurm_task.py) ask SLURM.
-Torch-free."""
+"""`scontrol requeue` of this SLURM job: what a preempted run (the public `requeue_on_slurm`,
+which an app calls once it saved) and a SLURM task stopped before training
+(ddp_launcher/ranks/slurm_task.py) ask SLURM. Torch-free."""
 
 from __future__ import annotations
 

@@ -49,8 +49,6 @@ RESULT_FILE = "result.json"
 CHECKPOINT_DIR = "checkpoints"
 OVERRIDES_FILE = ".hydra/overrides.yaml"
 EVAL_FILE = "eval.json"
-CONFUSION_FILE = "confusion_matrix.png"
-PREDICTIONS_FILE = "predictions.csv"
 LAUNCHER_DIR = ".torchrun"
 LAUNCH_FILE = "launch.json"
 # The attempt number a launcher gives a sweep job's processes (1, 2, ...: retries and resumed
@@ -117,28 +115,6 @@ class RunResult:
             **{k: v for k, v in data.items() if k in known},
             extra={k: v for k, v in data.items() if k not in known},
         )
-
-
-@dataclass
-class EvalReport:
-    """eval.json: what eval.py measured, on which checkpoint and split."""
-
-    split: str  # train | val | test | the folder of images predicted on
-    checkpoint: str
-    status: str = "completed"
-    # loss, acc, acc5, ece, count; {} for unlabeled images (predictions only)
-    metrics: dict[str, float] = field(default_factory=dict)
-    classes: list[str] = field(default_factory=list)
-    per_class: list[dict[str, Any]] = field(default_factory=list)  # class, acc, count
-    confusion_matrix: list[list[int]] = field(default_factory=list)  # [true][predicted]
-    predictions: str | None = None  # the predictions file, relative to the eval dir
-    world_size: int = 1
-    train_wandb_run_id: str | None = None  # the W&B run of the training run
-    wandb_run_id: str | None = None  # this evaluation's W&B run
-    wall_time_s: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -158,3 +158,11 @@ def wait_for_service() -> None:
     """Before wandb.init: let a service being started finish (else init starts a second)."""
     if _starting is not None:
         _starting.join()
+
+
+def wandb_settings(wandb: Any, mode: str, init_timeout_s: float) -> Any:
+    """The public `ddp_launcher.wandb_settings`: what an app's rank passes to wandb.init as
+    `settings` (run_settings), once the W&B service this process or its sweep started early is
+    up (else wandb.init would start a second one)."""
+    wait_for_service()
+    return run_settings(wandb, mode, init_timeout_s)

@@ -1,4 +1,5 @@
-"""World-size rules, shared by the ranks (ddp_launcher/ranks/distributed.py) and the launchers
+"""World-size rules, shared by the ranks (the public started_as_rank, rank_world_size,
+parse_count, cores_per_rank) and the launchers
 (launch/: a job's world from its config, checked before any rank starts). Imports no torch
 unless a GPU driver is present: launchers use it too.
 

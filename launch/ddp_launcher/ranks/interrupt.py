@@ -1,6 +1,4 @@
-"""Ctrl-C (SIGINT) before a run's own handling of it (ddp_launcher/ranks/preemption.py once it
-trains):
-however early, one line and exit status 130, never a traceback. Standard library only (Hydra
+"""Ctrl-C (SIGINT) before a run's own handling of it (the app's, once it trains): however early, one line and exit status 130, never a traceback. Standard library only (Hydra
 when asked), so that train.py and eval.py import it first and the window before it is the
 interpreter's own start.
 """
@@ -64,7 +62,7 @@ def ctrl_c_exits() -> Iterator[None]:
     error raised in its place while it unwound (OmegaConf's flag contexts, open_dict and
     read_write, restore flags on their way out, and on a node Ctrl-C left half built that
     fails with an error of its own). A launcher's own stop handler (ddp_launcher/jobs.py) and the
-    training's (ddp_launcher/ranks/preemption.py) replace this one while they run. For a script's
+    app's (a preemption handler while it trains) replace this one while they run. For a script's
     main block: Ctrl-C is ignored after it."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, on_sigint)

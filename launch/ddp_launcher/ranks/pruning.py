@@ -5,14 +5,13 @@ tasks), so the trial is reached through the study's shared storage: the sweeper 
 storage, the study's name and its pruner (ddp_launcher/core/trials.py's STORAGE_ENV, STUDY_ENV,
 PRUNER_ENV, inherited by every rank under either launcher) and tags each trial with its
 sweep dir and job number, which each job reads from its own Hydra config. After every
-validation rank 0 reports the monitored metric to its trial (`Trial.report`) and asks the pruner
-(`Trial.should_prune`); one broadcast hands the answer to every rank, so all of them stop at
-the same epoch. train.py then raises
-:class:`Pruned` after the epoch's checkpoint: result.json says `pruned`, and the sweeper tells
-the study TrialState.PRUNED.
+validation rank 0 reports the monitored metric to its trial and asks the pruner
+(`TrialLink.should_prune`); the app hands the answer to every rank (one broadcast), so all of
+them stop at the same epoch, and raises :class:`Pruned` after the epoch's checkpoint: the
+job's result says `pruned`, and the sweeper tells the study TrialState.PRUNED.
 
-Torch-free at import; torch only for the broadcast. What the sweeper shares with this module
-(variable names, storage, pruner) is in ddp_launcher/core/trials.py.
+Torch-free. What the sweeper shares with this module (variable names, storage, pruner) is in
+ddp_launcher/core/trials.py.
 """
 
 from __future__ import annotations
@@ -87,17 +86,3 @@ def pruner_for(rank: int) -> TrialLink | None:
     if hydra_cfg.mode is None or hydra_cfg.mode.name != "MULTIRUN":
         return None
     return TrialLink.from_env(str(hydra_cfg.sweep.dir), hydra_cfg.job.num)
-
-
-def check_prune(link: TrialLink | None, epoch: int, val: dict[str, float], monitor: Any, device):
-    """After a validation: rank 0 reports the monitored metric (`monitor`, components/monitor.py)
-    to its trial and asks the pruner; every rank gets the answer in one broadcast (always, so all
-    ranks call the same collectives). Raises :class:`Pruned` on every rank when the trial is to
-    stop."""
-    from ddp_launcher.ranks.distributed import rank0_decides
-
-    metric, pruned = monitor.metric, False
-    if link is not None and metric in val:
-        pruned = link.should_prune(epoch, val[metric])
-    if rank0_decides(pruned, device):
-        raise Pruned(epoch, float(val.get(metric, float("nan"))), monitor.best)

@@ -162,8 +162,7 @@ def run_task(job: Any) -> Any:
 
 
 def install_stop_handlers(rank: int) -> None:
-    """Replace submitit's signal handlers until train.py installs
-    ddp_launcher/ranks/preemption.py's.
+    """Replace submitit's signal handlers until the app installs its own (its preemption).
     Before training there is nothing to save: USR1 (our time-limit signal) requeues the job and
     ends the task with exit 75; TERM (srun stopping the tasks when one fails, scancel) ends it
     without requeue; submitit's USR2 is forwarded as USR1. Installed first thing in a task:

@@ -71,8 +71,11 @@ def report_unfinished(config: Any, when: str) -> None:
     its jobs, with the sweep's own SweepSummaryCallback settings (none configured: no report)."""
     from hydra.utils import instantiate
 
-    target = f"{SweepSummaryCallback.__module__}.{SweepSummaryCallback.__qualname__}"
+    targets = (  # the public name, and the module's (configs written before it was public)
+        "ddp_launcher.SweepSummaryCallback",
+        f"{SweepSummaryCallback.__module__}.{SweepSummaryCallback.__qualname__}",
+    )
     callbacks = OmegaConf.select(config, "hydra.callbacks", default=None) or {}
     for node in callbacks.values():
-        if OmegaConf.select(node, "_target_", default=None) == target:
+        if OmegaConf.select(node, "_target_", default=None) in targets:
             instantiate(node).report(config, when)

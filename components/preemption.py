@@ -2,8 +2,8 @@
 
 The handler only sets a flag. Every `every` steps the ranks all-reduce their flags (MAX), so all
 of them see the request at the same step boundary, checkpoint there together and exit with
-REQUEUE_EXIT_CODE, which means "requeue me": `resume=auto` continues exactly. On SLURM, rank 0
-also requeues the job itself when the job allows it (`sbatch --requeue`).
+REQUEUE_EXIT_CODE (the launcher's "requeue me"): `resume=auto` continues exactly. On SLURM, rank 0
+also requeues the job itself when the job allows it (`ddp_launcher.requeue_on_slurm`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import threading
 
 import torch
 import torch.distributed as dist
-
-from ddp_launcher.core.run_dir import REQUEUE_EXIT_CODE
+from ddp_launcher import REQUEUE_EXIT_CODE
 
 log = logging.getLogger(__name__)
 

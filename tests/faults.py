@@ -1,5 +1,9 @@
-"""Fault injection for the fault-tolerance tests:
-HYDRA_DDP_FAULT="<kind>@<step>[:<rank>][/<job>][,<another>...]" (`/<job>`: in that sweep job only).
+"""Fault injection for the fault-tolerance tests, the suite's own (the product has no hook for
+it): HYDRA_DDP_FAULT="<kind>@<step>[:<rank>][/<job>][,<another>...]" (`/<job>`: in that sweep job
+only). tests/helpers.py's run_env puts tests/fault_injection/ first on the PYTHONPATH of a
+process started with the variable: its sitecustomize calls :func:`install`, which wraps
+components/train_step.py's TrainStep as it is imported, so that every micro-batch's forward
+of a training step passes its output through :func:`inject`.
 
 kinds: `raise` (an exception), `kill` (SIGKILL this rank), `nan` (this rank's loss becomes NaN),
 `stall` (at its step this rank waits, up to STALL_MAX_S, until a signal has reached it: a test
@@ -11,14 +15,19 @@ launcher retry or a resumed sweep) run clean.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import select
 import signal
+import sys
 import threading
 
 import torch
 
-from ddp_launcher.core.run_dir import ATTEMPT_ENV
+# The attempt number a launcher gives a sweep job's processes (ddp_launcher's run_dir.py)
+ATTEMPT_ENV = "HYDRA_DDP_ATTEMPT"
+TRAIN_STEP = "components.train_step"
 
 
 class InjectedFault(RuntimeError):
@@ -77,7 +86,8 @@ STALL = Stall()
 
 
 def inject(step: int, rank: int, loss: torch.Tensor) -> torch.Tensor:
-    """Called once per step with the step number about to complete."""
+    """Called once per micro-batch with the step number about to complete; `loss`: what the
+    step's forward made (a `nan` fault returns it as NaN)."""
     for fault in FAULTS:
         loss = _inject(fault, step, rank, loss)
     return loss
@@ -117,3 +127,51 @@ def _in_job(job: int | None) -> bool:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.initialized() and int(HydraConfig.get().job.num) == job
+
+
+class _WrapTrainStep(importlib.abc.MetaPathFinder):
+    """Wraps TrainStep.__call__ once components/train_step.py is imported: during a training
+    step, a forward hook on the model it trains passes the output through :func:`inject` with
+    the step about to complete and the rank (evaluation runs outside the call: untouched)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != TRAIN_STEP:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            wrap(module.TrainStep)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def wrap(train_step: type) -> None:
+    call = train_step.__call__
+    now: dict = {}
+
+    def hook(_module, _inputs, output):
+        return inject(now["step"], now["rank"], output) if now else output
+
+    def __call__(self, batches, progress, *args, **kwargs):
+        if not getattr(self, "faults_hooked", False):
+            self.model.register_forward_hook(hook)
+            self.faults_hooked = True
+        now.update(step=progress.step + 1, rank=self.env.rank)
+        try:
+            return call(self, batches, progress, *args, **kwargs)
+        finally:
+            now.clear()
+
+    train_step.__call__ = __call__
+
+
+def install() -> None:
+    """In a process started with HYDRA_DDP_FAULT (tests/fault_injection/sitecustomize.py)."""
+    if FAULTS and TRAIN_STEP not in sys.modules:
+        sys.meta_path.insert(0, _WrapTrainStep())

@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp_launcher.core.errors import UserError
-from ddp_launcher.core.run_dir import CHECKPOINT_DIR, write_atomic
+from ddp_launcher import CHECKPOINT_DIR, UserError, write_atomic
 
 MANIFEST = "manifest.json"
 LAST = "last.pt"

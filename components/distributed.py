@@ -1,38 +1,31 @@
-"""Process group and device for one rank: who am I, how many are we, which device is mine.
+"""The seed lesson's lines, in every rank: join the process group (`init_process_group`), pin
+this rank's device (`torch.cuda.set_device(LOCAL_RANK)`), wrap the model (`DDP`), and the
+collectives the loop uses besides DDP's own (barriers, broadcasts, rank-0 decisions).
 
-Under torchrun (or srun with the same variables) the environment defines the world; a config
-value that disagrees with it is an error naming both numbers. Without those variables the run is
-a single process (the launcher starts more when dist.nproc_per_node asks for them).
+Under torchrun, the launcher or srun (slurm_task.py maps SLURM's variables) the environment
+defines the world (`ddp_launcher.started_as_rank`); a config value that disagrees with it is an
+error naming both numbers. Without those variables the run is a single process (the launcher
+starts more when dist.nproc_per_node asks for them). What is the launcher's stays behind its
+public API: which interface gloo listens on across nodes, and which node a failed collective
+lost (`ddp_launcher.choose_gloo_interface`, `ddp_launcher.lost_node`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import re
-import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from hydra.errors import CompactHydraException
+from ddp_launcher import UserError, choose_gloo_interface, lost_node, parse_count, started_as_rank
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from ddp_launcher.core import world
-from ddp_launcher.core.errors import UserError
-from ddp_launcher.core.network import (
-    GLOO_IFNAME_ENV,
-    gloo_interface,
-    interface_addresses,
-    is_loopback,
-)
-from ddp_launcher.core.world import started_as_rank
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +54,20 @@ class DistEnv:
         return self.world_size > 1
 
 
-def requested_world(dist_cfg) -> tuple[int, int]:
-    """(nproc_per_node, nnodes) this run should have, `auto` resolved (ddp_launcher/core/world.py).
+def visible_gpus() -> int:
+    """The CUDA GPUs this rank may use (CUDA_VISIBLE_DEVICES narrows them)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
-    Under torchrun, auto takes the environment's values and an explicit value must match them.
-    """
+
+def requested_world(dist_cfg, device: str = "auto") -> tuple[int, int]:
+    """(nproc_per_node, nnodes) this run should have, `auto` resolved: under torchrun (or the
+    launcher, or srun) the environment's values, which an explicit value must match; in a plain
+    process every GPU (1 where the run uses none: no GPU, dist.backend=gloo, trainer.device=cpu)."""
+    nproc = parse_count(dist_cfg.nproc_per_node, "dist.nproc_per_node")
+    nnodes = parse_count(dist_cfg.nnodes, "dist.nnodes")
     if not started_as_rank():
-        return world.requested_world(dist_cfg, world.visible_gpus())
-    nproc = world.parse_count(dist_cfg.nproc_per_node, "dist.nproc_per_node")
-    nnodes = world.parse_count(dist_cfg.nnodes, "dist.nnodes")
+        on_gpus = dist_cfg.backend != "gloo" and device != "cpu"
+        return nproc or (visible_gpus() if on_gpus else 0) or 1, nnodes or 1
     env_nproc = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     env_nnodes = int(os.environ["WORLD_SIZE"]) // env_nproc
     if nproc is not None and nproc != env_nproc:
@@ -89,8 +87,8 @@ def resolve_backend(backend: str, device: str) -> str:
     if backend not in ("auto", "nccl", "gloo"):
         raise UserError(f"dist.backend={backend} is not valid: use auto, nccl or gloo")
     if backend == "auto":
-        return "nccl" if world.visible_gpus() > 0 and device != "cpu" else "gloo"
-    if backend == "nccl" and world.visible_gpus() == 0:
+        return "nccl" if visible_gpus() > 0 and device != "cpu" else "gloo"
+    if backend == "nccl" and visible_gpus() == 0:
         raise UserError(
             "dist.backend=nccl needs a CUDA GPU and none is visible: "
             "use dist.backend=gloo (or auto) on CPU"
@@ -109,9 +107,9 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
             "trainer.device=cuda with dist.backend=gloo would train on the CPU: use "
             "dist.backend=nccl (or auto) for GPUs, or trainer.device=cpu"
         )
-    if device == "cuda" and world.visible_gpus() == 0:
+    if device == "cuda" and visible_gpus() == 0:
         raise UserError("trainer.device=cuda but no CUDA GPU is visible: use trainer.device=auto")
-    nproc, nnodes = requested_world(dist_cfg)
+    nproc, nnodes = requested_world(dist_cfg, device)
     backend = resolve_backend(dist_cfg.backend, device)
     if started_as_rank():
         rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
@@ -140,8 +138,7 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
 
     timeout = timedelta(seconds=dist_cfg.timeout_s)
     device_id = dev if dev.type == "cuda" else None  # NCCL: the group binds the rank's GPU
-    if spans_nodes():
-        choose_gloo_interface()
+    choose_gloo_interface()  # a job across nodes: the interface the other nodes reach
     if world_size == 1 and not started_as_rank():
         # A one-rank group keeps every collective (metric all-reduce, barriers) valid without
         # a rendezvous port; DDP itself is skipped for a single rank.
@@ -176,21 +173,22 @@ def init_distributed(dist_cfg, device: str = "auto") -> Iterator[DistEnv]:
         )
     else:
         dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+    env = DistEnv(
+        rank,
+        local_rank,
+        world_size,
+        nproc,
+        nnodes,
+        backend,
+        dev,
+        dist_cfg.step_timeout_s,
+        dist_cfg.timeout_s,
+        dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None,
+    )
     try:
-        yield DistEnv(
-            rank,
-            local_rank,
-            world_size,
-            nproc,
-            nnodes,
-            backend,
-            dev,
-            dist_cfg.step_timeout_s,
-            dist_cfg.timeout_s,
-            dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None,
-        )
+        yield env
     except RuntimeError as e:  # (torch's DistBackendError is one)
-        lost = lost_node(e) if spans_nodes() else None
+        lost = lost_node(e, env.cpu_group)  # another node went: one line naming it
         if lost is None:
             raise
         raise lost from e
@@ -228,114 +226,42 @@ def data_barrier(env: DistEnv) -> Callable[[], None]:
     return barrier
 
 
-def spans_nodes() -> bool:
-    """Whether this rank's job runs on more than one node (torchrun's and slurm_task.py's
-    WORLD_SIZE and LOCAL_WORLD_SIZE)."""
-    world_size = int(os.environ.get("WORLD_SIZE") or 1)
-    return started_as_rank() and world_size > int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
-
-
-def choose_gloo_interface() -> None:
-    """GLOO_SOCKET_IFNAME, unless set, for a job that spans nodes: the interface the other
-    nodes reach this one on (ddp_launcher/core/network.py), not gloo's default, the address of this
-    node's
-    hostname, which may be a loopback address. It serves a NCCL job's gloo group too."""
-    if os.environ.get(GLOO_IFNAME_ENV):
-        return
-    name, why = gloo_interface(os.environ["MASTER_ADDR"])
-    if name is None:
-        if why:
-            log.warning("%s", why)
-        return
-    os.environ[GLOO_IFNAME_ENV] = name
-    log.info("gloo listens on %s: %s (%s chooses another)", name, why, GLOO_IFNAME_ENV)
-
-
-class LostNode(CompactHydraException):
-    """A collective lost its connections to the ranks of another node: they died or the node
-    went down. One line (not the user's to fix: a launcher may retry it)."""
-
-
-# A gloo pair's error names its peer: "Read error [10.0.0.2]:4711: Connection reset by peer".
-PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
-LOST_CONNECTION = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
-# Where a rank that lost another node says which, for the ranks of its node that only see it go.
-LOST_NODE_KEY = "hydra_ddp/lost_node"
-LOST_NODE_WAIT_S = 3.0
-
-
-def lost_node(error: RuntimeError) -> LostNode | None:
-    """A LostNode for a collective's error that names a peer on another node, or a peer on
-    this node that went because it lost one (it said which in the job's store); None for any
-    other error."""
-    match = PEER_ADDRESS.search(str(error))
-    if match is None or not any(w in str(error) for w in LOST_CONNECTION):
-        return None
-    address = match.group(1)
-    own = {a for held in interface_addresses().values() for a in held}
-    if is_loopback(address) or address in own:
-        where = told_lost_node()
-        if where is None:
-            return None  # a peer on this node failed: its own error says why
-    else:
-        try:
-            where = f"{socket.gethostbyaddr(address)[0]} ({address})"
-        except OSError:
-            where = address
-        tell_lost_node(where)
-    # (worded so that ddp_launcher/ranks/bootstrap.py's lost_a_peer does not take it for a rank that
-    # only lost a peer: this is the cause the launcher reports)
-    return LostNode(
-        f"lost node {where}: the connections to its ranks broke, they died or the node went "
-        "down; the run continues from its last checkpoint with resume=auto"
-    )
-
-
-def job_store() -> dist.Store | None:
-    """The store of the default process group (still served while its host lives), or None.
-    torch has no public getter for the store init_process_group made (env://)."""
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set_timeout(timedelta(seconds=LOST_NODE_WAIT_S))
-    except (ValueError, RuntimeError):
-        return None
-    return store
-
-
-def tell_lost_node(where: str) -> None:
-    store = job_store()
-    with contextlib.suppress(RuntimeError):  # (torch's DistStoreError is one)
-        if store is not None:
-            store.set(LOST_NODE_KEY, where)
-
-
-def told_lost_node() -> str | None:
-    """The node another rank found lost, if one says so within LOST_NODE_WAIT_S."""
-    store = job_store()
-    try:
-        if store is not None:
-            store.wait([LOST_NODE_KEY])
-            return store.get(LOST_NODE_KEY).decode()
-    except RuntimeError:
-        pass
-    return None
-
-
 def check_device_ordinal(local_rank: int) -> None:
     """Every rank of this node must find its GPU (GPU LOCAL_RANK) among those it sees, or CUDA
     says "invalid device ordinal" in some ranks. Checked against the node's rank count
-    (LOCAL_WORLD_SIZE), so that every rank of the node stops with the same line."""
-    visible = world.visible_gpus()
-    ranks = max(local_rank + 1, int(os.environ.get("LOCAL_WORLD_SIZE") or 0))
+    (LOCAL_WORLD_SIZE), so that every rank of the node stops with the same line; under
+    `torchrun --virtual-local-rank` each rank sees only its own GPU, as GPU 0."""
+    visible = visible_gpus()
+    if virtual_local_rank():
+        ranks, fix = 1, "make its GPU visible to this rank (CUDA_VISIBLE_DEVICES)"
+    else:
+        ranks = max(local_rank + 1, int(os.environ.get("LOCAL_WORLD_SIZE") or 0))
+        fix = (
+            f"start at most {visible} ranks per node, or let every rank of a node see all of "
+            "its GPUs (SLURM: --gpus-per-node, not --gpus-per-task; torchrun: "
+            "--virtual-local-rank gives each rank one GPU)"
+        )
     if ranks > visible:
         listed = os.environ.get("CUDA_VISIBLE_DEVICES")
         shown = "unset" if listed is None else f"'{listed}'"
         raise UserError(
             f"LOCAL_RANK={local_rank} of {ranks} ranks on this node takes GPU {local_rank}, but "
-            f"this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES={shown}): start at most "
-            f"{visible} ranks per node, or let every rank of a node see all of its GPUs "
-            "(SLURM: --gpus-per-node, not --gpus-per-task)"
+            f"this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES={shown}): {fix}"
         )
+
+
+def virtual_local_rank() -> bool:
+    """Whether torchrun runs this rank with --virtual-local-rank (torch >= 2.14): LOCAL_RANK is
+    0 in every rank and CUDA_VISIBLE_DEVICES names the rank's one GPU. No variable says so; the
+    flag reaches the rank as its agent's PET_VIRTUAL_LOCAL_RANK, or on the command line of its
+    agent, this process's parent (Linux /proc)."""
+    if os.environ.get("PET_VIRTUAL_LOCAL_RANK", "").lower() in ("1", "true", "yes"):
+        return True
+    try:
+        args = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"--virtual-local-rank" in args or b"--virtual_local_rank" in args
 
 
 def sync_batchnorm(model: torch.nn.Module, dist_cfg, env: DistEnv) -> torch.nn.Module:
