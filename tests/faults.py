@@ -22,8 +22,10 @@ import select
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # (torch-free at import: it is installed before any module loads)
+    import torch
 
 # The attempt number a launcher gives a sweep job's processes (ddp_launcher's run_dir.py)
 ATTEMPT_ENV = "HYDRA_DDP_ATTEMPT"
