@@ -106,7 +106,7 @@ def test_compiled_ddp_trains_like_eager_on_two_ranks(tmp_path):
         if name == "compiled":
             used = [line for line in output(proc).splitlines() if "DDPOptimizer used" in line]
             assert {line[:7] for line in used} == {"[rank0]", "[rank1]"}, output(proc)
-    eager, compiled = (result(runs[n])["final"] for n in ("eager", "compiled"))
+    eager, compiled = (result(runs[n])["app"]["final"] for n in ("eager", "compiled"))
     assert compiled["val/loss"] == pytest.approx(eager["val/loss"], abs=COMPILE_TOLERANCE)
     assert compiled["val/acc"] == pytest.approx(eager["val/acc"], abs=1 / eager["val/count"])
     plain, fast = (load_checkpoint(runs[n] / "checkpoints" / "last.pt") for n in runs)
