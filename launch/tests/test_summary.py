@@ -920,8 +920,9 @@ def test_a_hydra_app_of_its_own_metric_gets_its_report(tmp_path: Path) -> None:
 def test_the_cli_reports_as_the_sweeps_callback_set_it(sweep: Path) -> None:
     """`python -m ddp_launcher.report` takes the metric, mode, panels and aggregate keys of the
     sweep's own SweepSummaryCallback (its multirun.yaml) unless told otherwise."""
-    from ddp_launcher.report.__main__ import main
+    from ddp_launcher.report.__main__ import CALLBACK, main
 
+    assert f"{SweepSummaryCallback.__module__}.{SweepSummaryCallback.__qualname__}" == CALLBACK
     (sweep / "multirun.yaml").write_text(
         "hydra:\n  overrides:\n    task: [optim.lr=0.01,0.1,0.3,3.0,0.2, trainer.max_epochs=3]\n"
         "  callbacks:\n    sweep_summary:\n"

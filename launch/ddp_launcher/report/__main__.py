@@ -22,14 +22,15 @@ from ddp_launcher.report.seeds import DEFAULT_OVER
 from ddp_launcher.report.sweep import headline, tables_text, write_summary
 from ddp_launcher.report.wandb_run import log_to_wandb, wandb_settings
 
+# callback.py's SweepSummaryCallback, by name: the CLI does not import Hydra's callback API
+CALLBACK = "ddp_launcher.report.callback.SweepSummaryCallback"
+
 
 def sweep_settings(config: Any) -> dict[str, Any]:
     """The settings of the sweep's SweepSummaryCallback in its config ({}: none, or unreadable)."""
     from omegaconf import OmegaConf
 
-    from ddp_launcher.report.callback import SweepSummaryCallback
-
-    target = f"{SweepSummaryCallback.__module__}.{SweepSummaryCallback.__qualname__}"
+    target = CALLBACK
     callbacks = OmegaConf.select(config, "hydra.callbacks", default=None) if config else None
     for node in (callbacks or {}).values():
         if OmegaConf.select(node, "_target_", default=None) == target:
