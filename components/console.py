@@ -108,15 +108,17 @@ class Console:
 
 
 def end_line(result: RunResult, run_dir: Path, wandb_where: str | None) -> str:
-    """The run's last line: how it ended, what it reached, and where everything is."""
+    """The run's last line: how it ended, what it reached (result.json's value, and the test
+    score and best.pt of its app part), and where everything is."""
     parts = [f"{result.status} in {duration(result.wall_time_s or 0.0)}"]
-    if result.best is not None:
-        parts.append(f"best {result.monitor} {result.best:.4f} (epoch {result.best_epoch})")
-    if result.test.get("test/acc") is not None:
-        parts.append(f"test/acc {result.test['test/acc']:.4f}")
+    if result.value is not None:
+        parts.append(f"best {result.metric} {result.value:.4f} (epoch {result.value_epoch})")
+    test, best_checkpoint = result.app.get("test") or {}, result.app.get("best_checkpoint")
+    if test.get("test/acc") is not None:
+        parts.append(f"test/acc {test['test/acc']:.4f}")
     parts.append(f"run dir {run_dir}")
-    if result.best_checkpoint:
-        parts.append(f"best checkpoint {run_dir / result.best_checkpoint}")
+    if best_checkpoint:
+        parts.append(f"best checkpoint {run_dir / best_checkpoint}")
     if wandb_where:
         parts.append(wandb_where)
     if result.git_dirty:

@@ -148,6 +148,34 @@ def rows_to_replay(rows: list[dict[str, Any]], wandb_start: int) -> list[dict[st
     return [row for row in rows if row["step"] >= wandb_start]
 
 
+def app_record() -> dict[str, Any]:
+    """result.json's `app` part, this experiment's own record of a run (the launcher's part
+    around it, ddp_launcher's RunResult, has the status, the value and its metric, direction
+    and epoch, the target, the summary, times, attempts, commit, W&B run): every key, null
+    (or empty) until measured."""
+    return {
+        "best_checkpoint": None,  # best.pt, relative to the run dir (None: no checkpoints)
+        "final": {},  # the last epoch's val/* metrics, with its epoch
+        "test": {},  # test/* of the best checkpoint
+        "epochs": None,  # epochs completed
+        "stopped_early": None,  # true: trainer.early_stopping ended the run
+        "stopped_at_target": None,  # true: trainer.stop_at_target ended the run
+        "params": None,  # the model's parameters (trainable ones)
+        "flops_per_sample": None,  # forward FLOPs of one sample (torch flop counter)
+        "precision": None,  # trainer.precision as trained (auto resolved: 32 or bf16)
+        # val/acc's best and the last epoch's val/acc and val/loss, whatever the monitor is
+        "best_val_acc": None,
+        "final_val_acc": None,
+        "final_val_loss": None,
+        "samples_per_s": None,  # mean of this attempt's logged train windows
+        "time_to_first_step_s": None,  # from process start
+        "peak_memory_mb_per_rank": None,
+        # The train loss rose above 1.5x its first window's after the warm-up (where, how much,
+        # what to try: components/divergence.py); None: it did not.
+        "diverged": None,
+    }
+
+
 def ending(error: BaseException | None) -> tuple[str, str | None]:
     """(status, one-line error) of a run that ended with `error` (None: it completed)."""
     if error is None:
@@ -170,25 +198,26 @@ class RunLogger:
     again: a resumed run recomputes them identically, so metrics.jsonl and the W&B history keep
     every step exactly once; rows W&B lost in a kill are replayed from metrics.jsonl.
 
-    result.json (RunResult) is this object's alone: the training loop reports events (a train
-    row logged, `epoch_validated`, `checkpoint_saved`, `target_reached`, `stopped_early`,
-    `trained`, `tested`) and the fields follow from them. The best value, its epoch, val/acc's
-    best and the target's record are read from the Monitor given to `open` (the one place that
-    keeps them), when result.json is written.
+    result.json (RunResult: the launcher's part, and `app`, this experiment's, app_record) is
+    this object's alone: the training loop reports events (a train row logged,
+    `epoch_validated`, `checkpoint_saved`, `target_reached`, `stopped_early`, `trained`,
+    `tested`) and the fields follow from them. The value (the monitored metric's best: what
+    train.py returns), its epoch, val/acc's best and the target's record are read from the
+    Monitor given to `open` (the one place that keeps them), when result.json is written.
     """
 
     def __init__(self, run_dir: Path, *, enabled: bool):
         self.enabled = enabled
         self.run_dir = run_dir
         self.metrics_path = run_dir / METRICS_FILE
-        self.result = RunResult()
+        self.result = RunResult(app=app_record())
         self.wandb = None
         self.logged: set[tuple[int, str]] = set()
         self.artifacts: CheckpointArtifacts | None = None  # with a W&B run
         self._last_val: dict[str, Any] | None = None  # the latest val row (artifact metadata)
         self._warned: set[str] = set()
         self._file = None
-        self._started = time.time()
+        self._started = self.result.started = time.time()
         self._monitor: Any = None  # components.monitor.Monitor: the run's bests
         self._rates: list[float] = []  # samples_per_s of this attempt's train rows
         self.opened = False  # the run began: open() ran
@@ -202,7 +231,8 @@ class RunLogger:
             return False  # failed before it began: the earlier attempt's records stay as they were
         self.result.status, self.result.error = ending(error)
         self._read_bests()
-        self.result.wall_time_s = round(time.time() - self._started, 3)
+        self.result.ended = time.time()
+        self.result.wall_time_s = round(self.result.ended - self._started, 3)
         if self.enabled:
             write_result(self.run_dir, self.result)
             crash_point("result.written")
@@ -240,19 +270,19 @@ class RunLogger:
         self._guarded("profile artifact", log_artifact)
 
     def _read_bests(self) -> None:
-        """result.json's bests: best and best_epoch as the last commit of the checkpoints has
-        them (what best.pt holds, even after a save that failed or was cut short), else (no
+        """result.json's bests: the value and its epoch as the last commit of the checkpoints
+        has them (what best.pt holds, even after a save that failed or was cut short), else (no
         checkpoints) as the monitor keeps them; val/acc's best and the target from the monitor."""
         m = self._monitor
         if m is None:
             return
-        r = self.result
-        r.best, r.best_epoch, r.best_val_acc = m.best, m.best_epoch, m.best_val_acc
+        r, app = self.result, self.result.app
+        r.value, r.value_epoch, app["best_val_acc"] = m.best, m.best_epoch, m.best_val_acc
         r.target = m.target_record()
         committed = committed_best(self.run_dir)
-        r.best_checkpoint = f"{CHECKPOINT_DIR}/{BEST}" if committed is not None else None
+        app["best_checkpoint"] = f"{CHECKPOINT_DIR}/{BEST}" if committed is not None else None
         if committed is not None:
-            r.best, r.best_epoch = committed.best, committed.best_epoch
+            r.value, r.value_epoch = committed.best, committed.best_epoch
 
     def epoch_validated(
         self,
@@ -264,21 +294,21 @@ class RunLogger:
         """Event: epoch `epoch` (1-based) was validated at optimizer step `step`: its val row
         (metrics.jsonl, W&B with `media`) and result.json's final metrics."""
         self.log({"step": step, "epoch": epoch, **val}, media=media)
-        r = self.result
-        r.epochs, r.final = epoch, {"epoch": epoch, **val}
-        r.final_val_acc, r.final_val_loss = val.get("val/acc"), val.get("val/loss")
+        app = self.result.app
+        app["epochs"], app["final"] = epoch, {"epoch": epoch, **val}
+        app["final_val_acc"], app["final_val_loss"] = val.get("val/acc"), val.get("val/loss")
 
     def diverged(self, found: dict[str, Any]) -> None:
         """Event: the train loss climbed after the warm-up (components/divergence.py):
         result.json's `diverged`, and the W&B run's summary (train/diverged_step, ...)."""
-        self.result.diverged = found
+        self.result.app["diverged"] = found
         if self.wandb is not None:
             summary = {f"train/diverged_{k.replace('/', '_')}": v for k, v in found.items()}
             self._guarded("divergence summary", self.wandb.summary.update, summary)
 
     def stopped_early(self) -> None:
         """Event: early stopping ended the run (trainer.early_stopping)."""
-        self.result.stopped_early = True
+        self.result.app["stopped_early"] = True
 
     def target_reached(self) -> None:
         """Event: the monitored metric reached trainer.target (the Monitor given to `open` has
@@ -291,16 +321,17 @@ class RunLogger:
 
     def stopped_at_target(self) -> None:
         """Event: trainer.stop_at_target ended the run at the target."""
-        self.result.stopped_at_target = True
+        self.result.app["stopped_at_target"] = True
 
     def trained(self, time_to_first_step_s: float | None, peak_memory_mb: list[float]) -> None:
         """Event: the training loop is over (every epoch, or stopped early)."""
-        self.result.time_to_first_step_s = time_to_first_step_s
-        self.result.peak_memory_mb_per_rank = peak_memory_mb
+        self.result.app["time_to_first_step_s"] = time_to_first_step_s
+        self.result.app["peak_memory_mb_per_rank"] = peak_memory_mb
 
     def tested(self, step: int, epoch: int, test: dict[str, float]) -> None:
-        """Event: best.pt was evaluated on the test split (`test`: test/* metrics; {}: none)."""
-        self.result.test = test
+        """Event: best.pt was evaluated on the test split (`test`: test/* metrics; {}: none):
+        the app's record, and the report's columns (result.json's summary)."""
+        self.result.app["test"], self.result.summary = test, dict(test)
         if test:
             best_epoch = self._monitor.best_epoch if self._monitor is not None else None
             self.log({"step": step, "epoch": epoch, "best_epoch": best_epoch, **test})
@@ -329,13 +360,13 @@ class RunLogger:
         trajectory is in the file, each step once."""
         self.opened = True
         self._monitor = monitor
-        r = self.result
-        r.params, r.flops_per_sample = facts.get("params"), facts.get("flops_per_sample")
-        r.precision = facts.get("precision")
+        r, app = self.result, self.result.app
+        app["params"], app["flops_per_sample"] = facts.get("params"), facts.get("flops_per_sample")
+        app["precision"] = facts.get("precision")
         if monitor is not None:
-            r.monitor, r.mode = monitor.metric, monitor.mode
+            r.metric, r.direction = monitor.metric, monitor.mode
             if resuming and epochs_done:  # what the earlier attempts reached
-                r.epochs = epochs_done
+                app["epochs"] = epochs_done
         if not self.enabled:
             return None
         repro = write_repro(self.run_dir, task_overrides())
@@ -452,7 +483,7 @@ class RunLogger:
         if self.wandb is None or self.artifacts is None:
             return
         meta = {k: v for k, v in progress.items() if not k.startswith("wandb_")}
-        meta.update(file=path.name, monitor=self.result.monitor)
+        meta.update(file=path.name, monitor=self.result.metric)
         if self._monitor is not None:
             meta.update(best=self._monitor.best, best_val_acc=self._monitor.best_val_acc)
         val = self._last_val
@@ -475,7 +506,7 @@ class RunLogger:
             self._last_val = row
         if self.enabled and row_kind(row) == "train" and row.get("samples_per_s") is not None:
             self._rates.append(row["samples_per_s"])  # result.json: their mean
-            self.result.samples_per_s = sum(self._rates) / len(self._rates)
+            self.result.app["samples_per_s"] = sum(self._rates) / len(self._rates)
         if not self.enabled or (row["step"], row_kind(row)) in self.logged:
             return
         now = time.time()

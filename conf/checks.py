@@ -141,16 +141,17 @@ def check_more_to_do(cfg: DictConfig, run_dir: Path) -> None:
     earlier = read_result(run_dir)
     if earlier is None or earlier.status != "completed":
         return
-    done = earlier.epochs or 0
-    stopped = earlier.stopped_early or earlier.stopped_at_target
+    own = earlier.app  # this experiment's part of result.json (components/metrics.py)
+    done = own.get("epochs") or 0
+    stopped = own.get("stopped_early") or own.get("stopped_at_target")
     if cfg.trainer.max_epochs > done and not stopped:
         return  # trained further: the schedule's change is said as it resumes
     why = (
         "it stopped early"
-        if earlier.stopped_early
+        if own.get("stopped_early")
         else f"trainer.max_epochs={cfg.trainer.max_epochs}"
     )
-    if earlier.stopped_at_target:
+    if own.get("stopped_at_target"):
         why = "it stopped at its target"
     raise NothingToDo(
         f"{run_dir} holds a completed run ({done} epochs; {why}): nothing to continue, "

@@ -281,11 +281,11 @@ def test_resumed_log_keeps_every_step_once_and_drops_a_torn_line(tmp_path):
 
 def test_run_logger_records_the_end_of_a_failed_run_and_reraises(tmp_path):
     with pytest.raises(UserError), RunLogger(tmp_path, enabled=True) as run:
-        run.result.final_val_acc = 0.25
+        run.result.app["final_val_acc"] = 0.25
         raise UserError("trainer.max_epochs=0: use a positive number")
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "failed" and result["error"].startswith("trainer.max_epochs=0")
-    assert result["final_val_acc"] == 0.25 and result["wall_time_s"] >= 0
+    assert result["app"]["final_val_acc"] == 0.25 and result["wall_time_s"] >= 0
     with pytest.raises(UserError), RunLogger(tmp_path / "other", enabled=False):
         raise UserError("x")
     assert not (tmp_path / "other").exists()  # ranks other than 0 write nothing
@@ -306,8 +306,12 @@ def test_loss_window_mean_and_exact_state():
 
 
 def test_run_result_keeps_unknown_keys():
+    # a flat record (5f215d2's layout): its keys of the experiment's are kept, in its app part
     result = RunResult.from_json({"status": "completed", "best_val_acc": 0.5, "test/acc": 0.4})
-    assert result.best_val_acc == 0.5 and result.to_json()["test/acc"] == 0.4
+    assert result.app["best_val_acc"] == 0.5 and result.to_json()["app"]["test/acc"] == 0.4
+    # a newer writer's key beside the launcher's part is kept where it was
+    newer = RunResult.from_json({**RunResult().to_json(), "test/acc": 0.4})
+    assert newer.to_json()["test/acc"] == 0.4
 
 
 # ------------------------------------------------------------------------------ world size

@@ -75,8 +75,8 @@ def assert_resumed_like(job: Path, reference: Path, case: str) -> None:
         raise AssertionError(f"{case}: {e}") from None
     best = load_checkpoint(job / "checkpoints" / "best.pt")
     saved = (best["progress"]["epoch"], best["monitor"]["best_epoch"], best["monitor"]["best"])
-    assert (result["best_epoch"], result["best_epoch"], result["best"]) == saved, case
-    assert result["test"] == read_json(reference / "result.json")["test"], case
+    assert (result["value_epoch"], result["value_epoch"], result["value"]) == saved, case
+    assert result["app"]["test"] == read_json(reference / "result.json")["app"]["test"], case
 
 
 @pytest.mark.slow

@@ -51,8 +51,8 @@ def test_fast_dev_run_is_a_few_steps_and_writes_no_checkpoints_nor_wandb(tmp_pat
     assert val["epoch"] == 1 and val["val/count"] == 180  # digits' val: one batch per rank
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "wandb").exists()
     result = assert_result_schema(run_dir)
-    assert result["status"] == "completed" and result["best_checkpoint"] is None
-    assert result["test"] == {}  # no best.pt to test
+    assert result["status"] == "completed" and result["app"]["best_checkpoint"] is None
+    assert result["app"]["test"] == {}  # no best.pt to test
 
 
 def test_limits_take_counts_or_fractions(tmp_path):
@@ -167,8 +167,11 @@ def test_every_step_is_in_metrics_jsonl_with_its_time(tmp_path):
 def test_result_json_has_one_schema_for_completed_and_failed_runs(tmp_path):
     train_in_process(tmp_path / "ok", *QUICK, "wandb.mode=disabled")
     ok = assert_result_schema(tmp_path / "ok")
-    assert ok["status"] == "completed" and ok["error"] is None and ok["best_epoch"] == 1
-    assert ok["best_checkpoint"] == "checkpoints/best.pt" and ok["test"]["test/count"] == 180
+    assert ok["status"] == "completed" and ok["error"] is None and ok["value_epoch"] == 1
+    assert (
+        ok["app"]["best_checkpoint"] == "checkpoints/best.pt"
+        and ok["app"]["test"]["test/count"] == 180
+    )
     # a user error the run meets once started (one the gate sees leaves no record at all)
     missing = f"dataset.root={tmp_path / 'nowhere'}"
     with pytest.raises(UserError):

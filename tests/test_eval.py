@@ -85,7 +85,7 @@ def test_eval_reproduces_the_logged_val_metrics_exactly(trained, tmp_path, monke
         FastEvalLoader, "__iter__", lambda self: (fast_batches.append(1), real_iter(self))[1]
     )
     result = read_json(trained / "result.json")
-    best = next(r for r in val_rows(trained) if r["epoch"] == result["best_epoch"])
+    best = next(r for r in val_rows(trained) if r["epoch"] == result["value_epoch"])
     assert set(logged(best, "val")) == {"val/loss", "val/acc", "val/acc5", "val/ece", "val/count"}
     for fast in ("true", "false"):
         out = tmp_path / f"fast-{fast}"
@@ -93,7 +93,7 @@ def test_eval_reproduces_the_logged_val_metrics_exactly(trained, tmp_path, monke
         acc = eval_in_process(out, f"run={trained}", "split=val", f"dataset.fast={fast}", *NO_WANDB)
         assert bool(fast_batches) == (fast == "true")  # the path asked for was taken
         assert metrics_of(out, "val") == logged(best, "val"), fast
-        assert acc == best["val/acc"] == result["best_val_acc"]
+        assert acc == best["val/acc"] == result["app"]["best_val_acc"]
         report = read_json(out / "eval.json")
         confusion = np.array(report["confusion_matrix"])
         assert confusion.sum() == 180 and confusion.trace() / 180 == acc
@@ -110,7 +110,7 @@ def test_test_after_fit_eval_predictions_and_wandb(trained, tmp_path):
     summary gets test/* (offline: recorded in the eval dir)."""
     out = tmp_path / "eval"
     acc = eval_in_process(out, f"run={trained}", "predictions=true", "wandb.mode=offline")
-    test = read_json(trained / "result.json")["test"]
+    test = read_json(trained / "result.json")["app"]["test"]
     (test_row,) = [r for r in rows(trained) if "test/acc" in r]
     assert metrics_of(out, "test") == test == logged(test_row, "test")
     assert test["test/count"] == 180 and acc == test["test/acc"]
@@ -271,7 +271,7 @@ def test_a_training_sweep_summary_has_test_columns(train_sweep):
         (float(r["best"]) for r in table), reverse=True
     )
     for row in table:
-        test = read_json(train_sweep / row["job"] / "result.json")["test"]
+        test = read_json(train_sweep / row["job"] / "result.json")["app"]["test"]
         assert float(row["test/acc"]) == test["test/acc"] and test["test/count"] == 180
         assert float(row["test/loss"]) == test["test/loss"]
 
@@ -307,7 +307,9 @@ def test_eval_sweep_on_two_ranks_is_exact(train_sweep, tmp_path):
     # Trained on 2 ranks (fast path), evaluated on 2 ranks (DataLoader path): exact.
     (val_row,) = val_rows(two)
     assert metrics_of(jobs[two.name, "val"], "val") == logged(val_row, "val")
-    assert metrics_of(jobs[two.name, "test"], "test") == read_json(two / "result.json")["test"]
+    assert (
+        metrics_of(jobs[two.name, "test"], "test") == read_json(two / "result.json")["app"]["test"]
+    )
 
     # Trained on 1 rank: 2-rank eval = 1-rank eval (counts exact; sums of floats to rounding).
     for split in ("val", "test"):
@@ -350,12 +352,12 @@ def test_the_documented_dataset_example_trains_and_evaluates(tmp_path):
     )
     assert proc.returncode == 0, output(proc)
     result = read_json(run_dir / "result.json")
-    assert result["status"] == "completed" and result["best_val_acc"] > 0.6  # chance: 1/3
-    assert result["final"]["val/count"] == 120 and result["test"]["test/count"] == 300
+    assert result["status"] == "completed" and result["app"]["best_val_acc"] > 0.6  # chance: 1/3
+    assert result["app"]["final"]["val/count"] == 120 and result["app"]["test"]["test/count"] == 300
     out = tmp_path / "eval"
     eval_in_process(out, f"run={run_dir}", "dataset.fast=false", *NO_WANDB)
     # Same counts; float sums only to rounding: this process runs more threads than the run's.
-    assert metrics_of(out, "test") == pytest.approx(result["test"], rel=1e-6)
+    assert metrics_of(out, "test") == pytest.approx(result["app"]["test"], rel=1e-6)
     assert metrics_of(out, "test")["test/count"] == 300
     assert read_json(out / "eval.json")["classes"] == ["circle", "square", "triangle"]
 

@@ -220,7 +220,7 @@ def test_what_a_start_replaces_moves_whole_into_replaced(tmp_path: Path) -> None
     (aside,) = (run_dir / "replaced").iterdir()
     assert snapshot(aside) == old  # whole, byte for byte
     assert "starts another run's trajectory here: the earlier run is now in" in output(resumed)
-    assert read_json(run_dir / "result.json")["epochs"] == 2
+    assert read_json(run_dir / "result.json")["app"]["epochs"] == 2
 
     second = snapshot(run_dir)
     started_over = run(

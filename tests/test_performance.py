@@ -36,7 +36,7 @@ def test_mixed_precision_and_channels_last_train(tmp_path, precision):
         "trainer.channels_last=true",
         "trainer.grad_clip=1.0",
     )
-    assert result(run_dir)["best_val_acc"] > 0.5  # it learns (chance is 0.1)
+    assert result(run_dir)["app"]["best_val_acc"] > 0.5  # it learns (chance is 0.1)
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     # fp16 carries a GradScaler (scale state saved for exact resume); bf16 needs none
     assert bool(state["scaler"]) == (precision == "fp16")
@@ -106,7 +106,7 @@ def test_compiled_ddp_trains_like_eager_on_two_ranks(tmp_path):
         if name == "compiled":
             used = [line for line in output(proc).splitlines() if "DDPOptimizer used" in line]
             assert {line[:7] for line in used} == {"[rank0]", "[rank1]"}, output(proc)
-    eager, compiled = (result(runs[n])["final"] for n in ("eager", "compiled"))
+    eager, compiled = (result(runs[n])["app"]["final"] for n in ("eager", "compiled"))
     assert compiled["val/loss"] == pytest.approx(eager["val/loss"], abs=COMPILE_TOLERANCE)
     assert compiled["val/acc"] == pytest.approx(eager["val/acc"], abs=1 / eager["val/count"])
     plain, fast = (load_checkpoint(runs[n] / "checkpoints" / "last.pt") for n in runs)
@@ -179,7 +179,9 @@ def test_speed_metrics_are_logged(tmp_path):
         assert 0 <= row["data_wait_pct"] <= 100
         assert "mfu" not in row  # MFU needs a GPU's peak FLOP/s
     res = result(run_dir)
-    assert res["time_to_first_step_s"] > 0 and len(res["peak_memory_mb_per_rank"]) == 1
+    assert (
+        res["app"]["time_to_first_step_s"] > 0 and len(res["app"]["peak_memory_mb_per_rank"]) == 1
+    )
 
 
 # --- trainer.precision=auto: bf16 where the hardware has it natively, else 32 ----------------
@@ -296,12 +298,12 @@ def test_auto_precision_is_resolved_before_anything_records_it(
     said = [r.getMessage() for r in caplog.records if r.name == "components.precision"]
     why = "native bf16: AVX512 with AVX512-BF16" if native else "no native bf16: AVX2"
     assert said == [f"trainer.precision=auto: {chosen} (this CPU has {why})"]
-    assert result(run_dir)["precision"] == chosen
+    assert result(run_dir)["app"]["precision"] == chosen
     config = load_checkpoint(run_dir / "checkpoints" / "best.pt")["config"]
     assert OmegaConf.create(config).trainer.precision == chosen
     caplog.clear()
     acc = eval_in_process(tmp_path / "eval", f"run={run_dir}", "trainer.precision=auto")
-    assert acc == read_json(run_dir / "result.json")["test"]["test/acc"]
+    assert acc == read_json(run_dir / "result.json")["app"]["test"]["test/acc"]
     said = [r.getMessage() for r in caplog.records if r.name == "components.precision"]
     assert said == [f"trainer.precision=auto: {chosen} (this CPU has {why})"]
 
@@ -332,7 +334,7 @@ def test_the_mnist_recipe_trains_in_32_on_a_cpu_without_native_bf16(tmp_path):
         "trainer.precision=auto: 32 (this CPU has no native bf16 for oneDNN: AVX2, "
         "ONEDNN_MAX_CPU_ISA=AVX2)"
     )
-    assert read_json(run_dir / "result.json")["precision"] == "32"
+    assert read_json(run_dir / "result.json")["app"]["precision"] == "32"
     config = OmegaConf.create(load_checkpoint(run_dir / "checkpoints" / "last.pt")["config"])
     assert config.trainer.precision == "32"
     (wandb_run,) = offline_runs(run_dir)

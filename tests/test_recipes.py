@@ -537,12 +537,12 @@ def test_monitor_min_picks_best_pt_and_is_returned(tmp_path):
     vals = fx.val_rows(run_dir)
     losses = [v["val/loss"] for v in vals]
     result = fx.read_json(run_dir / "result.json")
-    assert (result["monitor"], result["mode"]) == ("val/loss", "min")
-    assert best == result["best"] == min(losses)
-    assert result["best_epoch"] == 1 + losses.index(min(losses))
-    assert result["best_val_acc"] == max(v["val/acc"] for v in vals)
+    assert (result["metric"], result["direction"]) == ("val/loss", "min")
+    assert best == result["value"] == min(losses)
+    assert result["value_epoch"] == 1 + losses.index(min(losses))
+    assert result["app"]["best_val_acc"] == max(v["val/acc"] for v in vals)
     best_ckpt = load_checkpoint(run_dir / "checkpoints" / "best.pt")
-    assert best_ckpt["progress"]["epoch"] == result["best_epoch"]
+    assert best_ckpt["progress"]["epoch"] == result["value_epoch"]
     assert best_ckpt["monitor"]["best"] == min(losses)
 
 
@@ -577,14 +577,14 @@ def test_params_and_flops_in_result_and_wandb_config(tmp_path):
     fx.train_in_process(run_dir, "trainer.max_epochs=1", "wandb.mode=offline")
     result = fx.read_json(run_dir / "result.json")
     # SmallCNN on 8x8 digits: conv 1->32, conv 32->64, 2x2x64 -> 128 -> 10
-    assert result["params"] == (32 * 9 + 32) + (64 * 32 * 9 + 64) + (256 * 128 + 128) + (
+    assert result["app"]["params"] == (32 * 9 + 32) + (64 * 32 * 9 + 64) + (256 * 128 + 128) + (
         128 * 10 + 10
     )
     convs = 2 * (8 * 8 * 32 * 9 + 4 * 4 * 64 * 32 * 9)  # multiply-adds x 2
-    assert result["flops_per_sample"] == convs + 2 * (256 * 128 + 128 * 10)
+    assert result["app"]["flops_per_sample"] == convs + 2 * (256 * 128 + 128 * 10)
     (wb,) = fx.offline_runs(run_dir)
-    assert wb.config["run"]["params"] == result["params"]
-    assert wb.config["run"]["flops_per_sample"] == result["flops_per_sample"]
+    assert wb.config["run"]["params"] == result["app"]["params"]
+    assert wb.config["run"]["flops_per_sample"] == result["app"]["flops_per_sample"]
 
 
 # ------------------------------------------------------------------------- stable defaults
@@ -694,7 +694,7 @@ def test_early_stopping_every_rank_stops_at_the_same_epoch(two_ranks, tmp_path):
     two_ranks.train(run_dir, *stopping)
     assert [v["epoch"] for v in fx.val_rows(run_dir)] == [1, 2]
     result = fx.read_json(run_dir / "result.json")
-    assert result["stopped_early"] is True and result["epochs"] == 2
+    assert result["app"]["stopped_early"] is True and result["app"]["epochs"] == 2
     assert "early stopping before epoch 3" in (run_dir / "train.log").read_text()
     # resuming a stopped run trains no further
     two_ranks.train(run_dir, *stopping, "resume=auto")

@@ -8,11 +8,13 @@ import errno
 import json
 import os
 import shutil
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.run_dir import read_launch_record
 
 from components.checkpoint import load_checkpoint, step_files
 from tests.helpers import (
@@ -23,6 +25,7 @@ from tests.helpers import (
     output,
     read_json,
     run,
+    summary_rows,
     train_cmd,
     train_in_process,
 )
@@ -197,12 +200,14 @@ def test_after_a_failed_save_the_records_name_the_weights_that_are_there(tmp_pat
         train_in_process(run_dir, "trainer.max_epochs=3", "wandb.mode=disabled")
     result = read_json(run_dir / "result.json")
     best = load_checkpoint(run_dir / "checkpoints" / "best.pt")["monitor"]
-    assert result["status"] == "failed" and result["best_checkpoint"] == "checkpoints/best.pt"
     assert (
-        (result["best"], result["best_epoch"])
+        result["status"] == "failed" and result["app"]["best_checkpoint"] == "checkpoints/best.pt"
+    )
+    assert (
+        (result["value"], result["value_epoch"])
         == (best["best"], best["best_epoch"])
         == (
-            result["best"],
+            result["value"],
             2,
         )
     )
@@ -265,3 +270,115 @@ def test_bad_input_is_one_line_naming_the_key(tmp_path, overrides, fragments):
 def test_a_user_error_on_two_ranks_is_one_line(tmp_path):
     bad = ["trainer.max_epochs=-1", f"hydra.run.dir={tmp_path / 'r'}"]
     one_line_error(run(launch(*QUICK, *bad, nproc=2), timeout=300), "trainer.max_epochs=-1")
+
+
+# ---------------------------------------------------------------------------------------------
+# records written by 5f215d2
+#
+# tests/data/records_5f215d2: what 5f215d2 left, the release whose result.json was one flat
+# mapping (the experiment's fields beside the launcher's: best, monitor, mode, best_val_acc, ...).
+# Made in a worktree of 5f215d2 (its launch/ first on PYTHONPATH, OMP_NUM_THREADS=1, on CPU):
+#   python train.py trainer.max_epochs=2 <OLD_ARGS> hydra.run.dir=<out>/run
+#   python train.py -m trainer.max_epochs=3 <OLD_ARGS> optim.lr=0.05,0.1 \
+#       hydra.sweep.dir=<out>/sweep &
+#   # SIGKILL that launcher's process group once <out>/sweep/1/checkpoints/step-*.pt exists
+# then copied without what neither a resume nor the report reads (repro/, rank_logs/,
+# .torchrun/job.pkl; of the completed job 0 its checkpoints and .torchrun/, so that a resume
+# takes its value from its result.json). Their records name the worktree where they ran; the
+# tests run them from another dir.
+OLD_RECORDS = Path(__file__).parent / "data" / "records_5f215d2"
+OLD_ARGS = [
+    "trainer.batch_size=32",
+    "model.channels=[8,16]",
+    "model.hidden=32",
+    "trainer.log_every_n_steps=4",
+    "trainer.checkpoint_every_n_steps=5",
+    "trainer.progress_bar=false",
+    "wandb.mode=disabled",
+]
+
+
+@pytest.mark.slow
+def test_a_run_of_5f215d2_is_done_and_then_resumes_further(tmp_path):
+    """A completed 2-epoch run 5f215d2 recorded (its flat result.json): resume=auto with the
+    same 2 epochs has nothing to do (its epochs and status read from the old record), and with
+    3 epochs it continues from its last checkpoint: its rows kept, one epoch more, a result.json
+    in today's layout whose value is the best of all three epochs."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(OLD_RECORDS / "run", run_dir)
+    old = read_json(run_dir / "result.json")
+    assert "app" not in old and old["monitor"] == "val/acc" and old["epochs"] == 2  # as written
+    old_rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+
+    same = run(
+        train_cmd(*OLD_ARGS, "trainer.max_epochs=2", "resume=auto", f"hydra.run.dir={run_dir}")
+    )
+    assert same.returncode == 0, output(same)[-3000:]
+    assert "holds a completed run (2 epochs; trainer.max_epochs=2)" in output(same), output(same)
+    assert read_json(run_dir / "result.json") == old  # nothing changed
+
+    further = run(
+        train_cmd(*OLD_ARGS, "trainer.max_epochs=3", "resume=auto", f"hydra.run.dir={run_dir}")
+    )
+    assert further.returncode == 0, output(further)[-3000:]
+    assert "resumed from" in (run_dir / "train.log").read_text()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert lines[: len(old_rows)] == old_rows  # (up to its last checkpoint, its test row too)
+    vals = [json.loads(line) for line in lines if '"val/acc"' in line]
+    assert [v["epoch"] for v in vals] == [1, 2, 3]
+    result = read_json(run_dir / "result.json")
+    assert (result["status"], result["metric"], result["direction"]) == (
+        "completed",
+        "val/acc",
+        "max",
+    )
+    assert result["value"] == max(v["val/acc"] for v in vals)
+    assert vals[result["value_epoch"] - 1]["val/acc"] == result["value"]
+    assert result["app"]["epochs"] == 3 and result["summary"] == result["app"]["test"]
+    assert "monitor" not in result and "best_val_acc" not in result  # the app's, in its part
+
+
+@pytest.mark.slow
+def test_a_sweep_of_5f215d2_reports_and_resumes(tmp_path):
+    """A 2-job sweep 5f215d2 recorded, its launcher killed in job 1: the report ranks it by each
+    job's value (job 0's from its flat result.json), resumed with its command line job 0 is not
+    run again (its value, from that record, goes to the sweeper; its files keep their bytes)
+    and job 1 continues from its checkpoint to completion; the report then lists both
+    completed, each with its value, the epoch it was reached at and its last val metrics."""
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(OLD_RECORDS / "sweep", sweep_dir)
+    done, killed = sweep_dir / "0", sweep_dir / "1"
+    old = read_json(done / "result.json")
+    kept = {name: (done / name).read_bytes() for name in ("result.json", "metrics.jsonl")}
+    assert not (killed / "result.json").exists()
+
+    report = run([sys.executable, "-m", "ddp_launcher.report", str(sweep_dir)])
+    assert report.returncode == 0, output(report)
+    assert "ranked by best val/acc (max)" in report.stdout.splitlines()[0], report.stdout
+    table = {r["job"]: r for r in summary_rows(sweep_dir)}
+    assert float(table["0"]["best"]) == old["best"] and table["0"]["best_epoch"] == str(
+        old["best_epoch"]
+    )
+    assert float(table["0"]["last val/acc"]) == old["final"]["val/acc"]
+    assert table["0"]["status"] == "completed" and table["1"]["status"] != "completed"
+
+    cmd = train_cmd("-m", "trainer.max_epochs=3", *OLD_ARGS, "optim.lr=0.05,0.1")
+    resumed = run([*cmd, f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.resume=true"])
+    out = output(resumed)
+    assert resumed.returncode == 0, out[-5000:]
+    (line,) = [line for line in out.splitlines() if "completed earlier, not run again" in line]
+    assert line.startswith("[") and "#0 " in line and f"(value {old['best']})" in line, line
+    assert {name: (done / name).read_bytes() for name in kept} == kept
+    assert [a.status for a in read_launch_record(killed).attempts] == ["interrupted", "completed"]
+    assert "resumed from" in (killed / "train.log").read_text()
+    new = read_json(killed / "result.json")
+    assert new["status"] == "completed" and new["app"]["epochs"] == 3
+
+    table = {r["job"]: r for r in summary_rows(sweep_dir)}
+    assert [table[n]["status"] for n in "01"] == ["completed", "completed"]
+    assert [float(table[n]["best"]) for n in "01"] == [old["best"], new["value"]]
+    assert table["1"]["best_epoch"] == str(new["value_epoch"]) and table["1"]["attempts"] == "2"
+    assert float(table["1"]["last val/acc"]) == new["app"]["final"]["val/acc"]
+    assert [r["job"] for r in summary_rows(sweep_dir)] == sorted(
+        "01", key=lambda n: -float(table[n]["best"])
+    )

@@ -164,9 +164,9 @@ def test_the_default_job(tmp_path):
     assert vals[-1]["val/acc"] >= 0.90
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed"
-    assert result["best_val_acc"] == max(v["val/acc"] for v in vals)
+    assert result["app"]["best_val_acc"] == max(v["val/acc"] for v in vals)
     # It does not diverge: no warning, nothing recorded (components/divergence.py).
-    assert result["diverged"] is None
+    assert result["app"]["diverged"] is None
     assert "diverging" not in output(proc)
 
     lines = [line for line in output(proc).splitlines() if line.strip()]
@@ -174,7 +174,7 @@ def test_the_default_job(tmp_path):
     assert sum(bool(re.search(r"epoch \d+/10: train/loss", x)) for x in lines) == 10
     last = lines[-1].split(" - ", 1)[1]
     assert last.startswith("completed in ")
-    assert f"best val/acc {result['best']:.4f} (epoch {result['best_epoch']})" in last
+    assert f"best val/acc {result['value']:.4f} (epoch {result['value_epoch']})" in last
     assert f"run dir {run_dir}" in last and str(run_dir / "checkpoints" / "best.pt") in last
     (wb,) = offline_runs(run_dir)
     assert f"wandb sync {wb.path.parent}" in last
@@ -616,7 +616,7 @@ def test_a_diverging_run_says_so_once_and_records_it(tmp_path, caplog):
         train_in_process(run_dir, OFFLINE, "trainer.max_epochs=3", "optim.lr=8")
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("diverging:")]
     assert len(warnings) == 1, warnings
-    found = read_json(run_dir / "result.json")["diverged"]
+    found = read_json(run_dir / "result.json")["app"]["diverged"]
     assert found is not None
     train = {r["step"]: r for r in train_rows(run_dir)}
     row = train[found["step"]]  # the logged window that crossed the line
@@ -661,8 +661,8 @@ def test_target_records_when_the_metric_first_reached_it(tmp_path):
     assert target["epoch"] == first["epoch"] and target["reached_at_step"] == first["step"]
     assert target["reached_value"] == first["val/acc"]
     # after the first step, before the process ended
-    assert result["time_to_first_step_s"] < target["reached_at_s"] < ran_s
-    assert result["epochs"] == len(vals) == 10 and result["stopped_at_target"] is None
+    assert result["app"]["time_to_first_step_s"] < target["reached_at_s"] < ran_s
+    assert result["app"]["epochs"] == len(vals) == 10 and result["app"]["stopped_at_target"] is None
     assert f"val/acc reached the target 0.9 ({first['val/acc']:.4f}) at epoch" in output(proc)
     (wb,) = offline_runs(run_dir)
     assert wb.summary["target/reached_at_step"] == first["step"]
@@ -686,8 +686,8 @@ def test_stop_at_target_ends_the_run_as_its_last_epoch_would(tmp_path):
     assert reached is not None and reached < 10
     assert [v["epoch"] for v in vals] == list(range(1, reached + 1))
     assert vals[-1]["val/acc"] >= 0.9 > max(v["val/acc"] for v in vals[:-1])
-    assert result["status"] == "completed" and result["stopped_at_target"] is True
-    assert result["epochs"] == reached and result["test"]["test/acc"] > 0
+    assert result["status"] == "completed" and result["app"]["stopped_at_target"] is True
+    assert result["app"]["epochs"] == reached and result["app"]["test"]["test/acc"] > 0
     last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert last["progress"]["epoch"] == reached
     assert last["progress"]["step"] == result["target"]["reached_at_step"]
@@ -699,7 +699,7 @@ def test_an_unreached_target_leaves_its_record_empty_and_does_not_stop(tmp_path)
         run_dir, *QUICK, "trainer.max_epochs=2", "trainer.target=1.0", "trainer.stop_at_target=true"
     )
     result = read_json(run_dir / "result.json")
-    assert result["epochs"] == 2 and result["stopped_at_target"] is None
+    assert result["app"]["epochs"] == 2 and result["app"]["stopped_at_target"] is None
     assert max(v["val/acc"] for v in val_rows(run_dir)) < 1.0
     assert result["target"] == {
         "value": 1.0,

@@ -365,7 +365,7 @@ def test_two_multi_node_jobs_at_once_meet_at_their_own_endpoints_across_hosts(
         assert proc.returncode == 0, log.read_text()[-5000:]
     for num, epochs in ((0, 1), (1, 3)):
         result = read_json(sweep_dir / str(num) / "result.json")
-        assert (result["status"], result["epochs"]) == ("completed", epochs), result
+        assert (result["status"], result["app"]["epochs"]) == ("completed", epochs), result
     assert any({port, port + 1} <= ports for ports in listened), listened
 
 

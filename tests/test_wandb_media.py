@@ -113,7 +113,7 @@ def test_sample_predictions_are_the_evaluations_own(trained, tmp_path):
     with open(tmp_path / "predictions.csv", newline="") as f:
         expected = {int(p["sample"]): p for p in csv.DictReader(f)}
     (wb,) = offline_runs(trained)
-    best = read_json(trained / "result.json")["best_epoch"]
+    best = read_json(trained / "result.json")["value_epoch"]
     for r in samples_rows(wb.tables("val/samples")[best - 1]):
         want = expected[r["sample"]]
         assert (r["label"], r["predicted"]) == (want["label"], want["predicted"])

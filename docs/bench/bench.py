@@ -53,6 +53,7 @@ from docs.bench.common import (
     JPEG_CLASSES,
     REPO,
     RESULT_TAG,
+    app_part,
     fmt,
     launch,
     make_jpegs,
@@ -198,7 +199,7 @@ def train_result(run_dir: Path) -> dict:
     if not rates:
         raise ValueError(f"no train rows with samples_per_s in {run_dir / 'metrics.jsonl'}")
     result_path = run_dir / "result.json"
-    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    result = app_part(json.loads(result_path.read_text())) if result_path.exists() else {}
     peaks = [row["peak_mem_mb"] for row in rows if "peak_mem_mb" in row]
     return {
         "window_rates": rates,

@@ -20,6 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 RESULT_TAG = "BENCH_RESULT "  # how bench_reference.py's result line starts
 
 
+def app_part(result: dict) -> dict:
+    """train.py's own fields of a result.json: its `app` part, or the record itself where a
+    checkout compared against wrote one flat mapping (5f215d2 and before)."""
+    return result["app"] if isinstance(result.get("app"), dict) else result
+
+
 MNIST_TEST_SAMPLES = 1000
 
 

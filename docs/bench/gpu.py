@@ -54,6 +54,7 @@ from pathlib import Path
 from docs.bench.common import (
     REPO,
     RESULT_TAG,
+    app_part,
     fmt,
     make_jpegs,
     make_mnist,
@@ -322,13 +323,14 @@ def train_cell(
         return {**row, "status": "FAILED (not said)", "note": f"no {must_say!r} in its output"}
     rates = [r["samples_per_s"] for r in rows if "samples_per_s" in r]
     mfus = [r["mfu"] for r in rows if "mfu" in r][1:] or [r["mfu"] for r in rows if "mfu" in r]
+    own = app_part(result)
     return {
         **row,
         "status": result.get("status", "?"),
-        "first_step_s": result.get("time_to_first_step_s"),
+        "first_step_s": own.get("time_to_first_step_s"),
         "samples_per_s": steady_rate(rates),
         "mfu": statistics.median(mfus) if mfus else None,
-        "note": f"precision {result.get('precision')}, {result.get('epochs')} epoch(s)",
+        "note": f"precision {own.get('precision')}, {own.get('epochs')} epoch(s)",
     }
 
 

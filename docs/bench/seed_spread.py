@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from docs.bench.common import fmt, markdown, run_env, run_process, write_idx
+from docs.bench.common import app_part, fmt, markdown, run_env, run_process, write_idx
 
 SEEDS = (0, 1, 2, 3, 4)
 WORST_GAP = 0.02  # the worst seed within 2 points of the mean
@@ -205,14 +205,15 @@ def seed_result(job_dir: Path, metric: str) -> dict:
     seed = next(int(o.split("=", 1)[1]) for o in launch["overrides"] if o.startswith("seed="))
     result_path = job_dir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
-    value = (result.get("test") or {}).get(metric, (result.get("final") or {}).get(metric))
+    own = app_part(result)  # train.py's own part of the record
+    value = (own.get("test") or {}).get(metric, (own.get("final") or {}).get(metric))
     rows = [r for r in read_rows(job_dir / "metrics.jsonl") if "train/loss" in r]
     error = result.get("error") or ""
     return {
         "seed": seed,
         "status": result.get("status", "missing"),
         "value": value,
-        "diverged": result.get("diverged"),
+        "diverged": own.get("diverged"),
         "nonfinite": "non-finite" in error or any(not math.isfinite(r["train/loss"]) for r in rows),
         "rise": loss_rise(rows),
         "error": error or None,

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from docs.bench.common import REPO, fmt, launch, markdown, median, ratio, run_env
+from docs.bench.common import REPO, app_part, fmt, launch, markdown, median, ratio, run_env
 
 TARGETS = {"mnist": 0.99, "fashion_mnist": 0.90}
 FOLDERS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
@@ -125,7 +125,7 @@ def end_test_acc(side: str, run_dir: Path) -> float | None:
         tests = seed_vals(run_dir / "bench_stdout.txt", TEST_TAG)
         return tests[-1]["test_acc"] if tests else None
     try:
-        return json.loads((run_dir / "result.json").read_text())["test"].get("test/acc")
+        return app_part(json.loads((run_dir / "result.json").read_text()))["test"].get("test/acc")
     except (OSError, ValueError, KeyError, AttributeError):
         return None
 

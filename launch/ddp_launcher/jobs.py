@@ -255,14 +255,21 @@ def record_failure(job: Job, reason: str, *, user_error: bool = False) -> None:
         return
     if user_error and (job.job_dir / RESULT_FILE).exists():
         return
-    wall_time = round(time.time() - job.started, 3) if job.started else None
-    write_launcher_result(job, "failed", reason, wall_time_s=wall_time)
+    write_launcher_result(job, "failed", reason)
 
 
-def write_launcher_result(job: Job, status: str, error: str, **fields: Any) -> RunResult:
-    """Write the result.json of a job whose run left none of its own (the launcher's word)."""
+def write_launcher_result(job: Job, status: str, error: str) -> RunResult:
+    """Write the result.json of a job whose run left none of its own (the launcher's word: its
+    launcher part; the app's part is empty): its attempt's times, overrides and number."""
+    ended = time.time()
     result = RunResult(
-        status=status, error=error, overrides=list(job.overrides), job_num=job.num, **fields
+        status=status,
+        error=error,
+        started=job.started or None,
+        ended=ended,
+        wall_time_s=round(ended - job.started, 3) if job.started else None,
+        overrides=list(job.overrides),
+        job_num=job.num,
     )
     write_result(job.job_dir, result)
     return result
@@ -270,8 +277,8 @@ def write_launcher_result(job: Job, status: str, error: str, **fields: Any) -> R
 
 def job_done(job: Job, ret: Any) -> Any:
     """Say in one line how a sweep job ended: `#3 completed  val/acc=0.9194 (max, epoch 5)
-    41.2s  lr=0.05 hidden=128`, or `#4 failed  3.1s  lr=0.5: <why>`; return `ret`. The metric is
-    the job's monitored one from its result.json (`monitor`, `mode`, `best`, `best_epoch`)."""
+    41.2s  lr=0.05 hidden=128`, or `#4 failed  3.1s  lr=0.5: <why>`; return `ret`. The value is
+    the job's from its result.json (`value`, `metric`, `direction`, `value_epoch`)."""
     if not job.in_sweep:
         return ret
     completed = ret.status.name == "COMPLETED"
@@ -280,9 +287,10 @@ def job_done(job: Job, ret: Any) -> Any:
     if result is not None and result.status in (("pruned",) if completed else STOPPED):
         status = result.status
     parts = [f"#{job.num} {status}"]
-    if result is not None and result.best is not None:
-        at = f", epoch {result.best_epoch}" if result.best_epoch is not None else ""
-        parts.append(f"{result.monitor}={fmt_value(float(result.best))} ({result.mode}{at})")
+    if result is not None and isinstance(result.value, int | float):
+        at = f", epoch {result.value_epoch}" if result.value_epoch is not None else ""
+        name = result.metric or "value"
+        parts.append(f"{name}={fmt_value(float(result.value))} ({result.direction}{at})")
     if job.started:
         parts.append(fmt_duration(time.time() - job.started))
     values = label(swept_values(job.overrides, job.swept), " ")

@@ -201,7 +201,7 @@ def prepare_job(
     label = f"#{job.num} {' '.join(job.overrides) or '(no overrides)'}"
     if decision.action == "done":
         if not completed:  # no JobReturn of rank 0 left: result.json's value
-            ret = job_return(job, JobStatus.COMPLETED, result.best if result else None)
+            ret = job_return(job, JobStatus.COMPLETED, result.value if result else None)
         log.info("%s: completed earlier, not run again (value %s)", label, ret.return_value)
         return ret, None
     continue_in_dir(job)
@@ -279,7 +279,7 @@ def gate_job(job: Any) -> Any:
     except NothingToDo as e:
         log.info("#%d: %s", job.num, e)
         result = read_result(job.job_dir)
-        return job_return(job, JobStatus.COMPLETED, result.best if result else None)
+        return job_return(job, JobStatus.COMPLETED, result.value if result else None)
     return None
 
 

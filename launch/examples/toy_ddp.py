@@ -33,9 +33,9 @@ def main(cfg) -> float | None:
         status, (epoch, best, val) = "completed", fit(cfg, rank, world, run_dir)
     except ddp_launcher.Pruned as e:  # the sweeper's pruner stopped this trial: a result
         status, epoch, best, val = "pruned", e.epoch, e.best, e.value
-    if rank == 0:  # result.json: what the report and a resumed sweep read
-        result = ddp_launcher.RunResult(status, monitor="val/loss", mode="min", best=best)
-        result.epochs, result.final = epoch, {"val/loss": val}
+    if rank == 0:  # result.json: its value is what the report and a resumed sweep read
+        result = ddp_launcher.RunResult(status, value=best, metric="val/loss", direction="min")
+        result.app = {"epochs": epoch, "last_val_loss": val}  # the app's own part
         ddp_launcher.write_result(run_dir, result)
     dist.destroy_process_group()
     return best

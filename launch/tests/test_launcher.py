@@ -596,7 +596,9 @@ def test_job_done_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None
     job.started = time.time() - 41.24
     write_result(
         job.job_dir,
-        RunResult(status="completed", monitor="val/loss", mode="min", best=0.123456, best_epoch=4),
+        RunResult(
+            status="completed", metric="val/loss", direction="min", value=0.123456, value_epoch=4
+        ),
     )
     ret = rank0_return(0.9)
     assert job_done(job, ret) is ret
@@ -656,7 +658,7 @@ def test_sweep_job_dirs(sweep_2x2: Sweep) -> None:
         assert any("train/loss" in r for r in rows) and any("val/acc" in r for r in rows)
         result = read_json(job / "result.json")
         assert result["status"] == "completed" and result["error"] is None, result
-        assert 0.0 <= result["best_val_acc"] <= 1.0
+        assert 0.0 <= result["app"]["best_val_acc"] <= 1.0
         assert (job / ".torchrun" / "result.pkl").is_file()
     # Hydra's order: the first override varies slowest.
     assert [sweep_2x2.overrides(n)[-2:] for n in range(4)] == [
@@ -757,7 +759,9 @@ def test_sweep_console(sweep_2x2: Sweep) -> None:
         finished[int(num)] = (float(acc), nproc, lr)
     assert sorted(finished) == [0, 1, 2, 3]
     for num, (acc, nproc, lr) in finished.items():
-        assert acc == pytest.approx(read_json(sweep_2x2.job(num) / "result.json")["best"], abs=1e-4)
+        assert acc == pytest.approx(
+            read_json(sweep_2x2.job(num) / "result.json")["value"], abs=1e-4
+        )
         assert sweep_2x2.overrides(num)[-2:] == [f"dist.nproc_per_node={nproc}", f"optim.lr={lr}"]
     assert blank == "" and headline.startswith(
         "Sweep summary: 4 jobs, 4 completed, ranked by best val/acc (max)"

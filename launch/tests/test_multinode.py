@@ -104,7 +104,7 @@ def test_two_torchrun_agents_form_one_job(tmp_path: Path) -> None:
     assert {p.name for p in run_dir.iterdir()} == RUN_FILES
     assert files_under(node1) == [], "the second node's rank wrote files"
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and len(result["peak_memory_mb_per_rank"]) == 2
+    assert result["status"] == "completed" and len(result["app"]["peak_memory_mb_per_rank"]) == 2
     (wb,) = offline_runs(run_dir)
     assert wb.config["run"]["world_size"] == 2 and wb.exit_code == 0
     assert "Traceback" not in outs[1] and "ERROR" not in outs[1], outs[1][-3000:]
@@ -212,7 +212,7 @@ def test_two_2_node_jobs_at_once_meet_at_their_own_endpoints(tmp_path: Path) -> 
         assert proc.returncode == 0, log.read_text()[-5000:]
     for num, epochs in ((0, 1), (1, 3)):
         result = json.loads((sweep_dir / str(num) / "result.json").read_text())
-        assert (result["status"], result["epochs"]) == ("completed", epochs), result
+        assert (result["status"], result["app"]["epochs"]) == ("completed", epochs), result
     assert listened == {port, port + 1}
 
 
@@ -283,7 +283,7 @@ def test_two_agents_resume_from_rank0s_checkpoint_though_run_dirs_differ(
     problem = "cannot be read" if second_copy == "none" else "differs from rank 0's"
     assert f"resume: {newest.name}: rank 1 on " in log and problem in log
     result = json.loads((dirs[0] / "result.json").read_text())
-    assert result["status"] == "completed" and result["epochs"] == 2
+    assert result["status"] == "completed" and result["app"]["epochs"] == 2
     steps = [json.loads(x)["step"] for x in (dirs[0] / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and max(steps) == 22  # 11 steps per epoch, in order
     assert "Traceback" not in outs[1], outs[1][-3000:]

@@ -97,7 +97,7 @@ def check_pruned(sweep_dir: Path, out: str, storage: str) -> None:
     pruned = sweep_dir / "2"
     assert val_epochs(pruned) == [1] and val_epochs(sweep_dir / "3") == [1, 2, 3]
     result = json.loads((pruned / "result.json").read_text())
-    assert result["status"] == "pruned" and result["epochs"] == 1
+    assert result["status"] == "pruned" and result["app"]["epochs"] == 1
     assert "pruned by the sweeper after epoch 1" in result["error"]
     assert (pruned / "checkpoints" / "last.pt").exists()  # saved before it stopped
     assert read_launch_record(pruned).last.status == "pruned"

@@ -136,7 +136,7 @@ def test_prepare_decides_per_job_from_its_dir(tmp_path: Path, caplog) -> None:
     jobs = [job_at(tmp_path / str(n), n, (f"a={n}",)) for n in range(5)]
     done_ran = Attempt(1, 1.0, ended=2.0, status="completed")
     write_launch_record(jobs[0].job_dir, LaunchRecord(0, ["a=0"], [done_ran]))
-    write_result(jobs[0].job_dir, RunResult(status="completed", best=0.7))
+    write_result(jobs[0].job_dir, RunResult(status="completed", value=0.7))
     write_launch_record(jobs[1].job_dir, LaunchRecord(1, ["a=1"], [Attempt(1, 1.0)]))
     write_result(jobs[1].job_dir, RunResult(status="preempted", error="preempted at step 5"))
     checkpoint(jobs[1].job_dir)
@@ -698,10 +698,10 @@ def test_optuna_resume_keeps_the_trial_count(tmp_path: Path) -> None:
     for trial in trials:  # each trial in its own job dir, with its value
         overrides = read_launch_record(sweep_dir / str(trial.number)).overrides
         assert {f"{k}={v}" for k, v in trial.params.items()} <= set(overrides), trial.number
-        assert trial.value == pytest.approx(read_result(sweep_dir / str(trial.number)).best)
+        assert trial.value == pytest.approx(read_result(sweep_dir / str(trial.number)).value)
 
     # the sweeper got each job's return value (rank 0's best val/acc) and reports the best
-    best_accs = [read_result(sweep_dir / str(n)).best_val_acc for n in range(3)]
+    best_accs = [read_result(sweep_dir / str(n)).app["best_val_acc"] for n in range(3)]
     optimization = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert optimization["best_value"] == pytest.approx(max(best_accs))
     best = read_launch_record(sweep_dir / str(best_accs.index(max(best_accs)))).overrides

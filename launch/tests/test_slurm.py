@@ -314,7 +314,7 @@ def test_sweep_jobs_are_2_rank_slurm_jobs(sweep: Sweep) -> None:
         assert "val/acc" in (job / "train.log").read_text()
         result = read_json(job / "result.json")
         assert result["status"] == "completed" and result["error"] is None, result
-        assert len(result["peak_memory_mb_per_rank"]) == 2
+        assert len(result["app"]["peak_memory_mb_per_rank"]) == 2
     # One array of two 2-task jobs, preemption-ready.
     (script,) = sweep.dir.glob(".submitit/.submission_file_*.sh")
     text = script.read_text()
@@ -362,7 +362,7 @@ def test_sweep_summary(sweep: Sweep) -> None:
     for num in range(2):
         result = read_json(sweep.job(num) / "result.json")
         assert rows[str(num)]["status"] == "completed"
-        assert float(rows[str(num)]["best"]) == pytest.approx(result["best"])
+        assert float(rows[str(num)]["best"]) == pytest.approx(result["value"])
     assert "Sweep summary" in sweep.out
 
 
@@ -751,7 +751,7 @@ def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", f"slurm-{job_id}.out"]
     assert {p.name for p in run_dir.iterdir()} == JOB_DIR_ENTRIES
     result = read_json(run_dir / "result.json")
-    assert result["status"] == "completed" and len(result["peak_memory_mb_per_rank"]) == 2
+    assert result["status"] == "completed" and len(result["app"]["peak_memory_mb_per_rank"]) == 2
     (wb,) = offline_runs(run_dir)
     assert wb.config["run"]["world_size"] == 2 and wb.exit_code == 0
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]

@@ -24,13 +24,13 @@ from ddp_launcher.core.naming import (
 )
 from ddp_launcher.report.callback import SweepSummaryCallback
 from ddp_launcher.report.figure import summary_figure
-from ddp_launcher.report.jobs import JOB_TYPE, PANELS, read_sweep
+from ddp_launcher.report.jobs import JOB_TYPE, read_sweep
 from ddp_launcher.report.sweep import write_summary
 from ddp_launcher.report.tables import format_table
 from ddp_launcher.report.wandb_run import log_to_wandb
 from omegaconf import OmegaConf
 
-from tests.helpers import offline_runs
+from tests.helpers import offline_runs, run_env
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -229,7 +229,7 @@ def test_names_use_short_keys_and_four_significant_digits() -> None:
 
 def _epochs(job) -> list[tuple[float, float]]:
     """(epoch, val/acc) per validated epoch."""
-    return [(v["epoch"], v["val/acc"]) for v in job.val_curve if "val/acc" in v]
+    return job.curves.get("val/acc", [])
 
 
 def test_read_sweep_reads_results_and_derives_from_metrics(sweep: Path) -> None:
@@ -246,7 +246,7 @@ def test_read_sweep_reads_results_and_derives_from_metrics(sweep: Path) -> None:
     assert jobs["1"].final == {"val/loss": pytest.approx(1.1), "val/acc": 0.9, "val/count": 50}
     assert _epochs(jobs["1"]) == [(1, 0.6), (2, 0.92), (3, 0.9)]
     # train/loss over epochs: step / steps per epoch (2)
-    assert [x for x, _ in jobs["1"].train_curve] == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    assert [x for x, _ in jobs["1"].curves["train/loss"]] == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
     # an older result.json: best, its epoch and the last epoch's metrics from metrics.jsonl
     assert (jobs["2"].best, jobs["2"].best_epoch) == (0.85, 2)
     assert jobs["2"].final["val/loss"] == pytest.approx(2.0 - 0.85)
@@ -534,7 +534,7 @@ def test_plot_readable_for_one_epoch_jobs_with_equal_curves(tmp_path: Path) -> N
     fig = summary_figure(summary)
     try:
         axes = fig.axes
-        assert [ax.get_title() for ax in axes] == list(PANELS)
+        assert [ax.get_title() for ax in axes] == ["val/acc", "val/loss", "train/loss"]
         for ax in axes:
             assert len(ax.lines) == 3
             assert all(line.get_marker() not in (None, "", "None") for line in ax.lines)
@@ -608,6 +608,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "ddp_launcher.report", *args],
         cwd=REPO,
+        env=run_env(),  # this checkout's package, whichever the editable install names
         capture_output=True,
         text=True,
         timeout=120,
@@ -676,7 +677,9 @@ def test_cli_on_a_read_only_sweep_dir_prints_its_tables(tmp_path: Path, sweep: P
     else:
         sweep.chmod(0o555)
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=120
+        )
     finally:
         sweep.chmod(0o755)
     out = proc.stdout + proc.stderr
@@ -744,6 +747,7 @@ def _run_app(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProce
     proc = subprocess.run(
         [sys.executable, "app.py", "-m", "x=1,2,3", f"hydra.sweep.dir={sweep_dir}", *overrides],
         cwd=tmp_path,
+        env=run_env(),
         capture_output=True,
         text=True,
         timeout=180,
@@ -802,3 +806,133 @@ def test_callback_never_raises_and_skips_empty_sweeps(tmp_path: Path) -> None:
     bad.on_multirun_end(cfg)  # unknown metric: a warning, not an exception
     assert not (tmp_path / "sweep" / "summary.csv").exists()
     SweepSummaryCallback().on_multirun_start(OmegaConf.create({}))  # no hydra.sweep.dir
+
+
+# --------------------------------------------------------------------------------------------
+# An app of its own metric, without metrics.jsonl: ranked by the value its task returned
+
+SCORE_APP = """\
+import sys
+
+sys.path.insert(0, {repo!r})
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+import ddp_launcher
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg):
+    score = (cfg.x - 2) ** 2 + 0.5 * cfg.x  # lower is better: x=2 first, then x=1, then x=3
+    result = ddp_launcher.RunResult("completed", value=score, metric="score", direction="min")
+    result.summary = {{"width": 10 * cfg.x}}  # a column of its own
+    result.app = {{"seen": [cfg.x], "cost": 3 - cfg.x}}  # its own part: not shown, rankable
+    ddp_launcher.write_result(HydraConfig.get().runtime.output_dir, result)
+    return score
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+SCORE_CONFIG = """\
+x: 0
+hydra:
+  job:
+    chdir: false
+  callbacks:
+    sweep_summary:
+      _target_: ddp_launcher.report.callback.SweepSummaryCallback
+"""
+
+
+def _scored_jobs(root: Path) -> Path:
+    """Three job dirs as SCORE_APP leaves them: result.json only, `score` lower is better."""
+    from ddp_launcher import RunResult, write_result
+
+    for num, x in enumerate((1, 2, 3)):
+        job = root / str(num)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- x={x}\n")
+        result = RunResult("completed", value=(x - 2) ** 2 + 0.5 * x, metric="score")
+        result.direction, result.summary, result.app = "min", {"width": 10 * x}, {"cost": 3 - x}
+        write_result(job, result)
+    return root
+
+
+def test_an_app_without_metrics_is_ranked_by_its_value(tmp_path: Path) -> None:
+    """Jobs whose metric is not val/acc and that write no metrics.jsonl: ranked by their value
+    in their direction (min), their metric named in the table; the app's summary a column,
+    its own part not shown but rankable by name; no figure (no curves), none referenced."""
+    sweep_dir = _scored_jobs(tmp_path / "sweep")
+    summary = write_summary(sweep_dir)
+    assert [r.job for r in summary.rows] == ["1", "0", "2"]
+    assert (summary.monitor, summary.mode, summary.ranked_by) == ("score", "min", "best score")
+    header, rows = _read_csv(sweep_dir / "summary.csv")
+    assert header[:6] == ["job", "x", "status", "best", "width", "wall_time_s"]
+    assert [float(r["best"]) for r in rows] == [1.0, 1.5, 2.5]
+    assert [r["monitor"] for r in rows] == ["score"] * 3 and rows[0]["mode"] == "min"
+    assert not (sweep_dir / "summary.png").exists() and summary.panels == []
+    md = (sweep_dir / "summary.md").read_text()
+    assert "summary.png" not in md and "ranked by `best score` (min)" in md
+    table = format_table(summary.rows, summary.swept_keys)
+    assert table.splitlines()[0].split()[:5] == ["job", "x", "status", "best", "score"]
+    assert "val/" not in md + table and "cost" not in header
+    # a number of the app's own part, named: highest first unless told min
+    assert [r.job for r in write_summary(sweep_dir, "cost").rows] == ["0", "1", "2"]
+    assert [r.job for r in write_summary(sweep_dir, "width", "min").rows] == ["0", "1", "2"]
+    with pytest.raises(ValueError, match="unknown metric 'val_acc': choose one of best"):
+        write_summary(sweep_dir, "val_acc")
+
+
+@pytest.mark.slow
+def test_a_hydra_app_of_its_own_metric_gets_its_report(tmp_path: Path) -> None:
+    """A @hydra.main app that names its metric and writes its value, no metrics.jsonl: the
+    sweep's report (its callback) is ranked by the value it returned; the CLI says the same."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text(SCORE_CONFIG)
+    (tmp_path / "app.py").write_text(SCORE_APP.format(repo=str(REPO)))
+    sweep_dir = tmp_path / "multirun"
+    proc = subprocess.run(
+        [sys.executable, "app.py", "-m", "x=1,2,3", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Sweep summary: 3 jobs, 3 completed, ranked by best score (min)" in proc.stdout
+    _, rows = _read_csv(sweep_dir / "summary.csv")
+    assert [(r["job"], r["x"], float(r["best"])) for r in rows] == [
+        ("1", "2", 1.0),
+        ("0", "1", 1.5),
+        ("2", "3", 2.5),
+    ]
+    assert not (sweep_dir / "summary.png").exists()
+    cli = _cli(str(sweep_dir))
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.startswith("Sweep summary: 3 jobs, 3 completed, ranked by best score (min)")
+    assert "summary.png" not in cli.stdout.splitlines()[0]
+
+
+def test_the_cli_reports_as_the_sweeps_callback_set_it(sweep: Path) -> None:
+    """`python -m ddp_launcher.report` takes the metric, mode, panels and aggregate keys of the
+    sweep's own SweepSummaryCallback (its multirun.yaml) unless told otherwise."""
+    from ddp_launcher.report.__main__ import CALLBACK, main
+
+    assert f"{SweepSummaryCallback.__module__}.{SweepSummaryCallback.__qualname__}" == CALLBACK
+    (sweep / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    task: [optim.lr=0.01,0.1,0.3,3.0,0.2, trainer.max_epochs=3]\n"
+        "  callbacks:\n    sweep_summary:\n"
+        "      _target_: ddp_launcher.report.callback.SweepSummaryCallback\n"
+        "      metric: wall_time_s\n      mode: min\n      panels: [val/loss]\n"
+    )
+    assert main([str(sweep)]) == 0
+    _, rows = _read_csv(sweep / "summary.csv")
+    assert [r["job"] for r in rows] == ["3", "2", "0", "1", "4"]  # wall time, lowest first
+    assert "![val/loss per epoch](summary.png)" in (sweep / "summary.md").read_text()
+    assert main([str(sweep), "--metric", "best", "--mode", "max", "--panels", "val/acc"]) == 0
+    assert [r["job"] for r in _read_csv(sweep / "summary.csv")[1]] == ["1", "2", "4", "0", "3"]
+    assert "![val/acc per epoch](summary.png)" in (sweep / "summary.md").read_text()

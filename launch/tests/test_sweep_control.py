@@ -414,7 +414,9 @@ def test_a_single_run_resumed_after_a_commit_says_what_changed_once(tmp_path: Pa
     assert "; config trainer.max_epochs: it goes on" in line, line  # that key only
     assert len(drift_lines((run_dir / "train.log").read_text())) == 1
     result = read_result(run_dir)
-    assert result.status == "completed" and result.epochs == 3 and result.git_commit == second
+    assert (
+        result.status == "completed" and result.app["epochs"] == 3 and result.git_commit == second
+    )
     attempts = read_launch_record(run_dir).attempts
     assert [a.status for a in attempts] == ["interrupted", "completed", "completed"], attempts
     assert [a.code["commit"] for a in attempts] == [first, first, second], attempts
@@ -442,5 +444,5 @@ def test_a_two_rank_single_run_says_what_changed_once(tmp_path: Path) -> None:
         assert resumed.returncode == 0, out[-5000:]
         (line,) = drift_lines(out)
         assert f"commit {first[:8]}→{second[:8]}" in line and "trainer.max_epochs" in line, line
-        assert read_result(run_dir).epochs == epochs
+        assert read_result(run_dir).app["epochs"] == epochs
     assert len(read_launch_record(run_dir).attempts) == 3

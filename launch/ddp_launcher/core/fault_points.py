@@ -6,9 +6,9 @@ metrics.jsonl, result.json and the launch records calls :func:`point` with its n
 SIGKILLs this process (with `:launcher`, the launcher that started it, HYDRA_DDP_LAUNCHER_PID:
 its ranks die with it) the n-th time it gets there (in sweep job <job> only, with `@<job>`).
 Torch-free. Unset (always, outside tests) a point costs one dict lookup. Public as
-`ddp_launcher.crash_point`, for an app's own records. Only a job's first attempt is killed: a restarted or resumed one runs
-clean; with HYDRA_DDP_KILL_ONCE_DIR each kill happens once (a file there says it did), which
-also holds the launcher's own points when a sweep is resumed.
+`ddp_launcher.crash_point`, for an app's own records. Only a job's first attempt is killed: a
+restarted or resumed one runs clean; with HYDRA_DDP_KILL_ONCE_DIR each kill happens once (a
+file there says it did), which also holds the launcher's own points when a sweep is resumed.
 """
 
 from __future__ import annotations

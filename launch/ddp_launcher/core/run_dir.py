@@ -22,7 +22,7 @@ summary and the benchmark (readers).
 
     <eval run dir>/          what eval.py writes (its own dir, never the training run's)
       .hydra/, eval.log       as above
-      eval.json               the evaluation (EvalReport)
+      eval.json               the evaluation (the app's: eval.py's EvalReport)
       confusion_matrix.png    rows: true class, columns: predicted class
       predictions.csv         with predictions=true, or for a folder of images
       wandb/                  the W&B eval run
@@ -60,45 +60,45 @@ ATTEMPT_ENV = "HYDRA_DDP_ATTEMPT"
 REQUEUE_EXIT_CODE = 75
 
 
+NUMBER = (int, float)
+DIRECTIONS = ("max", "min")
+
+
 @dataclass
 class RunResult:
-    """result.json: how a run ended and what it reached. None: not measured (yet)."""
+    """result.json, split by owner: the launcher's part (every field but `app`), which the
+    package reads (the launchers, resume, the sweepers, the report), and the app's part
+    (`app`), the app's own record, which the package keeps as it is and never reads. The app
+    writes it (its rank 0, with write_result); a launcher writes it for a job that left none.
+    None: not known, or not this kind of run's."""
 
-    status: str = "running"
+    status: str = "running"  # running | completed | pruned | failed | preempted | interrupted
     error: str | None = None  # one line, for every status but completed
-    monitor: str = "val/acc"  # the metric that picks best.pt and the sweepers' value
-    mode: str = "max"  # max: higher is better; min: lower is
-    best: float | None = None  # the monitored metric's best value
-    best_epoch: int | None = None
-    best_checkpoint: str | None = None  # relative to the run dir
-    final: dict[str, float] = field(default_factory=dict)  # the last epoch's val/* metrics
-    test: dict[str, float] = field(default_factory=dict)  # test/* of the best checkpoint
-    epochs: int | None = None  # epochs completed
-    stopped_early: bool | None = None  # true: trainer.early_stopping ended the run
-    # trainer.target: {value, metric, mode, reached_at_s (from process start), reached_at_step,
-    # epoch, reached_value}, the reached_* fields null until reached; null: no target
+    # The job's result, what its task returns and what a sweeper optimises (e.g. the best value
+    # of the metric the app monitors), the metric's name (e.g. "val/acc"; None: unnamed) and
+    # which way is better; the epoch it was reached at (None: not epoch-based).
+    value: float | None = None
+    metric: str | None = None
+    direction: str = "max"  # max: higher is better; min: lower is
+    value_epoch: int | None = None
+    # A goal the app set on a metric and when the job first reached it, the report's
+    # time-to-target columns: {metric, value, reached_at_s (from process start),
+    # reached_at_step, ...}, reached_* null until reached; None: no goal.
     target: dict[str, Any] | None = None
-    stopped_at_target: bool | None = None  # true: trainer.stop_at_target ended the run
-    params: int | None = None  # the model's parameters (trainable ones)
-    flops_per_sample: float | None = None  # forward FLOPs of one sample (torch flop counter)
-    precision: str | None = None  # trainer.precision as trained (auto resolved: 32 or bf16)
-    wandb_run_id: str | None = None
-    # val/acc's best and the last epoch's val/acc and val/loss, whatever the monitor is
-    best_val_acc: float | None = None
-    final_val_acc: float | None = None
-    final_val_loss: float | None = None
+    # The app's own numbers (or short strings) to show in reports, one column each, named as
+    # they are here (e.g. a test score); the curves come from metrics.jsonl.
+    summary: dict[str, Any] = field(default_factory=dict)
+    attempts: int | None = None  # launches of the job so far (launch.json's, when it has one)
+    started: float | None = None  # this attempt's start and end (unix times)
+    ended: float | None = None
     wall_time_s: float | None = None
-    samples_per_s: float | None = None  # mean of the logged train windows
-    time_to_first_step_s: float | None = None  # from process start
-    peak_memory_mb_per_rank: list[float] | None = None
-    # The train loss rose above 1.5x its first window's after the warm-up (where, how much,
-    # what to try: components/divergence.py); None: it did not.
-    diverged: dict[str, Any] | None = None
     git_commit: str | None = None  # the code's commit (None: not a git checkout)
-    git_dirty: bool | None = None  # started with uncommitted changes: repro/git.diff holds them
+    git_dirty: bool | None = None  # started with uncommitted changes (repro/git.diff)
+    wandb_run_id: str | None = None  # the job's W&B run, linked from the report
     # Set by a launcher that records a job which left no result of its own.
     overrides: list[str] | None = None
     job_num: int | None = None
+    app: dict[str, Any] = field(default_factory=dict)  # the app's part: opaque to the package
     extra: dict[str, Any] = field(default_factory=dict)  # keys of newer/other writers, kept
 
     def to_json(self) -> dict[str, Any]:
@@ -110,11 +110,101 @@ class RunResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunResult:
+        """A result.json as written now, or by 5f215d2 and the releases before it (one flat
+        mapping: see from_flat_json)."""
+        if "app" not in data and "value" not in data:
+            return cls.from_flat_json(data)
         known = {f.name for f in fields(cls)} - {"extra"}
-        return cls(
+        result = cls(
             **{k: v for k, v in data.items() if k in known},
             extra={k: v for k, v in data.items() if k not in known},
         )
+        result.app = result.app if isinstance(result.app, dict) else {}
+        result.summary = result.summary if isinstance(result.summary, dict) else {}
+        return result
+
+    @classmethod
+    def from_flat_json(cls, data: dict[str, Any]) -> RunResult:
+        """A result.json of 5f215d2 or before: every key at the top level, the experiment's
+        among them. Its best, monitor, mode and best_epoch are the job's value, metric,
+        direction and value_epoch; its test metrics are its summary (and stay in the app's
+        part); every key the launcher's part does not have goes to the app's part. Those
+        releases' RunResult defaulted the monitor to val/acc (max): a record without one
+        ranks by its metrics.jsonl's val/acc, as it did then."""
+        renamed = {"best": "value", "monitor": "metric", "mode": "direction"}
+        renamed["best_epoch"] = "value_epoch"
+        launcher = {f.name for f in fields(cls)} - {"extra", "app", "summary"}
+        result = cls(metric="val/acc")
+        for key, value in data.items():
+            name = renamed.get(key, key)
+            if name in launcher:
+                setattr(result, name, value)
+            else:
+                result.app[key] = value
+        result.direction = result.direction or "max"
+        test = data.get("test")
+        if isinstance(test, dict):
+            result.summary = dict(test)
+        return result
+
+
+# What the keys of result.json hold when not null, both layouts' (RunResult.from_json): checked
+# where a record is read for a report (ddp_launcher/report/jobs.py), so that all after may trust
+# them; (the launcher's part, then the flat layout's keys that are read).
+RESULT_TYPES: dict[str, Any] = {
+    "status": str,
+    "error": str,
+    "value": NUMBER,
+    "metric": str,
+    "direction": str,
+    "value_epoch": NUMBER,
+    "target": dict,
+    "summary": dict,
+    "attempts": NUMBER,
+    "started": NUMBER,
+    "ended": NUMBER,
+    "wall_time_s": NUMBER,
+    "git_commit": str,
+    "wandb_run_id": str,
+    "overrides": list,
+    "app": dict,
+    "best": NUMBER,
+    "monitor": str,
+    "mode": str,
+    "best_epoch": NUMBER,
+    "final": dict,
+    "test": dict,
+}
+
+
+# What the keys of eval.json hold when not null (checked as RESULT_TYPES are).
+EVAL_TYPES: dict[str, Any] = {
+    "split": str,
+    "status": str,
+    "metrics": dict,
+    "wall_time_s": NUMBER,
+    "wandb_run_id": str,
+}
+
+
+def eval_as_result(data: dict[str, Any]) -> RunResult:
+    """An evaluation's eval.json (EvalReport) as the report reads a job: its value the split's
+    top-1 accuracy, its summary the split and what was measured there (eval_acc, eval_loss,
+    ...)."""
+    split = str(data.get("split"))
+    measured = {
+        k: v
+        for k, v in (data.get("metrics") or {}).items()
+        if isinstance(v, NUMBER) and not isinstance(v, bool) and not k.endswith("count")
+    }
+    return RunResult(
+        status=str(data.get("status") or "failed"),
+        value=measured.get("acc"),
+        metric=f"{split}/acc",
+        summary={"split": split, **{f"eval_{k}": v for k, v in measured.items()}},
+        wall_time_s=data.get("wall_time_s"),
+        wandb_run_id=data.get("wandb_run_id"),
+    )
 
 
 @dataclass
@@ -223,7 +313,22 @@ def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
 
 
 def write_result(run_dir: Path, result: RunResult) -> None:
+    """Write result.json atomically. What its writer left unknown of the launcher's part is
+    filled in: `attempts` and `started` as the run dir's launch.json has them (its attempts so
+    far, the last one's start; without one, this process's start), `ended` now, `wall_time_s`
+    between the two."""
+    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    record = read_launch_record(run_dir)
+    last = record.last if record is not None else None
+    if result.attempts is None and record is not None:
+        result.attempts = len(record.attempts) or None
+    if result.started is None:
+        result.started = last.started if last is not None else process_start_time()
+    if result.ended is None:
+        result.ended = time.time()
+    if result.wall_time_s is None:
+        result.wall_time_s = round(result.ended - result.started, 3)
     write_json_atomic(run_dir / RESULT_FILE, result.to_json())
 
 

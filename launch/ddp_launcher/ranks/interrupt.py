@@ -1,5 +1,6 @@
-"""Ctrl-C (SIGINT) before a run's own handling of it (the app's, once it trains): however early, one line and exit status 130, never a traceback. Standard library only (Hydra
-when asked), so that train.py and eval.py import it first and the window before it is the
+"""Ctrl-C (SIGINT) before a run's own handling of it (the app's, once it trains): however
+early, one line and exit status 130, never a traceback. Standard library only (Hydra when
+asked), so that an app's entry point installs it first and the window before it is the
 interpreter's own start.
 """
 

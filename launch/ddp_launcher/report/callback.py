@@ -18,6 +18,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from ddp_launcher.report.jobs import BEST
 from ddp_launcher.report.seeds import DEFAULT_OVER
 from ddp_launcher.report.sweep import report_sweep
 
@@ -26,18 +27,27 @@ log = logging.getLogger(__name__)
 
 class SweepSummaryCallback(Callback):
     """`hydra.callbacks.sweep_summary: {_target_:
-    ddp_launcher.report.callback.SweepSummaryCallback}`: the
-    sweep's report ranked by `metric` (`mode`), jobs aggregated over the `aggregate` keys (seeds),
-    with its W&B run unless `wandb` is false."""
+    ddp_launcher.report.callback.SweepSummaryCallback}`: the sweep's report ranked by `metric`
+    (`best`: each job's value, what its task returned, in its direction; or a number of the jobs
+    by name) in `mode` (None: the jobs' direction), jobs aggregated over the `aggregate` keys
+    (seeds), summary.png's panels the `panels` metrics of the jobs' metrics.jsonl (None: the
+    monitored one and the losses), with its W&B run unless `wandb` is false."""
 
     def __init__(
         self,
-        metric: str = "best",
+        metric: str = BEST,
         mode: str | None = None,
         wandb: bool = True,
         aggregate: Sequence[str] = DEFAULT_OVER,
+        panels: Sequence[str] | None = None,
     ) -> None:
-        self.settings = dict(metric=metric, mode=mode, wandb=wandb, aggregate=list(aggregate or []))
+        self.settings = dict(
+            metric=metric,
+            mode=mode,
+            wandb=wandb,
+            aggregate=list(aggregate or []),
+            panels=None if panels is None else [str(p) for p in panels],
+        )
         self._pid: int | None = None  # the process that runs the multirun
         self._failed = False
 
@@ -66,9 +76,9 @@ class SweepSummaryCallback(Callback):
             self.report(config, " (the multirun did not finish)")
 
 
-def report_unfinished(config: Any, when: str) -> None:
-    """The report of a multirun that may not reach `on_multirun_end`, by the launcher that ran
-    its jobs, with the sweep's own SweepSummaryCallback settings (none configured: no report)."""
+def configured(config: Any) -> list[SweepSummaryCallback]:
+    """The SweepSummaryCallbacks a sweep's config sets in hydra.callbacks (its multirun.yaml's
+    too), built as Hydra builds them."""
     from hydra.utils import instantiate
 
     targets = (  # the public name, and the module's (configs written before it was public)
@@ -76,6 +86,15 @@ def report_unfinished(config: Any, when: str) -> None:
         f"{SweepSummaryCallback.__module__}.{SweepSummaryCallback.__qualname__}",
     )
     callbacks = OmegaConf.select(config, "hydra.callbacks", default=None) or {}
-    for node in callbacks.values():
-        if OmegaConf.select(node, "_target_", default=None) in targets:
-            instantiate(node).report(config, when)
+    return [
+        instantiate(node)
+        for node in callbacks.values()
+        if OmegaConf.select(node, "_target_", default=None) in targets
+    ]
+
+
+def report_unfinished(config: Any, when: str) -> None:
+    """The report of a multirun that may not reach `on_multirun_end`, by the launcher that ran
+    its jobs, with the sweep's own SweepSummaryCallback settings (none configured: no report)."""
+    for callback in configured(config):
+        callback.report(config, when)

@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ddp_launcher.core.naming import fmt_value, label, short_keys
-from ddp_launcher.report.jobs import JobSummary
+from ddp_launcher.report.jobs import (
+    BEST,
+    JobSummary,
+    count_key,
+    metric_kind,
+    sweep_monitor,
+    value_header,
+)
 from ddp_launcher.report.seeds import DEFAULT_OVER, Group, Stat, group_jobs, rank_groups
 from ddp_launcher.report.tables import markdown_lines, text_lines, to_csv
 
@@ -16,12 +23,11 @@ GROUPS_CSV = "summary_groups.csv"
 
 
 def job_metrics(row: JobSummary) -> dict[str, float]:
-    """The metrics of a completed job that are aggregated: the monitored best, the last
-    epoch's val metrics, the test metrics, the eval.py ones."""
-    metrics = {f"best {row.monitor}": row.best} if row.best is not None else {}
-    metrics |= {f"last {k}": v for k, v in row.final.items() if not k.endswith("/count")}
-    metrics |= {k: v for k, v in row.test.items() if not k.endswith("/count")}
-    metrics |= {f"eval {k}": v for k, v in row.eval.items()}
+    """The metrics of a completed job that are aggregated: its value, the last row's metrics of
+    the monitored one, the numbers of the app's summary."""
+    metrics = {value_header(row.monitor): row.best} if row.best is not None else {}
+    metrics |= {f"last {k}": v for k, v in row.final.items() if not count_key(k)}
+    metrics |= {k: v for k, v in row.summary.items() if not count_key(k)}
     return {k: v for k, v in metrics.items() if isinstance(v, int | float)}
 
 
@@ -36,15 +42,17 @@ def seed_groups(
     groups = group_jobs([(r.job, r.swept, job_metrics(r)) for r in done], over)
     if all(len(g.jobs) == 1 for g in groups):  # nothing was aggregated
         return []
-    monitor = next((r.monitor for r in done), "val/acc")
-    mode = next((r.mode for r in done), "max")
-    return rank_groups(groups, f"best {monitor}", mode)
+    monitor, mode = sweep_monitor(done)
+    return rank_groups(groups, value_header(monitor), mode)
 
 
 def shown_metrics(groups: Sequence[Group], brief: bool) -> list[str]:
     names = list(dict.fromkeys(m for g in groups for m in g.stats))
-    if brief:  # the printed table: the monitored best and acc/loss metrics
-        names = [m for m in names if m.startswith("best ") or m.endswith(("/acc", "/loss"))]
+    if brief:  # the printed table: the value, and metrics of the kinds tables.py's brief shows
+        ranked = next((m for m in names if m.split(" ")[0] == BEST), "")
+        finals = [m for m in names if m.startswith("last ")][:2]
+        kinds = {metric_kind(m) for m in [ranked, *finals] if " " in m} | {"loss"}
+        names = [m for m in names if m == ranked or metric_kind(m) in kinds]
     return names
 
 

@@ -19,12 +19,15 @@ from ddp_launcher.report.groups import (
     seed_groups,
 )
 from ddp_launcher.report.jobs import (
+    BEST,
     CSV_NAME,
     MD_NAME,
     PNG_NAME,
+    VALUE_NAMES,
     SweepSummary,
     UnreadableRecord,
-    check_metric,
+    check_mode,
+    chosen_panels,
     find_job_dirs,
     flat,
     read_sweep,
@@ -40,20 +43,24 @@ log = logging.getLogger(__name__)
 
 def write_summary(
     sweep_dir: str | os.PathLike,
-    metric: str = "best",
+    metric: str = BEST,
     mode: str | None = None,
     aggregate: Sequence[str] = DEFAULT_OVER,
+    panels: Sequence[str] | None = None,
 ) -> SweepSummary:
-    """Write summary.csv, summary.md and summary.png into ``sweep_dir``, rows best first; when
-    some configuration has several jobs that differ only in the `aggregate` keys (seeds), their
-    aggregates too (groups.py: summary_groups.csv and a section of summary.md). Job dirs whose
-    records cannot be read are left out (the summary's `unreadable`); a sweep dir that cannot
-    be written gets no files (its `not_written` says why).
+    """Write summary.csv, summary.md and summary.png into ``sweep_dir``, rows best first (by
+    each job's value, or by the number `metric` names: jobs.py's sort_jobs); when some
+    configuration has several jobs that differ only in the `aggregate` keys (seeds), their
+    aggregates too (groups.py: summary_groups.csv and a section of summary.md). summary.png
+    draws the `panels` metrics of the jobs' metrics.jsonl (None: the monitored metric and the
+    losses), and is not written when the jobs have none of those curves. Job dirs whose records
+    cannot be read are left out (the summary's `unreadable`); a sweep dir that cannot be
+    written gets no files (its `not_written` says why).
 
     Raises ValueError for an unknown metric/mode, FileNotFoundError when ``sweep_dir`` has
     no job dirs and UnreadableRecord when none of them could be read.
     """
-    check_metric(metric, mode)
+    check_mode(mode)
     root = Path(sweep_dir)
     jobs, keys, unreadable = read_sweep(root)
     if not jobs and not unreadable:
@@ -68,9 +75,10 @@ def write_summary(
         )
     rows = sort_jobs(jobs, metric, mode)
     monitor, monitor_mode = sweep_monitor(rows)
-    mode = mode or (monitor_mode if metric == "best" else "max")
+    mode = mode or (monitor_mode if metric in VALUE_NAMES else "max")
     groups = seed_groups(rows, keys, aggregate)
     summary = SweepSummary(root, rows, metric, mode, keys, monitor, groups, unreadable)
+    summary.panels = chosen_panels(rows, monitor, panels)
     try:
         write_files(summary, aggregate)
     except OSError as e:  # e.g. a read-only sweep dir: the table is still printed
@@ -88,7 +96,10 @@ def write_files(summary: SweepSummary, aggregate: Sequence[str]) -> None:
     else:
         (root / GROUPS_CSV).unlink(missing_ok=True)  # an earlier report's, of jobs since changed
     write_atomic(root / MD_NAME, markdown)
-    plot_summary(summary, root / PNG_NAME, root.name)
+    if summary.panels:
+        plot_summary(summary, root / PNG_NAME, root.name)
+    else:  # no curves to draw: no figure (an earlier report's would be of other jobs)
+        (root / PNG_NAME).unlink(missing_ok=True)
 
 
 def tables_text(summary: SweepSummary, aggregate: Sequence[str]) -> str:
@@ -114,7 +125,8 @@ def headline(summary: SweepSummary) -> str:
     rows = summary.rows
     done = sum(r.status == "completed" for r in rows)
     pruned = sum(r.status == "pruned" for r in rows)
-    files = f"{summary.sweep_dir}/{{{CSV_NAME},{MD_NAME},{PNG_NAME}}}"
+    names = [CSV_NAME, MD_NAME, *([PNG_NAME] if summary.panels else [])]
+    files = f"{summary.sweep_dir}/{{{','.join(names)}}}"
     if summary.not_written is not None:
         files = f"summary files not written into {summary.sweep_dir} ({summary.not_written})"
     left_out = f" ({len(summary.unreadable)} more unreadable)" if summary.unreadable else ""
@@ -129,11 +141,12 @@ def report_sweep(
     sweep_dir: Path,
     config: Any = None,
     *,
-    metric: str = "best",
+    metric: str = BEST,
     mode: str | None = None,
     wandb: bool = True,
     when: str = "",
     aggregate: Sequence[str] = DEFAULT_OVER,
+    panels: Sequence[str] | None = None,
 ) -> None:
     """The sweep's whole report, however the sweep ended: the files, the printed table (its
     headline ends with `when`), and the W&B sweep-summary run when `wandb` and the sweep's
@@ -142,7 +155,7 @@ def report_sweep(
     if not find_job_dirs(sweep_dir):
         return
     try:
-        summary = write_summary(sweep_dir, metric, mode, aggregate)
+        summary = write_summary(sweep_dir, metric, mode, aggregate, panels)
     except Exception as e:  # noqa: BLE001 - never fail the sweep over its report
         log.warning(
             "sweep summary for %s not written (%s: %s)", sweep_dir, type(e).__name__, flat(e)

@@ -11,12 +11,15 @@ from typing import Any
 
 from ddp_launcher.core.naming import fmt_duration, fmt_value, label, short_keys
 from ddp_launcher.report.jobs import (
-    PANELS,
+    BEST,
     PNG_NAME,
     JobSummary,
     SweepSummary,
     count_key,
+    metric_kind,
     sweep_monitor,
+    value_header,
+    x_unit,
 )
 
 
@@ -30,53 +33,64 @@ class Column:
     wandb: str = ""  # its W&B Table header when not `header`
 
 
-BRIEF = ("/acc", "/loss")  # the metrics of the printed table (the files have them all)
+def brief_kinds(rows: Sequence[JobSummary], monitor: str | None) -> set[str]:
+    """The kinds of metric the printed table shows (brief): the monitored one's, the loss, and
+    those of the first two metrics its row holds (`x/acc` and `x/loss`: `acc` and `loss`)."""
+    kinds = {metric_kind(monitor) if monitor else "", "loss"}
+    for row in rows:
+        kinds |= {metric_kind(k) for k in [k for k in row.final if not count_key(k)][:2]}
+    return kinds
 
 
 def columns(rows: Sequence[JobSummary], keys: Sequence[str], brief: bool = False) -> list[Column]:
-    """The table's columns: job, one per swept key, status, the monitored metric's best value
-    and epoch, the last epoch's val metrics, test metrics, wall time, samples/s. `brief`: of
-    the val and test metrics only acc and loss (and the monitored one)."""
+    """The table's columns: job, one per swept key, status, each job's value and the epoch it
+    was reached at, the last row's metrics of the monitored one (metrics.jsonl), the app's
+    summary (result.json), the target's time and step, wall time, samples/s. `brief`: of the
+    metrics only those of brief_kinds."""
     short = short_keys(keys)
     monitor, _ = sweep_monitor(rows)
+    kinds = brief_kinds(rows, monitor)
 
     def shown(key: str) -> bool:
-        return not count_key(key) and (not brief or key == monitor or key.endswith(BRIEF))
+        return not count_key(key) and (not brief or key == monitor or metric_kind(key) in kinds)
 
     finals = [k for r in rows for k in r.final if shown(k)]
     finals = list(dict.fromkeys(sorted(finals, key=lambda k: k != monitor)))  # monitor first
-    tests = list(dict.fromkeys(k for r in rows for k in r.test if shown(k)))
+    summary = list(
+        dict.fromkeys(
+            k
+            for r in rows
+            for k, v in r.summary.items()
+            if k not in keys and (shown(k) if not isinstance(v, str) else True)
+        )
+    )
     cols = [Column("job", "job", lambda r: r.job, numeric=False)]
     for key in keys:
         cols.append(Column(short[key], key, lambda r, k=key: r.swept.get(k)))
     cols.append(Column("status", "status", lambda r: r.status, numeric=False))
-    if not all(r.split for r in rows):  # eval.py jobs have no epochs: their acc column ranks
-        cols += [
-            Column(f"best {monitor}", "best", lambda r: r.best),
-            Column("epoch", "best_epoch", lambda r: r.best_epoch),
-        ]
+    cols.append(Column(value_header(monitor), BEST, lambda r: r.best))
+    if any(r.best_epoch is not None for r in rows):
+        cols.append(Column("epoch", "best_epoch", lambda r: r.best_epoch))
     cols += [Column(f"last {k}", f"last {k}", lambda r, k=k: r.final.get(k)) for k in finals]
-    cols += [Column(k, k, lambda r, k=k: r.test.get(k)) for k in tests]
-    if any(r.split for r in rows):  # eval.py jobs: the split and what was measured on it
-        if "split" not in keys:
-            cols.append(Column("split", "split", lambda r: r.split, numeric=False))
-        measured = list(dict.fromkeys(k for r in rows for k in r.eval))
-        cols += [Column(k, f"eval_{k}", lambda r, k=k: r.eval.get(k)) for k in measured]
+    for key in summary:
+        text = any(isinstance(r.summary.get(key), str) for r in rows)
+        cols.append(Column(key, key, lambda r, k=key: r.summary.get(k), numeric=not text))
     targets = list(
         dict.fromkeys(f"{r.target['metric']}>={r.target['value']:g}" for r in rows if r.target)
     )
-    if targets:  # trainer.target: when each job first reached it (its seconds from process start)
+    if targets:  # the app's target: when each job first reached it (its seconds from start)
         what = targets[0] if len(targets) == 1 else "target"
         cols += [
             Column(f"s to {what}", "target_reached_at_s", lambda r: r.reached("reached_at_s")),
             Column("step", "target_reached_at_step", lambda r: r.reached("reached_at_step")),
         ]
-    cols += [
+    cols.append(
         Column(
             "wall", "wall_time_s", lambda r: r.wall_time_s, text=fmt_duration, wandb="wall_time_s"
-        ),
-        Column("samples/s", "samples_per_s", lambda r: r.samples_per_s),
-    ]
+        )
+    )
+    if any(r.samples_per_s is not None for r in rows):
+        cols.append(Column("samples/s", "samples_per_s", lambda r: r.samples_per_s))
     if any((r.attempts or 0) > 1 for r in rows):  # retried or resumed: how many starts each
         cols.append(Column("attempts", "attempts", lambda r: r.attempts))
     if any(r.commits for r in rows):  # a→b: resumed after a commit (ddp_launcher/drift.py)
@@ -171,7 +185,10 @@ def format_markdown(summary: SweepSummary, title: str = "") -> str:
     table += [[str(i), *(_cell(c, r) for c in cols), r.error or ""] for i, r in enumerate(rows, 1)]
     align = ["---:", *("---:" if c.numeric else "---" for c in cols), "---"]
     lines += ["", *markdown_lines(table, align)]
-    lines += ["", f"![{', '.join(PANELS)} per epoch]({PNG_NAME})", ""]
+    if summary.panels:  # summary.png: the curves the jobs' metrics.jsonl hold
+        per = x_unit(summary.rows)
+        lines += ["", f"![{', '.join(summary.panels)} per {per}]({PNG_NAME})"]
+    lines.append("")
     if summary.unreadable:  # job dirs left out: not in the table
         lines += ["## Job dirs left out", "", "Their records could not be read:", ""]
         lines += [f"- `{job_dir.name}`: {why}" for job_dir, why in summary.unreadable] + [""]

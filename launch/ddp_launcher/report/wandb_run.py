@@ -32,8 +32,8 @@ def log_to_wandb(
 ) -> str | None:
     """One W&B run with job_type=sweep_summary in the sweep's group (the group its jobs' runs
     are in, ddp_launcher/core/naming.py's sweep_group): the table as a W&B Table, with a link to
-    each job's run (its id offline), and summary.png. Returns the run's id; None when W&B is
-    disabled. A W&B failure is a warning."""
+    each job's run (its id offline), and summary.png where it was drawn. Returns the run's id;
+    None when W&B is disabled. A W&B failure is a warning."""
     from ddp_launcher.core.errors import UserError
     from ddp_launcher.core.wandb_mode import resolve_wandb_mode
     from ddp_launcher.core.wandb_service import run_settings
@@ -80,15 +80,17 @@ def log_to_wandb(
         ]
         headers = [*(c.wandb or c.header for c in cols), "run", "error"]
         table = wandb.Table(columns=headers, data=data, allow_mixed_types=True)
-        plot = wandb.Image(str(summary.sweep_dir / PNG_NAME))
-        logged = {"sweep/table": table, "sweep/plot": plot}
+        logged = {"sweep/table": table}
+        if summary.panels:  # summary.png was drawn
+            logged["sweep/plot"] = wandb.Image(str(summary.sweep_dir / PNG_NAME))
         if summary.groups:  # seeds aggregated: one row per configuration
             names, rows = groups_records(summary.groups, summary.swept_keys)
             logged["sweep/groups"] = wandb.Table(columns=names, data=rows, allow_mixed_types=True)
         run.log(logged)
         best = summary.rows[0] if summary.rows and summary.rows[0].best is not None else None
         if best is not None:
-            run.summary.update({f"best/{summary.monitor}": best.best, "best/job": best.job})
+            name = f"best/{summary.monitor or 'value'}"
+            run.summary.update({name: best.best, "best/job": best.job})
         run_id = run.id
         run.finish()
         return run_id
