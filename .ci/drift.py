@@ -1,20 +1,22 @@
-"""What a newcomer would get today: requirements.txt resolved afresh, without the lock, and the
-packages that moved against requirements.lock (the workflow's weekly drift job runs this, then
-the not-slow layer under the fresh resolution).
+"""What a newcomer would get today: the requirements files resolved afresh, without the locks,
+and the packages that moved against the committed ones (the workflow's weekly drift job runs
+this, then the not-slow layer under the fresh resolution).
 
-    python .ci/drift.py [--out FILE]     resolve afresh (uv, as `lock.py refresh --upgrade`),
-                                         print what moved, write the fresh lock to FILE
+    python .ci/drift.py [--write]        resolve afresh (uv, as `lock.py refresh --upgrade`),
+                                         print what moved; --write puts the fresh locks in
+                                         place of requirements.lock and .ci/requirements.lock
     python .ci/drift.py compare OLD NEW  what moved between two lock files (no network)
 
 One line per package that moved, `name old -> new (where)`: `(none)` for a package that
 came or went, and the Pythons (and platforms, where not all) it moved for. Exit status 0 when
-it resolved (moved or not; the tests under the fresh lock decide), 1 when requirements.txt no
-longer resolves at all (uv's reason printed), 2 for a bad argument.
+it resolved (moved or not: the tests under the fresh locks decide), 1 when a requirements file
+no longer resolves at all (uv's reason printed), 2 for a bad argument.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -24,8 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lock  # noqa: E402
 from lockfile import LOCKS, REPO, Lock, Move, compare  # noqa: E402
 
-APP = LOCKS[0]  # requirements.txt and requirements.lock
-
 
 def moved_lines(moves: list[Move], old: str, new: str) -> list[str]:
     if not moves:
@@ -33,20 +33,24 @@ def moved_lines(moves: list[Move], old: str, new: str) -> list[str]:
     return [f"{len(moves)} package(s) moved from {old} to {new}:", *(f"  {m}" for m in moves)]
 
 
-def fresh(out: Path | None) -> int:
+def fresh(write: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="drift-") as folder:
         work = Path(folder)
         try:
-            lock.resolve((APP,), work, upgrade=True)
-        except SystemExit as failed:  # uv's reason: requirements.txt itself no longer resolves
-            print(f"requirements.txt does not resolve afresh: {failed}", file=sys.stderr)
+            lock.resolve(LOCKS, work, upgrade=True)  # no preferences: what pip would pick today
+        except SystemExit as failed:  # uv's reason: a requirements file no longer resolves
+            print(f"no fresh resolution: {failed}", file=sys.stderr)
             return 1
-        committed = Lock.read(REPO / APP.lock)
-        moves = compare(committed, Lock.read(work / APP.lock), APP.oldest_python)
-        print("\n".join(moved_lines(moves, APP.lock, "the fresh resolution")))
-        if out is not None:
-            shutil.copyfile(work / APP.lock, out)
-            print(f"the fresh resolution: {out}")
+        for spec in LOCKS:
+            committed, now = REPO / spec.lock, work / spec.lock
+            moves = compare(Lock.read(committed), Lock.read(now), spec.oldest_python)
+            print("\n".join(moved_lines(moves, spec.lock, f"a fresh {spec.lock}")))
+        if write:  # every lock resolved before any is replaced
+            for spec in LOCKS:
+                staged = REPO / f"{spec.lock}.new"
+                shutil.copyfile(work / spec.lock, staged)
+                os.replace(staged, REPO / spec.lock)
+            print(f"written: {', '.join(spec.lock for spec in LOCKS)}")
     return 0
 
 
@@ -61,17 +65,17 @@ def main(argv: list[str]) -> int:
             if not path.is_file():
                 parser.error(f"{path} is not a file")
         try:
-            moves = compare(Lock.read(args.old), Lock.read(args.new), APP.oldest_python)
+            moves = compare(Lock.read(args.old), Lock.read(args.new), LOCKS[0].oldest_python)
         except ValueError as bad:  # not a lock uv wrote (lockfile.Lock.read says the line)
             print(f"python .ci/drift.py compare: {bad}", file=sys.stderr)
             return 2
         print("\n".join(moved_lines(moves, str(args.old), str(args.new))))
         return 0
     parser.add_argument(
-        "--out", type=Path, help="write the fresh lock here (e.g. requirements.lock)"
+        "--write", action="store_true", help="replace the repository's locks with the fresh ones"
     )
     args = parser.parse_args(argv)
-    return fresh(args.out)
+    return fresh(args.write)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def changed_copy(tmp_path: Path, source: str, old: str, new: str) -> Path:
     """A copy of the repository's `source` with one line changed, beside copies of the locks
     (its -c line then finds them as pip would)."""
     text = (REPO / source).read_text()
-    assert text.count(old) == 1, old
+    assert old == new or text.count(old) == 1, old
     copy = tmp_path / source
     copy.parent.mkdir(parents=True, exist_ok=True)
     copy.write_text(text.replace(old, new))
@@ -85,56 +85,100 @@ def changed_copy(tmp_path: Path, source: str, old: str, new: str) -> Path:
     return copy
 
 
+def pins_of_requirements_txt() -> list[tuple[int, str, Requirement]]:
+    """(line number, line, requirement) of requirements.txt's exact pins."""
+    found = []
+    for number, line in enumerate((REPO / "requirements.txt").read_text().splitlines(), 1):
+        if line and not line.startswith(("#", "-")):
+            requirement = Requirement(line)
+            if [s.operator for s in requirement.specifier] == ["=="]:
+                found.append((number, line, requirement))
+    return found
+
+
+def held(name: str, python: str, lock: str = "requirements.lock") -> str:
+    return lockfile.Lock.read(REPO / lock).versions(lockfile.environment(python))[name]
+
+
+FIX = "refresh the lock with python .ci/lock.py refresh"
+
+
 def test_a_pin_changed_without_refreshing_the_lock_fails_naming_the_package(tmp_path):
-    """One pin of requirements.txt moved (tqdm), one Python-specific pin moved (scipy on 3.11
-    and up), one package added: each problem names its package, the line asking, what the lock
-    holds, the Pythons concerned and the refresh command."""
-    copy = changed_copy(tmp_path, "requirements.txt", "tqdm==4.70.1\n", "tqdm==4.70.2\n")
-    problems = lockfile.stale(copy)
-    line = copy.read_text().splitlines().index("tqdm==4.70.2") + 1
-    assert problems == [
-        f"tqdm: requirements.txt:{line} asks for 'tqdm==4.70.2', requirements.lock holds tqdm "
-        f"4.70.1 (Python 3.10, 3.11, 3.12, 3.13): refresh the lock with python .ci/lock.py refresh"
+    """One pin of requirements.txt moved, one Python-specific pin moved (where a line pins for
+    some Pythons only, numpy's on 3.11 and up), one package added: each problem names its
+    package, the line asking, what the lock holds, the Pythons concerned and the refresh
+    command; the file as committed has none."""
+    pins = pins_of_requirements_txt()
+    number, line, requirement = next(p for p in pins if p[2].marker is None)
+    name, (spec,) = requirement.name, requirement.specifier
+    moved = f"{name}=={spec.version}.999"
+    copy = changed_copy(tmp_path, "requirements.txt", f"\n{line}\n", f"\n{moved}\n")
+    assert lockfile.stale(copy) == [
+        f"{name}: requirements.txt:{number} asks for '{moved}', requirements.lock holds {name} "
+        f"{spec.version} (Python {', '.join(PYTHONS)}): {FIX}"
     ]
 
-    scipy = 'scipy==1.17.1; python_version >= "3.11"\n'
-    copy = changed_copy(tmp_path, "requirements.txt", scipy, scipy.replace("1.17.1", "1.17.2"))
-    (problem,) = lockfile.stale(copy)
-    assert problem.startswith("scipy: requirements.txt:") and "holds scipy 1.17.1" in problem
-    assert "(Python 3.11, 3.12, 3.13)" in problem  # 3.10 has its own pin, which still holds
-
-    copy = changed_copy(tmp_path, "requirements.txt", "tqdm==4.70.1\n", "tqdm==4.70.1\nrich\n")
-    (problem,) = lockfile.stale(copy)
-    assert (
-        problem.startswith("rich: requirements.txt:") and "requirements.lock holds none" in problem
+    number, line, requirement = next(
+        p for p in pins if p[2].marker and not p[2].marker.evaluate(lockfile.environment("3.10"))
     )
+    (spec,) = requirement.specifier
+    for_pythons = [p for p in PYTHONS if requirement.marker.evaluate(lockfile.environment(p))]
+    assert 0 < len(for_pythons) < len(PYTHONS)
+    moved = line.replace(f"=={spec.version}", f"=={spec.version}.999")
+    copy = changed_copy(tmp_path, "requirements.txt", f"\n{line}\n", f"\n{moved}\n")
+    assert lockfile.stale(copy) == [
+        f"{requirement.name}: requirements.txt:{number} asks for '{Requirement(moved)}', "
+        f"requirements.lock holds {requirement.name} {spec.version} "
+        f"(Python {', '.join(for_pythons)}): {FIX}"
+    ]  # the other Pythons have their own pin, which still holds
 
-    # the same file as committed: nothing to say
-    copy = changed_copy(tmp_path, "requirements.txt", "tqdm==4.70.1\n", "tqdm==4.70.1\n")
-    assert lockfile.stale(copy) == []
+    copy = changed_copy(tmp_path, "requirements.txt", f"\n{line}\n", f"\n{line}\nno-such-dist\n")
+    assert lockfile.stale(copy) == [
+        f"no-such-dist: requirements.txt:{number + 1} asks for 'no-such-dist', requirements.lock "
+        f"holds none (Python {', '.join(PYTHONS)}): {FIX}"
+    ]
+
+    copy = changed_copy(tmp_path, "requirements.txt", f"\n{line}\n", f"\n{line}\n")
+    assert lockfile.stale(copy) == []  # the file as committed
+
+
+LAUNCHER = """\
+[project]
+name = "hydra-ddp-launcher"
+version = "0.1.0"
+dependencies = ["hydra-core>=1.3.2", "optuna>=99"]
+
+[project.optional-dependencies]
+plots = ["matplotlib>=99"]
+wandb = ["wandb>=0.19"]
+all = ["hydra-ddp-launcher[plots,wandb]"]
+"""
 
 
 def test_the_launchers_dependencies_and_asked_extras_are_checked_too(tmp_path):
-    """launch/pyproject.toml's dependencies, and those of each extra requirements.txt asks for
-    (`-e ./launch[...]`, an extra naming the package itself included), must be held by the lock
-    too; an extra nobody asks for is not checked; an extra that does not exist is an error."""
-    pyproject = changed_copy(tmp_path, "launch/pyproject.toml", '"optuna>=4",', '"optuna>=6",')
+    """A launcher's pyproject.toml (`-e ./launch`): its dependencies, and those of each extra
+    requirements.txt asks for (`-e ./launch[...]`, an extra naming the package itself
+    included), must be held by the lock too; an extra nobody asks for is not checked; an extra
+    that does not exist is an error."""
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "pyproject.toml").write_text(LAUNCHER)
     requirements = changed_copy(tmp_path, "requirements.txt", "-e ./launch\n", "-e ./launch\n")
-    (problem,) = lockfile.stale(requirements, root=tmp_path)
-    assert problem.startswith("optuna: launch/pyproject.toml [project.dependencies] asks for ")
-    assert "'optuna>=6', requirements.lock holds optuna 5.0.0" in problem
+    optuna = f"requirements.lock holds optuna {held('optuna', '3.10')}"
+    assert lockfile.stale(requirements, root=tmp_path) == [
+        "optuna: launch/pyproject.toml [project.dependencies] asks for 'optuna>=99', "
+        f"{optuna} (Python {', '.join(PYTHONS)}): {FIX}"
+    ]  # and not matplotlib>=99: no extra asked for
 
-    text = pyproject.read_text().replace('"optuna>=6",', '"optuna>=4",')
-    extras = '[project.optional-dependencies]\nplots = ["matplotlib>=99"]\n'
-    extras += 'wandb = ["wandb>=0.19"]\nall = ["hydra-ddp-launcher[plots,wandb]"]\n'
-    pyproject.write_text(text.replace("\n# Hydra 1.4 finds plugins", f"\n{extras}\n# Hydra 1.4"))
-    assert lockfile.stale(requirements, root=tmp_path) == []  # no extra asked for
+    (tmp_path / "launch" / "pyproject.toml").write_text(LAUNCHER.replace("optuna>=99", "optuna"))
     requirements.write_text(requirements.read_text().replace("-e ./launch\n", "-e ./launch[all]\n"))
     asks = "launch/pyproject.toml [project.optional-dependencies] plots asks for 'matplotlib>=99'"
+    versions: dict[str, list[str]] = {}
+    for python in PYTHONS:
+        versions.setdefault(held("matplotlib", python), []).append(python)
     assert lockfile.stale(requirements, root=tmp_path) == [
-        f"matplotlib: {asks}, requirements.lock holds matplotlib {held} (Python {pythons}): "
-        "refresh the lock with python .ci/lock.py refresh"
-        for held, pythons in (("3.10.9", "3.10"), ("3.11.2", "3.11, 3.12, 3.13"))
+        f"matplotlib: {asks}, requirements.lock holds matplotlib {version} (Python "
+        f"{', '.join(pythons)}): {FIX}"
+        for version, pythons in versions.items()
     ]
     requirements.write_text(requirements.read_text().replace("[all]", "[nope]"))
     with pytest.raises(ValueError, match=r"has no extra \[nope\]"):
@@ -158,14 +202,15 @@ def test_a_lock_naming_the_launcher_or_not_named_fails(tmp_path):
 def test_the_tools_lock_agrees_with_the_apps(tmp_path):
     """.ci/requirements.lock is resolved within requirements.lock: a package both hold (ruff)
     at two versions fails, naming it."""
-    for name in ("requirements.txt", ".ci/requirements.txt"):
-        changed_copy(tmp_path, name, "-c requirements.lock\n", "-c requirements.lock\n")
-    changed_copy(tmp_path, "launch/pyproject.toml", '"optuna>=4",', '"optuna>=4",')
+    for name in ("requirements.txt", ".ci/requirements.txt", "launch/pyproject.toml"):
+        changed_copy(tmp_path, name, "\n", "\n")
     assert lockfile.check(tmp_path) == []
+    ruff = held("ruff", "3.11")
+    assert held("ruff", "3.11", ".ci/requirements.lock") == ruff
     tools = tmp_path / ".ci" / "requirements.lock"
-    tools.write_text(tools.read_text().replace("ruff==0.17.6\n", "ruff==0.17.5\n"))
+    tools.write_text(tools.read_text().replace(f"ruff=={ruff}\n", "ruff==0.0.1\n"))
     assert lockfile.check(tmp_path) == [
-        "ruff: .ci/requirements.lock holds ruff 0.17.5, requirements.lock holds 0.17.6 (Python "
+        f"ruff: .ci/requirements.lock holds ruff 0.0.1, requirements.lock holds {ruff} (Python "
         "3.11, 3.12, 3.13): python .ci/lock.py refresh"
     ]
 
@@ -282,8 +327,8 @@ def test_the_refresh_and_drift_resolve_as_documented(tmp_path):
 
 def test_the_workflow_checks_for_drift_weekly_and_on_demand():
     """tests.yml's drift job: on a schedule and workflow_dispatch only, it resolves afresh with
-    .ci/drift.py into requirements.lock, runs README command 2's not-slow layer under it, names
-    what moved when that fails, and uploads the fresh lock when it passes."""
+    .ci/drift.py over the locks, runs README command 2's not-slow layer under them, names what
+    moved when that fails, and uploads the fresh locks when it passes."""
     workflow = yaml.safe_load((REPO / ".github" / "workflows" / "tests.yml").read_text())
     events = workflow[True]  # YAML 1.1 reads the key `on` as True
     assert "schedule" in events and "workflow_dispatch" in events
@@ -294,16 +339,14 @@ def test_the_workflow_checks_for_drift_weekly_and_on_demand():
         assert "schedule" not in jobs[name].get("if", "") and "push" in jobs[name]["if"]
     steps = drift["steps"]
     runs = [step.get("run", "") for step in steps]
-    resolve = next(n for n, run in enumerate(runs) if ".ci/drift.py --out requirements.lock" in run)
+    resolve = next(n for n, run in enumerate(runs) if ".ci/drift.py --write" in run)
     tests = runs.index('pip install -r requirements.txt && python -m pytest -m "not slow"')
     assert resolve < tests
     named = next(s for s in steps[tests:] if s.get("if") == "failure()")
     assert ".ci/drift.py compare" in named["run"]
     upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
-    assert (
-        upload.get("if", "success()") == "success()"
-        and upload["with"]["path"] == "requirements.lock"
-    )
+    assert upload.get("if", "success()") == "success()"  # only what passed
+    assert upload["with"]["path"].split() == ["requirements.lock", ".ci/requirements.lock"]
     assert steps.index(upload) > tests
 
 
