@@ -33,6 +33,7 @@ unset PYTHONPATH VIRTUAL_ENV
 summaries=()
 failed=0
 for run in $(seq "$runs"); do
+  begin=$(date +%s)
   work=$(mktemp -d "${TMPDIR:-/tmp}/fresh-clone.XXXXXX")
   git clone --quiet --no-checkout "$source_repo" "$work/clone"
   git -C "$work/clone" checkout --quiet --detach "$commit"
@@ -58,12 +59,13 @@ for run in $(seq "$runs"); do
   check=$(tail -n 1 <<<"$check")
   # pytest's last line: "=== 3 failed, 1058 passed, 2 skipped in 1310.25s (0:21:50) ==="
   counts=$(grep -E '^=+ .*( in [0-9.]+s)' "$log" | tail -n 1 | sed -E 's/^=+ //; s/ =+$//')
-  summary="run $run: ${counts:-no pytest summary (see $log)}; wall ${wall} s (install + tests); exit $status; pip check: $check"
+  rm -rf "$work"
+  work=""
+  total=$(($(date +%s) - begin))
+  summary="run $run: ${counts:-no pytest summary (see $log)}; README command 2 ${wall} s (install + tests), ${total} s with clone, venv and removal; exit $status; pip check: $check"
   echo "   $summary"
   summaries+=("$summary")
   ((status == 0)) || failed=1
-  rm -rf "$work"
-  work=""
 done
 
 echo "== $runs run(s) of README command 2 in fresh clones of ${commit:0:12} ($python):"
