@@ -181,8 +181,8 @@ class Lock:
         here = self.applicable(env)
         brings: dict[str, list[str]] = defaultdict(list)
         for name, p in here.items():
-            for parent in p.via:
-                brings[canonicalize_name(parent)].append(name)
+            for parent in p.via:  # "matplotlib", "-r requirements.txt", "pkg[extra]"
+                brings[canonicalize_name(parent.split("[")[0])].append(name)
         found, todo = [], [canonicalize_name(r) for r in roots]
         while todo:
             name = todo.pop(0)
