@@ -337,27 +337,38 @@ def test_gpu_check_states_what_it_ran_on():
     )
 
 
-def test_gpu_check_wheels_are_requirements_pins_and_all_it_needs():
-    """The wheels G carries to a GPU machine: requirements.txt's pins of what its processes
-    import, plus their own dependencies at the versions installed here; nothing one of them
-    needs is left out (torch's and torchvision's own aside), nothing unneeded is in."""
-    from importlib.metadata import requires, version
+def test_gpu_check_wheels_are_the_locks_closure_of_what_it_imports():
+    """The wheels G carries to a GPU machine are read from requirements.lock, for each Python
+    the repo supports: what G's processes import (WHEELS, each a package requirements.txt asks
+    for) and everything the lock has them bring there, at the lock's versions, less torch's and
+    torchvision's own. Nothing is written by hand but WHEELS. Here, by the installed packages'
+    own metadata, that set is closed: nothing one of them needs is left out (torch's side
+    aside), nothing unneeded is in."""
+    from importlib.metadata import PackageNotFoundError, requires
 
-    from packaging.markers import default_environment
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
     from docs.bench import gpu
 
-    pins = gpu.wheel_pins(gpu.python_version())
-    required = (REPO / "requirements.txt").read_text()
-    for name in gpu.WHEELS:
-        assert f"{name}=={pins[name]}" in required, name
-    assert {name: version(name) for name in pins} == pins  # as pip installed them here
+    lockfile = gpu.lockfile()
+    lock = lockfile.Lock.read(REPO / "requirements.lock")
+    asked = lockfile.read_requirements(REPO / "requirements.txt").asked
+    assert set(gpu.WHEELS) <= {canonicalize_name(a.requirement.name) for a in asked}
+    assert set(gpu.MODULES) == set(gpu.WHEELS)  # the preflight's module for each
+    for python in lockfile.supported_pythons():
+        env = gpu.marker_environment(python)
+        pins = gpu.wheel_pins(python)
+        assert list(pins)[: len(gpu.WHEELS)] == list(gpu.WHEELS), python
+        assert pins == {name: lock.versions(env)[name] for name in pins}, python
+        assert not set(pins) & set(lock.closure(list(gpu.TORCH_SIDE), env)), python
 
     def needs(name: str) -> set[str]:
-        found = (Requirement(r) for r in requires(name) or [])
-        env = {**default_environment(), "extra": ""}
+        try:
+            found = [Requirement(r) for r in requires(name) or []]
+        except PackageNotFoundError:  # not installed here: the lock brings it elsewhere only
+            return set()
+        env = gpu.marker_environment()
         return {canonicalize_name(r.name) for r in found if not r.marker or r.marker.evaluate(env)}
 
     def closure(names) -> set[str]:
@@ -369,13 +380,43 @@ def test_gpu_check_wheels_are_requirements_pins_and_all_it_needs():
                 todo += [n for n in needs(name) if n not in seen]
         return seen
 
-    torch_side = closure(["torch", "torchvision"])
-    listed = {canonicalize_name(n) for n in pins}
+    pins = gpu.wheel_pins()  # this Python's
+    torch_side = closure(gpu.TORCH_SIDE)
+    listed = set(pins)
     needed = set().union(*(needs(n) for n in listed)) - torch_side
-    assert needed <= listed  # nothing left out
-    assert {canonicalize_name(n) for n in gpu.DEPENDENCIES} <= needed  # each one needed
+    assert needed <= listed, needed - listed  # nothing left out
+    assert listed - set(gpu.WHEELS) <= needed, listed - needed  # each dependency needed
     assert not listed & torch_side  # torch's own (numpy, pillow) stay the machine's
-    assert set(gpu.MODULES) == set(pins)  # the preflight imports every one
+
+
+def test_gpu_preflight_finds_missing_only_what_the_lock_lists_and_this_environment_lacks(
+    tmp_path, monkeypatch
+):
+    """The preflight's probe reads requirements.lock: a package the lock adds to what G needs
+    and this environment lacks is reported, by itself; what the lock does not list is not
+    looked for (the hand-written list it replaces asked for six, which python-dateutil 4 no
+    longer brings); a package installed but failing to import counts as missing."""
+    from docs.bench import gpu
+
+    assert gpu.missing_packages(gpu.wheel_pins()) == []
+    lock = tmp_path / "requirements.lock"
+    added = "no-such-distribution==1.0\n    # via matplotlib\n"
+    lock.write_text((REPO / "requirements.lock").read_text() + added)
+    monkeypatch.setattr(gpu, "LOCK", lock)
+    assert "no-such-distribution" in gpu.wheel_pins()
+    found = gpu.probe()
+    assert found["missing"] == ["no-such-distribution"]
+    listed = set(gpu.wheel_pins())
+    assert "pytest" not in listed and "pytest" not in found["missing"]  # installed, not G's
+
+    def broken(name, *args, **kwargs):
+        if name == "kiwisolver":
+            raise ImportError("a broken build")
+        return real_import(name, *args, **kwargs)
+
+    real_import = gpu.importlib.import_module
+    monkeypatch.setattr(gpu.importlib, "import_module", broken)
+    assert gpu.missing_packages(gpu.wheel_pins()) == ["kiwisolver", "no-such-distribution"]
 
 
 @pytest.mark.slow

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -73,12 +74,12 @@ STEPS, BATCH = 40, 256  # throughput: optimizer steps per run, global batch
 QUICK = ("trainer.max_epochs=1", "trainer.progress_bar=false", "wandb.mode=disabled")
 
 # What G's processes (train.py, eval.py, the launcher, docs.bench) import that a machine with
-# only torch and torchvision (and their numpy, pillow, typing-extensions) lacks, as
-# requirements.txt pins them: Hydra; tqdm (the console); cloudpickle (the launcher); matplotlib
-# (eval.py's confusion matrix); submitit and its Hydra plugin (a sweep loads every plugin in
-# hydra_plugins/, the SLURM launcher's too, and warns in every job without them). W&B, Optuna,
-# scikit-learn and scipy stay out: G runs with W&B off, no search, and no digits (the MNIST
-# files and JPEGs are generated here).
+# only torch and torchvision lacks: Hydra; tqdm (the console); cloudpickle (the launcher);
+# matplotlib (eval.py's confusion matrix); submitit and its Hydra plugin (a sweep loads every
+# plugin in hydra_plugins/, the SLURM launcher's too, and warns in every job without them). W&B,
+# Optuna, scikit-learn and scipy stay out: G runs with W&B off, no search, and no digits (the
+# MNIST files and JPEGs are generated here). What these need in turn, and every version, comes
+# from requirements.lock (wheel_pins): the wheels are the ones the suite runs with.
 WHEELS = (
     "hydra-core",
     "omegaconf",
@@ -88,22 +89,10 @@ WHEELS = (
     "submitit",
     "hydra-submitit-launcher",
 )
-# ... and what those need that torch and torchvision do not bring, at the versions the suite
-# runs with (requirements.txt leaves them to pip).
-DEPENDENCIES = {
-    "antlr4-python3-runtime": "4.9.3",  # Hydra's and OmegaConf's ==4.9.*: a source package only
-    "PyYAML": "6.0.3",
-    "packaging": "26.4",
-    "contourpy": "1.3.3",
-    "cycler": "0.12.1",
-    "fonttools": "4.69.1",
-    "kiwisolver": "1.5.1",
-    "pyparsing": "3.3.2",
-    "python-dateutil": "2.9.0.post0",
-    "six": "1.17.0",
-}
+TORCH_SIDE = ("torch", "torchvision")  # the GPU machine's own, with all they bring
 SOURCE_ONLY = ("antlr4-python3-runtime",)  # built into a wheel here (pip wheel)
-# The module each distribution provides: the preflight imports every one.
+# The module the preflight imports for each of WHEELS where it is not the distribution's only
+# top-level one; for the rest it imports the top-level modules the installed distribution lists.
 MODULES = {
     "hydra-core": "hydra",
     "omegaconf": "omegaconf",
@@ -112,48 +101,48 @@ MODULES = {
     "matplotlib": "matplotlib",
     "submitit": "submitit",
     "hydra-submitit-launcher": "hydra_plugins.hydra_submitit_launcher",
-    "antlr4-python3-runtime": "antlr4",
-    "PyYAML": "yaml",
-    "packaging": "packaging",
-    "contourpy": "contourpy",
-    "cycler": "cycler",
-    "fonttools": "fontTools",
-    "kiwisolver": "kiwisolver",
-    "pyparsing": "pyparsing",
-    "python-dateutil": "dateutil",
-    "six": "six",
 }
 WHEEL_DIR = ".whl"  # git-ignored: the device tool carries it with the tree
+LOCK = REPO / "requirements.lock"
 
 
 def python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def wheel_pins(python: str) -> dict[str, str]:
-    """{distribution: version} of every wheel G needs on Python `python` ("3.12"): WHEELS as
-    requirements.txt pins them for that Python (its markers evaluated), then DEPENDENCIES."""
-    from packaging.markers import Marker
-    from packaging.requirements import Requirement
+def lockfile():
+    """.ci/lockfile.py, the locks' reader (packaging only, or pip's copy of it)."""
+    if "lockfile" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("lockfile", REPO / ".ci" / "lockfile.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["lockfile"] = module  # before it runs: its dataclasses look it up
+        spec.loader.exec_module(module)
+    return sys.modules["lockfile"]
 
-    pins = {}
-    for line in (REPO / "requirements.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("-"):  # pip options (-e ./launch: the launcher package)
-            continue
-        req = Requirement(line)
-        marker_env = {"python_version": python, "python_full_version": f"{python}.0"}
-        if req.name in WHEELS and (
-            req.marker is None or Marker(str(req.marker)).evaluate(marker_env)
-        ):
-            (spec,) = req.specifier
-            pins[req.name] = spec.version
-    missing = set(WHEELS) - set(pins)
-    if missing:
-        raise SystemExit(
-            f"requirements.txt pins no {', '.join(sorted(missing))} for Python {python}"
-        )
-    return {**{name: pins[name] for name in WHEELS}, **DEPENDENCIES}
+
+def marker_environment(python: str | None = None) -> dict[str, str]:
+    """This interpreter's marker environment; with `python` ("3.12"), that Python's on this
+    machine (what `pip download --python-version` fetches for)."""
+    env = {**lockfile().default_environment(), "extra": ""}
+    if python is not None:
+        env |= {"python_version": python, "python_full_version": f"{python}.0"}
+        env |= {"implementation_version": f"{python}.0"}
+    return env
+
+
+def wheel_pins(python: str | None = None) -> dict[str, str]:
+    """{distribution: version} of every wheel G needs on Python `python` ("3.12"; default:
+    this interpreter), from requirements.lock: WHEELS and all they bring there, less torch's
+    and torchvision's own (numpy, pillow, ...: the GPU machine's)."""
+    env = marker_environment(python)
+    lock = lockfile().Lock.read(LOCK)
+    try:
+        needed = lock.closure(list(WHEELS), env)
+        torch_side = set(lock.closure(list(TORCH_SIDE), env))
+    except KeyError as missing:
+        raise SystemExit(f"{LOCK.name}: {missing.args[0]}: python .ci/lock.py refresh") from None
+    versions = lock.versions(env)
+    return {name: versions[name] for name in needed if name not in torch_side}
 
 
 def requirements_file(folder: Path, python: str) -> Path:
@@ -513,14 +502,9 @@ def table(rows: list[dict]) -> str:
 
 
 def probe() -> dict:
-    """The preflight's look: which of G's packages fail to import, the GPUs torch sees, and the
-    versions G runs with."""
-    missing = []
-    for dist, module in MODULES.items():
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            missing.append(dist)
+    """The preflight's look: which of the packages the lock lists for G this environment lacks
+    (missing_packages), the GPUs torch sees, and the versions G runs with."""
+    missing = missing_packages(wheel_pins())
     import torch
     import torchvision
 
@@ -543,6 +527,30 @@ def probe() -> dict:
             "driver": driver_version(),
         }
     return found
+
+
+def missing_packages(pins: dict[str, str]) -> list[str]:
+    """The distributions of `pins` this environment lacks: not installed, or installed but one
+    of its modules fails to import (MODULES, else the top-level modules it lists). Versions are
+    not compared: `run` installs the lock's."""
+    from importlib.metadata import PackageNotFoundError, distribution, packages_distributions
+
+    canonical = lockfile().canonicalize_name
+    top_level: dict[str, list[str]] = {}
+    for module, dists in packages_distributions().items():
+        if module.isidentifier() and not module.startswith("_"):
+            for dist in dists:
+                top_level.setdefault(canonical(dist), []).append(module)
+    missing = []
+    for dist in pins:
+        try:
+            distribution(dist)
+            modules = [MODULES[dist]] if dist in MODULES else sorted(top_level.get(dist, []))
+            for module in modules:
+                importlib.import_module(module)
+        except (PackageNotFoundError, ImportError):
+            missing.append(dist)
+    return missing
 
 
 def driver_version() -> str:
