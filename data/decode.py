@@ -309,6 +309,7 @@ class DecodeOnDevice:
         self.per_image = _fixed_size_from(self.ops)  # ops[:per_image] per image, then batched
         self.name_of = name_of
         self.host_files: set[int | None] = set()  # indices of the files nvjpeg failed on
+        self.said = False  # the first batch's line (that nvjpeg runs: docs/bench/gpu.py checks)
 
     def decode_all(
         self, items: list[torch.Tensor], indices: Sequence[int | None] | None = None
@@ -331,6 +332,15 @@ class DecodeOnDevice:
                 decoded = [self._decode_one(items[i], indices[i]) for i in on_device]
             for i, image in zip(on_device, decoded, strict=True):
                 images[i] = image
+            if not self.said:
+                self.said = True
+                log.info(
+                    "JPEGs decoded on %s by nvjpeg: %d of the first batch's %d images (the "
+                    "others decoded by the workers: formats nvjpeg does not take)",
+                    self.device,
+                    len(on_device),
+                    len(items),
+                )
         return [image.to(self.device, non_blocking=True) for image in images]
 
     def _decode_one(self, data: torch.Tensor, index: int | None) -> torch.Tensor:
@@ -372,7 +382,7 @@ class DecodeOnDevice:
                 return t.transform(images, params[chosen[0]])
             which = torch.tensor(chosen, device=images.device)
             done = t.transform(images.index_select(0, which), params[chosen[0]])
-            return images.index_copy(0, which, done)
+            return images.index_copy_(0, which, done)  # (a batch of its own: stacked above)
         return torch.stack(  # parameters of their own: one image at a time
             [t.transform(x, p) if p is not None else x for x, p in zip(images, params, strict=True)]
         )
