@@ -148,9 +148,54 @@ def model_facts(model: torch.nn.Module, sample: torch.Tensor) -> dict[str, float
 
 
 def peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory since its last reset (reset_peak_memory): on a GPU the
+    allocator's peak, on the CPU the resident set's (Linux: since the last reset too)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: the CUDA allocator's (torch.cuda.reset_peak_memory_stats), or on the
+    CPU the process's peak resident set (Linux: writing 5 to /proc/self/clear_refs resets it,
+    VmHWM and getrusage's ru_maxrss alike; elsewhere the CPU peak stays the process's)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+class PeakMemory:
+    """Peak memory per phase of a run (each epoch's training, validation, test): each phase
+    starts a new peak, so a train row's `peak_mem_mb` is its training's alone, not the largest
+    of everything since the process started (an evaluation at a larger batch, the first
+    epoch's compile). `run_peak()`: the largest of all phases (result.json's)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.phase: str | None = None
+        self.peaks: dict[str, float] = {}  # each phase's largest peak so far
+
+    def start(self, phase: str) -> None:
+        self._fold()
+        reset_peak_memory(self.device)
+        self.phase = phase
+
+    def current(self) -> float:
+        """The peak (MiB) since this phase started."""
+        return peak_memory_mb(self.device)
+
+    def run_peak(self) -> float:
+        self._fold()
+        return max(self.peaks.values(), default=self.current())
+
+    def _fold(self) -> None:
+        if self.phase is not None:
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), self.current())
 
 
 class StepTimer:
@@ -192,6 +237,7 @@ class Speed:
         conv_share: float = 0.0,
     ):
         self.timer = StepTimer()
+        self.memory = PeakMemory(device)
         self.samples_per_step = samples_per_step
         self.first_step_s: float | None = None
         self.flops_per_sample = flops_per_sample  # of a train step (forward + backward)
