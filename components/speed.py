@@ -170,10 +170,10 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 class PeakMemory:
-    """Peak memory per phase of a run (each epoch's training, validation, test): each phase
+    """Peak memory per phase of a run (each epoch's training, its validation): each phase
     starts a new peak, so a train row's `peak_mem_mb` is its training's alone, not the largest
-    of everything since the process started (an evaluation at a larger batch, the first
-    epoch's compile). `run_peak()`: the largest of all phases (result.json's)."""
+    of everything since the process started (a validation at a larger batch, an earlier
+    epoch's). `run_peak()`: the largest of all phases (result.json's)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

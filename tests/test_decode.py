@@ -419,7 +419,8 @@ def test_the_device_stage_flips_a_batch_in_one_op_and_copies_without_blocking(
     planned.batch.device = torch.device("cpu")  # decode "on the device" here
     keys = [(5, i) for i in range(len(plan_set))]
     batch, _ = collate_planned([plan_set[k] for k in keys])
-    flipped = sum(plan[-1] is not None for plan in batch.plans)  # the flip is the last op
+    plans = batch[1]  # (the batch's plans, one per image)
+    flipped = sum(plan[-1] is not None for plan in plans)  # the flip is the last op
     assert flipped >= 2
     copies: list[bool] = []
     real_to = torch.Tensor.to
