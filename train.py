@@ -74,11 +74,10 @@ from components.precision import (
     model_dtype,
     precision_context,
     resolve_precision,
-    set_fp32_math,
     warn_if_bf16_emulated,
 )
 from components.profiling import StepProfiler
-from components.speed import Speed, model_facts
+from components.speed import Speed, model_facts, set_fp32_math
 from components.train_step import Progress, TrainStep, train_row
 from components.wandb_media import ValMedia
 from conf.checks import checkpoint_fit, per_rank_batch

@@ -48,40 +48,6 @@ def memory_format(trainer_cfg) -> torch.memory_format:
     return torch.channels_last if trainer_cfg.channels_last else torch.preserve_format
 
 
-def set_fp32_math(precision: str, device: torch.device, tf32: bool | None) -> dict[str, str | None]:
-    """trainer.tf32: with precision 32 on a GPU that has TF32 (compute capability 8.0+: A100,
-    H100, L4, RTX 30xx/40xx), true runs cuBLAS matmuls and cuDNN convolutions in TF32 (torch's
-    default is TF32 for convolutions only, FP32 for matmuls: a linear layer or attention ran at
-    a fraction of the tensor cores' rate); false runs both in full FP32; null leaves torch's
-    settings as they are (what the user set before the run). Returns the run's facts: the math
-    its convolutions and matmuls run in (components/speed.py math_precisions), which MFU's peak
-    follows too; None where torch cannot say. Off CUDA, the precision itself."""
-    precision = str(precision)
-    if device.type != "cuda":
-        return {"conv_math": precision, "matmul_math": precision}
-    if precision == "32" and tf32 is not None:
-        allowed = bool(tf32) and has_tf32(device)
-        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-        if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):  # torch >= 2.9
-            # (after these, reading the legacy allow_tf32 flags raises: speed.py reads these)
-            matmul.fp32_precision = "tf32" if allowed else "ieee"
-            cudnn.conv.fp32_precision = "tf32" if allowed else "ieee"
-        else:
-            matmul.allow_tf32 = cudnn.allow_tf32 = allowed
-    from components.speed import math_precisions  # (speed imports this module)
-
-    conv, matmul_math = math_precisions(precision)
-    return {"conv_math": conv, "matmul_math": matmul_math}
-
-
-def has_tf32(device: torch.device) -> bool:
-    """Whether a CUDA device has TF32 tensor cores: NVIDIA's compute capability 8.0 and later
-    (ROCm's builds report their own capabilities: left alone)."""
-    if torch.version.hip is not None:
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 0)
-
-
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """Loss scaling for fp16 only (bf16 has fp32's range); a no-op scaler otherwise."""
     return torch.amp.GradScaler(device.type, enabled=str(precision) == "fp16")

@@ -81,6 +81,38 @@ def math_precisions(precision: str) -> tuple[str | None, str | None]:
     return "tf32" if conv_tf32 else "32", "tf32" if matmul_tf32 else "32"
 
 
+def set_fp32_math(precision: str, device: torch.device, tf32: bool | None) -> dict[str, str | None]:
+    """trainer.tf32: with precision 32 on a GPU that has TF32 (compute capability 8.0+: A100,
+    H100, L4, RTX 30xx/40xx), true runs cuBLAS matmuls and cuDNN convolutions in TF32 (torch's
+    default is TF32 for convolutions only, FP32 for matmuls: a linear layer or attention ran at
+    a fraction of the tensor cores' rate); false runs both in full FP32; null leaves torch's
+    settings as they are (what the user set before the run). Returns the run's facts: the math
+    its convolutions and matmuls run in (math_precisions), which MFU's peak follows too; None
+    where torch cannot say. Off CUDA, the precision itself."""
+    precision = str(precision)
+    if device.type != "cuda":
+        return {"conv_math": precision, "matmul_math": precision}
+    if precision == "32" and tf32 is not None:
+        allowed = bool(tf32) and has_tf32(device)
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):  # torch >= 2.9
+            # (after these, reading the legacy allow_tf32 flags raises: _tf32_allowed reads these)
+            matmul.fp32_precision = "tf32" if allowed else "ieee"
+            cudnn.conv.fp32_precision = "tf32" if allowed else "ieee"
+        else:
+            matmul.allow_tf32 = cudnn.allow_tf32 = allowed
+    conv, matmul_math = math_precisions(precision)
+    return {"conv_math": conv, "matmul_math": matmul_math}
+
+
+def has_tf32(device: torch.device) -> bool:
+    """Whether a CUDA device has TF32 tensor cores: NVIDIA's compute capability 8.0 and later
+    (ROCm's builds report their own capabilities: left alone)."""
+    if torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def _tf32_allowed() -> tuple[bool, bool]:
     """Whether cuDNN convolutions and cuBLAS matmuls may run FP32 work in TF32. torch >= 2.9
     reads the fp32_precision settings (a "none" resolves through its parents, cudnn's then

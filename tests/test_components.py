@@ -787,8 +787,7 @@ def test_precision_32_runs_tf32_where_the_gpu_has_it_and_the_facts_say_so(
     """trainer.tf32 (default true) on a GPU (its capability faked): TF32 for matmuls and
     convolutions where the GPU has it; the run's facts name the math, and MFU's peak follows."""
     from components.metrics import run_facts
-    from components.precision import set_fp32_math
-    from components.speed import PEAK_FLOPS, Speed
+    from components.speed import PEAK_FLOPS, Speed, set_fp32_math
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
