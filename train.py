@@ -48,7 +48,7 @@ from ddp_launcher import (
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from components.checkpoint import Checkpointer, TrainingState, load_checkpoint
+from components.checkpoint import Checkpointer, TrainingState, load_checkpoint, tensor_bytes
 from components.console import Console
 from components.distributed import (
     DistEnv,
@@ -78,7 +78,7 @@ from components.precision import (
 )
 from components.preemption import Preempted, StopRequest
 from components.profiling import StepProfiler
-from components.speed import Speed, model_facts, peak_memory_mb
+from components.speed import Speed, model_facts, set_fp32_math
 from components.train_step import Progress, TrainStep, train_row
 from components.wandb_media import ValMedia
 from conf.checks import checkpoint_fit, per_rank_batch
@@ -93,6 +93,7 @@ from data import (
     loader_options,
 )
 from data.mixing import BatchMix
+from data.seeding import seed_rank
 from data.transforms import build_recipe
 from models import build_model
 
@@ -166,12 +167,14 @@ def build(
 ) -> Training:
     """Data -> model -> optimizer and friends -> resume -> DDP wrap -> the W&B run."""
     tc = cfg.trainer
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # the draws every rank shares: the initial weights
     torch.backends.cudnn.benchmark = tc.cudnn_benchmark  # autotune convolutions (GPU)
     # The recipe that trains, also in checkpoints and W&B (imagefolder's depends on its size);
-    # trainer.precision=auto: bf16 where this hardware has it natively, else 32 (one log line).
+    # trainer.precision=auto: bf16 where this hardware has it natively, else 32 (one log line);
+    # precision 32 in TF32 where the GPU has it (trainer.tf32; the run's facts say which).
     cfg.augment = folder_augment(cfg)[0]
     tc.precision = resolve_precision(tc.precision, env)
+    fp32_math = set_fp32_math(tc.precision, env.device, tc.tf32)
 
     # Data: a DistributedSampler gives each rank its own shard of every epoch; validation counts
     # every sample exactly once across ranks; test is only touched after training.
@@ -207,6 +210,9 @@ def build(
         model,
         torch.zeros(1, splits.in_channels, splits.image_size, splits.image_size, device=env.device),
     )
+    # From here each rank draws its own dropout and stochastic-depth masks (a resume restores
+    # each rank's generators).
+    seed_rank(cfg.seed, env.rank)
     optimizer = build_optimizer(cfg.optim, model, global_batch=tc.batch_size)
     scheduler = lr_schedule(optimizer, tc, steps_per_epoch)
     scaler = grad_scaler(tc.precision, env.device)
@@ -243,6 +249,8 @@ def build(
         enabled=tc.save_checkpoints,
         fit=checkpoint_fit(cfg),  # what a resume must match (the gate checks it)
         on_save=run.checkpoint_saved,
+        group=env.cpu_group,  # waits for a slow write on gloo, not under NCCL's watchdog
+        timeout_s=env.timeout_s,
     )
     resumed = checkpoints.restore(state, cfg.resume)  # rank 0 chooses, every rank follows
     if resumed is not None:
@@ -259,7 +267,11 @@ def build(
     # The W&B run (and the panels of validation: per class, confusion matrix, fixed images).
     media = ValMedia(cfg, splits, loaders.val, env)
     facts = run_facts(
-        env.world_size, micro_batch * tc.accumulate_grad_batches, env.device, tc.precision
+        env.world_size,
+        micro_batch * tc.accumulate_grad_batches,
+        env.device,
+        tc.precision,
+        fp32_math,
     )
     progress.wandb_run_id = run.open(
         cfg,
@@ -347,6 +359,7 @@ def fit(t: Training) -> float | None:
             t.loaders.train_sampler.set_epoch(epoch)
             t.loaders.train_sampler.skip(progress.step_in_epoch * t.samples_per_step)
             t.ddp_model.train()
+            t.speed.memory.start("train")  # train rows' peak_mem_mb: this epoch's training's
             batches = iter(t.loaders.train)
             t.console.start_epoch(epoch + 1, t.steps_per_epoch, progress.step_in_epoch)
             while progress.step_in_epoch < t.steps_per_epoch:
@@ -384,6 +397,7 @@ def fit(t: Training) -> float | None:
 
             # Validation: exact, every val sample counted once across ranks (all-reduced).
             samples = t.media.watch(epoch + 1)  # the fixed val images' predictions, if due
+            t.speed.memory.start("val")
             val, result = validate(t, predictions=samples)
             progress.epoch, progress.step_in_epoch = epoch + 1, 0
             media = t.media.panels(epoch + 1, result, samples)
@@ -402,7 +416,7 @@ def fit(t: Training) -> float | None:
             # An Optuna trial with a pruner: rank 0 reports, every rank stops together.
             check_prune(t.trial, epoch + 1, val, monitor, env.device)
 
-    run.trained(t.speed.first_step_s, gather_floats(peak_memory_mb(env.device)))
+    run.trained(t.speed.first_step_s, gather_floats(t.speed.memory.run_peak()))
     if tc.test_after_fit and tc.save_checkpoints and monitor.best_epoch is not None:
         run.tested(progress.step, progress.epoch, test_best(t))
     return monitor.best
@@ -471,6 +485,7 @@ def test_best(t: Training) -> dict:
         return {}
     if env.is_main:  # only rank 0's node is sure to have the file
         model.load_state_dict(load_checkpoint(t.checkpoints.best)["model"])
+    t.checkpoints.wait_for_rank0(tensor_bytes(model.state_dict()))  # (a slow read: on gloo)
     broadcast_weights(model)
     with precision_context(tc.precision, env.device):
         test_loader = t.loaders.eval_loader("test")

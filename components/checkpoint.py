@@ -39,6 +39,7 @@ import os
 import platform
 import random
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -326,17 +327,17 @@ def _tuples(x: Any) -> Any:
     return tuple(_tuples(v) for v in x) if isinstance(x, list | tuple) else x
 
 
-def gather_rank_states(local: dict[str, Any]) -> list[torch.Tensor]:
+def gather_rank_states(local: dict[str, Any], group: Any = None) -> list[torch.Tensor]:
     """Every rank's own state (its RNG states plus `local`), in rank order, each a uint8 tensor
-    of torch.save bytes (a collective: all ranks must call it; without a process group, this
-    process's alone). Bytes travel through all_gather_object, which cannot carry tensors on a
-    one-rank gloo group."""
+    of torch.save bytes (a collective of `group`, the default group where None: all ranks must
+    call it; without a process group, this process's alone). Bytes travel through
+    all_gather_object, which cannot carry tensors on a one-rank gloo group."""
     buf = io.BytesIO()
     torch.save({**local, "rng": rng_state()}, buf)
     blobs: list[Any] = [buf.getvalue()]
     if dist.is_initialized():
-        blobs = [None] * dist.get_world_size()
-        dist.all_gather_object(blobs, buf.getvalue())
+        blobs = [None] * dist.get_world_size(group)
+        dist.all_gather_object(blobs, buf.getvalue(), group=group)
     return [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
 
 
@@ -396,9 +397,10 @@ class TrainingState:
         self.config = None if config is None else resolved_yaml(config)
         self.fresh = dict(fresh or {})
 
-    def state_dict(self) -> dict[str, Any]:
-        """The checkpoint's contents (a collective: every rank adds its own state)."""
-        ranks = gather_rank_states(self.rank_state_dict())
+    def state_dict(self, group: Any = None) -> dict[str, Any]:
+        """The checkpoint's contents (a collective of `group`, the default group where None:
+        every rank adds its own state)."""
+        ranks = gather_rank_states(self.rank_state_dict(), group)
         shared = {name: obj.state_dict() for name, obj in self.shared.items()}
         return {**shared, "world_size": len(ranks), "ranks": ranks, "config": self.config}
 
@@ -449,10 +451,17 @@ class TrainingState:
 
 class Checkpointer:
     """<run dir>/checkpoints/: saved by rank 0 while every rank contributes its own state, then a
-    barrier; restored in every rank from the file rank 0 chose. `fit`: what a resume of these
-    checkpoints must match (conf/checks.py checks it before a start). `on_save(path, progress,
-    is_best)`: called in rank 0 after each committed save (the step file, the checkpoint's
-    `progress`)."""
+    wait for rank 0's write; restored in every rank from the file rank 0 chose. `fit`: what a
+    resume of these checkpoints must match (conf/checks.py checks it before a start).
+    `on_save(path, progress, is_best)`: called in rank 0 after each committed save (the step
+    file, the checkpoint's `progress`).
+
+    Its collectives (the gather of every rank's state, the waits for rank 0's file work, the
+    agreements on what to load) run on `group`, a gloo group of every rank (DistEnv.cpu_group;
+    None: the default group, gloo itself), never on NCCL: a slow write on a shared file system
+    must not meet NCCL's watchdog, which aborts every rank at the step timeout. The waits time
+    out at `timeout_s` (dist.timeout_s, the startup's) plus the time a slow file system takes to
+    write or read the checkpoint (:func:`file_wait_s`), with an error, not an abort."""
 
     def __init__(
         self,
@@ -463,6 +472,8 @@ class Checkpointer:
         enabled: bool = True,
         fit: dict[str, Any] | None = None,
         on_save: Callable[[Path, dict, bool], None] | None = None,
+        group: Any = None,
+        timeout_s: float = 600.0,
     ):
         self.enabled = enabled  # False (trainer.save_checkpoints=false): save() writes nothing
         self.dir = run_dir / CHECKPOINT_DIR
@@ -472,6 +483,7 @@ class Checkpointer:
         self.fit = dict(fit or {})
         self.on_save = on_save
         self.manifest = Manifest()  # the committed state (rank 0), once restore() has run
+        self.group, self.timeout_s = group, timeout_s
 
     @property
     def best(self) -> Path:
@@ -480,7 +492,9 @@ class Checkpointer:
     def save(self, state: TrainingState, *, step: int, is_best: bool) -> None:
         if not self.enabled:  # the same setting on every rank: none of them gathers
             return
-        ckpt = state.state_dict()  # every rank takes part (its own state); only rank 0 writes
+        ckpt = state.state_dict(self.group)  # every rank adds its own state; rank 0 writes
+        # The same on every rank (their shared state is the same): all stop together.
+        refuse_non_finite(ckpt, state, step)
         if self.rank == 0:
             try:
                 path = self._commit(ckpt, step, is_best)
@@ -497,8 +511,20 @@ class Checkpointer:
                 ) from None
             if self.on_save is not None:
                 self.on_save(path, ckpt.get("progress") or {}, is_best)
-        if dist.is_initialized():
-            dist.barrier()
+        self.wait_for_rank0(tensor_bytes(ckpt))
+
+    def wait_for_rank0(self, nbytes: int = 0) -> None:
+        """Every rank waits here until every other, rank 0 with its file work done (writing or
+        reading `nbytes`), has come: on the gloo group, under a timeout sized for that work
+        (file_wait_s). A barrier whose timeout is its own (gloo's monitored_barrier), not the
+        group's: the default group's is tightened to dist.step_timeout_s after the first step."""
+        if not dist.is_initialized() or dist.get_world_size(self.group) == 1:
+            return
+        if dist.get_backend(self.group) != "gloo":  # (a group only gloo can wait on: none here)
+            dist.barrier(self.group)
+            return
+        timeout = timedelta(seconds=file_wait_s(nbytes, self.timeout_s))
+        dist.monitored_barrier(self.group, timeout=timeout)
 
     def _commit(self, ckpt: dict[str, Any], step: int, is_best: bool) -> Path:
         """The save protocol (module docstring): step file, links, one commit, then pruning."""
@@ -542,13 +568,15 @@ class Checkpointer:
                 own = path.parent == self.dir  # (else another run's, by its path)
                 chosen = {"name": path.name if own else str(path), "own": own}
                 chosen["sha256"] = sha256_of(path)
-        chosen = _from_rank0(chosen)
+        nbytes = tensor_bytes({name: obj.state_dict() for name, obj in state.shared.items()})
+        self.wait_for_rank0(nbytes)  # rank 0 read and verified the checkpoint
+        chosen = _from_rank0(chosen, self.group)
         if chosen is not None and "error" in chosen:
             raise UserError(chosen["error"])
         if chosen is None:
             return None
         path = self.dir / chosen["name"] if chosen["own"] else Path(chosen["name"])
-        ckpt = _follow(path, chosen["sha256"], ckpt, self.rank)
+        ckpt = _follow(path, chosen["sha256"], ckpt, self.rank, self, nbytes)
         try:
             state.load_state_dict(ckpt)
         except (RuntimeError, KeyError, ValueError, TypeError) as e:
@@ -570,25 +598,97 @@ class Checkpointer:
         return found
 
 
+# How slowly a checkpoint may be written or read before a wait for it fails: a shared file
+# system under load (NFS, Lustre) can fall to tens of MB/s; below this, something is wrong.
+SLOWEST_FILE_BYTES_PER_S = 10e6
+
+
+def file_wait_s(nbytes: int, timeout_s: float) -> float:
+    """How long ranks wait for file work on `nbytes` of checkpoint: dist.timeout_s (what any
+    wait of the startup may take), plus that much written at SLOWEST_FILE_BYTES_PER_S."""
+    return float(timeout_s) + nbytes / SLOWEST_FILE_BYTES_PER_S
+
+
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of every tensor in a (nested) state dict: about what torch.save writes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def non_finite_parts(ckpt: Mapping[str, Any], names: list[str]) -> list[str]:
+    """Which of the components `names` of a checkpoint hold a NaN or an infinity in a floating
+    tensor (weights, EMA, optimizer moments). One host sync per device for all of them."""
+    flags: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            if obj.is_floating_point() or obj.is_complex():
+                flags.setdefault(obj.device, []).append((name, torch.isfinite(obj).all()))
+        elif isinstance(obj, Mapping):
+            for value in obj.values():
+                visit(name, value)
+        elif isinstance(obj, list | tuple):
+            for value in obj:
+                visit(name, value)
+
+    for name in names:
+        visit(name, ckpt.get(name))
+    bad: set[str] = set()
+    for pairs in flags.values():
+        finite = torch.stack([flag for _, flag in pairs]).tolist()  # the device's one sync
+        bad |= {name for (name, _), ok in zip(pairs, finite, strict=True) if not ok}
+    return [name for name in names if name in bad]
+
+
+def refuse_non_finite(ckpt: Mapping[str, Any], state: TrainingState, step: int) -> None:
+    """A UserError, before anything is written, where the checkpoint would hold non-finite
+    values: a NaN loss on a GPU is only seen at the next log step (no host sync per step), and
+    an update can overflow the weights while the loss was still finite. Every checkpoint that
+    stays holds finite weights, so resume=auto never continues from NaN."""
+    bad = non_finite_parts(ckpt, list(state.shared))
+    if bad:
+        epoch = int((ckpt.get("progress") or {}).get("epoch") or 0)
+        raise UserError(
+            f"non-finite values in the {' and '.join(bad)} at step {step} (epoch {epoch + 1}): "
+            "not saved, the checkpoints already there hold finite weights; lower optim.lr, set "
+            "trainer.grad_clip, or trainer.nonfinite=skip"
+        )
+
+
 def sha256_of(path: Path) -> str:
     """The file's SHA-256: its recorded digest (load_checkpoint verified it), else computed."""
     recorded = committed_file(path)[1]
     return recorded if recorded is not None else hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _from_rank0(obj: Any) -> Any:
-    """Rank 0's `obj` on every rank (one broadcast; as it is without a process group)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def _from_rank0(obj: Any, group: Any = None) -> Any:
+    """Rank 0's `obj` on every rank (one broadcast on `group`; as it is without a process
+    group)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
-def _follow(path: Path, sha256: str, loaded: dict[str, Any] | None, rank: int) -> dict[str, Any]:
+def _follow(
+    path: Path,
+    sha256: str,
+    loaded: dict[str, Any] | None,
+    rank: int,
+    checkpointer: Checkpointer | None = None,
+    nbytes: int = 0,
+) -> dict[str, Any]:
     """The checkpoint rank 0 chose, in this rank: rank 0's `loaded`; elsewhere its own copy at
-    `path` if its SHA-256 is `sha256`, else rank 0's bytes (a collective: every rank says
-    whether it needs them, rank 0 names each that does in one line and broadcasts once)."""
+    `path` if its SHA-256 is `sha256`, else rank 0's bytes (a collective of the checkpointer's
+    group: every rank says whether it needs them, rank 0 names each that does in one line and
+    broadcasts once; each after a wait sized for reading `nbytes`)."""
+    group = checkpointer.group if checkpointer is not None else None
     data, problem = None, None
     if rank != 0:
         try:
@@ -598,15 +698,21 @@ def _follow(path: Path, sha256: str, loaded: dict[str, Any] | None, rank: int) -
         except OSError as e:
             problem = f"cannot be read ({e.strerror or e})"
     needs: list[Any] = [None]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        needs = [None] * dist.get_world_size()
-        dist.all_gather_object(needs, problem and f"rank {rank} on {platform.node()}: {problem}")
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        if checkpointer is not None:
+            checkpointer.wait_for_rank0(nbytes)  # every rank read its own copy
+        needs = [None] * dist.get_world_size(group)
+        dist.all_gather_object(
+            needs, problem and f"rank {rank} on {platform.node()}: {problem}", group=group
+        )
     if any(needs):
         if rank == 0:
             for need in filter(None, needs):
                 log.warning("resume: %s: %s; sending rank 0's copy", path.name, need)
         box = [path.read_bytes() if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
+        if checkpointer is not None:
+            checkpointer.wait_for_rank0(nbytes)  # rank 0 read the file
+        dist.broadcast_object_list(box, src=0, group=group)
         if problem is not None:
             data = box[0]
             if hashlib.sha256(data).hexdigest() != sha256:  # not what rank 0 chose: stop here

@@ -44,16 +44,22 @@ log = logging.getLogger(__name__)
 
 
 def run_facts(
-    world_size: int, per_rank_batch: int, device: torch.device, precision: str
+    world_size: int,
+    per_rank_batch: int,
+    device: torch.device,
+    precision: str,
+    math: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """Derived facts stored beside the config so every W&B run says how it was run (rank 0's
     RunLogger.open adds git_commit and git_dirty); `precision`: trainer.precision as resolved
-    (components/precision.py), also result.json's."""
+    (components/precision.py), also result.json's; `math`: what its convolutions and matmuls
+    run in (conv_math, matmul_math: e.g. tf32 with precision 32; set_fp32_math)."""
     return {
         "world_size": world_size,
         "per_rank_batch_size": per_rank_batch,
         "device_type": device.type,
         "precision": str(precision),
+        **(math or {}),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

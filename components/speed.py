@@ -81,6 +81,38 @@ def math_precisions(precision: str) -> tuple[str | None, str | None]:
     return "tf32" if conv_tf32 else "32", "tf32" if matmul_tf32 else "32"
 
 
+def set_fp32_math(precision: str, device: torch.device, tf32: bool | None) -> dict[str, str | None]:
+    """trainer.tf32: with precision 32 on a GPU that has TF32 (compute capability 8.0+: A100,
+    H100, L4, RTX 30xx/40xx), true runs cuBLAS matmuls and cuDNN convolutions in TF32 (torch's
+    default is TF32 for convolutions only, FP32 for matmuls: a linear layer or attention ran at
+    a fraction of the tensor cores' rate); false runs both in full FP32; null leaves torch's
+    settings as they are (what the user set before the run). Returns the run's facts: the math
+    its convolutions and matmuls run in (math_precisions), which MFU's peak follows too; None
+    where torch cannot say. Off CUDA, the precision itself."""
+    precision = str(precision)
+    if device.type != "cuda":
+        return {"conv_math": precision, "matmul_math": precision}
+    if precision == "32" and tf32 is not None:
+        allowed = bool(tf32) and has_tf32(device)
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):  # torch >= 2.9
+            # (after these, reading the legacy allow_tf32 flags raises: _tf32_allowed reads these)
+            matmul.fp32_precision = "tf32" if allowed else "ieee"
+            cudnn.conv.fp32_precision = "tf32" if allowed else "ieee"
+        else:
+            matmul.allow_tf32 = cudnn.allow_tf32 = allowed
+    conv, matmul_math = math_precisions(precision)
+    return {"conv_math": conv, "matmul_math": matmul_math}
+
+
+def has_tf32(device: torch.device) -> bool:
+    """Whether a CUDA device has TF32 tensor cores: NVIDIA's compute capability 8.0 and later
+    (ROCm's builds report their own capabilities: left alone)."""
+    if torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def _tf32_allowed() -> tuple[bool, bool]:
     """Whether cuDNN convolutions and cuBLAS matmuls may run FP32 work in TF32. torch >= 2.9
     reads the fp32_precision settings (a "none" resolves through its parents, cudnn's then
@@ -148,9 +180,54 @@ def model_facts(model: torch.nn.Module, sample: torch.Tensor) -> dict[str, float
 
 
 def peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory since its last reset (reset_peak_memory): on a GPU the
+    allocator's peak, on the CPU the resident set's (Linux: since the last reset too)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: the CUDA allocator's (torch.cuda.reset_peak_memory_stats), or on the
+    CPU the process's peak resident set (Linux: writing 5 to /proc/self/clear_refs resets it,
+    VmHWM and getrusage's ru_maxrss alike; elsewhere the CPU peak stays the process's)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+class PeakMemory:
+    """Peak memory per phase of a run (each epoch's training, its validation): each phase
+    starts a new peak, so a train row's `peak_mem_mb` is its training's alone, not the largest
+    of everything since the process started (a validation at a larger batch, an earlier
+    epoch's). `run_peak()`: the largest of all phases (result.json's)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.phase: str | None = None
+        self.peaks: dict[str, float] = {}  # each phase's largest peak so far
+
+    def start(self, phase: str) -> None:
+        self._fold()
+        reset_peak_memory(self.device)
+        self.phase = phase
+
+    def current(self) -> float:
+        """The peak (MiB) since this phase started."""
+        return peak_memory_mb(self.device)
+
+    def run_peak(self) -> float:
+        self._fold()
+        return max(self.peaks.values(), default=self.current())
+
+    def _fold(self) -> None:
+        if self.phase is not None:
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), self.current())
 
 
 class StepTimer:
@@ -192,6 +269,7 @@ class Speed:
         conv_share: float = 0.0,
     ):
         self.timer = StepTimer()
+        self.memory = PeakMemory(device)
         self.samples_per_step = samples_per_step
         self.first_step_s: float | None = None
         self.flops_per_sample = flops_per_sample  # of a train step (forward + backward)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from components.distributed import DistEnv
 from components.loss_window import LossWindow
 from components.precision import as_model_input, memory_format, precision_context
-from components.speed import Speed, peak_memory_mb
+from components.speed import Speed
 from data.mixing import BatchMix
 
 
@@ -150,7 +150,7 @@ def train_row(
         "samples_per_s": rate,
         "step_time_ms": step_ms,
         "data_wait_pct": wait_pct,
-        "peak_mem_mb": peak_memory_mb(env.device),
+        "peak_mem_mb": speed.memory.current(),  # this epoch's training's peak
     }
     if accuracy is not None:
         row["train/acc"] = accuracy

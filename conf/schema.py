@@ -275,6 +275,10 @@ class TrainerConfig:
     # (torch.backends.cudnn.benchmark). On: a run's shapes are fixed (one image size, full
     # train batches), so the search is paid once, in the first step. GPU only.
     cudnn_benchmark: bool = True
+    # precision=32 on a GPU with TF32 (compute capability 8.0+): true runs matmuls and
+    # convolutions in TF32 (torch's default: convolutions only), false both in full FP32, null
+    # leaves torch's settings as set before the run. The run's facts say which (matmul_math).
+    tf32: bool | None = True
     lr_schedule: str = "cosine"  # cosine | constant, stepped per optimizer step
     warmup_epochs: float = 1.0  # linear warm-up from ~0 to the lr, then the schedule
     label_smoothing: float = 0.0  # of the train loss (F.cross_entropy's label_smoothing)

@@ -245,7 +245,11 @@ class SplitView(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         try:  # a file-based set reads the file here, and decodes it in the transform
             image, label = self.dataset[index]
-            return (image if self.transform is None else self.transform(image)), label
+            if self.transform is None:
+                return image, label
+            if getattr(self.transform, "takes_index", False):  # (data.decode.PlanGeometry)
+                return self.transform(image, index), label
+            return self.transform(image), label
         except Exception as e:
             path = self.sample_file(index)
             if path is None or readable_file(path):  # not the file's fault

@@ -15,11 +15,14 @@ batch's JPEGs are decoded on the device (nvjpeg, ``decode_jpeg(list, device=...)
 cropped, resized, flipped and normalised there with the same v2 kernels. A file nvjpeg cannot
 take (CMYK or YCCK JPEGs, which ImageNet's train split holds; other formats) is decoded in the
 worker as on the CPU path: nvjpeg fails a whole batch for one such file (``nvjpeg_decodes``).
+A file that passes that check and still fails nvjpeg is decoded on the host, with one warning
+naming it, and skips nvjpeg from then on (``DecodeOnDevice``).
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,6 +34,8 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 from torchvision.transforms import v2
 
 from data.transforms import BatchStage, Stages, split_stages
+
+log = logging.getLogger(__name__)
 
 # torchvision 0.29 deprecates its decoders in favour of TorchCodec, which this project does not
 # install; they warn on every call (once per image) otherwise.
@@ -214,16 +219,29 @@ def _plannable(ops: Sequence[Callable]) -> bool:
     return True
 
 
+class Planned(NamedTuple):
+    """A sample planned for the device: its bytes (or the image a worker decoded), the
+    parameters of each geometric transform, and its index in the split (what names its file
+    should nvjpeg fail on it)."""
+
+    data: torch.Tensor
+    plan: list[dict | None]
+    index: int | None = None
+
+
 class PlanGeometry:
-    """Sample stage on a device: ``bytes -> (bytes or image, params)``, the parameters each
-    geometric transform would draw, drawn as v2 draws them (same RNG calls, same order), so that
-    the device applies exactly what the CPU path would (data.transforms.Stages). A JPEG that
-    nvjpeg takes stays bytes, for the device to decode; any other file is decoded here."""
+    """Sample stage on a device: ``bytes -> Planned(bytes or image, params, index)``, the
+    parameters each geometric transform would draw, drawn as v2 draws them (same RNG calls, same
+    order), so that the device applies exactly what the CPU path would (data.transforms.Stages).
+    A JPEG that nvjpeg takes stays bytes, for the device to decode; any other file is decoded
+    here. ``takes_index``: data.datasets.SplitView passes the sample's index."""
+
+    takes_index = True
 
     def __init__(self, ops: Sequence[Callable]) -> None:
         self.ops = list(ops)
 
-    def __call__(self, data: torch.Tensor) -> tuple[torch.Tensor, list[dict | None]]:
+    def __call__(self, data: torch.Tensor, index: int | None = None) -> Planned:
         frame = jpeg_frame(data)
         if nvjpeg_decodes(frame):
             height, width = frame.height, frame.width
@@ -240,54 +258,146 @@ class PlanGeometry:
             plan.append(t.make_params([stand_in]))
             if isinstance(t, _SIZED):
                 height, width = t.size
-        return data, plan
+        return Planned(data, plan, index)
 
 
-def collate_planned(items: list) -> tuple[tuple[list[torch.Tensor], list], torch.Tensor]:
-    """Items ``((bytes or image, plan), label)`` -> ``((bytes or images, plans), labels)``."""
-    return ([d for (d, _), _ in items], [p for (_, p), _ in items]), torch.as_tensor(
-        [label for _, label in items], dtype=torch.int64
+class PlannedBatch(NamedTuple):
+    """A batch of Planned samples, as lists (their sizes differ until decoded and cropped)."""
+
+    datas: list[torch.Tensor]
+    plans: list[list[dict | None]]
+    indices: list[int | None]
+
+
+def collate_planned(items: list) -> tuple[PlannedBatch, torch.Tensor]:
+    """Items ``(Planned, label)`` -> ``(PlannedBatch, labels)``."""
+    batch = PlannedBatch(
+        [p.data for p, _ in items], [p.plan for p, _ in items], [p.index for p, _ in items]
     )
+    return batch, torch.as_tensor([label for _, label in items], dtype=torch.int64)
+
+
+def _fixed_size_from(ops: Sequence[Callable]) -> int:
+    """Where the per-image part of planned geometry ends: after the last crop to a fixed
+    size (every image has that size from there on), so that the rest (flips, a resize) runs
+    once on the stacked batch. len(ops) where no op fixes the size (then all of it is per
+    image)."""
+    last = max((k for k, t in enumerate(ops) if isinstance(t, _SIZED)), default=None)
+    return len(ops) if last is None else last + 1
 
 
 class DecodeOnDevice:
     """Batch stage on a device: decode the batch's JPEGs there (in one batched call), apply
-    each image's planned geometry with the v2 kernels, stack, then ``tail`` (to float,
-    normalise)."""
+    each image's planned geometry up to its fixed-size crop with the v2 kernels, stack, apply
+    the rest of it (flips: one op for the images that flip) to the batch, then ``tail`` (to
+    float, normalise).
 
-    def __init__(self, ops: Sequence[Callable], tail: BatchStage, device: torch.device) -> None:
+    A file nvjpeg fails on although its header passed nvjpeg_decodes (the whole batched call
+    fails for it: NVIDIA's DALI met such files in ImageNet) is decoded on the host instead:
+    the batch is decoded again file by file on the device, the failing file on the host, and
+    one warning names it (``name_of``: its path, from its index); from then on that file skips
+    nvjpeg (once per file and rank)."""
+
+    def __init__(
+        self,
+        ops: Sequence[Callable],
+        tail: BatchStage,
+        device: torch.device,
+        name_of: Callable[[int], str | None] | None = None,
+    ) -> None:
         self.ops, self.tail, self.device = list(ops), tail, torch.device(device)
+        self.per_image = _fixed_size_from(self.ops)  # ops[:per_image] per image, then batched
+        self.name_of = name_of
+        self.host_files: set[int | None] = set()  # indices of the files nvjpeg failed on
+        self.said = False  # the first batch's line (that nvjpeg runs: docs/bench/gpu.py checks)
 
-    def decode_all(self, items: list[torch.Tensor]) -> list[torch.Tensor]:
+    def decode_all(
+        self, items: list[torch.Tensor], indices: Sequence[int | None] | None = None
+    ) -> list[torch.Tensor]:
         """PlanGeometry's items as images on the device: JPEG bytes (1-D, what nvjpeg takes)
-        decoded there; images the workers decoded moved there."""
+        decoded there, in one batched call (a file nvjpeg fails on: on the host); images the
+        workers decoded copied there (non-blocking: the loader pinned them on a GPU)."""
+        indices = list(indices) if indices is not None else [None] * len(items)
         images = list(items)
         files = [i for i, item in enumerate(items) if item.ndim == 1]
-        if files:
-            decoded = decode_jpeg(
-                [items[i] for i in files], mode=ImageReadMode.RGB, device=self.device
-            )
-            for i, image in zip(files, decoded, strict=True):
+        on_device = [i for i in files if indices[i] is None or indices[i] not in self.host_files]
+        for i in set(files) - set(on_device):
+            images[i] = decode(items[i])
+        if on_device:
+            try:
+                decoded = decode_jpeg(
+                    [items[i] for i in on_device], mode=ImageReadMode.RGB, device=self.device
+                )
+            except RuntimeError:  # one file failed the call: each alone, that one on the host
+                decoded = [self._decode_one(items[i], indices[i]) for i in on_device]
+            for i, image in zip(on_device, decoded, strict=True):
                 images[i] = image
-        return [image.to(self.device) for image in images]
+            if not self.said:
+                self.said = True
+                log.info(
+                    "JPEGs decoded on %s by nvjpeg: %d of the first batch's %d images (the "
+                    "others decoded by the workers: formats nvjpeg does not take)",
+                    self.device,
+                    len(on_device),
+                    len(items),
+                )
+        return [image.to(self.device, non_blocking=True) for image in images]
 
-    def __call__(self, batch: tuple[list[torch.Tensor], list]) -> torch.Tensor:
-        datas, plans = batch
+    def _decode_one(self, data: torch.Tensor, index: int | None) -> torch.Tensor:
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError as e:
+            name = self.name_of(index) if self.name_of is not None and index is not None else None
+            log.warning(
+                "nvjpeg cannot decode %s (%s): decoding it on the host from now on",
+                name or f"sample {index}",
+                str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__,
+            )
+            self.host_files.add(index)
+            return decode(data)
+
+    def __call__(self, batch: PlannedBatch | tuple) -> torch.Tensor:
+        datas, plans, *rest = batch
+        indices = rest[0] if rest else None
         out = []
-        for image, plan in zip(self.decode_all(datas), plans, strict=True):
-            for t, params in zip(self.ops, plan, strict=True):
+        head = self.ops[: self.per_image]
+        for image, plan in zip(self.decode_all(datas, indices), plans, strict=True):
+            for t, params in zip(head, plan, strict=False):
                 if params is not None:
                     image = t.transform(image, params)
             out.append(image)
-        return self.tail(torch.stack(out))
+        images = torch.stack(out)
+        for k in range(self.per_image, len(self.ops)):  # same size now: once for the batch
+            images = self._batched(self.ops[k], images, [plan[k] for plan in plans])
+        return self.tail(images)
+
+    def _batched(self, t: Callable, images: torch.Tensor, params: list) -> torch.Tensor:
+        """`t` applied with each image's planned parameters, as one op where they agree (a
+        flip: to the images whose plan flips them; a resize: to all)."""
+        chosen = [k for k, p in enumerate(params) if p is not None]
+        if not chosen:
+            return images
+        if isinstance(t, _FLIPS) or all(p == params[chosen[0]] for p in params):
+            if len(chosen) == len(params):
+                return t.transform(images, params[chosen[0]])
+            which = torch.tensor(chosen, device=images.device)
+            done = t.transform(images.index_select(0, which), params[chosen[0]])
+            return images.index_copy_(0, which, done)  # (a batch of its own: stacked above)
+        return torch.stack(  # parameters of their own: one image at a time
+            [t.transform(x, p) if p is not None else x for x, p in zip(images, params, strict=True)]
+        )
 
 
-def device_stages(transform: Callable | None, device: torch.device | str) -> Stages:
+def device_stages(
+    transform: Callable | None,
+    device: torch.device | str,
+    name_of: Callable[[int], str | None] | None = None,
+) -> Stages:
     """How a loader on ``device`` runs ``transform``: for a pipeline that starts by decoding
     (DecodeImage) followed only by plannable geometry (random-resized / centre / padded crops,
     resize, flips) and the batchable tail, on a CUDA device: plan in the workers, decode and
     transform on the device. Otherwise data.transforms.split_stages: everything per sample up
-    to a uint8 tensor, the tail per batch."""
+    to a uint8 tensor, the tail per batch. `name_of`: a sample index's file (warnings)."""
     stages = split_stages(transform)
     if torch.device(device).type != "cuda" or stages.batch is None:
         return stages
@@ -304,6 +414,6 @@ def device_stages(transform: Callable | None, device: torch.device | str) -> Sta
     geometry = head[1:-1]
     return Stages(
         PlanGeometry(geometry),
-        DecodeOnDevice(geometry, tail, torch.device(device)),
+        DecodeOnDevice(geometry, tail, torch.device(device), name_of),
         collate=collate_planned,
     )

@@ -246,7 +246,7 @@ def staged(dataset: Dataset, device: torch.device) -> tuple[Dataset, Stages]:
         inner, stages = staged(dataset.dataset, device)
         return EpochSeededDataset(inner, dataset.seed, dataset.random), stages
     if isinstance(dataset, SplitView):
-        stages = device_stages(dataset.transform, device)
+        stages = device_stages(dataset.transform, device, name_of=dataset.sample_file)
         return SplitView(dataset.dataset, stages.sample), stages
     return dataset, Stages(None)
 

@@ -109,3 +109,24 @@ def seeded(seed: int) -> Iterator[None]:
         yield
     finally:
         generator.set_state(state)
+
+
+_RANK_STREAM = 0x72616E6B  # keeps the per-rank seeds apart from the per-sample ones
+
+
+def seed_rank(seed: int, rank: int) -> int:
+    """Seed this process's global generators (torch's CPU and CUDA ones, Python's `random`,
+    numpy's) from (seed, rank): the draws each rank makes on its own, the model's dropout and
+    stochastic-depth masks first, differ across ranks (with one seed for all, rank r's mask for
+    its k-th sample would be every rank's). Call it after the draws every rank must share
+    (the initial weights: DDP also broadcasts rank 0's); the data's draws (sampler order,
+    augmentation, MixUp/CutMix) have seeds of their own. Returns the rank's seed."""
+    import random
+
+    import numpy as np
+
+    rank_seed = mix_seed(seed, rank, _RANK_STREAM)
+    torch.manual_seed(rank_seed)
+    random.seed(rank_seed)
+    np.random.seed([rank_seed & 0xFFFFFFFF, rank_seed >> 32])
+    return rank_seed

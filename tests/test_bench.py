@@ -488,14 +488,14 @@ def test_gpu_check_cells_use_train_configs_that_compose(tmp_path, monkeypatch):
         gpu, "eval_cell", lambda name, cmd, out_dir, t: evals.setdefault(name, (cmd, out_dir))
     )
     uuid = "GPU-8f0c2a4e-5b1d-4c3e-9a7f-0123456789ab"
-    cells = gpu.plan(tmp_path, uuid)
-    assert len({name for name, _, _ in cells}) == len(cells) == 18
+    cells = gpu.plan(tmp_path, uuid, gpus=2)
+    assert len({name for name, _, _ in cells}) == len(cells) == 20
     for name, limit, cell in cells:
         assert 0 < limit <= gpu.BUDGET_S
         cell(name, limit)
-    # 3 ways a rank starts, a resume, the UUID, DDP eager and compiled, the JPEG path, then
-    # 7 throughput cells; eval.py; 2 probes
-    assert len(trains) == 15 and len(evals) == 1
+    # 3 ways a rank starts, a resume, the UUID, DDP eager and compiled, DDP on 2 GPUs, the JPEG
+    # path, then 8 throughput cells; eval.py; 2 probes
+    assert len(trains) == 17 and len(evals) == 1
     configs = {}
     for name, (cmd, _run_dir, kw) in trains.items():
         overrides = [o for o in cmd[cmd.index("train.py") + 1 :] if not o.startswith("hydra.")]
@@ -512,12 +512,21 @@ def test_gpu_check_cells_use_train_configs_that_compose(tmp_path, monkeypatch):
         )
         assert cfg.dist.force_ddp == name.startswith("DDP at world size 1")
         if name.split()[0] in ("resnet18", "resnet50"):
-            precision = "32" if " 32 " in name else "bf16"
+            precision = name.split()[1]
             assert cfg.model.name == name.split()[0] and cfg.trainer.precision == precision
             assert cfg.trainer.channels_last and cfg.dataset.fast == ("fast path" in name)
             assert cfg.trainer.compile == name.endswith("compiled")
             assert cfg.trainer.limit_train_batches == gpu.STEPS
-    assert "resnet18 32 cl fast path" in trains
+    assert {"resnet18 32 cl fast path", "resnet18 fp16 cl fast path"} <= trains.keys()
+    # 2 NCCL ranks on 2 GPUs, each reporting its GPU memory; other cells: 1 rank
+    two = configs[gpu.TWO_GPUS]
+    assert (two.dist.nproc_per_node, two.dist.backend, two.trainer.device) == ("2", "nccl", "cuda")
+    assert {name: kw.get("ranks", 1) for name, (_, _, kw) in trains.items() if kw.get("ranks")} == {
+        gpu.TWO_GPUS: 2
+    }
+    assert gpu.rank_problem({"peak_memory_mb_per_rank": [812.5, 790.0]}, 2) is None
+    assert gpu.rank_problem({"peak_memory_mb_per_rank": [812.5]}, 2) == "1 rank(s) reported, not 2"
+    assert "no GPU memory" in gpu.rank_problem({"peak_memory_mb_per_rank": [0.0, 790.0]}, 2)
     compiled_ddp = "DDP at world size 1, compiled (DDPOptimizer)"
     assert configs[compiled_ddp].trainer.compile
     assert trains[compiled_ddp][2] == {
@@ -541,6 +550,60 @@ def test_gpu_check_cells_use_train_configs_that_compose(tmp_path, monkeypatch):
         with Image.open(path) as image:
             modes.append((image.format, image.mode))
     assert modes.count(("JPEG", "CMYK")) == 1 and modes.count(("JPEG", "RGB")) == len(modes) - 1
-    # without the GPU's UUID from the preflight, that cell says so instead of running
+    # without the GPU's UUID from the preflight, that cell says so instead of running; on a
+    # 1-GPU machine the 2-GPU cell says it in one line
     uuid_cell = next(c for c in gpu.plan(tmp_path) if "UUID" in c[0])
     assert uuid_cell[2](uuid_cell[0], 90)["status"] == "skipped (no UUID from the preflight)"
+    two_cell = next(c for c in gpu.plan(tmp_path, uuid, gpus=1) if c[0] == gpu.TWO_GPUS)
+    assert two_cell[2](two_cell[0], 90) == {"cell": gpu.TWO_GPUS, "status": gpu.ONE_GPU}
+    assert gpu.table([two_cell[2](two_cell[0], 90)]).count("\n") == 2  # header, rule, 1 row
+
+
+def test_gpu_check_jpeg_cell_fails_unless_nvjpeg_ran(tmp_path, monkeypatch, caplog):
+    """The JPEG cell's run (its config, the folder_augment train.py applies at 64 px) takes
+    the device path, whose first batch says that nvjpeg decoded (nvjpeg faked on the CPU);
+    the cell requires that line, so a run that decoded everything on the host fails it."""
+    import torchvision
+    from hydra.core.hydra_config import HydraConfig
+
+    from conf.folder_recipe import folder_augment
+    from data import build_datasets
+    from data.decode import DecodeOnDevice
+    from data.loaders import staged
+    from data.transforms import build_recipe
+    from docs.bench import gpu
+    from tests.helpers import compose as compose_run
+
+    cells = {}
+    monkeypatch.setattr(
+        gpu, "train_cell", lambda name, cmd, run_dir, t, **kw: cells.setdefault(name, (cmd, kw))
+    )
+    name = "JPEG ImageFolder, nvjpeg, a CMYK file"
+    cell = next(c for c in gpu.plan(tmp_path) if c[0] == name)
+    cell[2](name, 90)
+    cmd, kw = cells[name]
+    assert kw == {"must_say": gpu.NVJPEG_RAN}
+    gpu.make_folder_with_cmyk(tmp_path / "jpegs")
+    overrides = [o for o in cmd[cmd.index("train.py") + 1 :] if not o.startswith("hydra.")]
+    cfg = compose_run("train", tmp_path / "run", *overrides)
+    HydraConfig.instance().set_config(cfg)
+    augment = folder_augment(cfg)[0]  # as train.py sets it
+    splits = build_datasets(cfg.dataset, seed=0, augment=build_recipe(augment))
+    plan_set, planned = staged(splits.train, torch.device("cuda"))  # only plans: no CUDA used
+    assert isinstance(planned.batch, DecodeOnDevice)
+    planned.batch.device = torch.device("cpu")
+    real = torchvision.io.decode_jpeg
+
+    def nvjpeg(data, mode=torchvision.io.ImageReadMode.UNCHANGED, device=None):
+        return [real(d, mode=mode) for d in data] if isinstance(data, list) else real(data, mode)
+
+    monkeypatch.setattr("data.decode.decode_jpeg", nvjpeg)
+    batch, _ = planned.collate([plan_set[(0, i)] for i in range(8)])
+    with caplog.at_level("INFO", logger="data.decode"):
+        planned.batch(batch)
+    assert any(gpu.NVJPEG_RAN in r.getMessage() for r in caplog.records), caplog.text
+    host_set, host = staged(splits.train, torch.device("cpu"))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="data.decode"):
+        host.batch(torch.stack([host_set[(0, i)][0] for i in range(8)]))
+    assert not any(gpu.NVJPEG_RAN in r.getMessage() for r in caplog.records)

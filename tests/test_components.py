@@ -215,6 +215,33 @@ def test_saves_keep_the_newest_two_plus_the_best(tmp_path):
 
 
 @pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.parametrize("where", ["model", "optimizer"])
+def test_a_checkpoint_with_non_finite_values_is_refused_before_anything_is_written(tmp_path, where):
+    """Weights (or optimizer moments) that turned NaN or infinite since the last save: the save
+    is one UserError naming what and where, nothing of it is written, and last.pt still holds
+    the earlier, finite checkpoint (what resume=auto continues from)."""
+    state, model, *_ = training_state(1)
+    checkpoints = ck.Checkpointer(tmp_path, rank=0)
+    checkpoints.save(state, step=1, is_best=True)
+    folder = tmp_path / "checkpoints"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with torch.no_grad():
+        if where == "model":
+            model.weight[0, 1] = float("nan")
+        else:
+            next(iter(state.shared["optimizer"].state.values()))["momentum_buffer"][0] = float(
+                "inf"
+            )
+    with pytest.raises(UserError) as e:
+        checkpoints.save(state, step=2, is_best=False)
+    assert str(e.value).startswith(f"non-finite values in the {where} at step 2 (epoch ")
+    assert "trainer.grad_clip" in str(e.value)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing written
+    last = ck.load_checkpoint(folder / "last.pt")
+    assert all(torch.isfinite(t).all() for t in last["model"].values())
+
+
+@pytest.mark.usefixtures("one_rank_group")
 def test_restore_into_a_different_model_is_one_user_error(tmp_path):
     state, *_ = training_state(1)
     checkpoints = ck.Checkpointer(tmp_path, rank=0)
@@ -780,6 +807,60 @@ def test_mfu_follows_torchs_fp32_precision_settings(
     speed = Speed(torch.device("cuda", 0), "32", 64, flops_per_sample=3e9, conv_share=0.25)
     assert speed.peak_flops == pytest.approx(1 / (0.25 / peaks[0] + 0.75 / peaks[1]), rel=1e-9)
     assert speed.mfu(1000.0, 2) == pytest.approx(3e9 * 1000 / (speed.peak_flops * 2), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "capability, precision, tf32, maths",
+    [
+        ((8, 0), "32", True, ("tf32", "tf32")),  # A100: matmuls in TF32 too (torch: FP32)
+        ((9, 0), "32", True, ("tf32", "tf32")),  # H100
+        ((7, 0), "32", True, ("32", "32")),  # V100: no TF32, both FP32
+        ((8, 0), "32", False, ("32", "32")),  # asked for full FP32
+        ((8, 0), "32", None, ("tf32", "32")),  # torch's settings as they were: its defaults
+        ((8, 0), "bf16", True, ("bf16", "bf16")),  # autocast: TF32 does not apply
+    ],
+)
+def test_precision_32_runs_tf32_where_the_gpu_has_it_and_the_facts_say_so(
+    monkeypatch, fp32_precision_restored, capability, precision, tf32, maths
+):
+    """trainer.tf32 (default true) on a GPU (its capability faked): TF32 for matmuls and
+    convolutions where the GPU has it; the run's facts name the math, and MFU's peak follows."""
+    from components.metrics import run_facts
+    from components.speed import PEAK_FLOPS, Speed, set_fp32_math
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    cuda = torch.device("cuda", 0)
+    math = set_fp32_math(precision, cuda, tf32)
+    assert (math["conv_math"], math["matmul_math"]) == maths
+    facts = run_facts(2, 32, torch.device("cpu"), precision, math)  # (the device: only its name)
+    assert (facts["conv_math"], facts["matmul_math"]) == maths
+    speed = Speed(cuda, precision, 64, flops_per_sample=3e9, conv_share=0.0)
+    assert speed.peak_flops == PEAK_FLOPS["A100"][maths[1]]  # a matmul model: matmul's peak
+    cpu = set_fp32_math("32", torch.device("cpu"), True)  # no TF32 on a CPU: nothing set
+    assert cpu == {"conv_math": "32", "matmul_math": "32"}
+
+
+def test_peak_memory_on_a_gpu_starts_anew_with_each_phase(monkeypatch):
+    """On a GPU (torch.cuda's allocator mocked): each phase resets the allocator's peak
+    (reset_peak_memory_stats), a train row reads its phase's, the run's peak is the largest."""
+    from components.speed import PeakMemory
+
+    allocator = {"peak": 0.0}
+    resets = []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: allocator.get("peak", 0))
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda d=None: (resets.append(d), allocator.clear())
+    )
+    memory = PeakMemory(torch.device("cuda", 1))
+    seen = {}
+    for phase, peak_mib in (("train", 900), ("val", 2500), ("train", 1000), ("test", 700)):
+        memory.start(phase)
+        allocator["peak"] = peak_mib * 2**20
+        seen[phase] = memory.current()
+    assert resets == [torch.device("cuda", 1)] * 4
+    assert seen == {"train": 1000, "val": 2500, "test": 700}  # each phase's own
+    assert memory.run_peak() == 2500
 
 
 def test_mfu_is_left_out_when_torch_cannot_say_its_math(monkeypatch, caplog):

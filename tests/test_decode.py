@@ -264,11 +264,12 @@ def test_device_decode_plan_applies_the_cpu_paths_draws(jpegs, choice):
     planned.batch.device = torch.device("cpu")  # decode "on the device" here
     keys = [(4, i) for i in range(len(cpu_set))]
     expected = cpu.batch(torch.stack([cpu_set[k][0] for k in keys]))
-    (datas, plans), labels = collate_planned([plan_set[k] for k in keys])
+    batch, labels = collate_planned([plan_set[k] for k in keys])
     files = [splits.train.dataset.sample_file(k[1]) for k in keys]
     # the workers only read the JPEG files; the PNG among them they decode
-    assert [d.ndim for d in datas] == [3 if f.endswith(".png") else 1 for f in files]
-    assert torch.equal(planned.batch((datas, plans)), expected)
+    assert [d.ndim for d in batch.datas] == [3 if f.endswith(".png") else 1 for f in files]
+    assert batch.indices == [k[1] for k in keys]
+    assert torch.equal(planned.batch(batch), expected)
     assert labels.tolist() == [cpu_set[k][1] for k in keys]
 
 
@@ -382,13 +383,108 @@ def test_a_batch_with_a_cmyk_file_decodes_on_the_device_path(mixed_jpegs, monkey
     planned.batch.device = torch.device("cpu")  # decode "on the device" here
     keys = [(2, i) for i in range(len(cpu_set))]
     expected = cpu.batch(torch.stack([cpu_set[k][0] for k in keys]))
-    (items, plans), _ = collate_planned([plan_set[k] for k in keys])
+    batch, _ = collate_planned([plan_set[k] for k in keys])
+    items = batch.datas
     files = [splits.train.dataset.sample_file(i) for _, i in keys]
     host = {i for i, f in enumerate(files) if "cmyk" in f or "rgb_stored" in f}
     assert len(host) == 2 * len(splits.classes)
     assert [item.ndim for item in items] == [3 if i in host else 1 for i in range(len(items))]
-    assert torch.equal(planned.batch((items, plans)), expected)
+    assert torch.equal(planned.batch(batch), expected)
     assert len(seen) == 1 and len(seen[0]) == len(keys) - len(host)
+
+
+class CountOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops run inside, by name (on a GPU each is at least one kernel launch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("choice", ["random_resized_crop", "crop_flip"])
+def test_the_device_stage_flips_a_batch_in_one_op_and_copies_without_blocking(
+    jpegs, choice, monkeypatch
+):
+    """The device stage applies what follows the per-image crop to the stacked batch: one flip
+    for all the images whose plan flips them, not one per image (same pixels: the CPU path's,
+    test_device_decode_plan_applies_the_cpu_paths_draws); the images the workers decoded go
+    to the device without a blocking copy each (the loader pinned them)."""
+    splits = folder_splits(jpegs, choice)
+    plan_set, planned = staged(splits.train, torch.device("cuda"))  # only plans: no CUDA used
+    planned.batch.device = torch.device("cpu")  # decode "on the device" here
+    keys = [(5, i) for i in range(len(plan_set))]
+    batch, _ = collate_planned([plan_set[k] for k in keys])
+    plans = batch[1]  # (the batch's plans, one per image)
+    flipped = sum(plan[-1] is not None for plan in plans)  # the flip is the last op
+    assert flipped >= 2
+    copies: list[bool] = []
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.device):  # a copy to a device (not a cast)
+            copies.append(kwargs.get("non_blocking", False))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    with CountOps() as ops:
+        planned.batch(batch)
+    assert ops.counts.get("flip", 0) == 1, ops.counts
+    assert len(copies) >= len(keys) and all(copies)
+
+
+def nvjpeg_rejecting(bad: bytes, calls: list):
+    """decode_jpeg as the GPU path meets a file nvjpeg fails on although its header passes
+    nvjpeg_decodes: a device call (batched or single) holding `bad`'s bytes raises as nvjpeg
+    does; the host decoder (called without a device) decodes everything. `calls` gets each
+    device call's count of `bad` (0 or 1)."""
+    real = torchvision.io.decode_jpeg
+
+    def decode_jpeg(data, mode=torchvision.io.ImageReadMode.UNCHANGED, device=None):
+        if device is None:  # the host decoder (data.decode.decode)
+            return real(data, mode=mode)
+        items = data if isinstance(data, list) else [data]
+        hit = sum(bytes(item.numpy()) == bad for item in items)
+        calls.append(hit)
+        if hit:
+            raise RuntimeError("Error while decoding JPEG images: nvjpeg status 7")
+        decoded = [real(item, mode=mode) for item in items]
+        return decoded if isinstance(data, list) else decoded[0]
+
+    return decode_jpeg
+
+
+def test_a_file_nvjpeg_fails_on_is_decoded_on_the_host_once_with_one_warning(
+    jpegs, monkeypatch, caplog
+):
+    """A JPEG whose header nvjpeg_decodes accepts but nvjpeg still fails on (a monkeypatched
+    decoder rejects it): the batch decodes all the same, to the CPU path's pixels; one warning
+    names the file; nvjpeg meets it once (its batch's call, then alone), never again in later
+    epochs."""
+    splits = folder_splits(jpegs)
+    cpu_set, cpu = staged(splits.train, torch.device("cpu"))
+    plan_set, planned = staged(splits.train, torch.device("cuda"))  # only plans: no CUDA used
+    planned.batch.device = torch.device("cpu")  # decode "on the device" here
+    files = [splits.train.dataset.sample_file(i) for i in range(len(cpu_set))]
+    bad = next(i for i, f in enumerate(files) if f.endswith(".jpg"))
+    assert nvjpeg_decodes(jpeg_frame(read_bytes(files[bad])))  # the header check passes it
+    calls: list = []
+    monkeypatch.setattr(
+        "data.decode.decode_jpeg", nvjpeg_rejecting(read_bytes(files[bad]).numpy().tobytes(), calls)
+    )
+    with caplog.at_level("WARNING", logger="data.decode"):
+        for epoch in (1, 2, 3):
+            keys = [(epoch, i) for i in range(len(cpu_set))]
+            expected = cpu.batch(torch.stack([cpu_set[k][0] for k in keys]))
+            batch, _ = collate_planned([plan_set[k] for k in keys])
+            assert torch.equal(planned.batch(batch), expected), epoch
+    warnings = [r.getMessage() for r in caplog.records if "nvjpeg" in r.getMessage()]
+    assert len(warnings) == 1 and files[bad] in warnings[0], warnings
+    assert sum(calls) == 2  # the batched call it failed, then alone; skipped from then on
 
 
 @pytest.mark.filterwarnings("ignore:.*pin_memory")  # no accelerator here to pin memory for

@@ -393,3 +393,22 @@ def test_eval_accumulator_counts_like_a_reference():
         want = hits[mine].mean().item() if mine.any() else None
         assert result.per_class_acc[c] == (pytest.approx(want) if want is not None else None)
     assert result.confusion.sum(1).tolist() == torch.bincount(labels, minlength=7).tolist()
+
+
+def test_evaluation_reads_nothing_back_to_the_host_per_batch():
+    """evaluate() over shape-only tensors (the meta device: no values at all): an op whose
+    output size depends on the values, as torch.bincount's does (it reads its input's min and
+    max back: on a GPU, host syncs every batch, 8 for the 4 bincounts it took), cannot run
+    there. Every batch's sums stay on the device until all_reduce()/result()."""
+    from types import SimpleNamespace
+
+    from components.evaluation import evaluate
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10)).to("meta")
+    batches = [
+        (torch.empty(16, 3, 8, 8, device="meta"), torch.empty(16, dtype=torch.long, device="meta"))
+        for _ in range(3)
+    ]
+    tc = SimpleNamespace(channels_last=False)
+    metrics = evaluate(model, batches, torch.device("meta"), tc, num_classes=10)
+    assert metrics.sums.device.type == "meta" and metrics.confusion.shape == (10, 10)

@@ -24,6 +24,7 @@ from ddp_launcher import REQUEUE_EXIT_CODE
 
 from components.checkpoint import load_checkpoint, step_files, verify
 from tests.helpers import (
+    IMPORT_PATH,
     OFFLINE,
     REPO,
     assert_same_training,
@@ -305,6 +306,51 @@ def test_without_an_agent_the_other_rank_exits_within_the_timeout(tmp_path):
     assert all(p.returncode != 0 for p in ranks), outs
     assert "injected fault at step 5 on rank 1" in outs[1]
     assert time.time() - start < 20 + 60  # the step timeout, plus shutdown slack
+
+
+# A shared file system that writes a checkpoint slowly: every process started with this
+# sitecustomize on PYTHONPATH takes SLOW_CHECKPOINT_WRITE_S seconds to fsync a step file (only
+# rank 0 writes them), as a loaded NFS or Lustre mount takes to flush hundreds of MB.
+SLOW_CHECKPOINT_WRITE = r"""
+import os, re, time
+
+_fsync = os.fsync
+
+
+def _slow_fsync(fd):
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        path = ""
+    if re.search(r"/checkpoints/\.step-[0-9-]+\.pt\.tmp-[0-9]+$", path):
+        time.sleep(float(os.environ["SLOW_CHECKPOINT_WRITE_S"]))
+    _fsync(fd)
+
+
+os.fsync = _slow_fsync
+"""
+
+
+def test_a_checkpoint_write_slower_than_the_step_timeout_is_waited_for(tmp_path):
+    """2 ranks, each checkpoint taking 8 s to write, the step timeout 3 s: the other rank waits
+    for rank 0's write on the gloo group (NCCL runs use DistEnv.cpu_group) under a timeout
+    sized for the write, not under the step timeout (on NCCL, its watchdog's SIGABRT of every
+    rank), and the run completes with its checkpoints."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_CHECKPOINT_WRITE)
+    run_dir = tmp_path / "run"
+    overrides = ["trainer.max_epochs=1", "trainer.limit_train_batches=4", "dist.step_timeout_s=3"]
+    proc = run(
+        launch_cmd(*job(run_dir, *overrides), nproc=2),
+        timeout=300,
+        SLOW_CHECKPOINT_WRITE_S="8",
+        PYTHONPATH=os.pathsep.join([str(site), IMPORT_PATH]),
+    )
+    assert proc.returncode == 0, output(proc)
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
+    saved = [p.name for p in step_files(run_dir / "checkpoints")]
+    assert saved == ["step-00000004.pt", "step-00000003.pt"]  # step 3's, then the epoch's end
 
 
 def test_nan_stops_naming_step_and_rank_or_is_skipped(tmp_path):

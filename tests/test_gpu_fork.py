@@ -317,14 +317,58 @@ def test_two_jobs_at_once_run_on_their_own_cores(tmp_path: Path) -> None:
 def test_a_slurm_task_sizes_its_threads_and_workers_from_its_own_cpus(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A SLURM task of an 8-GPU job on a 112-CPU node, bound to its 14 CPUs (--cpus-per-task):
-    its share is those 14, not 14 divided again among the node's 8 local ranks."""
+    """A SLURM task of an 8-GPU job on a 112-CPU node (one rank per task, as the SLURM launcher
+    starts them), bound to its 14 CPUs (--cpus-per-task): its share is those 14, not 14 divided
+    again among the node's 8 local ranks."""
     monkeypatch.setattr(world, "usable_cores", lambda: list(range(14)))
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)  # no agent: the task is the rank
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "14")
     assert world.cores_per_rank(8) == 14 and loaders.data_workers("auto", 8) == 13
     monkeypatch.delenv("SLURM_PROCID")  # not a SLURM task: the node's cores among its ranks
     assert world.cores_per_rank(8) == 1 and loaders.data_workers("auto", 8) == 0
+
+
+# A 96-CPU node, 8 ranks on it: each way they start inside SLURM (the environment SLURM and the
+# starter give each rank; TORCHELASTIC_RUN_ID: a torch elastic agent started it) -> (its local
+# world size, its cores): its share of its task's CPUs.
+AGENT = {"TORCHELASTIC_RUN_ID": "none"}  # torchrun's without --rdzv-id
+SLURM_SHARES = {
+    "torchrun --nproc-per-node=8 in an sbatch -c 96 script": (
+        {"SLURM_PROCID": "0", "SLURM_CPUS_PER_TASK": "96", **AGENT},
+        (8, 12),
+    ),
+    "python train.py dist.nproc_per_node=8 in an srun -c 96 --pty shell": (
+        {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_CPUS_PER_TASK": "96", **AGENT},
+        (8, 12),
+    ),
+    "srun --ntasks-per-node=2 -c 48 torchrun --nproc-per-node=4": (
+        {"SLURM_PROCID": "1", "SLURM_STEP_ID": "1", "SLURM_CPUS_PER_TASK": "48", **AGENT},
+        (4, 12),
+    ),
+    "srun --ntasks-per-node=8 -c 12, one rank per task (the SLURM launcher's way)": (
+        {"SLURM_PROCID": "5", "SLURM_STEP_ID": "0", "SLURM_CPUS_PER_TASK": "12"},
+        (8, 12),
+    ),
+}
+
+
+@pytest.mark.parametrize("how", SLURM_SHARES)
+def test_ranks_that_share_a_slurm_task_share_its_cpus(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Ranks inside a SLURM allocation that are not tasks of their own (torchrun in the batch
+    script, the launcher in an srun shell) divide their task's CPUs among them: each of 8
+    ranks 12 cores and 11 DataLoader workers, not the task's 96 and 95 each (8 x 95 workers
+    per persistent loader: ~1,500 processes on the node)."""
+    environ, (local_world, cores) = SLURM_SHARES[how]
+    monkeypatch.setattr(world, "usable_cores", lambda: list(range(96)))  # unbound: the node's
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(key)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    assert world.cores_per_rank(local_world) == cores
+    assert loaders.data_workers("auto", local_world) == cores - 1
 
 
 AFFINITY_SHARE = (

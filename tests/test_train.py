@@ -218,6 +218,31 @@ def test_two_ranks_share_one_run_dir_written_by_rank_zero(two_runs):
 
 
 @pytest.mark.slow
+def test_each_rank_draws_its_own_dropout_masks_from_the_same_initial_weights(tmp_path):
+    """2 ranks (gloo), dropout 0.5, each rank's first training forward recorded
+    (tests/rank_probe.py): the same initial weights (drawn from the run's seed, before DDP),
+    but each rank's own dropout mask; with one seed for every rank, rank 1 would drop what rank
+    0 drops for the same local sample."""
+    log = tmp_path / "probe.jsonl"
+    overrides = [
+        "model._target_=tests.rank_probe.small_cnn",
+        "model.dropout=0.5",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.test_after_fit=false",
+        f"hydra.run.dir={tmp_path / 'r'}",
+    ]
+    proc = run(train_cmd(*QUICK, *overrides, nproc=2), timeout=300, RANK_PROBE_LOG=str(log))
+    assert proc.returncode == 0, output(proc)
+    ranks = sorted(
+        (json.loads(line) for line in log.read_text().splitlines()), key=lambda r: r["rank"]
+    )
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # drawn from the run's seed
+    assert ranks[0]["mask"] != ranks[1]["mask"]  # each rank's own draw
+
+
+@pytest.mark.slow
 def test_world_size_invariance(two_runs):
     one_dir, two_dir, _ = two_runs
     one = load_checkpoint(one_dir / "checkpoints" / "last.pt")["model"]
@@ -443,6 +468,67 @@ def test_full_disk_while_saving_is_one_error_and_resume_continues(tmp_path, monk
     train_in_process(run_dir, *common, "resume=auto")
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["epoch"] == 2
     assert [v["epoch"] for v in val_rows(run_dir)] == [1, 2]
+
+
+def test_weights_that_turn_nan_at_a_save_step_never_reach_a_checkpoint(tmp_path, monkeypatch):
+    """As on a GPU, where the loss is read only at log steps (no host sync per step): the
+    update of step 4 turns a weight NaN, and step 4 saves (checkpoint_every_n_steps=2) before
+    any loss shows it. The save refuses with the non-finite error; the committed checkpoints
+    (step 2's) hold finite weights, so resume=auto never continues from NaN."""
+    from components import train_step
+
+    real_step = train_step.TrainStep.optimizer_step
+    steps = []
+
+    def update_then_nan_at_step_4(self, log_step):
+        updated = real_step(self, log_step)
+        steps.append(updated)
+        if len(steps) == 4:
+            with torch.no_grad():
+                next(self.plain_model.parameters()).view(-1)[0] = float("nan")
+        return updated
+
+    monkeypatch.setattr(train_step.TrainStep, "optimizer_step", update_then_nan_at_step_4)
+    run_dir = tmp_path / "r"
+    with pytest.raises(UserError) as e:
+        train_in_process(
+            run_dir,
+            *QUICK,
+            "trainer.checkpoint_every_n_steps=2",
+            "trainer.log_every_n_steps=100",
+        )
+    saved = sorted((run_dir / "checkpoints").glob("*.pt"))
+    assert {p.name for p in saved} >= {"last.pt", "step-00000002.pt"}
+    for path in saved:
+        assert all(torch.isfinite(t).all() for t in load_checkpoint(path)["model"].values()), path
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["step"] == 2
+    assert str(e.value).startswith("non-finite values in the model at step 4 (epoch 1)")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's peak reset")
+def test_peak_memory_is_reset_for_each_phase(tmp_path, monkeypatch):
+    """Each epoch's training and its validation each start a new peak (on the CPU the resident
+    set's; on a GPU torch.cuda.reset_peak_memory_stats): a validation that holds 384 MiB more
+    than training does shows in result.json's peak, not in the next epoch's train rows'
+    peak_mem_mb."""
+    import train
+
+    extra_mib = 384
+    real_evaluate = train.evaluate
+
+    def evaluate_holding_more_memory(*args, **kwargs):
+        held = torch.ones(extra_mib * 2**20 // 4)  # written: resident
+        try:
+            return real_evaluate(*args, **kwargs)
+        finally:
+            del held
+
+    monkeypatch.setattr(train, "evaluate", evaluate_holding_more_memory)
+    run_dir = tmp_path / "r"
+    train_in_process(run_dir, *QUICK[1:], "trainer.max_epochs=2", "trainer.log_every_n_steps=5")
+    second = [r["peak_mem_mb"] for r in train_rows(run_dir) if r["epoch"] == 2]
+    (run_peak,) = read_json(run_dir / "result.json")["peak_memory_mb_per_rank"]
+    assert second and max(second) < run_peak - 0.8 * extra_mib, (second, run_peak)
 
 
 def test_non_finite_loss_keeps_what_was_written(tmp_path):

@@ -22,12 +22,15 @@ a compile is. The cells, on generated data only (MNIST-format files; a JPEG Imag
                (resume=auto, a second epoch) and `eval.py` of its checkpoint, plain torchrun, a
                sweep job under CUDA_VISIBLE_DEVICES=<the GPU's UUID>, a world-1 NCCL group with
                DDP forced on (dist.force_ddp: DDP's reducer; compiled: dynamo's DDPOptimizer,
-               its log line checked), and the GPU JPEG path (nvjpeg batch decode) through
-               train.py on an ImageFolder holding a CMYK JPEG: status, wall, first step
+               its log line checked), DDP on 2 GPUs (2 NCCL ranks: a real all-reduce between
+               GPUs; on a 1-GPU machine one line says it was skipped), and the GPU JPEG path
+               (nvjpeg batch decode, its log line checked: nvjpeg ran) through train.py on an
+               ImageFolder holding a CMYK JPEG: status, wall, first step
   throughput   resnet18 / resnet50 (3x3 stem) in bf16 + channels_last on MNIST-format files
                (28 px, 1 channel), through the DataLoader (dataset.fast=false) and the fast path
-               (data/fast.py), eager and compiled, and resnet18 in precision 32: samples/s
-               (median window after the first) and MFU (train rows' `mfu`: components/speed.py)
+               (data/fast.py), eager and compiled, resnet18 in precision 32 (TF32) and in fp16
+               (autocast with the GradScaler): samples/s (median window after the first) and
+               MFU (train rows' `mfu`: components/speed.py)
   JPEG decode  torchvision.io.decode_jpeg of a batch of generated 224-320 px JPEGs on the CPU
                and on the GPU (device="cuda", nvjpeg): images/s
   matmul       a bf16 8192^3 matmul's TFLOP/s against the peak components/speed.py uses for
@@ -292,10 +295,12 @@ def train_cell(
     timeout_s: float,
     extra_env: dict[str, str] | None = None,
     must_say: str | None = None,
+    ranks: int = 1,
 ) -> dict:
     """One train.py process (`extra_env` on top of G's environment); its status, wall, first
     step, steady samples/s and MFU from the run dir (`run_dir`: where its result.json and
-    metrics.jsonl land). `must_say`: a line its output must hold, else it failed."""
+    metrics.jsonl land). `must_say`: a line its output must hold, else it failed; `ranks`: how
+    many ranks result.json must report (each with GPU memory used), else it failed."""
     from docs.bench.workloads import steady_rate
 
     tic = time.perf_counter()
@@ -310,6 +315,8 @@ def train_cell(
         return {**row, "status": "FAILED (no result)", "note": str(e)}
     if must_say is not None and must_say not in stdout + stderr:
         return {**row, "status": "FAILED (not said)", "note": f"no {must_say!r} in its output"}
+    if (problem := rank_problem(result, ranks)) is not None:
+        return {**row, "status": "FAILED (ranks)", "note": problem}
     rates = [r["samples_per_s"] for r in rows if "samples_per_s" in r]
     mfus = [r["mfu"] for r in rows if "mfu" in r][1:] or [r["mfu"] for r in rows if "mfu" in r]
     own = app_part(result)
@@ -321,6 +328,17 @@ def train_cell(
         "mfu": statistics.median(mfus) if mfus else None,
         "note": f"precision {own.get('precision')}, {own.get('epochs')} epoch(s)",
     }
+
+
+def rank_problem(result: dict, ranks: int) -> str | None:
+    """What is wrong with a completed run's ranks (result.json's peak memory per rank: one
+    entry per rank, each the GPU memory it used), or None."""
+    peaks = result.get("peak_memory_mb_per_rank") or []
+    if len(peaks) != ranks:
+        return f"{len(peaks)} rank(s) reported, not {ranks}"
+    if not all(peak and peak > 0 for peak in peaks):
+        return f"a rank used no GPU memory: {peaks} MiB"
+    return None
 
 
 def eval_cell(name: str, cmd: list[str], out_dir: Path, timeout_s: float) -> dict:
@@ -362,10 +380,15 @@ def make_folder_with_cmyk(root: Path) -> Path:
     return root
 
 
-def plan(work: Path, gpu_uuid: str | None = None) -> list[tuple[str, float, object]]:
+TWO_GPUS = "DDP on 2 GPUs (2 NCCL ranks)"
+ONE_GPU = "skipped (this machine has 1 GPU: the 2-GPU NCCL DDP cell needs 2)"
+NVJPEG_RAN = "by nvjpeg"  # data/decode.py's line on the device path's first batch
+
+
+def plan(work: Path, gpu_uuid: str | None = None, gpus: int = 1) -> list[tuple[str, float, object]]:
     """(name, time limit in s, how to run it) of every cell, most important first, the
     compiled ones last (the slowest to start). `gpu_uuid`: the GPU's (GPU-...), from the
-    preflight."""
+    preflight; `gpus`: how many it found (2 or more: the 2-GPU NCCL cell runs)."""
     py = sys.executable
     runs = work / "runs"
     device = ("trainer.device=cuda", "trainer.progress_bar=false", "wandb.mode=disabled")
@@ -386,6 +409,9 @@ def plan(work: Path, gpu_uuid: str | None = None) -> list[tuple[str, float, obje
     def evaluate(name, limit, trained, out_dir):
         cmd = [py, "eval.py", f"run={trained}", "wandb.mode=disabled", f"hydra.run.dir={out_dir}"]
         return (name, limit, lambda n, t: eval_cell(n, cmd, out_dir, t))
+
+    def skipped(name, status):
+        return (name, 30, lambda n, t: {"cell": n, "status": status})
 
     def throughput(model, precision, fast, compiled=False):
         name = f"{model} {precision} cl {'fast path' if fast else 'DataLoader'}"
@@ -432,15 +458,27 @@ def plan(work: Path, gpu_uuid: str | None = None) -> list[tuple[str, float, obje
         if gpu_uuid
         else (uuid, 90, lambda n, t: {"cell": n, "status": "skipped (no UUID from the preflight)"}),
         train("DDP at world size 1 (NCCL, dist.force_ddp)", 90, force_ddp, runs / "ddp"),
+        # a real all-reduce between 2 GPUs (the cells above: 1-rank groups)
+        train(
+            TWO_GPUS,
+            120,
+            ("dist.nproc_per_node=2", "dist.backend=nccl", *one_epoch),
+            runs / "two_gpus",
+            ranks=2,
+        )
+        if gpus >= 2
+        else skipped(TWO_GPUS, ONE_GPU),
         train(
             "JPEG ImageFolder, nvjpeg, a CMYK file",
             90,
             (*jpegs, "trainer.batch_size=64", "trainer.max_epochs=1", *device),
             runs / "jpeg",
+            must_say=NVJPEG_RAN,  # the device path ran, not the workers' host decoder
         ),
         ("JPEG decode, CPU vs CUDA", 90, lambda name, t: probe_cell(name, "decode", t)),
         ("bf16 matmul vs the MFU peak", 60, lambda name, t: probe_cell(name, "matmul", t)),
         throughput("resnet18", "32", fast=True),  # MFU at precision 32 (TF32's peak)
+        throughput("resnet18", "fp16", fast=True),  # autocast fp16 with the GradScaler
         *(
             throughput(model, "bf16", fast)
             for model in ("resnet18", "resnet50")
@@ -468,7 +506,7 @@ def run(work: Path, found: dict | None = None) -> tuple[str, int]:
     make_mnist(work / "mnist", n_train=(STEPS + 8) * BATCH)  # 10 % of it is carved as val
     make_folder_with_cmyk(work / "jpegs")
     rows = []
-    for name, limit, cell in plan(work, found.get("uuid")):
+    for name, limit, cell in plan(work, found.get("uuid"), found.get("count") or 1):
         left = BUDGET_S - (time.perf_counter() - started)
         if left < min(limit, 45):
             rows.append({"cell": name, "status": "skipped (time budget)"})

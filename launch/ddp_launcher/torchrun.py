@@ -37,6 +37,7 @@ from ddp_launcher.core.wandb_service import wandb_wanted
 from ddp_launcher.core.world import (
     check_gpus,
     endpoint_parts,
+    job_device,
     job_world,
     keeps_records,
     requested_world,
@@ -181,10 +182,22 @@ def run_task_or_hand_off(task: str, cfg: DictConfig) -> Any:
     ddp_launcher/ranks/bootstrap.py's
     run_task runs it). `python train.py dist.nproc_per_node=N` (not itself a rank): this
     process only hands the job to N ranks, which run the same task, so it imports neither
-    torch nor the task's module (seconds). Everywhere else the task runs here."""
-    if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
-        return run_in_torchrun(cfg, functools.partial(run_task, task))
+    torch nor the task's module (seconds). Everywhere else the task runs here. A
+    trainer.device=cpu job sees no GPU, here and in its ranks (hide_gpus_from_cpu_job)."""
+    if not started_as_rank():
+        hide_gpus_from_cpu_job(cfg)
+        if requested_world(cfg.dist, visible_gpus(), job_device(cfg)) != (1, 1):
+            return run_in_torchrun(cfg, functools.partial(run_task, task))
     return run_task(task, cfg)
+
+
+def hide_gpus_from_cpu_job(cfg: DictConfig, environ=os.environ) -> None:
+    """trainer.device=cpu: its ranks train on the CPU, so `auto` asks for 1 of them and they
+    reserve no GPU; with CUDA_VISIBLE_DEVICES empty (before torch is imported here) nothing of
+    the job (the ranks' CUDA probes, a pinned-memory thread, a stray .cuda()) can take memory
+    on a GPU another job was given."""
+    if job_device(cfg) == "cpu":
+        environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
@@ -358,6 +371,8 @@ class TorchrunBackend:
         env["PYTHONPATH"] = import_path()
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_ids[g] for g in gpus)
+        elif job.spec is not None:
+            hide_gpus_from_cpu_job(job.spec.config, env)
         # The job's cores shared among its ranks, unless the user chose: one OpenMP pool each.
         cores = len(cpus) if cpus else len(self.cores)
         if not env.get("OMP_NUM_THREADS"):

@@ -35,7 +35,7 @@ from ddp_launcher.core.run_dir import (
     read_result,
     write_result,
 )
-from ddp_launcher.core.world import job_world, parse_count
+from ddp_launcher.core.world import cuda_visible, job_world, parse_count
 from ddp_launcher.jobs import (
     Job,
     JobFailed,
@@ -302,6 +302,40 @@ def test_job_world_from_the_jobs_dist_config() -> None:
     assert parse_count("0", "hydra.launcher.gpus_per_node", minimum=0) == 0
     with pytest.raises(UserError, match="=auto or a non-negative integer"):
         parse_count("-1", "hydra.launcher.gpus_per_node", minimum=0)
+
+
+def test_a_cpu_job_on_a_gpu_node_runs_cpu_ranks_and_reserves_no_gpu(monkeypatch) -> None:
+    """trainer.device=cpu where 8 GPUs are visible (a faked count): auto is 1 CPU rank, an
+    explicit count that many, none of them a GPU job; a sweep reserves it no GPU and hides
+    the node's from it; a single run (`python train.py trainer.device=cpu`) runs here, not as
+    8 gloo ranks, and cannot see the GPUs either."""
+    from ddp_launcher import torchrun
+
+    def job(**dist: object) -> dict:
+        dist = {"nproc_per_node": "auto", "nnodes": "auto", "backend": "auto", **dist}
+        return {"dist": dist, "trainer": {"device": "cpu"}}
+
+    assert job_world(OmegaConf.create(job()), 8) == (1, 1, False)
+    assert job_world(OmegaConf.create(job(nproc_per_node=3)), 8) == (3, 1, False)
+    assert job_world(OmegaConf.create({**job(), "trainer": {"device": "auto"}}), 8) == (8, 1, True)
+    backend = TorchrunBackend(TorchrunLauncherConf(), gpu_ids=[str(g) for g in range(8)])
+    cpu_job = fake_job(0, config=job(nproc_per_node=2))
+    place(cpu_job, backend)
+    assert (cpu_job.nproc, cpu_job.uses_gpus, cpu_job.error) == (2, False, None)
+    gpus, cpus = backend.reserve(cpu_job)
+    assert gpus == [] and backend.job_env(cpu_job, gpus, cpus)["CUDA_VISIBLE_DEVICES"] == ""
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # (restored after)
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    # 8 GPUs, as the driver's device nodes narrowed by CUDA_VISIBLE_DEVICES would show them
+    gpus_here = lambda: min(8, len(cuda_visible(os.environ.get("CUDA_VISIBLE_DEVICES"))))  # noqa: E731
+    monkeypatch.setattr(torchrun, "visible_gpus", gpus_here)
+    handed_off, ran = [], []
+    monkeypatch.setattr(torchrun, "run_in_torchrun", lambda cfg, fn: handed_off.append(cfg))
+    monkeypatch.setattr(torchrun, "run_task", lambda task, cfg: ran.append(gpus_here()))
+    torchrun.run_task_or_hand_off("train:main", OmegaConf.create(job()))
+    assert handed_off == [] and ran == [0] and os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
 def test_plan_fails_only_the_job_that_cannot_run() -> None:

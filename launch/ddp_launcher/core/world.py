@@ -4,7 +4,8 @@ parse_count, cores_per_rank) and the launchers
 unless a GPU driver is present: launchers use it too.
 
 `dist.nproc_per_node` and `dist.nnodes` are `auto` or a positive integer. `auto` nproc means
-every usable GPU of a node, or 1 where the job uses no GPU (none visible, or dist.backend=gloo);
+every usable GPU of a node, or 1 where the job uses no GPU (none visible, dist.backend=gloo, or
+trainer.device=cpu);
 `auto` nnodes means 1. Under torchrun (or srun) the environment's values win, and an explicit
 value must agree with them.
 """
@@ -93,18 +94,25 @@ def cuda_visible(value: str | None) -> list[str]:
     return kept
 
 
-def uses_gpus(backend: Any, n_gpus: int) -> bool:
-    """Whether a job with this `dist.backend` runs its ranks on GPUs, given `n_gpus` usable."""
-    return n_gpus > 0 and str(backend) != "gloo"
+def uses_gpus(backend: Any, n_gpus: int, device: Any = "auto") -> bool:
+    """Whether a job with this `dist.backend` and `trainer.device` runs its ranks on GPUs, given
+    `n_gpus` usable: not with gloo, nor with trainer.device=cpu (its ranks train on the CPU)."""
+    return n_gpus > 0 and str(backend) != "gloo" and str(device) != "cpu"
 
 
-def requested_world(dist_cfg: Any, n_gpus: int) -> tuple[int, int]:
-    """(nproc_per_node, nnodes) a job asks for outside torchrun, `auto` resolved."""
+def requested_world(dist_cfg: Any, n_gpus: int, device: Any = "auto") -> tuple[int, int]:
+    """(nproc_per_node, nnodes) a job asks for outside torchrun, `auto` resolved (`device`: its
+    trainer.device)."""
     nproc = parse_count(dist_cfg.nproc_per_node, "dist.nproc_per_node")
     nnodes = parse_count(dist_cfg.nnodes, "dist.nnodes")
     if nproc is None:
-        nproc = n_gpus if uses_gpus(dist_cfg.backend, n_gpus) else 1
+        nproc = n_gpus if uses_gpus(dist_cfg.backend, n_gpus, device) else 1
     return nproc, nnodes or 1
+
+
+def job_device(config: DictConfig) -> str:
+    """The job's trainer.device (`auto` for an app without one)."""
+    return str(OmegaConf.select(config, "trainer.device", default="auto"))
 
 
 def usable_cores() -> list[int]:
@@ -117,9 +125,9 @@ def usable_cores() -> list[int]:
 
 def cores_per_rank(local_world_size: int, environ=os.environ) -> int:
     """This rank's CPU cores, from the cores it may really run on (its affinity): shared among
-    the node's ranks, as a torchrun job's are (its launcher gives the job a slice); a SLURM
-    task's own, where SLURM says how many (--cpus-per-task) and the affinity does not hold
-    fewer."""
+    the node's ranks, as a torchrun job's are (its launcher gives the job a slice); inside
+    SLURM, the task's CPUs (--cpus-per-task, where the affinity does not hold fewer) shared
+    among the ranks that run in that task (:func:`ranks_per_slurm_task`)."""
     cores = len(usable_cores())
     if "SLURM_PROCID" in environ and environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
         # On a cluster that binds tasks (task/affinity, task/cgroup) the affinity is the task's
@@ -128,14 +136,25 @@ def cores_per_rank(local_world_size: int, environ=os.environ) -> int:
         # sbatch, still reads the job's count. On one that does not bind, the affinity is
         # the whole node's, shared by its tasks, and SLURM's count is the task's share. The
         # smaller is right on both.
-        return max(1, min(int(environ["SLURM_CPUS_PER_TASK"]), cores))
+        task_cpus = min(int(environ["SLURM_CPUS_PER_TASK"]), cores)
+        return max(1, task_cpus // ranks_per_slurm_task(local_world_size, environ))
     return max(1, cores // max(1, local_world_size))
 
 
+def ranks_per_slurm_task(local_world_size: int, environ=os.environ) -> int:
+    """How many ranks share this rank's SLURM task, and so its CPUs: the `local_world_size`
+    ranks of the torch elastic agent that started it (torchrun, or this package's launcher:
+    TORCHELASTIC_RUN_ID is set), which is one process of one task (torchrun in the batch script
+    or in an srun step, `python train.py dist.nproc_per_node=N` in an `srun --pty` shell); 1
+    where the rank is a task of its own (ddp_launcher/ranks/slurm_task.py, sbatch_example.sh
+    map SLURM's variables to torch's; no agent)."""
+    return max(1, local_world_size) if "TORCHELASTIC_RUN_ID" in environ else 1
+
+
 def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
-    """(ranks per node, nodes, whether its ranks use GPUs) a job asks for in its `dist` node,
-    `auto` resolved against `n_gpus` usable GPUs per node. An app without a `dist` node (or
-    without a key of it) runs 1 rank on 1 node."""
+    """(ranks per node, nodes, whether its ranks use GPUs) a job asks for in its `dist` node
+    (and trainer.device: `cpu` uses no GPU), `auto` resolved against `n_gpus` usable GPUs per
+    node. An app without a `dist` node (or without a key of it) runs 1 rank on 1 node."""
     dist = OmegaConf.select(config, "dist")
     if not isinstance(dist, DictConfig):
         return 1, 1, False
@@ -144,8 +163,9 @@ def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
         nnodes=OmegaConf.select(dist, "nnodes", default=1),
         backend=OmegaConf.select(dist, "backend", default="auto"),
     )
-    nproc, nnodes = requested_world(request, n_gpus)
-    return nproc, nnodes, uses_gpus(request.backend, n_gpus)
+    device = job_device(config)
+    nproc, nnodes = requested_world(request, n_gpus, device)
+    return nproc, nnodes, uses_gpus(request.backend, n_gpus, device)
 
 
 def check_gpus(nproc: int, gpu_job: bool, n_gpus: int, what: str) -> None:
