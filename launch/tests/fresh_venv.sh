@@ -10,12 +10,19 @@
 #
 #   bash launch/tests/fresh_venv.sh [VENV_DIR]   (default: a temp dir, removed at the end;
 #                                                 a given VENV_DIR is made anew and kept)
+#
+# The environment picks what the venv holds beside the package (the workflow's matrix sets them):
+#   DDP_LAUNCHER_PYTHON  the interpreter that makes the venv (default: python3)
+#   DDP_LAUNCHER_TORCH   torch's pip spec (default: torch==2.13.0, the CPU build on this disk)
+#   DDP_LAUNCHER_PIP     more pip specs, e.g. "hydra-core==1.4.0rc3 omegaconf==2.4.1rc1"
 set -euo pipefail
 launch=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/ddp-launcher.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 venv=${1:-$work/venv}
 py=$venv/bin/python
+torch_spec=${DDP_LAUNCHER_TORCH:-torch==2.13.0}
+read -r -a more_specs <<<"${DDP_LAUNCHER_PIP:-}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 unset PYTHONPATH
 
@@ -25,22 +32,26 @@ fail() {
 }
 step() { echo "== ${SECONDS}s: $*"; }
 
-step "a fresh venv in $venv: torch==2.13.0, ./launch (not editable), pytest"
-python3 -m venv --clear "$venv"
+step "a fresh venv in $venv: $torch_spec, ./launch[optuna,report] (not editable), pytest ${more_specs[*]}"
+"${DDP_LAUNCHER_PYTHON:-python3}" -m venv --clear "$venv"
 # pip builds in the source tree (build/, *.egg-info): a copy keeps the checkout clean and an
 # earlier build's leftovers out of the wheel.
 mkdir "$work/src" && cp -r "$launch" "$work/src/launch" && rm -rf "$work/src/launch/build"
 find "$work/src/launch" -maxdepth 1 -name '*.egg-info' -exec rm -rf {} +
-"$py" -m pip install -q torch==2.13.0 "$work/src/launch" pytest >"$work/pip.log" 2>&1 ||
+# the example's search and report need the optuna and report extras
+"$py" -m pip install -q "$torch_spec" "$work/src/launch[optuna,report]" pytest "${more_specs[@]}" \
+  >"$work/pip.log" 2>&1 ||
   { tail -n 30 "$work/pip.log" >&2; fail "pip install (its log above)"; }
 
 # Everything below runs outside the checkout, on a copy of the example app.
 cp -r "$launch/examples" "$work/app"
 cd "$work/app"
-"$py" - <<'EOF' || fail "the venv imports something it should not (above)"
-import importlib.util, torch, ddp_launcher
+"$py" - "$torch_spec" <<'EOF' || fail "the venv imports something it should not (above)"
+import importlib.metadata, importlib.util, sys, torch, ddp_launcher
 assert "site-packages" in ddp_launcher.__file__, ddp_launcher.__file__
-assert torch.__version__.startswith("2.13.0"), torch.__version__
+wanted = sys.argv[1].partition("==")[2]  # torch==X: that version (else whatever pip chose)
+assert torch.__version__.startswith(wanted), (torch.__version__, wanted)
+print("torch", torch.__version__, "hydra-core", importlib.metadata.version("hydra-core"))
 for module in ("train", "components", "models", "torchvision"):  # the fork's, torchvision
     assert importlib.util.find_spec(module) is None, f"{module} is importable"
 EOF
