@@ -141,6 +141,19 @@ def settings_from(schema: type, launcher_cfg: Any) -> dict[str, Any]:
     }
 
 
+def refuse_unknown_keys(schema: type, launcher_cfg: Any, group: str) -> None:
+    """`+hydra.launcher.<key>=...` adds a key the launcher's schema does not have (Hydra lets
+    `+` append to any node): one line naming it and the keys there are, not silently ignored."""
+    keys = launcher_cfg.keys() if launcher_cfg is not None else ()
+    unknown = sorted(str(k) for k in keys if k not in schema.__dataclass_fields__)
+    if unknown:
+        known = ", ".join(k for k in schema.__dataclass_fields__ if not k.startswith("_"))
+        raise UserError(
+            f"hydra.launcher.{unknown[0]}: not a key of {group}, which would ignore it: drop it "
+            f"(its keys: {known})"
+        )
+
+
 def resolve_output_dirs(config: DictConfig, keys: Sequence[str]) -> None:
     """Resolve the output dir keys here, once: ranks are other processes, and `${now:}` resolved
     there would name another directory."""

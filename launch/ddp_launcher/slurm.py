@@ -46,6 +46,7 @@ from ddp_launcher.jobs import (
     failed_job_return,
     failure_reason,
     launcher_errors,
+    refuse_unknown_keys,
     settings_from,
 )
 from ddp_launcher.lifecycle import LifecycleLauncher
@@ -147,6 +148,7 @@ class DDPSlurmLauncherBase(LifecycleLauncher, Launcher):
     def __init__(self, **params: Any) -> None:
         with launcher_errors():  # before Hydra goes on with a launcher that cannot submit
             require_extra("slurm", "hydra/launcher=slurm")
+            refuse_unknown_keys(DDPSlurmQueueConf, params, "hydra/launcher=slurm")
         # hydra.launcher as plain values (submitit pickles the launcher with its jobs)
         self.params = {
             k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v

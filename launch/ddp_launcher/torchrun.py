@@ -53,6 +53,7 @@ from ddp_launcher.jobs import (
     failed_job_return,
     failure_reason,
     launcher_errors,
+    refuse_unknown_keys,
     resolve_output_dirs,
     settings_from,
     verdict_of,
@@ -65,6 +66,7 @@ from ddp_launcher.ranks.handoff import (
     JOB_PKL,
     RESULT_PKL,
     describe_failure,
+    dump_job,
     read_failures,
     read_job_return,
 )
@@ -142,6 +144,8 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
     launcher_name = "torchrun launcher"
 
     def __init__(self, **settings: Any) -> None:
+        with launcher_errors():
+            refuse_unknown_keys(TorchrunLauncherConf, settings, "hydra/launcher=torchrun")
         self.settings = TorchrunLauncherConf.from_config(settings)
         self.config: DictConfig | None = None
         self.task_function: Any = None
@@ -408,14 +412,13 @@ class TorchrunBackend:
         return [self.start_one(job, *slot) for job, slot in batch]
 
     def start_one(self, job: Job, gpus: list[int], cpus: list[int] | None = None) -> Any:
-        import cloudpickle
 
         files = self.files(job)
         files.mkdir(parents=True, exist_ok=True)
         for stale in (RESULT_PKL, JOB_JSON, FAILURES_JSON):  # from an earlier run into this dir
             (files / stale).unlink(missing_ok=True)
         with open(files / JOB_PKL, "wb") as f:
-            cloudpickle.dump(job.spec, f)
+            dump_job(job.spec, f)
         env = self.job_env(job, gpus, cpus)
         log.log(
             logging.DEBUG if job.in_sweep else logging.INFO,

@@ -178,8 +178,11 @@ class OptunaSweeperConf:
     # then an error in lines of Hydra's; this class instantiates them (as under Hydra 1.4)
     _recursive_: bool = False
     # hydra/sweeper/sampler=tpe, hydra/sweeper/pruner=median: typed options (SAMPLERS,
-    # PRUNER_CONFS); the pruner group is optional (null: `pruner` below, as written)
-    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}, {"pruner": None}])
+    # PRUNER_CONFS); the pruner group is optional (null: `pruner` below, as written). _self_
+    # first: a group's config is merged over this schema's defaults, not under them.
+    defaults: list[Any] = field(
+        default_factory=lambda: ["_self_", {"sampler": "tpe"}, {"pruner": None}]
+    )
     # {_target_: optuna.samplers.TPESampler, seed: ...}; MISSING: the defaults' group config
     # (hydra/sweeper/sampler=tpe) stays unless this is set (None here would replace it)
     sampler: Any = MISSING
