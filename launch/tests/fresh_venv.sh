@@ -109,9 +109,11 @@ set +e
 "$py" app.py -m hydra/sweeper=optuna +x=1 hydra.sweep.dir=optuna >optuna.log 2>&1
 code=$?
 set -e
-[[ $code == 2 && $(grep -c . optuna.log) == 1 ]] || { cat optuna.log >&2; fail "not one line"; }
-grep -q "hydra/sweeper=optuna needs hydra-ddp-launcher\[optuna\]" optuna.log ||
-  fail "the line does not name the extra: $(cat optuna.log)"
+# (the app's own `import torch` may warn: numpy is no dependency of torch)
+said=$(grep -v -e "Failed to initialize NumPy" -e "_conversion_method_template" optuna.log || true)
+[[ $code == 2 && $(grep -c . <<<"$said") == 1 ]] || { cat optuna.log >&2; fail "not one line"; }
+grep -q "hydra/sweeper=optuna needs hydra-ddp-launcher\[optuna\]" <<<"$said" ||
+  fail "the line does not name the extra: $said"
 step "core only: the package's tests and Hydra's launcher suites"
 run_tests
 

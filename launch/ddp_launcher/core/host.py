@@ -17,7 +17,7 @@ from ddp_launcher.core.errors import UserError
 DISTRIBUTION = "hydra-ddp-launcher"
 # The oldest torch the package's tests pass with (launch/README.md, "Install"; how it was found:
 # launch/CHANGELOG.md). Older ones lack what the ranks use.
-TORCH_FLOOR = "2.9"
+TORCH_FLOOR = "2.9.1"
 # extra -> the modules it brings (importable names)
 EXTRAS = {
     "slurm": ("submitit",),
