@@ -74,8 +74,8 @@ QUICK = ("trainer.max_epochs=1", "trainer.progress_bar=false", "wandb.mode=disab
 # What G's processes (train.py, eval.py, the launcher, docs.bench) import that a machine with
 # only torch and torchvision (and their numpy, pillow, typing-extensions) lacks, as
 # requirements.txt pins them: Hydra; tqdm (the console); cloudpickle (the launcher); matplotlib
-# (eval.py's confusion matrix); submitit and its Hydra plugin (a sweep loads every plugin in
-# hydra_plugins/, the SLURM launcher's too, and warns in every job without them). W&B, Optuna,
+# (eval.py's confusion matrix); submitit (requirements.txt's, the SLURM launcher's extra; its
+# plugin imports without it, as every plugin in hydra_plugins/ does). W&B, Optuna,
 # scikit-learn and scipy stay out: G runs with W&B off, no search, and no digits (the MNIST
 # files and JPEGs are generated here).
 WHEELS = (
@@ -85,7 +85,6 @@ WHEELS = (
     "cloudpickle",
     "matplotlib",
     "submitit",
-    "hydra-submitit-launcher",
 )
 # ... and what those need that torch and torchvision do not bring, at the versions the suite
 # runs with (requirements.txt leaves them to pip).
@@ -110,7 +109,6 @@ MODULES = {
     "cloudpickle": "cloudpickle",
     "matplotlib": "matplotlib",
     "submitit": "submitit",
-    "hydra-submitit-launcher": "hydra_plugins.hydra_submitit_launcher",
     "antlr4-python3-runtime": "antlr4",
     "PyYAML": "yaml",
     "packaging": "packaging",
