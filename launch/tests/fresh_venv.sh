@@ -109,8 +109,9 @@ set +e
 "$py" app.py -m hydra/sweeper=optuna +x=1 hydra.sweep.dir=optuna >optuna.log 2>&1
 code=$?
 set -e
-# (the app's own `import torch` may warn: numpy is no dependency of torch)
-said=$(grep -v -e "Failed to initialize NumPy" -e "_conversion_method_template" optuna.log || true)
+# the launcher's lines (Hydra's log) and any error; not the app's own warnings (its `import
+# torch` without numpy, Hydra's word on its version_base)
+said=$(grep -e "\[HYDRA\]" -e "Traceback" -e "Error" optuna.log || true)
 [[ $code == 2 && $(grep -c . <<<"$said") == 1 ]] || { cat optuna.log >&2; fail "not one line"; }
 grep -q "hydra/sweeper=optuna needs hydra-ddp-launcher\[optuna\]" <<<"$said" ||
   fail "the line does not name the extra: $said"

@@ -11,11 +11,13 @@ venv holding only the installed package (its core and the extras that venv has).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import hydra
 import pytest
 from ddp_launcher.core import host
 from ddp_launcher.core.errors import UserError
@@ -24,11 +26,14 @@ from hydra.core.plugins import Plugins
 LAUNCH = Path(__file__).resolve().parents[1]
 IN_CHECKOUT = (LAUNCH / "ddp_launcher" / "__init__.py").is_file()
 
-# An app that knows nothing of the package: Hydra's own decorator, one print per job.
-APP = """
+# An app that knows nothing of the package: Hydra's own decorator, one print per job. (Hydra
+# 1.3 warns without a version_base, 1.4 with one: the app passes what its Hydra wants.)
+HYDRA_1_4 = tuple(int(n) for n in re.findall(r"\d+", hydra.__version__)[:2]) >= (1, 4)
+VERSION_BASE = "" if HYDRA_1_4 else "version_base=None, "
+APP = f"""
 import hydra
 
-@hydra.main(version_base=None, config_path="conf", config_name="app")
+@hydra.main({VERSION_BASE}config_path="conf", config_name="app")
 def main(cfg):
     print("job ran with x =", cfg.x, flush=True)
 
@@ -191,7 +196,7 @@ def compose(*overrides: str):
     from hydra import initialize
 
     Plugins.instance()  # the plugins' configs in Hydra's ConfigStore
-    with initialize(version_base=None):
+    with initialize(**({} if HYDRA_1_4 else {"version_base": None})):
         cfg = hydra_compose(
             overrides=["hydra/sweeper=optuna", *overrides], return_hydra_config=True
         )
