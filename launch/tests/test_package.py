@@ -146,11 +146,12 @@ def test_a_feature_whose_extra_is_missing_is_one_line(tmp_path, selects, extra, 
 
 
 def test_require_extra_names_the_extra(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "scipy", None)
+    for module in ("matplotlib", "scipy"):  # (a core install has neither)
+        monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(UserError) as e:
         host.require_extra("report", "the sweep report")
     assert str(e.value) == (
-        "the sweep report needs hydra-ddp-launcher[report] (scipy not installed): "
+        "the sweep report needs hydra-ddp-launcher[report] (matplotlib, scipy not installed): "
         "pip install 'hydra-ddp-launcher[report]'"
     )
 
