@@ -78,11 +78,11 @@ QUICK = ("trainer.max_epochs=1", "trainer.progress_bar=false", "wandb.mode=disab
 
 # What G's processes (train.py, eval.py, the launcher, docs.bench) import that a machine with
 # only torch and torchvision lacks: Hydra; tqdm (the console); cloudpickle (the launcher);
-# matplotlib (eval.py's confusion matrix); submitit and its Hydra plugin (a sweep loads every
-# plugin in hydra_plugins/, the SLURM launcher's too, and warns in every job without them). W&B,
-# Optuna, scikit-learn and scipy stay out: G runs with W&B off, no search, and no digits (the
-# MNIST files and JPEGs are generated here). What these need in turn, and every version, comes
-# from requirements.lock (wheel_pins): the wheels are the ones the suite runs with.
+# matplotlib (eval.py's confusion matrix); submitit (the SLURM launcher's extra; its plugin
+# imports without it, as every plugin in hydra_plugins/ does). W&B, Optuna, scikit-learn and
+# scipy stay out: G runs with W&B off, no search, and no digits (the MNIST files and JPEGs are
+# generated here). What these need in turn, and every version, comes from requirements.lock
+# (wheel_pins): the wheels are the ones the suite runs with.
 WHEELS = (
     "hydra-core",
     "omegaconf",
@@ -90,7 +90,6 @@ WHEELS = (
     "cloudpickle",
     "matplotlib",
     "submitit",
-    "hydra-submitit-launcher",
 )
 TORCH_SIDE = ("torch", "torchvision")  # the GPU machine's own, with all they bring
 SOURCE_ONLY = ("antlr4-python3-runtime",)  # built into a wheel here (pip wheel)
@@ -103,7 +102,6 @@ MODULES = {
     "cloudpickle": "cloudpickle",
     "matplotlib": "matplotlib",
     "submitit": "submitit",
-    "hydra-submitit-launcher": "hydra_plugins.hydra_submitit_launcher",
 }
 WHEEL_DIR = ".whl"  # git-ignored: the device tool carries it with the tree
 LOCK = REPO / "requirements.lock"

@@ -5,6 +5,7 @@ the launcher's side, because the rank's side imports nothing of the launcher."""
 from __future__ import annotations
 
 import importlib
+import sys
 
 
 def entry_point(script: str, task: str, config_name: str, schema: str | None = None) -> None:
@@ -15,6 +16,14 @@ def entry_point(script: str, task: str, config_name: str, schema: str | None = N
     from ddp_launcher.ranks.interrupt import ctrl_c_exits
 
     with ctrl_c_exits():
+        from ddp_launcher.core.errors import UserError
+        from ddp_launcher.core.host import check_host
+
+        try:  # Linux, a torch at the floor: one line, before Hydra or torch start
+            check_host()
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(e.exit_code) from None
         from ddp_launcher.ranks.entry import entry_point as enter
         from ddp_launcher.torchrun import run_task_or_hand_off
 

@@ -29,12 +29,13 @@ HOW_IT_STARTS = ("resume", "start_over")
 
 
 @functools.cache  # one git state per launcher process: the code does not change under it
-def code_state(run_dir: Path | None = None) -> dict[str, Any]:
-    """{commit, dirty, diff_sha256} of the code the launcher (and so its jobs) runs; commit
-    None outside a git checkout. A `run_dir` inside the repository is not part of the code."""
+def code_state(run_dir: Path | None = None, where: Path | None = None) -> dict[str, Any]:
+    """{commit, dirty, diff_sha256} of the app's code (its repository: git in `where`, default
+    ddp_launcher/core/repro.py's code_dir) that the launcher's jobs run; commit None outside a
+    git checkout. A `run_dir` inside the repository is not part of the code."""
     from ddp_launcher.core.repro import git_state
 
-    state = git_state(run_dir)
+    state = git_state(run_dir, where)
     diff = hashlib.sha256(state.diff.encode()).hexdigest()[:16] if state.dirty else None
     return {"commit": state.commit, "dirty": state.dirty, "diff_sha256": diff}
 
@@ -66,11 +67,15 @@ def config_digest(flat: dict[str, str]) -> str:
 
 
 def job_code(
-    config: DictConfig, run_dir: Path | None = None
+    config: DictConfig, run_dir: Path | None = None, task_function: Any = None
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """(an attempt's `code` entry, the job's flat config)."""
+    """(an attempt's `code` entry, the job's flat config); the code is the app's, in the
+    folder of its task's module (else Hydra's runtime cwd: repro.py's task_code_dir)."""
+    from ddp_launcher.core.repro import task_code_dir
+
     flat = flat_config(config)
-    return {**code_state(run_dir), "config_sha256": config_digest(flat)}, flat
+    where = task_code_dir(task_function, config) if task_function is not None else None
+    return {**code_state(run_dir, where), "config_sha256": config_digest(flat)}, flat
 
 
 def changes(
@@ -95,19 +100,22 @@ def short(commit: str | None) -> str:
     return commit[:8] if commit else "none"
 
 
-def since_first(record: Any, config: DictConfig, run_dir: Path | None = None) -> list[str]:
+def since_first(
+    record: Any, config: DictConfig, run_dir: Path | None = None, task_function: Any = None
+) -> list[str]:
     """What differs between `config` (and the code now) and the record's first attempt (an
     older launch.json without a `code` entry, or none: nothing to compare)."""
     first = next((a for a in record.attempts if a.code), None) if record is not None else None
     if first is None:
         return []
-    now, flat = job_code(config, run_dir)
+    now, flat = job_code(config, run_dir, task_function)
     return changes(first.code, now, record.config, flat)
 
 
 def drift_line(job: Any, record: Any) -> str | None:
     """One line when the job's code or config differs from its first recorded attempt's."""
-    found = since_first(record, job.spec.config)
+    task = getattr(job.spec, "task_function", None)
+    found = since_first(record, job.spec.config, task_function=task)
     if not found:
         return None
     what = " ".join(job.overrides) or "(no overrides)"

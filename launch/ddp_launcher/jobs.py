@@ -85,7 +85,7 @@ class FailedFast(Exception):  # noqa: N818 - it is how the sweep ended, not an e
 
     def __init__(self, job: Job, ret: Any) -> None:
         self.job, self.ret = job, ret
-        error = job_value(ret)
+        error = verdict_of(ret)
         self.reason = getattr(error, "reason", "") or describe(error)
         super().__init__(f"job #{job.num} failed")
 
@@ -139,6 +139,19 @@ def settings_from(schema: type, launcher_cfg: Any) -> dict[str, Any]:
         for k, v in dict(launcher_cfg or {}).items()
         if k in schema.__dataclass_fields__
     }
+
+
+def refuse_unknown_keys(schema: type, launcher_cfg: Any, group: str) -> None:
+    """`+hydra.launcher.<key>=...` adds a key the launcher's schema does not have (Hydra lets
+    `+` append to any node): one line naming it and the keys there are, not silently ignored."""
+    keys = launcher_cfg.keys() if launcher_cfg is not None else ()
+    unknown = sorted(str(k) for k in keys if k not in schema.__dataclass_fields__)
+    if unknown:
+        known = ", ".join(k for k in schema.__dataclass_fields__ if not k.startswith("_"))
+        raise UserError(
+            f"hydra.launcher.{unknown[0]}: not a key of {group}, which would ignore it: drop it "
+            f"(its keys: {known})"
+        )
 
 
 def resolve_output_dirs(config: DictConfig, keys: Sequence[str]) -> None:
@@ -212,11 +225,19 @@ def failure_reason(
 
 
 def failed_job_return(
-    job: Job, reason: str, ret: Any = None, cause: BaseException | None = None
+    job: Job,
+    reason: str,
+    ret: Any = None,
+    cause: BaseException | None = None,
+    task_error: BaseException | None = None,
 ) -> Any:
-    """Record a failed job in its run dir; its failed JobReturn (rank 0's `ret` when it sent one)
-    with the verdict as its value, caused by `cause` when given (e.g. the user error another
-    rank hit first), else by rank 0's error."""
+    """Record a failed job in its run dir; its failed JobReturn. Where the job failed of its
+    task's own exception (`task_error`: rank 0's, the value of rank 0's JobReturn `ret`), that
+    JobReturn as rank 0 sent it, as Hydra's launchers hand a failed job back (Hydra 1.4 keeps the
+    rank's traceback in it): the exception, with the launcher's verdict attached
+    (:func:`attach_verdict`). Otherwise (a rank killed, another rank's error first, a job that
+    never started) a JobReturn whose value is the verdict, JobFailed, caused by `cause` when
+    given (e.g. the user error another rank hit first), else by rank 0's error."""
     from hydra.core.utils import JobReturn, JobStatus
 
     error = cause if cause is not None else job_value(ret) if isinstance(ret, JobReturn) else None
@@ -224,6 +245,10 @@ def failed_job_return(
     verdict = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}): {reason}")
     verdict.reason = reason
     verdict.__cause__ = error if isinstance(error, BaseException) else None
+    if task_error is not None and isinstance(ret, JobReturn) and job_value(ret) is task_error:
+        attach_verdict(task_error, verdict)
+        ret.status = JobStatus.FAILED
+        return ret
     if not isinstance(ret, JobReturn):
         return job_return(job, JobStatus.FAILED, verdict)
     # A new JobReturn with rank 0's fields, not rank 0's own with its value swapped: Hydra 1.4's
@@ -237,6 +262,29 @@ def failed_job_return(
         status=JobStatus.FAILED,
         _return_value=verdict,
     )
+
+
+VERDICT_ATTR = "launcher_verdict"  # the JobFailed attached to a failed job's own exception
+
+
+def attach_verdict(error: BaseException, verdict: JobFailed) -> None:
+    """The launcher's word on a job that failed of `error`: `error.launcher_verdict` (the
+    JobFailed, its `.reason` the one line), and a note Python prints under the traceback."""
+    setattr(error, VERDICT_ATTR, verdict)
+    note = f"hydra-ddp-launcher: {verdict}"
+    notes = getattr(error, "__notes__", None)
+    if not isinstance(notes, list):
+        notes = []
+        error.__notes__ = notes  # (BaseException.add_note from Python 3.11 does the same)
+    if note not in notes:
+        notes.append(note)
+
+
+def verdict_of(ret: Any) -> Any:
+    """A failed JobReturn's verdict (JobFailed: the job's one line) whether its value is the
+    verdict or the task's own exception carrying it; else its value as is."""
+    value = job_value(ret)
+    return getattr(value, VERDICT_ATTR, None) or value
 
 
 def record_failure(job: Job, reason: str, *, user_error: bool = False) -> None:
@@ -300,7 +348,7 @@ def job_done(job: Job, ret: Any) -> Any:
     if completed:
         log.info("%s", line)
     else:
-        error = job_value(ret)
+        error = verdict_of(ret)
         log.error("%s: %s", line, getattr(error, "reason", "") or describe(error))
     return ret
 

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError, describe, job_value
+from ddp_launcher.core.host import check_host
 from ddp_launcher.core.naming import label, swept_values
 from ddp_launcher.core.run_dir import LAUNCH_FILE
 from ddp_launcher.drift import check_on_drift
@@ -317,6 +318,7 @@ class LifecycleLauncher:
         from ddp_launcher.preview import preview_jobs, print_table
 
         with launcher_errors():
+            check_host()
             self.check()
             opts = self.options()
             setup_globals()
@@ -350,11 +352,12 @@ class LifecycleLauncher:
 
         with launcher_errors():
             if OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False):
+                # (preview.py previews every multirun asking for one before its sweeper runs)
                 raise UserError(
-                    "hydra.launcher.dry_run=true is read from the command line (set in a config "
-                    "file, it reaches the launcher after the sweeper wrote the sweep dir): pass "
-                    "it there"
+                    "hydra.launcher.dry_run=true reached the launcher unpreviewed: nothing was "
+                    "started; this is a bug of hydra-ddp-launcher (run without dry_run)"
                 )
+            check_host()
             self.check()
             opts = self.options()
             stop_on = opts.pop("stop_on", (signal.SIGINT, signal.SIGTERM))

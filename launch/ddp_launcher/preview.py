@@ -3,7 +3,7 @@ composed and checked as the launcher checks it before it starts, one row each, n
 
 Hydra's sweepers write the sweep dir before their launcher sees a job (BasicSweeper makes it and
 writes multirun.yaml; ours opens its study there), so a dry run takes Hydra's multirun over
-(:func:`install`, from the entry point when the command line asks for one): the same config, sweeper
+(:func:`install`: whether the command line or a config file asks for one): the same config, sweeper
 and launcher, asked for the jobs instead of told to run them. A row comes from the code the real
 launch runs: the backend places the job (its world size, its launcher checks), the resume decision
 of ddp_launcher/resume.py, the app's gate (ddp_launcher/core/gate.py's check_start: conf/checks.py's
@@ -24,24 +24,47 @@ from omegaconf import OmegaConf
 
 from ddp_launcher.core.errors import UserError
 from ddp_launcher.core.gate import NothingToDo, check_start, gate_of
-from ddp_launcher.core.hydra_compat import dry_run_requested
 from ddp_launcher.core.run_dir import read_result
 from ddp_launcher.jobs import Job, launcher_errors
 
 log = logging.getLogger(__name__)
 
 
+class _AsMultirun(Exception):  # noqa: N818 - a signal between two wrappers, never seen
+    """A run's config asks for a dry run: preview it as a multirun instead."""
+
+
+class _Previewed(Exception):  # noqa: N818 - a signal between two wrappers, never seen
+    """The multirun was previewed: nothing more to do."""
+
+
 def install() -> None:
-    """Hydra's multirun, for this process: a command line with hydra.launcher.dry_run=true
-    previews its sweep (:func:`preview_multirun`); any other runs as before, untouched. Hydra
-    has no hook between composing a sweep and its sweeper's first write: the method is
-    wrapped, once, when the launchers' module is imported (Hydra's plugin scan imports it
-    before it composes), so any Hydra app with these launchers gets it."""
+    """Hydra's run and multirun, for this process: a config that says
+    hydra.launcher.dry_run=true, from the command line or from any config file, previews its
+    sweep (:func:`preview_multirun`) right after Hydra composed it, before any callback or
+    sweeper; a plain run asking for one is previewed as the multirun it would be (a dry run
+    never runs a job). Any other config runs as before, composed once. Hydra has no hook between
+    composing a config and its first write: the methods are wrapped, once; for the one call,
+    the instance's compose_config hands the composed config to the preview. The launchers'
+    module installs it on import (Hydra's plugin scan imports it before it composes), so any
+    Hydra app with these launchers gets it."""
     from hydra._internal.hydra import Hydra
 
     if getattr(Hydra.multirun, "previews", False):
         return
-    multirun = Hydra.multirun
+    multirun, run = Hydra.multirun, Hydra.run
+
+    def composing(self: Any, then: Callable[[Any], None]) -> Callable[..., Any]:
+        """This Hydra's compose_config, calling `then(cfg)` on a config asking for a dry run."""
+        compose = self.compose_config
+
+        def compose_config(*args: Any, **kwargs: Any) -> Any:
+            cfg = compose(*args, **kwargs)
+            if OmegaConf.select(cfg, "hydra.launcher.dry_run", default=False):
+                then(cfg)
+            return cfg
+
+        return compose_config
 
     @functools.wraps(multirun)
     def multirun_or_preview(
@@ -52,29 +75,46 @@ def install() -> None:
         with_log_configuration: bool = True,
         **more: Any,  # Hydra 1.4's parsed_overrides, passed on as they came
     ) -> Any:
-        from hydra.types import RunMode
+        def preview(cfg: Any) -> None:
+            preview_multirun(cfg, self.config_loader, task_function)
+            raise _Previewed
 
-        def run() -> Any:
+        self.compose_config = composing(self, preview)
+        try:
             return multirun(
                 self, config_name, task_function, overrides, with_log_configuration, **more
             )
+        except _Previewed:
+            return None
+        finally:
+            del self.compose_config  # (the instance's: the class's method again)
 
-        if not dry_run_requested(overrides):
-            return run()
-        cfg = self.compose_config(
-            config_name=config_name,
-            overrides=overrides,
-            with_log_configuration=with_log_configuration,
-            run_mode=RunMode.MULTIRUN,
-            **more,
+    @functools.wraps(run)
+    def run_or_preview(
+        self: Any,
+        config_name: Any,
+        task_function: Any,
+        overrides: Any,
+        with_log_configuration: bool = True,
+        **more: Any,
+    ) -> Any:
+        def as_multirun(_cfg: Any) -> None:
+            raise _AsMultirun
+
+        self.compose_config = composing(self, as_multirun)
+        try:
+            return run(self, config_name, task_function, overrides, with_log_configuration, **more)
+        except _AsMultirun:
+            pass
+        finally:
+            del self.compose_config
+        return multirun_or_preview(
+            self, config_name, task_function, overrides, with_log_configuration, **more
         )
-        if not OmegaConf.select(cfg, "hydra.launcher.dry_run", default=False):
-            return run()
-        preview_multirun(cfg, self.config_loader, task_function)
-        return None
 
     multirun_or_preview.previews = True  # type: ignore[attr-defined]
     Hydra.multirun = multirun_or_preview  # type: ignore[method-assign]
+    Hydra.run = run_or_preview  # type: ignore[method-assign]
 
 
 def preview_multirun(cfg: Any, config_loader: Any, task_function: Any) -> None:
@@ -191,7 +231,7 @@ def gate_row(job: Job) -> str:
     config, world = job.spec.config, job.nproc * job.nnodes
     try:
         if job.records:
-            plan = check_start(config, job.job_dir, world, sweep=True)
+            plan = check_start(config, job.job_dir, world, sweep=True, continues=job.continues)
         else:
             if (gate := gate_of(config)) is not None and gate.checks is not None:
                 gate.checks(config, world, job.job_dir)

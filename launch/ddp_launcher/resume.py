@@ -37,7 +37,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ddp_launcher.core.errors import UserError, describe, job_value
+from ddp_launcher.core.errors import UserError, describe
 from ddp_launcher.core.fault_points import point
 from ddp_launcher.core.gate import NothingToDo, check_start, gate_of, open_run, what_runs
 from ddp_launcher.core.run_dir import (
@@ -52,7 +52,7 @@ from ddp_launcher.core.run_dir import (
     write_result,
 )
 from ddp_launcher.drift import check_on_drift, drift_line, job_code, since_first
-from ddp_launcher.jobs import STOPPED, write_launcher_result
+from ddp_launcher.jobs import STOPPED, verdict_of, write_launcher_result
 from ddp_launcher.ranks.job_spec import fails_for_good, job_return
 from ddp_launcher.report.jobs import read_overrides
 
@@ -251,14 +251,33 @@ def resume_decision(
 
 
 def continue_in_dir(job: Any) -> None:
-    """The job's next attempt continues from its dir's records (`resume=auto`, for configs with
-    a top-level `resume` key, e.g. train.py's; with no checkpoint yet, it starts over the attempt
-    before, in one W&B run)."""
+    """The job's next attempt runs again in its dir. Where the launcher names the app's resume
+    key (opt-in: `hydra.launcher.resume_key: resume`, as train.py's config does), that key says
+    `auto`: the app continues from its checkpoints (with none yet, it starts over the attempt
+    before, in one W&B run). Without one the app's config stays as it is (its `resume:
+    /path/pretrained.pt` too): what it does in a dir holding its earlier attempt is its own."""
     job.continues = True
     config = job.spec.config
-    if "resume" in config and config.resume != "auto":
+    key = resume_key(config)
+    if key is None:
+        return
+    if OmegaConf.select(config, key, default=MISSING_KEY) is MISSING_KEY:
+        raise UserError(
+            f"hydra.launcher.resume_key={key}: the app's config has no key {key} to set to auto "
+            "when a job continues: name the key the app resumes from, or null (no hook)"
+        )
+    if OmegaConf.select(config, key) != "auto":
         with open_dict(config):
-            config.resume = "auto"
+            OmegaConf.update(config, key, "auto", merge=False)
+
+
+MISSING_KEY = object()
+
+
+def resume_key(config: Any) -> str | None:
+    """hydra.launcher.resume_key: the app's key a continuing job gets `auto` in (None: no hook)."""
+    key = OmegaConf.select(config, "hydra.launcher.resume_key", default=None)
+    return str(key) if key else None
 
 
 def gate_job(job: Any) -> Any:
@@ -271,7 +290,9 @@ def gate_job(job: Any) -> Any:
     world_size = job.nproc * job.nnodes
     try:
         if job.records:
-            job.plan = check_start(job.spec.config, job.job_dir, world_size, sweep=True)
+            job.plan = check_start(
+                job.spec.config, job.job_dir, world_size, sweep=True, continues=job.continues
+            )
         elif (gate := gate_of(job.spec.config)) is not None and gate.checks is not None:
             gate.checks(job.spec.config, world_size, job.job_dir)  # (its dir: the other node's)
     except UserError as e:
@@ -296,7 +317,7 @@ def start_attempt(job: Any, hold: bool = True) -> None:
     continued = job.continues and has_checkpoints(job.job_dir)
     if job.in_sweep and job.records:
         record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))
-        code, flat = job_code(job.spec.config)
+        code, flat = job_code(job.spec.config, task_function=job.spec.task_function)
         if record.config is None:
             record.config = flat
         record.attempts.append(Attempt(job.attempt, job.started, continued=continued, code=code))
@@ -321,7 +342,7 @@ def close_attempt(job: Any, ret: Any) -> None:
     JobReturn's, with its one-line error."""
     result = read_result(job.job_dir, since=job.started)
     ended = attempt_end(result, ret.status.name == "COMPLETED", ("failed", *STOPPED))
-    status, error = ended or ("failed", describe(job_value(ret)))
+    status, error = ended or ("failed", describe(verdict_of(ret)))
     update_attempt(job, ended=time.time(), status=status, error=error)
 
 
@@ -477,6 +498,6 @@ class RunAttempts:
         result = read_result(run_dir, since=last.started)
         completed = job_return is not None and job_return.status.name == "COMPLETED"
         ended = attempt_end(result, completed, ("failed", *STOPPED))
-        last.status, last.error = ended or ("failed", describe(job_value(job_return)))
+        last.status, last.error = ended or ("failed", describe(verdict_of(job_return)))
         last.ended = time.time()
         write_launch_record(run_dir, record)

@@ -18,22 +18,26 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
-from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_launcher import preview
 from ddp_launcher.core.errors import UserError, job_value
+from ddp_launcher.core.host import require_extra
+from ddp_launcher.core.repro import CODE_DIR_ENV, task_code_dir
+from ddp_launcher.core.requeue import MAX_NUM_TIMEOUT_ENV
 from ddp_launcher.core.run_dir import read_result
 from ddp_launcher.core.world import check_gpus, job_world, parse_count
 from ddp_launcher.jobs import (
@@ -41,10 +45,12 @@ from ddp_launcher.jobs import (
     configure_sweep_logging,
     failed_job_return,
     failure_reason,
+    launcher_errors,
+    refuse_unknown_keys,
     settings_from,
 )
 from ddp_launcher.lifecycle import LifecycleLauncher
-from ddp_launcher.ranks.job_spec import NotStarted
+from ddp_launcher.ranks.job_spec import NotStarted, Stopped
 from ddp_launcher.ranks.slurm_task import in_slurm_task, number_range, run_task
 from ddp_launcher.slurm_queue import (
     ACTIVE_STATES,
@@ -67,23 +73,52 @@ SLURM_KEYS = (
 
 
 @dataclass
-class DDPSlurmQueueConf(SlurmQueueConf):
-    """hydra-submitit-launcher's SLURM options, plus what a DDP job needs. A job's world size
-    comes from its own `dist` config (one task per rank; job_resources). Every key is documented
-    in hydra_plugins/hydra_ddp_launcher/conf/hydra/launcher/slurm.yaml."""
+class DDPSlurmQueueConf:
+    """`hydra.launcher` of `hydra/launcher=slurm`: hydra-submitit-launcher's SLURM keys with
+    their meanings (its SlurmQueueConf, 1.2), plus what a DDP job needs. A job's world size
+    comes from its own `dist` config (one task per rank; job_resources). Every key is
+    documented in hydra_plugins/hydra_ddp_launcher/conf/hydra/launcher/slurm.yaml."""
 
     _target_: str = "hydra_plugins.hydra_ddp_launcher.slurm_launcher.DDPSlurmLauncher"
+    # -- hydra-submitit-launcher's keys, as it passes them to submitit --
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
+    timeout_min: int = 60
+    cpus_per_task: int | None = None
+    # GPUs each node's job requests (sbatch --gpus-per-node), as with submitit; auto (or
+    # null): one per rank of a GPU job, as many ranks as sinfo says a node has for nproc auto
+    gpus_per_node: Any = "auto"
     # auto: each job's dist.nnodes / dist.nproc_per_node; an integer fixes it for every job
-    nodes: Any = "auto"
     tasks_per_node: Any = "auto"
-    gpus_per_node: Any = "auto"  # GPUs a node offers a job; auto: sinfo's gres gpu:N, 0 if none
+    mem_gb: int | None = None
+    nodes: Any = "auto"
+    name: str = "${hydra.job.name}"
+    stderr_to_stdout: bool = False
+    partition: str | None = None
+    qos: str | None = None
+    comment: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    gres: str | None = None
+    cpus_per_gpu: int | None = None
+    gpus_per_task: int | None = None  # refused: ranks pick GPU LOCAL_RANK among the node's
+    mem_per_gpu: str | None = None
+    mem_per_cpu: str | None = None
+    account: str | None = None
+    signal_delay_s: int = 120
+    # requeues of a job that reached its time limit (submitit's meaning: a preempted job is
+    # requeued whatever the count)
+    max_num_timeout: int = 3
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    array_parallelism: int = 256
+    setup: list[str] | None = None
+    # -- a DDP job's --
     # sent signal_delay_s before the time limit: the ranks checkpoint and requeue the job
     signal: str = "USR1"
-    signal_delay_s: int = 120
     requeue: bool = True
     srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
     poll_interval_s: float = 5.0  # how often to ask SLURM (squeue, else sacct) about the jobs
     resume: bool = False  # continue the sweep in hydra.sweep.dir (ddp_launcher/resume.py)
+    resume_key: str | None = None  # the app's key a job run again gets `auto` in
     retries: int = 0  # submit a failed job again up to N times (user errors: never)
     fail_fast: bool = False  # the first failed job ends the sweep (the others cancelled)
     on_drift: str = "warn"  # a resumed job's code or config changed: warn | refuse
@@ -103,15 +138,28 @@ ConfigStore.instance().store(group="hydra/launcher", name="ddp_slurm", node=DDPS
 preview.install()  # hydra.launcher.dry_run=true on the command line (ddp_launcher/preview.py)
 
 
-class DDPSlurmLauncherBase(LifecycleLauncher, SlurmLauncher):
-    """hydra-submitit-launcher's SlurmLauncher with one SLURM task per rank: launch() and
-    launch_stream() run the sweep on :class:`SlurmBackend`; __call__ runs in every task
-    (ddp_launcher/ranks/slurm_task.py)."""
+class DDPSlurmLauncherBase(LifecycleLauncher, Launcher):
+    """One SLURM job per sweep job, one SLURM task per rank, submitted with submitit (the
+    `slurm` extra): launch() and launch_stream() run the sweep on :class:`SlurmBackend`;
+    __call__ runs in every task (ddp_launcher/ranks/slurm_task.py)."""
 
     launcher_name = "SLURM launcher"
 
+    def __init__(self, **params: Any) -> None:
+        with launcher_errors():  # before Hydra goes on with a launcher that cannot submit
+            require_extra("slurm", "hydra/launcher=slurm")
+            refuse_unknown_keys(DDPSlurmQueueConf, params, "hydra/launcher=slurm")
+        # hydra.launcher as plain values (submitit pickles the launcher with its jobs)
+        self.params = {
+            k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+            for k, v in params.items()
+        }
+        self.config: DictConfig | None = None
+        self.task_function: Any = None
+        self.hydra_context: Any = None
+
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
-        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
         configure_sweep_logging(config)
 
     def __call__(self, job: Job) -> Any:
@@ -152,15 +200,21 @@ def job_resources(
     settings: DDPSlurmQueueConf,
     cluster_gpus: int,
     cpus_per_gpu: int | None = None,
+    app_path: Sequence[str] = (),
 ) -> dict:
     """This job's submitit parameters, from its own `dist` config: one task per rank.
 
-    nproc `auto` = the GPUs of a node for GPU jobs (`cluster_gpus`), 1 on CPU or with gloo, as
-    with torchrun; GPU jobs ask for one GPU per task, each rank taking GPU LOCAL_RANK, and
-    `cpus_per_task` CPUs per task; null: the node's CPUs per GPU (`cpus_per_gpu`, from sinfo),
-    GPU_TASK_CPUS where unknown (SLURM's default, 1, leaves no DataLoader workers).
+    GPUs: hydra.launcher.gpus_per_node=N requests N per node, as submitit does; nproc `auto` is
+    then N for a GPU job, and more ranks than N GPUs is an error (a rank takes GPU LOCAL_RANK).
+    gpus_per_node auto (or null): a GPU job requests one GPU per rank, nproc `auto` being the
+    GPUs of a node (`cluster_gpus`, from sinfo); 1 rank on CPU or with gloo, as with torchrun.
+    GPU jobs get `cpus_per_task` CPUs per task; null: the node's CPUs per GPU (`cpus_per_gpu`,
+    from sinfo), GPU_TASK_CPUS where unknown (SLURM's default, 1, leaves no DataLoader workers).
+    `app_path`: the app's folders, on the tasks' import path (:func:`python_path_setup`).
     """
-    nproc, nnodes, gpu_job = job_world(config, cluster_gpus)
+    requested = launcher_count(settings, "gpus_per_node", minimum=0)  # None: auto
+    n_gpus = cluster_gpus if requested is None else requested
+    nproc, nnodes, gpu_job = job_world(config, n_gpus)
     world = {"tasks_per_node": nproc, "nodes": nnodes}
     for key, dist_key in (("tasks_per_node", "dist.nproc_per_node"), ("nodes", "dist.nnodes")):
         fixed = launcher_count(settings, key)
@@ -178,7 +232,16 @@ def job_resources(
             "hydra.launcher.gpus_per_task binds each task to its own GPU, but ranks pick GPU "
             "LOCAL_RANK among the node's: use hydra.launcher.gpus_per_node"
         )
-    check_gpus(nproc, gpu_job, cluster_gpus, f"hydra.launcher.gpus_per_node={cluster_gpus}")
+    if requested is None:
+        check_gpus(nproc, gpu_job, n_gpus, f"a node has {n_gpus} (sinfo)")
+    else:
+        check_gpus(
+            nproc,
+            gpu_job,
+            n_gpus,
+            f"hydra.launcher.gpus_per_node={requested} requests {requested} (one per rank: "
+            "or raise it)",
+        )
     additional = {"signal": f"{settings.signal}@{settings.signal_delay_s}"}
     additional["requeue" if settings.requeue else "no-requeue"] = True
     additional.update(settings.additional_parameters)
@@ -192,12 +255,20 @@ def job_resources(
         "slurm_srun_args": list(settings.srun_args),
         "slurm_array_parallelism": settings.array_parallelism,
         "slurm_signal_delay_s": settings.signal_delay_s,
-        "slurm_setup": [*python_path_setup(), SRUN_CPUS_SETUP, *(settings.setup or [])],
+        "slurm_setup": [
+            *python_path_setup(app_path),
+            SRUN_CPUS_SETUP,
+            f"export {MAX_NUM_TIMEOUT_ENV}={int(settings.max_num_timeout)}",
+            *(settings.setup or []),
+        ],
     }
-    if gpu_job:
+    if requested is not None:  # submitit's meaning: the request, whatever the ranks use
+        if requested > 0:
+            params["gpus_per_node"] = requested
+    elif gpu_job:
         params["gpus_per_node"] = nproc
-        if settings.cpus_per_task is None and settings.cpus_per_gpu is None:
-            params["cpus_per_task"] = cpus_per_gpu or GPU_TASK_CPUS
+    if gpu_job and settings.cpus_per_task is None and settings.cpus_per_gpu is None:
+        params["cpus_per_task"] = cpus_per_gpu or GPU_TASK_CPUS
     for key in ("cpus_per_task", "mem_gb"):
         if getattr(settings, key) is not None:
             params[key] = getattr(settings, key)
@@ -219,14 +290,29 @@ SRUN_CPUS_SETUP = (
 )
 
 
-def python_path_setup() -> list[str]:
-    """Tasks unpickle the job by reference to this repo's modules (launch/, the plugin, the
-    app): put the repo and the app's directory on their import path."""
+def python_path_setup(app_path: Sequence[str]) -> list[str]:
+    """Tasks unpickle the job by reference to the app's modules: put the app's folders on their
+    import path (this package is installed, or on the PYTHONPATH the tasks inherit)."""
     import shlex
 
-    repo = str(Path(__file__).resolve().parent.parent)
-    dirs = list(dict.fromkeys(d for d in (sys.path[0], repo) if d and os.path.isdir(d)))
-    return [f"export PYTHONPATH={shlex.quote(os.pathsep.join(dirs))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    if not app_path:
+        return []
+    joined = shlex.quote(os.pathsep.join(app_path))
+    return [f"export PYTHONPATH={joined}${{PYTHONPATH:+:$PYTHONPATH}}"]
+
+
+def app_dirs(task_function: Any) -> list[str]:
+    """The folders the app's task is imported from: its module's (the entry point's
+    "module:function", or the function's own module, the script's for `__main__`), and the
+    script's (sys.path[0]); never an installed package's (site-packages)."""
+    from ddp_launcher.core.repro import installed, module_dir
+    from ddp_launcher.warm import task_modules
+
+    found = [module_dir(m) for m in [*task_modules(task_function), "__main__"]]
+    found.append(Path(sys.path[0]).resolve() if sys.path and sys.path[0] else None)
+    return list(
+        dict.fromkeys(str(d) for d in found if d is not None and d.is_dir() and not installed(d))
+    )
 
 
 @dataclass
@@ -266,12 +352,18 @@ class SlurmBackend:
         """The job's submission, from its own config (its launcher values may interpolate it);
         UserError when SLURM cannot give it its world size."""
         settings = DDPSlurmQueueConf.from_config(job.spec.config.hydra.launcher)
-        gpus = launcher_count(settings, "gpus_per_node", minimum=0)
+        requested = launcher_count(settings, "gpus_per_node", minimum=0)
         cpus = None  # per GPU: job_resources reads it only where cpus_per_task is null
-        if gpus is None or settings.cpus_per_task is None:
+        gpus = requested or 0  # a node's GPUs matter only where none are requested
+        if requested is None or settings.cpus_per_task is None:
             found, cpus = self.partition(settings.partition)
-            gpus = found if gpus is None else gpus
-        params = job_resources(job.spec.config, settings, gpus, cpus)
+            gpus = found if requested is None else gpus
+        task = self.launcher.task_function
+        app_path = app_dirs(task)
+        params = job_resources(job.spec.config, settings, gpus, cpus, app_path=app_path)
+        # the app's repository for the tasks' records (repro.py: git runs there)
+        code = shlex.quote(str(task_code_dir(task, job.spec.config)))
+        params["slurm_setup"].insert(0, f"export {CODE_DIR_ENV}={code}")
         job.nproc, job.nnodes = params["tasks_per_node"], params["nodes"]
         job.uses_gpus = "gpus_per_node" in params
         self.plans[job.num] = Submitted(
@@ -375,7 +467,10 @@ class SlurmBackend:
             lines = [line for line in str(outcome[1]).strip().splitlines() if line.strip()]
             rank0 = lines[-1] if lines else str(outcome[1])
         reason = failure_reason(rank0, other_task_failures(s), ended_without_result(s))
-        return failed_job_return(s.job, reason, ret)
+        # rank 0's own exception is the job's failure (Hydra's JobReturn gets it), unless rank 0
+        # was stopped from outside
+        own = rank0 if isinstance(rank0, BaseException) and not isinstance(rank0, Stopped) else None
+        return failed_job_return(s.job, reason, ret, task_error=own)
 
     @staticmethod
     def earlier_return(_job: Job, attempt: Any) -> JobReturn | None:
@@ -491,7 +586,8 @@ def ended_without_result(s: Submitted) -> str:
     if result is not None and result.status == "preempted":
         return (
             f"stopped and checkpointed but not requeued (SLURM job {s.slurm.job_id} {state}; "
-            f"requeue=false?): resume=auto continues it in {s.job.job_dir}; {logs}"
+            f"requeue=false, or max_num_timeout reached?): a resumed sweep continues it in "
+            f"{s.job.job_dir}; {logs}"
         )
     return f"SLURM job {s.slurm.job_id} ended ({state}) without rank 0's result: {logs}"
 

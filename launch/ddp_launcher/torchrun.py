@@ -32,6 +32,8 @@ from ddp_launcher import preview
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value, one_line
 from ddp_launcher.core.fault_points import LAUNCHER_PID_ENV
+from ddp_launcher.core.host import check_host
+from ddp_launcher.core.repro import CODE_DIR_ENV, task_code_dir
 from ddp_launcher.core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from ddp_launcher.core.wandb_service import wandb_wanted
 from ddp_launcher.core.world import (
@@ -51,8 +53,11 @@ from ddp_launcher.jobs import (
     configure_sweep_logging,
     failed_job_return,
     failure_reason,
+    launcher_errors,
+    refuse_unknown_keys,
     resolve_output_dirs,
     settings_from,
+    verdict_of,
 )
 from ddp_launcher.lifecycle import LifecycleLauncher, run_jobs
 from ddp_launcher.ranks.bootstrap import run_task
@@ -62,6 +67,7 @@ from ddp_launcher.ranks.handoff import (
     JOB_PKL,
     RESULT_PKL,
     describe_failure,
+    dump_job,
     read_failures,
     read_job_return,
 )
@@ -107,8 +113,11 @@ class TorchrunLauncherConf:
     # local rank 0's for `python train.py dist.nproc_per_node=N`.
     tee: str | None = None
     # Rerun with the same command and hydra.sweep.dir: completed jobs are not run again, the
-    # others continue from their checkpoints (ddp_launcher/resume.py).
+    # others run again in their dirs (ddp_launcher/resume.py).
     resume: bool = False
+    # The app's config key a job run again (resume=true, retries) gets `auto` in, so that it
+    # continues from its checkpoints, e.g. `resume`. null: the app's config is left as it is.
+    resume_key: str | None = None
     # Start a failed job again (from its checkpoints) up to this many times; user errors are
     # not retried.
     retries: int = 0
@@ -136,6 +145,8 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
     launcher_name = "torchrun launcher"
 
     def __init__(self, **settings: Any) -> None:
+        with launcher_errors():
+            refuse_unknown_keys(TorchrunLauncherConf, settings, "hydra/launcher=torchrun")
         self.settings = TorchrunLauncherConf.from_config(settings)
         self.config: DictConfig | None = None
         self.task_function: Any = None
@@ -147,6 +158,8 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
         self.task_function = task_function
         self.hydra_context = hydra_context
         configure_sweep_logging(config)
+        with launcher_errors():  # before the warm start forks on a machine it cannot run on
+            check_host()
         if os.environ.get("RANK") is None and not self.settings.dry_run:  # (a rank: check())
             self.start_warm()
 
@@ -227,7 +240,7 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
     settings = single_run_settings(hydra_cfg.launcher)
     (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
     if ret.status.name == "FAILED":  # (JobReturn.return_value would log it first: no)
-        raise job_value(ret)
+        raise verdict_of(ret)  # one line: rank 0 printed its own error where the user watches
     return ret.return_value
 
 
@@ -379,6 +392,8 @@ class TorchrunBackend:
             env["OMP_NUM_THREADS"] = str(max(1, cores // max(1, job.nproc)))
         env[ATTEMPT_ENV] = str(job.attempt)
         env[LAUNCHER_PID_ENV] = str(os.getpid())
+        # the app's repository for the ranks' records (repro.py: git runs there)
+        env.setdefault(CODE_DIR_ENV, str(task_code_dir(job.spec.task_function, job.spec.config)))
         if job.in_sweep:  # this launcher holds the job dir for its ranks (ddp_launcher/resume.py)
             env.update(run_lock.child_env(job.job_dir))
         return env
@@ -412,14 +427,13 @@ class TorchrunBackend:
         return [self.start_one(job, *slot) for job, slot in batch]
 
     def start_one(self, job: Job, gpus: list[int], cpus: list[int] | None = None) -> Any:
-        import cloudpickle
 
         files = self.files(job)
         files.mkdir(parents=True, exist_ok=True)
         for stale in (RESULT_PKL, JOB_JSON, FAILURES_JSON):  # from an earlier run into this dir
             (files / stale).unlink(missing_ok=True)
         with open(files / JOB_PKL, "wb") as f:
-            cloudpickle.dump(job.spec, f)
+            dump_job(job.spec, f)
         env = self.job_env(job, gpus, cpus)
         log.log(
             logging.DEBUG if job.in_sweep else logging.INFO,
@@ -498,10 +512,13 @@ class TorchrunBackend:
             else None
         )
         reason = failure_reason(user or rank0, dead, otherwise)
-        failed = failed_job_return(job, reason, ret, cause=user)
+        # rank 0's own exception is the job's failure (Hydra's JobReturn gets it) unless it was
+        # only a consequence (Stopped) of another rank's failure
+        task_error = None if stopped or user is not None else rank0
+        failed = failed_job_return(job, reason, ret, cause=user, task_error=task_error)
         # Rank 0 printed its own error where the user watches (`python train.py
         # dist.nproc_per_node=N` shows rank 0's output): the launcher need not say it again.
-        job_value(failed).already_said = not stopped and self.tee != "0"
+        verdict_of(failed).already_said = not stopped and self.tee != "0"
         return failed
 
     @staticmethod

@@ -61,21 +61,9 @@ def test_discovery(kind, name) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher_name, overrides", [("torchrun", [PARALLEL])])
 class TestTorchrunLauncher(LauncherTestSuite):
-    """Hydra's launcher suite: in-process sweeps of hydra.test_utils apps."""
-
-    if hasattr(LauncherTestSuite, "test_failure_preserves_task_traceback"):  # Hydra 1.4's suite
-
-        @pytest.mark.xfail(
-            strict=True,
-            reason="Hydra 1.4 asks a launcher to hand back the task's own exception; a failed "
-            "job's value here is its one-line verdict, JobFailed (caused by rank 0's error)",
-        )
-        def test_failure_preserves_task_traceback(
-            self, hydra_sweep_runner, launcher_name, overrides, tmpdir
-        ) -> None:
-            super().test_failure_preserves_task_traceback(
-                hydra_sweep_runner, launcher_name, overrides, tmpdir
-            )
+    """Hydra's launcher suite: in-process sweeps of hydra.test_utils apps. Under Hydra 1.4 it
+    also asks that a failed job hand back the task's own exception with its traceback and
+    cause (test_failure_preserves_task_traceback): the launcher's verdict rides on it."""
 
 
 @pytest.mark.slow

@@ -45,6 +45,7 @@ from ddp_launcher.jobs import (
     job_done,
     launcher_errors,
     record_failure,
+    verdict_of,
 )
 from ddp_launcher.lifecycle import finish, place, run_jobs
 from ddp_launcher.ranks.bootstrap import TaskExit, exits_as_errors
@@ -448,7 +449,9 @@ def rank0_return(value: object) -> JobReturn:
 
 def test_torchrun_job_result_from_rank_0_then_the_agent_then_the_exit_code(tmp_path: Path) -> None:
     """Agents.finish: rank 0's JobReturn (completed: as is; failed: its error), else the
-    agent's failures.json, else the exit code; a failed job's JobReturn holds the verdict."""
+    agent's failures.json, else the exit code. A failed job's JobReturn holds the verdict, or,
+    where rank 0's own exception is the failure, that exception (Hydra's contract) carrying
+    the verdict (an attribute, and a note under its traceback)."""
     agents = TorchrunBackend(TorchrunLauncherConf())
     job = fake_job(7, nproc=2, job_dir=tmp_path / "7")
     job.started = time.time()
@@ -468,8 +471,11 @@ def test_torchrun_job_result_from_rank_0_then_the_agent_then_the_exit_code(tmp_p
     )
     (files / RESULT_PKL).write_bytes(cloudpickle.dumps(rank0_return(UserError("bad batch"))))
     ret = finish(job, Exited(1), agents)
-    assert str(ret._return_value) == "job #7 (n=7): bad batch"
-    assert ret._return_value.__cause__.__class__ is UserError  # a user error stays findable
+    assert type(ret._return_value) is UserError and str(ret._return_value) == "bad batch"
+    assert str(verdict_of(ret)) == "job #7 (n=7): bad batch"  # the verdict, attached
+    assert ret._return_value.launcher_verdict is verdict_of(ret)
+    assert ret._return_value.__notes__ == ["hydra-ddp-launcher: job #7 (n=7): bad batch"]
+    assert verdict_of(ret).__cause__ is ret._return_value  # a user error stays findable
     (files / RESULT_PKL).write_bytes(cloudpickle.dumps(rank0_return(0.9)))
     assert finish(job, Exited(0), agents).return_value == 0.9
 

@@ -44,6 +44,7 @@ from ddp_launcher.resume import (
     check_overrides,
     check_sweeper,
     close_attempt,
+    continue_in_dir,
     decide,
     hold_sweep_lock,
     prepare_job,
@@ -74,8 +75,17 @@ from tests.launcher_apps.counting_task import counting_task
 # without processes
 
 
-def job_at(job_dir: Path, num: int = 0, overrides: tuple[str, ...] = ("a=1",)) -> Job:
-    config = OmegaConf.create({"resume": None, "a": 1})
+def job_at(
+    job_dir: Path,
+    num: int = 0,
+    overrides: tuple[str, ...] = ("a=1",),
+    resume: str | None = None,
+    resume_key: str | None = "resume",
+) -> Job:
+    """A sweep job whose app has a `resume` key; the launcher's hook sets it (resume_key)."""
+    config = OmegaConf.create(
+        {"resume": resume, "a": 1, "hydra": {"launcher": {"resume_key": resume_key}}}
+    )
     return Job(num, list(overrides), job_dir, JobSpec(None, config, None), in_sweep=True)
 
 
@@ -207,6 +217,7 @@ def test_attempts_and_retries_are_recorded(tmp_path: Path) -> None:
     assert job.retries_left == 0 and job.continues
     start_attempt(job)
     assert job.attempt == 2 and job.spec.config.resume == "auto"
+
     write_result(job.job_dir, RunResult(status="preempted", error="preempted at step 9"))
     close_attempt(job, returned(RuntimeError("rank 0 exited with code 75")))
     assert not should_retry(job, returned(RuntimeError("x")))  # none left
@@ -224,6 +235,26 @@ def test_attempts_and_retries_are_recorded(tmp_path: Path) -> None:
     user_error = failed_job_return(job, "bad", returned(UserError("trainer.batch_size=63 ...")))
     assert not should_retry(job, user_error) and job.retries_left == 3
     assert not should_retry(job, returned(0.9))  # completed
+
+
+def test_the_resume_hook_is_opt_in_and_names_its_key(tmp_path: Path) -> None:
+    """Without hydra.launcher.resume_key a job run again keeps the app's own `resume` (here a
+    file it starts from, not a checkpoint of its run); with it, the named key says auto, a
+    nested one too; a key the app lacks is one line."""
+    pretrained = str(tmp_path / "pretrained.pt")
+    job = job_at(tmp_path / "0", resume=pretrained, resume_key=None)
+    continue_in_dir(job)
+    assert job.continues and job.spec.config.resume == pretrained
+    job = job_at(tmp_path / "1", resume=pretrained)  # resume_key: resume
+    continue_in_dir(job)
+    assert job.spec.config.resume == "auto"
+    job = job_at(tmp_path / "2", resume_key="trainer.ckpt")
+    job.spec.config.trainer = {"ckpt": None}
+    continue_in_dir(job)
+    assert job.spec.config.trainer.ckpt == "auto" and job.spec.config.resume is None
+    job = job_at(tmp_path / "3", resume_key="resum")
+    with pytest.raises(UserError, match="resume_key=resum: the app's config has no key resum"):
+        continue_in_dir(job)
 
 
 def test_one_launcher_per_sweep_dir(tmp_path: Path) -> None:

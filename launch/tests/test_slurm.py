@@ -30,6 +30,14 @@ import pytest
 import torch
 import yaml
 from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.requeue import (
+    MAX_NUM_TIMEOUT_ENV,
+    TIMEOUTS_FILE,
+    TIMEOUTS_FILE_ENV,
+    requeue_on_slurm,
+    slurm_seconds,
+    timed_out,
+)
 from ddp_launcher.core.run_dir import read_launch_record, read_result
 from ddp_launcher.ranks.slurm_task import (
     expand_nodelist,
@@ -37,7 +45,15 @@ from ddp_launcher.ranks.slurm_task import (
     master_port,
     torch_env,
 )
-from ddp_launcher.slurm import GPU_TASK_CPUS, DDPSlurmQueueConf, job_resources
+from ddp_launcher.slurm import (
+    GPU_TASK_CPUS,
+    DDPSlurmQueueConf,
+    Submitted,
+    app_dirs,
+    job_resources,
+    python_path_setup,
+    sbatch_resources,
+)
 from ddp_launcher.slurm_queue import cpus_per_gpu_in_sinfo, gpus_in_gres
 from hydra import version as hydra_version
 from hydra.core.plugins import Plugins
@@ -45,6 +61,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 from hydra.version import VersionBase
 from hydra_plugins.hydra_ddp_launcher.slurm_launcher import DDPSlurmLauncher
+from omegaconf import OmegaConf
 from test_pruning import check_pruned, pruned_sweep
 
 from components.checkpoint import load_checkpoint
@@ -175,6 +192,86 @@ def test_job_resources_follow_each_jobs_world_size(train_config) -> None:
         resources(config("dist.nproc_per_node=2", "hydra.launcher.tasks_per_node=4"), 0)
     with pytest.raises(UserError, match="gpus_per_task"):
         resources(config("hydra.launcher.gpus_per_task=1"), gpus=8)
+
+
+def test_gpus_per_node_is_the_request_per_node_as_submitit_means_it(train_config, tmp_path) -> None:
+    """hydra.launcher.gpus_per_node=N requests N GPUs per node (sbatch --gpus-per-node=N), as
+    hydra-submitit-launcher's key does, whatever a node has: a GPU job's ranks per node (auto)
+    are then N, fewer ranks leave GPUs of the request unused, more is one line; 0 requests
+    none (a CPU job). auto (the default) requests one per rank."""
+    config = functools.partial(train_config.compose, "hydra/launcher=slurm")
+    four = resources(config("hydra.launcher.gpus_per_node=4"), gpus=8)
+    assert (four["tasks_per_node"], four["gpus_per_node"]) == (4, 4)
+    two = resources(config("hydra.launcher.gpus_per_node=4", "dist.nproc_per_node=2"), gpus=8)
+    assert (two["tasks_per_node"], two["gpus_per_node"]) == (2, 4)
+    with pytest.raises(UserError, match="hydra.launcher.gpus_per_node=4 requests 4"):
+        resources(config("hydra.launcher.gpus_per_node=4", "dist.nproc_per_node=8"), gpus=8)
+    none = resources(config("hydra.launcher.gpus_per_node=0"), gpus=8)
+    assert none["tasks_per_node"] == 1 and "gpus_per_node" not in none
+    assert resources(config("dist.nproc_per_node=2"), gpus=8)["gpus_per_node"] == 2  # auto
+    # what sbatch gets: the request, beside 2 tasks per node
+    script = sbatch_resources(Submitted(job=None, params=two, folder=str(tmp_path)))
+    assert "--gpus-per-node=4" in script and "--ntasks-per-node=2" in script, script
+
+
+def test_a_time_limit_requeues_at_most_max_num_timeout_times(tmp_path, monkeypatch) -> None:
+    """hydra.launcher.max_num_timeout, submitit's meaning: a job at its time limit (it ran at
+    least min(80 % of its limit, limit - 10 min)) is requeued that many times, counted in its
+    job dir; after that it is not (one warning), while a job preempted earlier is requeued
+    whatever the count. The batch script exports the limit (job_resources)."""
+    fake_bin, calls = tmp_path / "bin", tmp_path / "calls"
+    fake_bin.mkdir()
+    (fake_bin / "scontrol").write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'if [ "$1" = show ]; then echo "JobId=42 JobState=RUNNING Requeue=1 '
+        'RunTime=$FAKE_RUNTIME TimeLimit=01:00:00"; fi\n'
+    )
+    (fake_bin / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv(MAX_NUM_TIMEOUT_ENV, "2")
+    monkeypatch.setenv(TIMEOUTS_FILE_ENV, str(tmp_path / TIMEOUTS_FILE))
+    monkeypatch.setenv("FAKE_RUNTIME", "00:58:00")  # USR1 120 s before the hour
+    assert requeue_on_slurm() and requeue_on_slurm()
+    assert not requeue_on_slurm()  # a third time limit
+    assert calls.read_text().count("requeue 42") == 2
+    monkeypatch.setenv("FAKE_RUNTIME", "00:05:00")  # preempted: requeued whatever the count
+    assert requeue_on_slurm() and calls.read_text().count("requeue 42") == 3
+    assert (tmp_path / TIMEOUTS_FILE).read_text().strip() == "2"
+    assert timed_out("RunTime=00:48:00 TimeLimit=01:00:00")
+    assert not timed_out("RunTime=00:47:59 TimeLimit=01:00:00")
+    assert timed_out("RunTime=00:00:30 TimeLimit=00:01:00")  # limit - 10 min < 0
+    assert not timed_out("RunTime=1-02:00:00 TimeLimit=UNLIMITED")
+    assert slurm_seconds("1-02:03:04") == 93784
+    job = resources(
+        OmegaConf.create({"hydra": {"launcher": {"max_num_timeout": 5}}}),
+        gpus=0,
+    )
+    assert f"export {MAX_NUM_TIMEOUT_ENV}=5" in job["slurm_setup"]
+
+
+def test_tasks_import_the_apps_folders_never_site_packages(tmp_path, monkeypatch) -> None:
+    """SLURM tasks unpickle the job by reference to the app's modules: the batch script puts
+    the app's folders on PYTHONPATH (its task module's, for a function and for the entry
+    point's "module:function"), never an installed package's folder (site-packages)."""
+    from ddp_launcher.ranks.bootstrap import run_task
+    from hydra.utils import instantiate  # a function of an installed package
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "my_task.py").write_text("def main(cfg):\n    return 1\n")
+    monkeypatch.syspath_prepend(str(app))
+    import my_task
+
+    for task in (my_task.main, functools.partial(run_task, "my_task:main")):
+        found = app_dirs(task)
+        assert found[0] == str(app.resolve()), found
+        assert not any("site-packages" in d for d in found), found
+    assert not any("site-packages" in d for d in app_dirs(instantiate))
+    (setup,) = python_path_setup([str(app), "/other app"])
+    assert setup == f"export PYTHONPATH='{app}{os.pathsep}/other app'${{PYTHONPATH:+:$PYTHONPATH}}"
+    assert python_path_setup([]) == []
 
 
 def test_gpu_jobs_get_the_nodes_cpus_per_gpu_by_default(train_config) -> None:

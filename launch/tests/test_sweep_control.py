@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import test_resume
+from ddp_launcher import drift as drift_module
 from ddp_launcher.core.run_dir import read_launch_record, read_result
 from ddp_launcher.drift import changes, drift_line, flat_config
 from ddp_launcher.progress import ERASE_LINE, SweepProgress
@@ -104,6 +105,52 @@ def test_a_drift_line_names_the_commit_the_diff_and_the_keys() -> None:
     record = SimpleNamespace(attempts=[SimpleNamespace(code=None)], config=None)
     job = SimpleNamespace(num=0, overrides=[], spec=SimpleNamespace(config=config))
     assert drift_line(job, record) is None  # a record older than the code entries
+
+
+def git_commit(repo: Path, message: str) -> str:
+    ident = ["-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "add", "."], cwd=repo, check=True)
+    subprocess.run(["git", *ident, "commit", "-qm", message], cwd=repo, check=True)
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_drift_reads_the_apps_repository_not_the_packages(tmp_path, monkeypatch) -> None:
+    """The code an attempt records (launch.json's `code`) is the app's: git runs in the folder
+    of the task's module, else in Hydra's runtime cwd; never in this package's folder, which,
+    installed from a wheel, is no repository of the app's (launch/tests/fresh_venv.sh checks
+    that install). A commit to the app between a sweep and its resume is a drift line."""
+    from ddp_launcher.core import repro
+    from ddp_launcher.jobs import Job
+    from ddp_launcher.ranks.job_spec import JobSpec
+    from ddp_launcher.resume import start_attempt
+    from hydra.utils import instantiate  # a function of an installed package
+
+    monkeypatch.delenv(repro.CODE_DIR_ENV, raising=False)
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "drift_app_task.py").write_text("def main(cfg):\n    return 0\n")
+    subprocess.run(["git", "init", "-q"], cwd=app, check=True)
+    first = git_commit(app, "one")
+    monkeypatch.syspath_prepend(str(app))
+    import drift_app_task
+
+    config = OmegaConf.create({"lr": 0.1, "hydra": {"runtime": {"cwd": str(app)}}})
+    spec = JobSpec(drift_app_task.main, config, None)
+    job = Job(0, ["lr=0.1"], tmp_path / "sweep" / "0", spec, in_sweep=True)
+    drift_module.code_state.cache_clear()
+    start_attempt(job)
+    record = read_launch_record(job.job_dir)
+    assert record.attempts[0].code["commit"] == first
+    (app / "drift_app_task.py").write_text("def main(cfg):\n    return 1\n")
+    second = git_commit(app, "two")
+    drift_module.code_state.cache_clear()  # (a resumed sweep: another launcher process)
+    line = drift_line(job, record)
+    assert line is not None and f"commit {first[:8]}→{second[:8]}" in line, line
+    # a task of an installed package: Hydra's runtime cwd, the app's repository too
+    assert repro.task_code_dir(instantiate, config) == app
+    assert repro.task_code_dir(drift_app_task.main) == app.resolve()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -124,9 +124,13 @@ def resume_choice(resume: Any, say: bool = True) -> str | Path | None:
     return Path(str(resume)).expanduser()
 
 
-def plan_start(run_dir: Path, config: Any, kind: str, *, sweep: bool) -> Plan:
+def plan_start(
+    run_dir: Path, config: Any, kind: str, *, sweep: bool, continues: bool = False
+) -> Plan:
     """What a start does with `run_dir`, from its records alone; a UserError when it would mix
-    two runs, NothingToDo when there is nothing left to do."""
+    two runs, NothingToDo when there is nothing left to do. `continues`: a sweep job run again
+    (a resumed sweep, a retry); without a resume hook (hydra.launcher.resume_key) its `resume`
+    still says what the app does, and none continues in place."""
     from omegaconf import OmegaConf
 
     run_dir = Path(run_dir)
@@ -154,6 +158,8 @@ def plan_start(run_dir: Path, config: Any, kind: str, *, sweep: bool) -> Plan:
         return Plan("start", replaces=f"resume={resume} starts another run's trajectory here")
     if start_over:
         return Plan("start", replaces="start_over=true")
+    if continues:
+        return Plan("continue")
     what = f"a {status} run" if status is not None else "a run that left no result"
     how = "rerun the sweep with hydra.launcher.resume=true" if sweep else "pass resume=auto"
     further = " (further, with more epochs: it completed)" if status == "completed" else ""
@@ -165,7 +171,13 @@ def plan_start(run_dir: Path, config: Any, kind: str, *, sweep: bool) -> Plan:
 
 
 def check_start(
-    config: Any, run_dir: Path, world_size: int, *, sweep: bool, gate: Gate | None = None
+    config: Any,
+    run_dir: Path,
+    world_size: int,
+    *,
+    sweep: bool,
+    gate: Gate | None = None,
+    continues: bool = False,
 ) -> Plan:
     """Everything a start can check before it writes a byte (see the module docstring); changes
     nothing. The plan, or a UserError / NothingToDo. An app without a gate (a Hydra app of
@@ -182,7 +194,7 @@ def check_start(
         return Plan("start")
     if gate.checks is not None:
         gate.checks(config, world_size, run_dir)
-    return plan_start(run_dir, config, gate.kind, sweep=sweep)
+    return plan_start(run_dir, config, gate.kind, sweep=sweep, continues=continues)
 
 
 def check_as_peer(config: Any, run_dir: Path, gate: Gate | None) -> None:

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shlex
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +33,108 @@ REPRO_DIR = "repro"
 COMMAND_FILE = "command.txt"
 REQUIREMENTS_FILE = "requirements.txt"
 DIFF_FILE = "git.diff"
-# Where the code lives: git runs here (tests point it at a repository of their own).
-CODE_DIR = Path(__file__).resolve().parent.parent
+# Where the app's code lives, if set: git runs here (tests point it at a repository of their
+# own); None: :func:`code_dir` finds the app's.
+CODE_DIR: Path | None = None
+# The app's folder a launcher found for its jobs (their task module's), for every process it
+# starts: its ranks, a SLURM job's tasks.
+CODE_DIR_ENV = "HYDRA_DDP_CODE_DIR"
 MAX_DIFF_BYTES = 5 * 2**20  # a bigger diff (data committed by mistake?) is cut, and says so
 
 
+def installed(path: Path) -> bool:
+    """Whether `path` lies in an installed package (site-packages, the interpreter's lib)."""
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    return (
+        "site-packages" in path.parts
+        or "dist-packages" in path.parts
+        or any(path.is_relative_to(Path(root).resolve()) for root in roots if root)
+    )
+
+
+def module_dir(name: str) -> Path | None:
+    """The folder a module's code is imported from (a package's module: the folder holding its
+    top package); None for one not found or not a file."""
+    import importlib.util
+
+    loaded = sys.modules.get(name)
+    origin = getattr(loaded, "__file__", None)
+    if origin is None and name != "__main__":
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        origin = spec.origin if spec is not None and spec.has_location else None
+    if not origin:
+        return None
+    folder = Path(origin).resolve().parent
+    depth = name.count(".") + (Path(origin).name == "__init__.py")
+    for _ in range(depth):
+        folder = folder.parent
+    return folder
+
+
+def app_dir(modules: list[str] = ()) -> Path | None:
+    """The app's folder: that of the first of `modules` (its task's) found, else the script's
+    (`__main__`); never an installed package's."""
+    for name in [*modules, "__main__"]:
+        folder = module_dir(name)
+        if folder is not None and not installed(folder):
+            return folder
+    return None
+
+
+def code_dir() -> Path:
+    """Where git reads the app's commit and changes: CODE_DIR when set, the folder the app's
+    launcher found (CODE_DIR_ENV), the script's folder, Hydra's runtime cwd, or this process's
+    cwd. Never this package's own folder: installed from a wheel, it is no repository of the
+    app's."""
+    if CODE_DIR is not None:
+        return Path(CODE_DIR)
+    if os.environ.get(CODE_DIR_ENV):
+        return Path(os.environ[CODE_DIR_ENV])
+    script = app_dir()
+    if script is not None:
+        return script
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return Path(HydraConfig.get().runtime.cwd)
+    except Exception:  # noqa: BLE001 - no Hydra, or no runtime node: the cwd
+        pass
+    return Path.cwd()
+
+
+def task_code_dir(task_function: Any = None, config: Any = None) -> Path:
+    """The app's folder as a launcher sees a job: CODE_DIR or CODE_DIR_ENV when set, else the
+    task module's folder (an entry point's "module:function", or the function's own module,
+    the script's for `__main__`), else Hydra's runtime cwd in the job's `config`, else
+    :func:`code_dir`."""
+    if CODE_DIR is not None or os.environ.get(CODE_DIR_ENV):
+        return code_dir()
+    args = getattr(task_function, "args", ())
+    if args and isinstance(args[0], str) and ":" in args[0]:
+        modules = [args[0].partition(":")[0]]
+    else:
+        modules = [getattr(task_function, "__module__", None) or "__main__"]
+    found = app_dir(modules) if task_function is not None else None
+    if found is not None:
+        return found
+    cwd = None
+    if config is not None:
+        from omegaconf import OmegaConf
+
+        cwd = OmegaConf.select(config, "hydra.runtime.cwd", default=None)
+    return Path(str(cwd)) if cwd else code_dir()
+
+
 def git(*args: str, cwd: Path | None = None) -> str | None:
-    """`git <args>`'s stdout in the code dir; None where git or the repository is missing."""
+    """`git <args>`'s stdout in the app's code dir; None where git or the repository is
+    missing."""
     try:
         out = subprocess.run(
-            ["git", *args], cwd=cwd or CODE_DIR, capture_output=True, text=True, timeout=10
+            ["git", *args], cwd=cwd or code_dir(), capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -54,23 +149,25 @@ class GitState:
     changed: list[str] = field(default_factory=list)  # `git status --porcelain` entries
 
 
-def git_state(run_dir: Path | None = None) -> GitState:
-    """The code's commit and uncommitted changes; a `run_dir` inside the repository (not
-    ignored) is left out, so that a run's own outputs never make its tree dirty."""
-    commit = (git("rev-parse", "HEAD") or "").strip() or None
+def git_state(run_dir: Path | None = None, where: Path | None = None) -> GitState:
+    """The app's commit and uncommitted changes (git in `where`, default :func:`code_dir`); a
+    `run_dir` inside the repository (not ignored) is left out, so that a run's own outputs
+    never make its tree dirty."""
+    where = where or code_dir()
+    commit = (git("rev-parse", "HEAD", cwd=where) or "").strip() or None
     if commit is None:
         return GitState()
     paths: list[str] = []
-    top = (git("rev-parse", "--show-toplevel") or "").strip()
+    top = (git("rev-parse", "--show-toplevel", cwd=where) or "").strip()
     if run_dir is not None and top and Path(run_dir).resolve().is_relative_to(top):
         paths = ["--", ":(top)", f":(top,exclude){Path(run_dir).resolve().relative_to(top)}"]
-    status = git("status", "--porcelain", *paths) or ""
+    status = git("status", "--porcelain", *paths, cwd=where) or ""
     changed = [line for line in status.splitlines() if line.strip()]
     if not changed:
         return GitState(commit)
     untracked = [line[3:] for line in changed if line.startswith("??")]
     head = "".join(f"# untracked, not in this diff: {name}\n" for name in untracked)
-    diff = git("diff", "HEAD", "--binary", *paths) or ""
+    diff = git("diff", "HEAD", "--binary", *paths, cwd=where) or ""
     if len(diff) > MAX_DIFF_BYTES:
         diff = diff[:MAX_DIFF_BYTES] + f"\n# ... cut at {MAX_DIFF_BYTES} bytes\n"
     return GitState(commit, True, head + diff, changed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ddp_launcher.core.errors import UserError, one_line
@@ -22,6 +23,77 @@ JOURNAL_PREFIX = "journal:"
 # Trial user attributes that name the trial's job (the sweeper sets them when it asks).
 SWEEP_DIR_ATTR = "sweep_dir"
 JOB_NUM_ATTR = "job_num"
+
+
+# The pruners' options, typed (`hydra/sweeper/pruner=median hydra.sweeper.pruner.n_warmup_steps=2`,
+# or {type: median, n_warmup_steps: 2}); null: the pruner's own default, so that each Optuna
+# version keeps its own (the options below are those of Optuna 4 and 5).
+@dataclass
+class MedianPrunerConf:
+    type: str = "median"
+    n_startup_trials: int | None = None
+    n_warmup_steps: int | None = None
+    interval_steps: int | None = None
+    n_min_trials: int | None = None
+
+
+@dataclass
+class PercentilePrunerConf:
+    type: str = "percentile"
+    percentile: float = 25.0  # the quarter of the best trials goes on
+    n_startup_trials: int | None = None
+    n_warmup_steps: int | None = None
+    interval_steps: int | None = None
+    n_min_trials: int | None = None
+
+
+@dataclass
+class HyperbandPrunerConf:
+    type: str = "hyperband"
+    min_resource: int | None = None
+    max_resource: Any = None  # "auto" or a count
+    reduction_factor: int | None = None
+    bootstrap_count: int | None = None
+
+
+@dataclass
+class SuccessiveHalvingPrunerConf:
+    type: str = "successive_halving"
+    min_resource: Any = None  # "auto" or a count
+    reduction_factor: int | None = None
+    min_early_stopping_rate: int | None = None
+    bootstrap_count: int | None = None
+
+
+@dataclass
+class NopPrunerConf:
+    type: str = "none"
+
+
+PRUNER_CONFS: dict[str, type] = {
+    "median": MedianPrunerConf,
+    "percentile": PercentilePrunerConf,
+    "hyperband": HyperbandPrunerConf,
+    "successive_halving": SuccessiveHalvingPrunerConf,
+    "none": NopPrunerConf,
+}
+
+
+def pruner_options(kind: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The pruner's arguments, checked against its typed options (an unknown key or a value of
+    the wrong type is one line), those left null dropped."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(PRUNER_CONFS[kind]), {"type": kind, **args})
+    except OmegaConfBaseException as e:
+        known = ", ".join(k for k in PRUNER_CONFS[kind].__dataclass_fields__ if k != "type")
+        raise UserError(
+            f"hydra.sweeper.pruner: {kind}: {one_line(e)} (its options: {known or 'none'})"
+        ) from None
+    options = OmegaConf.to_container(node)
+    return {k: v for k, v in options.items() if k != "type" and v is not None}
 
 
 def build_pruner(pruner: Any) -> Any:
@@ -56,8 +128,7 @@ def build_pruner(pruner: Any) -> Any:
     }
     if kind not in classes:
         raise UserError(f"hydra.sweeper.pruner={kind}: use one of {', '.join(PRUNERS)}")
-    if kind == "percentile" and "percentile" not in args:
-        args["percentile"] = 25.0  # the quarter of the best trials goes on
+    args = pruner_options(kind, args)
     try:
         return classes[kind](**args)
     except (TypeError, ValueError) as e:  # an unknown argument, or a value out of its range

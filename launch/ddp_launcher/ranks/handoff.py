@@ -47,6 +47,31 @@ class JobRecord:
         write_json_atomic(self.path, self.data)
 
 
+def dump_job(spec: Any, file: Any) -> None:
+    """Pickle a job (its JobSpec) for its ranks with cloudpickle, except that the code of a task
+    function pickled by value (defined in a test, a notebook, a function) keeps its file's name
+    where cloudpickle writes `<dynamic-code>`: a rank's traceback, which Hydra 1.4 hands back
+    with a failed job's exception, then names the task's own file and lines."""
+    import types
+    from collections import ChainMap
+
+    import cloudpickle
+
+    code_reduce = getattr(cloudpickle.cloudpickle, "_code_reduce", None)  # (cloudpickle 3)
+
+    def reduce_code(code: types.CodeType) -> Any:
+        rebuild, args = code_reduce(code)
+        return rebuild, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+    class Pickler(cloudpickle.Pickler):
+        if code_reduce is not None:
+            dispatch_table = ChainMap(
+                {types.CodeType: reduce_code}, cloudpickle.Pickler.dispatch_table
+            )
+
+    Pickler(file).dump(spec)
+
+
 def write_job_return(ret: Any, path: Path) -> None:
     import cloudpickle
     from hydra.core.utils import JobStatus

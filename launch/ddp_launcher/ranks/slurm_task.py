@@ -22,6 +22,7 @@ from omegaconf import open_dict
 
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.requeue import TIMEOUTS_FILE, TIMEOUTS_FILE_ENV
 from ddp_launcher.core.run_dir import ATTEMPT_ENV, REQUEUE_EXIT_CODE
 from ddp_launcher.core.world import cores_per_rank
 from ddp_launcher.ranks.bootstrap import report_failure, run_rank
@@ -125,6 +126,8 @@ def run_task(job: Any) -> Any:
     rank = int(values["RANK"])
     install_stop_handlers(rank)
     os.environ[ATTEMPT_ENV] = str(job.attempt)
+    # requeues after a time limit are counted in the job dir (hydra.launcher.max_num_timeout)
+    os.environ[TIMEOUTS_FILE_ENV] = str(job.job_dir / TIMEOUTS_FILE)
     try:
         import submitit
 

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.host import require_extra
 from ddp_launcher.report.jobs import (
     BEST,
     MODES,
@@ -79,6 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(comma-separated; default: seed; '' for none)",
     )
     args = parser.parse_args(argv)
+    try:
+        require_extra("report", "the sweep report")
+        if args.wandb:
+            require_extra("wandb", "--wandb")
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     if not args.sweep_dir.is_dir():
         print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
         return 2  # a user error (ddp_launcher/core/errors.py's policy)

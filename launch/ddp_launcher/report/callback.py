@@ -18,6 +18,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from ddp_launcher.core.host import require_extra
+from ddp_launcher.jobs import launcher_errors
 from ddp_launcher.report.jobs import BEST
 from ddp_launcher.report.seeds import DEFAULT_OVER
 from ddp_launcher.report.sweep import report_sweep
@@ -41,6 +43,8 @@ class SweepSummaryCallback(Callback):
         aggregate: Sequence[str] = DEFAULT_OVER,
         panels: Sequence[str] | None = None,
     ) -> None:
+        with launcher_errors():  # Hydra makes the callbacks before the multirun starts
+            require_extra("report", "hydra.callbacks' SweepSummaryCallback (the sweep report)")
         self.settings = dict(
             metric=metric,
             mode=mode,
@@ -60,6 +64,11 @@ class SweepSummaryCallback(Callback):
         report_sweep(sweep_dir, config, when=when, **self.settings)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from ddp_launcher.core.wandb_service import wandb_wanted
+
+        if self.settings["wandb"] and wandb_wanted(config):
+            with launcher_errors():
+                require_extra("wandb", "the sweep report's W&B run (the config's wandb.mode)")
         self._pid, self._failed = os.getpid(), False
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:

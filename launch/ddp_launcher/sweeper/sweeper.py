@@ -23,15 +23,18 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ddp_launcher.core.errors import UserError, instantiate, job_value
+from ddp_launcher.core.host import require_extra
 from ddp_launcher.core.run_dir import LAUNCH_FILE, read_result
 from ddp_launcher.core.trials import (
     JOB_NUM_ATTR,
+    PRUNER_CONFS,
     PRUNER_ENV,
     STORAGE_ENV,
     STUDY_ENV,
     SWEEP_DIR_ATTR,
     build_pruner,
 )
+from ddp_launcher.jobs import launcher_errors
 from ddp_launcher.sweeper.space import search_space, trial_overrides
 from ddp_launcher.sweeper.study import continue_study, directions, shown, storage_spec
 from ddp_launcher.sweeper.usage import SlotUsage
@@ -40,15 +43,121 @@ log = logging.getLogger(__name__)
 
 TARGET = "hydra_plugins.hydra_ddp_launcher.optuna_sweeper.OptunaSweeper"
 RESULTS_FILE = "optimization_results.yaml"
-SAMPLERS = {  # hydra/sweeper/sampler=NAME, as hydra-optuna-sweeper names them
-    "tpe": "optuna.samplers.TPESampler",
-    "random": "optuna.samplers.RandomSampler",
-    "cmaes": "optuna.samplers.CmaEsSampler",
-    "nsgaii": "optuna.samplers.NSGAIISampler",
-    "qmc": "optuna.samplers.QMCSampler",
-    "gp": "optuna.samplers.GPSampler",
-    "grid": "optuna.samplers.GridSampler",  # partial: given its grid (the space) in sweep()
+
+
+# hydra/sweeper/sampler=NAME, as hydra-optuna-sweeper names them: each sampler's options, typed
+# (hydra.sweeper.sampler.n_startup_trials=5 needs no `+`). null: the sampler's own default, so
+# that each Optuna version keeps its own; the options are those of Optuna 4 and 5 (objects and
+# callables, e.g. TPE's gamma, need a config of your own: see OptunaSweeperConf.sampler).
+@dataclass
+class TPESamplerConf:
+    _target_: str = "optuna.samplers.TPESampler"
+    seed: int | None = None
+    consider_prior: bool | None = None
+    prior_weight: float | None = None
+    consider_magic_clip: bool | None = None
+    consider_endpoints: bool | None = None
+    n_startup_trials: int | None = None
+    n_ei_candidates: int | None = None
+    multivariate: bool | None = None
+    group: bool | None = None
+    warn_independent_sampling: bool | None = None
+    constant_liar: bool | None = None
+
+
+@dataclass
+class RandomSamplerConf:
+    _target_: str = "optuna.samplers.RandomSampler"
+    seed: int | None = None
+
+
+@dataclass
+class CmaEsSamplerConf:
+    _target_: str = "optuna.samplers.CmaEsSampler"
+    seed: int | None = None
+    x0: dict[str, Any] | None = None
+    sigma0: float | None = None
+    n_startup_trials: int | None = None
+    warn_independent_sampling: bool | None = None
+    consider_pruned_trials: bool | None = None
+    restart_strategy: str | None = None
+    popsize: int | None = None
+    inc_popsize: int | None = None
+    use_separable_cma: bool | None = None
+    with_margin: bool | None = None
+    lr_adapt: bool | None = None
+
+
+@dataclass
+class NSGAIISamplerConf:
+    _target_: str = "optuna.samplers.NSGAIISampler"
+    seed: int | None = None
+    population_size: int | None = None
+    mutation_prob: float | None = None
+    crossover_prob: float | None = None
+    swapping_prob: float | None = None
+
+
+@dataclass
+class QMCSamplerConf:
+    _target_: str = "optuna.samplers.QMCSampler"
+    seed: int | None = None
+    qmc_type: str | None = None
+    scramble: bool | None = None
+    warn_asynchronous_seeding: bool | None = None
+    warn_independent_sampling: bool | None = None
+
+
+@dataclass
+class GPSamplerConf:
+    _target_: str = "optuna.samplers.GPSampler"
+    seed: int | None = None
+    n_startup_trials: int | None = None
+    deterministic_objective: bool | None = None
+
+
+@dataclass
+class GridSamplerConf:
+    _target_: str = "optuna.samplers.GridSampler"
+    _partial_: bool = True  # given its grid (the space) in sweep()
+    seed: int | None = None
+
+
+SAMPLERS: dict[str, type] = {
+    "tpe": TPESamplerConf,
+    "random": RandomSamplerConf,
+    "cmaes": CmaEsSamplerConf,
+    "nsgaii": NSGAIISamplerConf,
+    "qmc": QMCSamplerConf,
+    "gp": GPSamplerConf,
+    "grid": GridSamplerConf,
 }
+SAMPLER_CONFS = {cls: name for name, cls in SAMPLERS.items()}
+
+
+def sampler_node(sampler: Any) -> Any:
+    """`hydra.sweeper.sampler` to instantiate: one of SAMPLERS' configs without the options left
+    null; a config of the user's own (hydra/sweeper/sampler: null, then {_target_: ...}) as is.
+    A `_target_` written over another sampler's options is one line naming the fix."""
+    kind = OmegaConf.get_type(sampler)
+    if kind not in SAMPLER_CONFS:
+        return sampler
+    own = kind.__dataclass_fields__["_target_"].default
+    if sampler._target_ != own:
+        name = next((n for n, c in SAMPLERS.items() if c._target_ == sampler._target_), None)
+        fix = (
+            f"choose it with hydra/sweeper/sampler={name} (in a config's defaults: "
+            f"- override /hydra/sweeper/sampler: {name})"
+            if name
+            else "for a sampler of your own, drop the group's options first: "
+            "- override /hydra/sweeper/sampler: null (in your config's defaults)"
+        )
+        raise UserError(
+            f"hydra.sweeper.sampler._target_={sampler._target_}, but the options are "
+            f"hydra/sweeper/sampler={SAMPLER_CONFS[kind]}'s ({own}): {fix}"
+        )
+    values = OmegaConf.to_container(sampler, resolve=True)
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def open_params() -> Any:
@@ -68,7 +177,12 @@ class OptunaSweeperConf:
     # Hydra 1.3 would instantiate `sampler` and `pruner` with the sweeper, a bad argument
     # then an error in lines of Hydra's; this class instantiates them (as under Hydra 1.4)
     _recursive_: bool = False
-    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}])
+    # hydra/sweeper/sampler=tpe, hydra/sweeper/pruner=median: typed options (SAMPLERS,
+    # PRUNER_CONFS); the pruner group is optional (null: `pruner` below, as written). _self_
+    # first: a group's config is merged over this schema's defaults, not under them.
+    defaults: list[Any] = field(
+        default_factory=lambda: ["_self_", {"sampler": "tpe"}, {"pruner": None}]
+    )
     # {_target_: optuna.samplers.TPESampler, seed: ...}; MISSING: the defaults' group config
     # (hydra/sweeper/sampler=tpe) stays unless this is set (None here would replace it)
     sampler: Any = MISSING
@@ -81,7 +195,8 @@ class OptunaSweeperConf:
     # {key: search space}, e.g. {optim.lr: tag(log, interval(0.01, 1))}
     params: dict[str, str] = field(default_factory=open_params)
     custom_search_space: str | None = None  # a callable(config, trial) adding to the space
-    # median | percentile | hyperband | successive_halving | none, or {type: NAME, args...}
+    # median | percentile | hyperband | successive_halving | none, or {type: NAME, args...}, or
+    # hydra/sweeper/pruner=NAME (typed options: hydra.sweeper.pruner.n_warmup_steps=2)
     pruner: Any = None
     stream: bool = True  # false: batches of n_jobs trials, each waiting for its slowest
 
@@ -89,18 +204,24 @@ class OptunaSweeperConf:
 ConfigStore.instance().store(
     group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="hydra-ddp"
 )
-for _name, _target in SAMPLERS.items():
+for _name, _conf in SAMPLERS.items():
     ConfigStore.instance().store(
-        group="hydra/sweeper/sampler",
-        name=_name,
-        node={"_target_": _target, "seed": None} | ({"_partial_": True} if _name == "grid" else {}),
-        provider="hydra-ddp",
+        group="hydra/sweeper/sampler", name=_name, node=_conf, provider="hydra-ddp"
+    )
+for _name, _conf in PRUNER_CONFS.items():
+    ConfigStore.instance().store(
+        group="hydra/sweeper/pruner", name=_name, node=_conf, provider="hydra-ddp"
     )
 
 
 class OptunaSweeperBase(Sweeper):
     def __init__(self, search_space: Any = None, **settings: Any) -> None:
         """`settings`: OptunaSweeperConf's fields (its defaults for those not given)."""
+        with launcher_errors():  # (Hydra would wrap it in lines of its own)
+            require_extra("optuna", "hydra/sweeper=optuna")
+        self.init(search_space, settings)
+
+    def init(self, search_space: Any, settings: dict[str, Any]) -> None:
         if search_space:
             raise UserError(
                 "hydra.sweeper.search_space was removed in Hydra 1.2: write the space as "
@@ -110,7 +231,7 @@ class OptunaSweeperBase(Sweeper):
         sampler = None if conf.sampler is MISSING else conf.sampler
         if OmegaConf.is_dict(sampler) and "_target_" in sampler:
             # Hydra leaves a plugin's nested `_target_`s to it (`_recursive_: false` above)
-            sampler = instantiate(sampler)
+            sampler = instantiate(sampler_node(sampler))
         self.conf = conf
         # set again by setup (the sweep dir's name) and continue_study (what is left to ask)
         self.sampler, self.study_name, self.n_trials = sampler, conf.study_name, conf.n_trials
