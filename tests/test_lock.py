@@ -17,6 +17,12 @@ import yaml
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
+# requirements.txt's editable launcher line (with the extras the experiment asks for)
+LAUNCH_LINE = next(
+    line + "\n"
+    for line in (REPO / "requirements.txt").read_text().splitlines()
+    if line.startswith("-e ./launch")
+)
 
 
 def ci(name: str):
@@ -162,7 +168,7 @@ def test_the_launchers_dependencies_and_asked_extras_are_checked_too(tmp_path):
     that does not exist is an error."""
     (tmp_path / "launch").mkdir()
     (tmp_path / "launch" / "pyproject.toml").write_text(LAUNCHER)
-    requirements = changed_copy(tmp_path, "requirements.txt", "-e ./launch\n", "-e ./launch\n")
+    requirements = changed_copy(tmp_path, "requirements.txt", LAUNCH_LINE, "-e ./launch\n")
     optuna = f"requirements.lock holds optuna {held('optuna', '3.10')}"
     assert lockfile.stale(requirements, root=tmp_path) == [
         "optuna: launch/pyproject.toml [project.dependencies] asks for 'optuna>=99', "
@@ -188,7 +194,7 @@ def test_the_launchers_dependencies_and_asked_extras_are_checked_too(tmp_path):
 def test_a_lock_naming_the_launcher_or_not_named_fails(tmp_path):
     """pip refuses a constraint on a local project: a lock that pins the launcher fails; so
     does a requirements file that names no lock (the lock would not be applied at all)."""
-    requirements = changed_copy(tmp_path, "requirements.txt", "-e ./launch\n", "-e ./launch\n")
+    requirements = changed_copy(tmp_path, "requirements.txt", LAUNCH_LINE, "-e ./launch\n")
     lock = tmp_path / "requirements.lock"
     lock.write_text(lock.read_text() + "hydra-ddp-launcher==0.1.0\n    # via -r requirements.txt\n")
     (problem,) = lockfile.stale(requirements)
@@ -321,7 +327,7 @@ def test_the_refresh_and_drift_resolve_as_documented(tmp_path):
     assert "--upgrade" in command
     lock.without_constraints(REPO / "requirements.txt", tmp_path / "requirements.txt")
     copied = (tmp_path / "requirements.txt").read_text().splitlines()
-    assert "-c requirements.lock" not in copied and "-e ./launch" in copied
+    assert "-c requirements.lock" not in copied and LAUNCH_LINE.strip() in copied
     assert len(copied) == len((REPO / "requirements.txt").read_text().splitlines()) - 1
 
 
