@@ -42,7 +42,7 @@ import pytest
 from ddp_launcher.core import gate as gate_module
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError
-from omegaconf import OmegaConf, open_dict, read_write
+from omegaconf import open_dict, read_write
 
 from tests.helpers import QUICK, REPO, compose, output, read_json, run, run_env, train_cmd
 from tests.os_faults import failing
