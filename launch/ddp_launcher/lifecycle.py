@@ -407,20 +407,31 @@ class LifecycleLauncher:
             sweep_dir.mkdir(parents=True, exist_ok=True)
             gate = gate_of(self.config)
             opt_out = gate.lock_opt_out if gate is not None else run_lock.NO_LOCK_FIX
-            if gate is not None and not gate.lock and first:
-                log.warning(
-                    "%s: the sweep dir and its job dirs are not locked: nothing stops another "
-                    "launcher or run from writing into them",
-                    opt_out,
-                )
             if lock and (gate is None or gate.lock):
                 hold_sweep_lock(sweep_dir, opt_out)
+            said: list[tuple[int, str]] = []  # said as the first job starts or ends
             if first:  # Optuna hands out trials a few at a time: one line per sweep
                 resuming = " (resuming)" if opts["resume"] else ""
                 if opts["resume"] and not any(sweep_dir.glob(f"*/{LAUNCH_FILE}")):
                     # resume=true also starts a sweep resumable: say which this is (a typo)
                     resuming = " (hydra.launcher.resume=true: no earlier jobs there, a new sweep)"
-                log.info("%s: sweep dir %s%s", self.launcher_name, sweep_dir, resuming)
+                said.append(
+                    (logging.INFO, f"{self.launcher_name}: sweep dir {sweep_dir}{resuming}")
+                )
+                if gate is not None and not gate.lock:
+                    said.append(
+                        (
+                            logging.WARNING,
+                            f"{opt_out}: the sweep dir and its job dirs are not locked: nothing "
+                            "stops another launcher or run from writing into them",
+                        )
+                    )
+
+            def begun() -> None:  # the sweep dir is this sweep's now (no undo)
+                sweep_started(sweep_dir)
+                for level, line in said:  # (a sweep refused before it is its one line alone)
+                    log.log(level, "%s", line)
+
             parallel = getattr(opts["backend"], "limit", None) or total or 1
             progress = SweepProgress(total, parallel)
             try:
@@ -433,7 +444,7 @@ class LifecycleLauncher:
                             progress=progress,
                             fence=sweep_dir / FENCE_FILE,
                             claimed=self.claimed_dirs(),
-                            on_first=lambda: sweep_started(sweep_dir),
+                            on_first=begun,
                         )
                 finally:
                     progress.close()
