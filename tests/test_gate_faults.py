@@ -199,6 +199,34 @@ def test_an_error_at_any_guarded_step_refuses_and_leaves_the_dir_as_it_was(
         assert {"result.json", "metrics.jsonl", "train.log"} <= {p.name for p in aside.iterdir()}
 
 
+@pytest.mark.parametrize("error", [ValueError("a bug in a hook"), KeyboardInterrupt()])
+def test_any_exception_in_a_guarded_step_is_undone(
+    tmp_path: Path, gate_lines, monkeypatch, error: BaseException
+) -> None:
+    """Not only OS errors: an exception of any type in a guarded step (here the app's
+    attempts record, after the set-aside) is undone; any other error is one line and exit 2,
+    never Hydra's warning; Ctrl-C is undone and goes on as Ctrl-C."""
+    from ddp_launcher.resume import RunAttempts
+
+    run_dir = tmp_path / "R"
+    completed_records(run_dir)
+    cfg = config_for(run_dir, "start_over=true")
+    before = tree(tmp_path)
+
+    def fails(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(RunAttempts, "open", staticmethod(fails))
+    if isinstance(error, KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt):
+            run_gate(cfg).on_run_start(config=cfg)
+    else:
+        line = refused(gate_lines, lambda: run_gate(cfg).on_run_start(config=cfg))
+        assert "ValueError: a bug in a hook" in line and "launch.json" in line, line
+    assert tree(tmp_path) == before
+    assert not run_lock._HELD
+
+
 def test_an_undo_that_fails_keeps_the_earlier_run_whole_and_says_where(
     tmp_path: Path, gate_lines
 ) -> None:

@@ -376,10 +376,6 @@ class Opening:
     done: list[tuple] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def changed(self) -> bool:
-        return bool(self.done)
-
     def make_dirs(self, path: Path) -> None:
         """`path` and its missing parents, each made noted."""
         missing, here = [], Path(path).absolute()
@@ -760,12 +756,13 @@ class RunGate(Callback):
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         from omegaconf import OmegaConf
 
-        with refusing(config):
+        sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir", default="")))
+        with refusing(config, Opening(sweep_dir.absolute())):
             check_dir_key(config, "hydra.sweep.dir")
             check_subdir_key(config)
             check_writable(config, "hydra.sweep.dir")
             check_sweep(config, gate_of(config) or self.gate)
-            remember_sweep_start(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+            remember_sweep_start(sweep_dir)
 
 
 def check_subdir_key(config: Any) -> None:
