@@ -178,9 +178,11 @@ def check_own_dirs(jobs: Sequence[Job], claimed: dict[Path, Job] | None = None) 
     is the sweep dir itself."""
     claimed = {} if claimed is None else claimed
     for job in jobs:
+        if not job.in_sweep:  # (a single run's dir: the gate's)
+            continue
         where = Path(job.job_dir).absolute()
-        sweep_dir = Path(str(job.spec.config.hydra.sweep.dir)).absolute()
-        if where.resolve() == sweep_dir.resolve():
+        sweep_dir = OmegaConf.select(job.spec.config, "hydra.sweep.dir", default=None)
+        if sweep_dir is not None and where.resolve() == Path(str(sweep_dir)).resolve():
             raise UserError(
                 f"job #{job.num} ({' '.join(job.overrides) or 'no overrides'}) would write into "
                 f"the sweep dir {sweep_dir} itself: give hydra.sweep.subdir a name per job, e.g. "
