@@ -57,6 +57,8 @@ def test_two_sweep_jobs_never_share_a_job_dir(tmp_path: Path, parallel: int) -> 
     assert "jobs #0 (optim.lr=0.05" in line and "#1 (optim.lr=0.1" in line, line
     assert f"{sweep_dir / 's0'}" in line and "hydra.sweep.subdir" in line, line
     assert not sweep_dir.exists()
+    if parallel == 1:  # the dry run says so too
+        assert "would share the job dir" in one_line(run([*cmd, "hydra.launcher.dry_run=true"]))
 
 
 @pytest.mark.slow

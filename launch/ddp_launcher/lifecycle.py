@@ -362,6 +362,7 @@ class LifecycleLauncher:
             setup_globals()
             check_sweeper(self.config, opts["resume"])
             jobs = compose_jobs(self, job_overrides, initial_job_idx)
+            check_own_dirs(jobs)  # one job dir, one job (as a launch refuses it)
             rows, errors = preview_jobs(jobs, opts["backend"], opts["resume"], place)
             for error in errors:  # one line per job that would fail its checks
                 log.error("%s", error)
