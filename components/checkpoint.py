@@ -571,6 +571,16 @@ class Checkpointer:
             found = settle(self.dir)
         elif Path(choice).resolve().parent == self.dir.resolve():  # one of this run's own
             found = settle(self.dir, step_file_of(self.dir, Path(choice).name))
+        elif (read_manifest(self.dir) or Manifest()).files:
+            # another run's, but this dir has commits of its own: the gate set any earlier run
+            # aside, so they are this run's, and this is a restart of it (torchrun's, a
+            # requeue): it goes on from them, never back to where it began
+            log.warning(
+                "resume=%s: %s holds this run's own checkpoints (a restart): continuing from them",
+                choice,
+                self.dir,
+            )
+            found = settle(self.dir)
         else:  # another run's: the gate set this dir's earlier run aside
             found = Path(choice), load_checkpoint(Path(choice))
             self.continued = self._continue(*found)

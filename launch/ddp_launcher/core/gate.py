@@ -693,17 +693,20 @@ class RunGate(Callback):
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         from omegaconf import OmegaConf
 
-        gate = gate_of(config) or self.gate  # (its name in hydra.callbacks, for the opt-out)
-        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
         if int(os.environ.get("RANK", "0")) != 0:  # plain torchrun or srun: each rank is here
+            run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir", default=""))).absolute()
             try:
                 check_as_peer(config, run_dir, self.gate)
             except NothingToDo:
                 raise SystemExit(0) from None
             return
-        opening = Opening(run_dir)
-        with refusing(config, opening):
+        opening = Opening(Path(".").absolute())
+        with refusing(config, opening):  # (nothing but SystemExit leaves it: fail closed)
             check_dir_key(config, "hydra.run.dir")
+            run_dir = opening.run_dir = Path(
+                str(OmegaConf.select(config, "hydra.run.dir"))
+            ).absolute()
+            gate = gate_of(config) or self.gate  # (its name in hydra.callbacks: the opt-out)
             check_writable(config, "hydra.run.dir")
             world_size = world_size_of_run(config)
             plan = check_start(
