@@ -22,6 +22,15 @@ DOC = REPO / "docs" / "fault-tolerance.md"
 SHORT = ["trainer.max_epochs=2", "wandb.mode=disabled", "trainer.progress_bar=false"]
 
 
+def record(run_dir: Path) -> dict:
+    """result.json's fields, whoever owns them: one flat mapping, or the launcher's part with
+    the app's (`app`) beside it (its best epoch: `value_epoch`)."""
+    data = read_json(run_dir / "result.json")
+    flat = {**data, **(data.get("app") or {})}
+    flat.setdefault("best_epoch", data.get("value_epoch"))
+    return flat
+
+
 def documented(fragment: str) -> list[str]:
     """The command of docs/fault-tolerance.md that contains `fragment`, as its words (its
     trailing comment dropped)."""
@@ -54,7 +63,7 @@ def test_the_documented_continue_and_fine_tune_commands_complete(tmp_path: Path)
     )
     assert source.returncode == 0, output(source)[-3000:]
     my_run = tmp_path / "outputs" / "my-run"
-    first = read_json(my_run / "result.json")
+    first = record(my_run)
     assert first["status"] == "completed" and first["epochs"] == 2
     untouched = tree(my_run)
 
@@ -65,7 +74,7 @@ def test_the_documented_continue_and_fine_tune_commands_complete(tmp_path: Path)
     line = next(x for x in out.splitlines() if "continues run" in x)
     assert re.search(r"resume=outputs/my-run/checkpoints/best.pt continues run \S*my-run ", line)
     finetune = tmp_path / "outputs" / "finetune"
-    result = read_json(finetune / "result.json")
+    result = record(finetune)
     assert result["status"] == "completed", result
     assert result["best_epoch"] == first["best_epoch"] and result["test"], result
     assert result["test"] == first["test"]  # the same best.pt, tested again
@@ -76,7 +85,7 @@ def test_the_documented_continue_and_fine_tune_commands_complete(tmp_path: Path)
         cont, tmp_path, *SHORT, "trainer.max_epochs=3", f"hydra.run.dir={further}"
     )
     assert proc.returncode == 0, output(proc)[-3000:]
-    result = read_json(further / "result.json")
+    result = record(further)
     assert result["status"] == "completed" and result["epochs"] == 3 and result["test"], result
     assert [r["epoch"] for r in val_rows(further)] == [3]  # it trained epoch 3 alone
 
@@ -86,7 +95,7 @@ def test_the_documented_continue_and_fine_tune_commands_complete(tmp_path: Path)
     assert proc.returncode == 0, out[-3000:]
     assert "init_from=outputs/my-run/checkpoints/best.pt: the weights of" in out, out[-3000:]
     tuned = tmp_path / "outputs" / "tuned"
-    result = read_json(tuned / "result.json")
+    result = record(tuned)
     assert result["status"] == "completed" and result["epochs"] == 1 and result["test"], result
     (row,) = val_rows(tuned)
     assert row["epoch"] == 1 and row["val/acc"] > val_rows(my_run)[0]["val/acc"], row
