@@ -48,7 +48,13 @@ from ddp_launcher import (
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from components.checkpoint import Checkpointer, TrainingState, load_checkpoint, tensor_bytes
+from components.checkpoint import (
+    Checkpointer,
+    TrainingState,
+    init_weights,
+    load_checkpoint,
+    tensor_bytes,
+)
 from components.console import Console
 from components.distributed import (
     DistEnv,
@@ -256,6 +262,14 @@ def build(
     if resumed is not None:
         log.info("resumed from %s: epoch %d, step %d", resumed, progress.epoch + 1, progress.step)
         check_schedule_change(progress, tc, scheduler)
+    if checkpoints.continued is not None:  # another run's checkpoint: a run of its own here
+        progress.wandb_run_id = None
+        if not checkpoints.continued.best:
+            monitor.restart_best()
+    elif resumed is None and cfg.init_from:  # fine-tuning: its weights, all else new
+        init_weights(model, cfg.init_from, env.rank)
+        if ema is not None:
+            ema.restart_from(model)
     # Wrap in DDP (its hooks all-reduce the gradients during backward), then compile the
     # wrapped module: only then does dynamo's DDPOptimizer split the graph at DDP's bucket
     # boundaries, so buckets all-reduce while backward still runs. Checkpoints, the EMA and

@@ -39,6 +39,7 @@ import os
 import platform
 import random
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,6 +67,7 @@ from components.manifest import (
     Entry,
     Manifest,
     commit,
+    committed_entry,
     committed_file,
     digest_path,
     fresh_name,
@@ -484,6 +486,7 @@ class Checkpointer:
         self.on_save = on_save
         self.manifest = Manifest()  # the committed state (rank 0), once restore() has run
         self.group, self.timeout_s = group, timeout_s
+        self.continued: Continued | None = None  # resume=<another run's checkpoint>: which
 
     @property
     def best(self) -> Path:
@@ -568,6 +571,8 @@ class Checkpointer:
                 own = path.parent == self.dir  # (else another run's, by its path)
                 chosen = {"name": path.name if own else str(path), "own": own}
                 chosen["sha256"] = sha256_of(path)
+                if self.continued is not None:
+                    chosen["continued"] = [str(self.continued.run), self.continued.best]
         nbytes = tensor_bytes({name: obj.state_dict() for name, obj in state.shared.items()})
         self.wait_for_rank0(nbytes)  # rank 0 read and verified the checkpoint
         chosen = _from_rank0(chosen, self.group)
@@ -575,6 +580,8 @@ class Checkpointer:
             raise UserError(chosen["error"])
         if chosen is None:
             return None
+        if "continued" in chosen:  # (every rank: the monitor's best is decided on each)
+            self.continued = Continued(Path(chosen["continued"][0]), chosen["continued"][1])
         path = self.dir / chosen["name"] if chosen["own"] else Path(chosen["name"])
         ckpt = _follow(path, chosen["sha256"], ckpt, self.rank, self, nbytes)
         try:
@@ -592,10 +599,140 @@ class Checkpointer:
             found = settle(self.dir)
         elif Path(choice).resolve().parent == self.dir.resolve():  # one of this run's own
             found = settle(self.dir, step_file_of(self.dir, Path(choice).name))
+        elif (read_manifest(self.dir) or Manifest()).files:
+            # another run's, but this dir has commits of its own: the gate set any earlier run
+            # aside, so they are this run's, and this is a restart of it (torchrun's, a
+            # requeue): it goes on from them, never back to where it began
+            log.warning(
+                "resume=%s: %s holds this run's own checkpoints (a restart): continuing from them",
+                choice,
+                self.dir,
+            )
+            found = settle(self.dir)
         else:  # another run's: the gate set this dir's earlier run aside
             found = Path(choice), load_checkpoint(Path(choice))
+            self.continued = self._continue(*found)
         self.manifest = read_manifest(self.dir) or Manifest()
         return found
+
+    def _continue(self, path: Path, state: dict[str, Any]) -> Continued:
+        """Rank 0, resume=<another run's checkpoint> into this dir: that checkpoint, and the
+        one holding its best epoch as of that save, become this dir's first commit, so that
+        this run has its own last.pt and best.pt from its first step (its end-of-run test
+        included, when no epoch it trains beats that best); one line says which run it
+        continues. A best checkpoint that is not there to copy (pruned, a copy without its
+        manifest) leaves best.pt to this run's own epochs."""
+        source = committed_file(path)[0]
+        run = source.parent.parent if source.parent.name == CHECKPOINT_DIR else source.parent
+        entry = committed_entry(path) or entry_of(state, sha256_of(path), self.fit)
+        best = best_as_of(path, state, entry)
+        files: dict[str, Entry] = {}
+        name = fresh_name(None, entry.step)
+        copy_checkpoint(source, self.dir / name)
+        files[name] = Entry(**{**entry.__dict__, "fit": self.fit})
+        best_name = name if best == source else None
+        if best is not None and best != source:
+            best_entry = committed_entry(best)
+            best_name = fresh_name(Manifest(files=files), best_entry.step)
+            copy_checkpoint(best, self.dir / best_name)
+            files[best_name] = Entry(**{**best_entry.__dict__, "fit": self.fit})
+        manifest = Manifest(name, best_name, files)
+        commit(self.dir, manifest)
+        tidy(self.dir, manifest)
+        at = f"its step {entry.step} (epoch {entry.epochs})"
+        if best is not None:
+            kept_best = f"best.pt starts as its best epoch {entry.best_epoch}'s"
+        elif entry.best_epoch is not None:
+            kept_best = (
+                f"its best epoch {entry.best_epoch}'s checkpoint is not there to copy: best.pt "
+                "counts from this run's epochs"
+            )
+        else:
+            kept_best = "best.pt counts from this run's epochs"
+        log.info(
+            "resume=%s continues run %s from %s in %s, a run of its own (its own W&B run); %s",
+            path,
+            run,
+            at,
+            self.run_dir,
+            kept_best,
+        )
+        return Continued(run, best is not None or entry.best_epoch is None)
+
+
+@dataclass(frozen=True)
+class Continued:
+    """resume=<another run's checkpoint>: the run it continues, and whether that run's best
+    checkpoint as of that save came along (False: the monitor's best restarts here)."""
+
+    run: Path
+    best: bool
+
+
+def best_as_of(path: Path, state: dict[str, Any], entry: Entry) -> Path | None:
+    """The committed step file holding `path`'s best epoch's weights as of that save: `path`
+    itself when it was saved at that epoch's end, else its dir's best.pt file when that is the
+    same epoch; None when neither is there (or does not verify)."""
+    source = committed_file(path)[0]
+    progress = state.get("progress") or {}
+    if entry.best_epoch is None:
+        return None
+    if entry.epochs == entry.best_epoch and not progress.get("step_in_epoch"):
+        return source
+    manifest = read_manifest(source.parent)
+    if manifest is None or manifest.best is None:
+        return None
+    best = manifest.files[manifest.best]
+    if best.epochs == entry.best_epoch and best.best_epoch == entry.best_epoch:
+        candidate = source.parent / manifest.best
+        if verify(candidate) is None:
+            return candidate
+    return None
+
+
+def copy_checkpoint(source: Path, target: Path) -> None:
+    """A committed step file copied to `target`: its digest first, then its bytes (atomically,
+    durably), as a save writes them."""
+    data = source.read_bytes()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(digest_path(target), f"{hashlib.sha256(data).hexdigest()}\n", durable=True)
+    with atomic_path(target, durable=True) as staged:
+        staged.write_bytes(data)
+
+
+def init_weights(model: torch.nn.Module, path: str, rank: int) -> None:
+    """init_from=<checkpoint>: `model`'s weights (parameters and buffers) become the
+    checkpoint's, on every rank (rank 0 loads: nodes may share no file system); everything else
+    starts new: optimizer, lr schedule, epochs, monitor, W&B run. One line says so."""
+    from components.distributed import broadcast_weights
+
+    error = None
+    if rank == 0:
+        try:
+            ckpt = load_checkpoint(Path(path).expanduser(), key="init_from")
+            try:
+                model.load_state_dict(ckpt["model"])
+            except (RuntimeError, KeyError, ValueError, TypeError) as e:
+                raise UserError(
+                    f"init_from={path} does not fit this model ({one_line(e)[:160]}): pass the "
+                    "model it was trained with, or another checkpoint"
+                ) from None
+        except UserError as e:
+            error = str(e)
+        else:
+            progress = ckpt.get("progress") or {}
+            log.info(
+                "init_from=%s: the weights of its step %s (epoch %s); a new run from them: "
+                "new optimizer, lr schedule and epoch count",
+                path,
+                progress.get("step"),
+                progress.get("epoch"),
+            )
+    error = _from_rank0(error)  # every rank stops on rank 0's error, none waits for it
+    if error is not None:
+        raise UserError(error)
+    if dist.is_initialized():
+        broadcast_weights(model)
 
 
 # How slowly a checkpoint may be written or read before a wait for it fails: a shared file

@@ -118,6 +118,11 @@ class Monitor:
             f"epochs (best {self.best:.4f} at epoch {self.best_epoch})"
         )
 
+    def restart_best(self) -> None:
+        """The best (best.pt's) counts again from the next validation: a run continued from
+        another run's checkpoint whose best epoch's weights did not come along."""
+        self.best, self.best_epoch = None, None
+
     @property
     def should_stop(self) -> bool:
         return self.patience is not None and self.stale >= self.patience

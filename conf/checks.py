@@ -1,7 +1,9 @@
 """The experiment's own checks of a job's config, torch-free: what no schema type can say. The
 gate (ddp_launcher.RunGate, named in conf/train.yaml's and conf/eval.yaml's hydra.callbacks)
 runs them where a run starts, and the launchers for every sweep job before any starts: bad input is
-one line naming the key and the fix (a UserError) before anything is written.
+one line naming the key and the fix (a UserError) before anything is written. It also asks
+:func:`records` what a dir holds of this experiment's records (a training run, an evaluation):
+the launcher package knows no file of them.
 """
 
 from __future__ import annotations
@@ -10,7 +12,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ddp_launcher import CHECKPOINT_DIR, NothingToDo, UserError, read_result, resume_choice
+from ddp_launcher import (
+    CHECKPOINT_DIR,
+    METRICS_FILE,
+    NothingToDo,
+    UserError,
+    read_metrics,
+    read_result,
+    resume_choice,
+)
 from omegaconf import DictConfig, OmegaConf
 
 from components.manifest import committed_entry, find_checkpoint, read_manifest, usable
@@ -18,6 +28,9 @@ from components.monitor import Monitor, check_target
 from conf.schema import check_keys
 
 PRECISIONS = ("auto", "32", "64", "bf16", "fp16")  # components/precision.py's
+# What an evaluation's dir holds: eval.py's record (components/eval_record.py's EVAL_FILE: that
+# module imports torch) and its log (conf/eval.yaml's hydra.job.name).
+EVAL_RECORDS = ("eval.json", "eval.log")
 DEVICES = ("auto", "cpu", "cuda")  # components/distributed.py's
 
 
@@ -66,6 +79,25 @@ def check_train(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
         target=tc.target,
     )
     check_resume(cfg, run_dir)
+    check_init_from(cfg)
+
+
+def records(path: Path) -> str | None:
+    """What `path` holds of this experiment's records (the gate's `records` hook): "eval" for
+    an evaluation (eval.json, or eval.py's log), "train" for a training run (its result.json, a
+    metrics.jsonl row, a checkpoint), None for neither. The gate plans a start from it and
+    refuses one into or inside another run's dir (eval.py never writes into a training run)."""
+    path = Path(path)
+    if any((path / name).is_file() for name in EVAL_RECORDS):
+        return "eval"
+    ckpt = path / CHECKPOINT_DIR
+    if (
+        read_result(path) is not None
+        or read_metrics(path / METRICS_FILE)
+        or (ckpt.is_dir() and any(ckpt.glob("*.pt")))
+    ):
+        return "train"
+    return None
 
 
 def check_trainer(tc: DictConfig) -> None:
@@ -124,6 +156,7 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     else:
         where = resume
         usable(where, "resume")
+        check_own_checkpoint(where, run_dir)
         entry = committed_entry(where)
     differ = differences(entry.fit, checkpoint_fit(cfg)) if entry and entry.fit else []
     if differ:  # (without a record of its fit, the ranks' load checks it)
@@ -133,6 +166,48 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
         )
     if resume == "auto":
         check_more_to_do(cfg, run_dir)
+
+
+def check_own_checkpoint(path: Path, run_dir: Path) -> None:
+    """A resume file inside the run dir is one of its own checkpoints (in checkpoints/), or one
+    an earlier start set aside (in replaced/): the gate continues the first and starts anew
+    from the second; anything else there is neither."""
+    try:
+        inside = Path(path).resolve().relative_to(Path(run_dir).resolve())
+    except ValueError:
+        return  # another run's
+    if inside.parts[:1] not in ((CHECKPOINT_DIR,), ("replaced",)):
+        raise UserError(
+            f"resume={path} is inside this run dir but not one of its checkpoints: pass "
+            f"resume=<its {CHECKPOINT_DIR}/last.pt> or resume=auto to continue it, or copy the "
+            "file out of the run dir"
+        )
+
+
+def check_init_from(cfg: DictConfig) -> None:
+    """init_from=<checkpoint>: a whole checkpoint file whose model this run's is (where its
+    manifest says what it was saved with); never together with resume=<file>."""
+    init = OmegaConf.select(cfg, "init_from", default=None)
+    if not init:
+        return
+    resume = resume_choice(cfg.resume, say=False)
+    if resume is not None and resume != "auto":
+        raise UserError(
+            f"init_from={init} and resume={cfg.resume} both name a checkpoint: resume=<file> "
+            "continues that run (optimizer, schedule, epochs, best), init_from=<file> starts a "
+            "new run from its weights alone: pass one of them"
+        )
+    path = Path(str(init)).expanduser()
+    usable(path, "init_from")
+    entry = committed_entry(path)
+    saved = (entry.fit or {}).get("model") if entry is not None else None
+    ours = checkpoint_fit(cfg)["model"]
+    differ = differences({"model": saved}, {"model": ours}) if saved is not None else []
+    if differ:
+        raise UserError(
+            f"init_from={init} holds another model than this run's (saved with other "
+            f"{', '.join(differ)}): pass the model it was trained with, or another checkpoint"
+        )
 
 
 def check_more_to_do(cfg: DictConfig, run_dir: Path) -> None:

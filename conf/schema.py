@@ -383,8 +383,12 @@ class TrainConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 0
     # null: start fresh; auto: continue from <run dir>/checkpoints/last.pt if it exists;
-    # a path: continue from that checkpoint file.
+    # a path: continue from that checkpoint file (another run's: a run of its own here that
+    # continues that run's training state: optimizer, schedule, epoch count, best).
     resume: str | None = None
+    # A checkpoint whose weights a new run starts from (fine-tuning): new optimizer, lr
+    # schedule, epoch count and best; resume=auto in the same dir continues this run itself.
+    init_from: str | None = None
     # A run dir holds one run: rerunning one that holds a run without resume is refused, unless
     # start_over=true, which moves the old run into <run dir>/replaced/<time>/ and starts anew.
     start_over: bool = False

@@ -62,7 +62,8 @@ def run_env(**extra: str) -> dict:
         PYTHONPATH=IMPORT_PATH,
     )
     env.update(extra)
-    if env.get("HYDRA_DDP_FAULT"):  # the suite's fault injection (tests/faults.py), first
+    if env.get("HYDRA_DDP_FAULT") or env.get("HYDRA_DDP_OS_FAULT"):  # the suite's fault
+        # injection (tests/faults.py, tests/os_faults.py), first
         env["PYTHONPATH"] = os.pathsep.join([str(FAULT_INJECTION), env["PYTHONPATH"]])
     return env
 

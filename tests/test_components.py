@@ -201,6 +201,73 @@ def test_training_state_round_trip_through_a_checkpoint(tmp_path):
     ]
 
 
+class Box:
+    """A component whose state is a dict (a run's progress, its monitor)."""
+
+    def __init__(self, **state) -> None:
+        self.state = dict(state)
+
+    def state_dict(self) -> dict:
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = dict(state)
+
+
+def run_state(step: int, epoch: int, best_epoch: int) -> ck.TrainingState:
+    """A run's state at an epoch's end: `epoch` epochs done, its best at `best_epoch`."""
+    progress = Box(step=step, epoch=epoch, step_in_epoch=0)
+    monitor = Box(best=0.5, best_epoch=best_epoch)
+    model = torch.nn.Linear(2, 1)
+    return ck.TrainingState(
+        shared={"model": model, "progress": progress, "monitor": monitor}, per_rank={}
+    )
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_another_runs_checkpoint_becomes_this_runs_first_commit(tmp_path, caplog):
+    """resume=<another run's last.pt>: it and the step file of its best epoch become this
+    dir's commit (best.pt there from the first step; one line names the run it continues);
+    the other run is read, never written. A restart of this run (its own commits there) goes
+    on from them, not back to the other run's. A copy without its run's manifest brings no
+    best: the monitor's best restarts."""
+    source, here = tmp_path / "source", tmp_path / "here"
+    saving = ck.Checkpointer(source, rank=0)
+    saving.save(run_state(10, 1, 1), step=10, is_best=True)
+    saving.save(run_state(20, 2, 1), step=20, is_best=False)
+    before = {p.name: p.read_bytes() for p in (source / "checkpoints").iterdir()}
+    checkpoints = ck.Checkpointer(here, rank=0)
+    with caplog.at_level(logging.INFO):
+        used = checkpoints.restore(run_state(0, 0, 0), str(source / "checkpoints" / "last.pt"))
+    assert used == source / "checkpoints" / "last.pt"
+    assert checkpoints.continued == ck.Continued(source, True)
+    assert f"continues run {source} from its step 20 (epoch 2)" in caplog.text
+    folder = here / "checkpoints"
+    manifest = ck.read_manifest(folder)
+    assert (manifest.last, manifest.best) == ("step-00000020.pt", "step-00000010.pt")
+    for name, step in ((ck.LAST, 20), (ck.BEST, 10)):
+        assert ck.verify(folder / name) is None
+        assert ck.load_checkpoint(folder / name)["progress"]["step"] == step
+    assert {p.name: p.read_bytes() for p in (source / "checkpoints").iterdir()} == before
+
+    checkpoints.save(run_state(30, 3, 1), step=30, is_best=False)  # this run trains on
+    restarted = ck.Checkpointer(here, rank=0)
+    used = restarted.restore(run_state(0, 0, 0), str(source / "checkpoints" / "last.pt"))
+    assert used == folder / "step-00000030.pt" and restarted.continued is None
+
+    copy = tmp_path / "elsewhere" / "copied.pt"
+    copy.parent.mkdir()
+    for suffix in ("", ".sha256"):
+        name = f"step-00000020.pt{suffix}"
+        (copy.parent / f"copied.pt{suffix}").write_bytes(
+            (source / "checkpoints" / name).read_bytes()
+        )
+    third = ck.Checkpointer(tmp_path / "third", rank=0)
+    third.restore(run_state(0, 0, 0), str(copy))
+    assert third.continued == ck.Continued(copy.parent, False)  # its best is not there
+    assert ck.read_manifest(tmp_path / "third" / "checkpoints").best is None
+
+
 @pytest.mark.usefixtures("one_rank_group")
 def test_saves_keep_the_newest_two_plus_the_best(tmp_path):
     state, *_ = training_state(1)

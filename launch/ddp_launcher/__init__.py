@@ -11,7 +11,8 @@ The app's entry and its errors
   error, never retried); describe(error), one_line(text): an error as one line;
   instantiate(node): Hydra's, re-raising a target's UserError as itself;
 * callbacks an app's config names in hydra.callbacks: RunGate (one gate before any write: the
-  app's checks, the run dir's lock, what a start replaces), RunAttempts (a run's attempts in
+  app's checks, which dirs hold its runs (`records`), the run dir's lock, what a start
+  replaces; every write of a start guarded, undone on any error), RunAttempts (a run's attempts in
   its launch.json), ReportUserError (a user error as one line), SweepSummaryCallback (the
   sweep report); NothingToDo (the app's checks: nothing left to do), resume_choice(resume).
 

@@ -64,6 +64,8 @@ class Job:
     # hydra.launcher.fail_fast: <sweep dir>/.failed_fast, made when a job fails for good; a job
     # that finds it at its start runs nothing (ddp_launcher/ranks/slurm_task.py)
     fence: Path | None = None
+    # its start was refused and undone (resume.py's StartRefused): nothing is written for it
+    refused: bool = False
 
 
 class JobFailed(CompactHydraException):
@@ -156,10 +158,57 @@ def refuse_unknown_keys(schema: type, launcher_cfg: Any, group: str) -> None:
 
 def resolve_output_dirs(config: DictConfig, keys: Sequence[str]) -> None:
     """Resolve the output dir keys here, once: ranks are other processes, and `${now:}` resolved
-    there would name another directory."""
-    with read_write(config.hydra), open_dict(config):
-        for key in keys:
-            OmegaConf.update(config, key, str(OmegaConf.select(config, key)), merge=False)
+    there would name another directory. Resolved as Hydra's run_job does, with the job's config
+    as HydraConfig (`${hydra:runtime.choices.model}` resolves); one that does not resolve to a
+    dir name (`${model}`: a node) is a UserError naming the key."""
+    from hydra.core.hydra_config import HydraConfig
+
+    before, readonly = HydraConfig.instance().cfg, config.hydra._get_node_flag("readonly")
+    try:
+        HydraConfig.instance().set_config(config)  # (it makes the hydra node read-only)
+        with read_write(config.hydra), open_dict(config):
+            for key in keys:
+                try:
+                    value = OmegaConf.select(config, key)
+                except Exception as e:  # noqa: BLE001 - OmegaConf's many resolution errors
+                    node = OmegaConf.select(config, key.rpartition(".")[0])
+                    raw = OmegaConf.to_container(node, resolve=False)[key.rpartition(".")[2]]
+                    cause = one_line(str(e).split("\n")[0]).replace("While dereferencing ", "")
+                    raise UserError(
+                        f"{key}={raw} does not resolve to a dir name here ({cause[:200]}): use "
+                        "values each job has, e.g. hydra.sweep.subdir=${hydra.job.num} (the "
+                        "default), or lr${optim.lr} naming a swept key"
+                    ) from None
+                OmegaConf.update(config, key, str(value), merge=False)
+    finally:
+        HydraConfig.instance().cfg = before
+        OmegaConf.set_readonly(config.hydra, readonly)
+
+
+def check_own_dirs(jobs: Sequence[Job], claimed: dict[Path, Job] | None = None) -> None:
+    """One job dir, one job: before any of `jobs` starts, a UserError naming two jobs that
+    share a dir (`claimed`: the dirs of this sweep's jobs so far, updated), or a job whose dir
+    is the sweep dir itself."""
+    claimed = {} if claimed is None else claimed
+    for job in jobs:
+        if not job.in_sweep:  # (a single run's dir: the gate's)
+            continue
+        where = Path(job.job_dir).absolute()
+        sweep_dir = OmegaConf.select(job.spec.config, "hydra.sweep.dir", default=None)
+        if sweep_dir is not None and where.resolve() == Path(str(sweep_dir)).resolve():
+            raise UserError(
+                f"job #{job.num} ({' '.join(job.overrides) or 'no overrides'}) would write into "
+                f"the sweep dir {sweep_dir} itself: give hydra.sweep.subdir a name per job, e.g. "
+                "${hydra.job.num} (the default)"
+            )
+        other = claimed.setdefault(where.resolve(), job)
+        if other is not job and other.num != job.num:
+            raise UserError(
+                f"jobs #{other.num} ({' '.join(other.overrides) or 'no overrides'}) and "
+                f"#{job.num} ({' '.join(job.overrides) or 'no overrides'}) would share the job "
+                f"dir {where}: one job dir holds one job: make hydra.sweep.subdir name what "
+                "tells them apart, e.g. ${hydra.job.num} (the default) or a swept key"
+            )
 
 
 def compose_jobs(
@@ -291,8 +340,8 @@ def record_failure(job: Job, reason: str, *, user_error: bool = False) -> None:
     """Give a failed job a result.json (the sweep summary reads it) unless this attempt wrote its
     own: that one gets the job's verdict as its error (rank 0's can be a consequence of another
     rank's), and an earlier run's stays as it is when a user error refused this attempt."""
-    if not job.records:
-        return  # another node's launcher keeps them
+    if not job.records or job.refused:
+        return  # another node's launcher keeps them; a refused start leaves its dir as it was
     if run_lock.holder(job.job_dir) is not None and not run_lock.held_for_me(job.job_dir):
         return  # another process's run: not ours to write in
     own = read_result(job.job_dir, since=job.started or time.time())

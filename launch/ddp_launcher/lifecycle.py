@@ -14,6 +14,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,13 @@ from omegaconf import OmegaConf
 
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError, describe, job_value
+from ddp_launcher.core.gate import (
+    gate_of,
+    os_cause,
+    pending_sweep_start,
+    sweep_started,
+    undo_sweep_start,
+)
 from ddp_launcher.core.host import check_host
 from ddp_launcher.core.naming import label, swept_values
 from ddp_launcher.core.run_dir import LAUNCH_FILE
@@ -29,6 +37,7 @@ from ddp_launcher.jobs import (
     FailedFast,
     Job,
     SweepStopped,
+    check_own_dirs,
     compose_jobs,
     configure_sweep_logging,
     failed_job_return,
@@ -41,6 +50,7 @@ from ddp_launcher.progress import SweepProgress, wall_time
 from ddp_launcher.ranks.job_spec import FENCE_FILE, NotStarted
 from ddp_launcher.report.callback import report_unfinished
 from ddp_launcher.resume import (
+    StartRefused,
     check_job_dir,
     check_sweeper,
     close_attempt,
@@ -49,6 +59,7 @@ from ddp_launcher.resume import (
     prepare_job,
     record_stopped,
     refuse_drift,
+    release_sweep_lock,
     should_retry,
     start_attempt,
     update_attempt,
@@ -132,6 +143,8 @@ def run_jobs(
     on_drift: str = "warn",
     progress: SweepProgress | None = None,
     fence: Path | None = None,
+    claimed: dict[Path, Job] | None = None,
+    on_first: Callable[[], Any] | None = None,
 ) -> dict[int, Any]:
     """Run `jobs` through their whole life on `backend`; return {job num: final JobReturn}.
     The next job is taken from `jobs` only when the backend has room to start it now;
@@ -140,11 +153,15 @@ def run_jobs(
     it, and the running ones are stopped and recorded as a stop signal would stop them; a
     scheduler that starts queued jobs on its own (SLURM) is fenced off by `fence`, a file made
     at that moment, whose jobs run nothing once it exists (Job.fence). `progress` hears of
-    every start and end."""
+    every start and end. `claimed`: the job dirs of the sweep's jobs so far (one job dir, one
+    job: jobs/check_own_dirs); `on_first()` is called once, before the first job starts or
+    ends (until then a refusal undoes the sweep's start)."""
     if retries < 0:
         raise UserError(f"hydra.launcher.retries={retries}: use 0 (no retry) or more")
     check_on_drift(on_drift)
+    claimed = {} if claimed is None else claimed
     if isinstance(jobs, Sequence):  # every job dir checked before any job starts
+        check_own_dirs(jobs, claimed)
         for job in jobs:
             if job.in_sweep:
                 check_job_dir(job)
@@ -155,7 +172,14 @@ def run_jobs(
     if fence is not None:
         fence.unlink(missing_ok=True)  # an earlier launch's: this one starts the sweep again
 
+    def first() -> None:
+        nonlocal on_first
+        if on_first is not None:
+            on_first, call = None, on_first
+            call()
+
     def done(job: Job, ret: Any, ran: bool = True) -> None:
+        first()
         run_lock.release(job.job_dir)  # held since its first attempt started (if by us)
         results[job.num] = ret
         failed = ret.status.name == "FAILED"
@@ -179,6 +203,11 @@ def run_jobs(
         if job is None:
             return False
         place(job, backend)
+        if not isinstance(jobs, Sequence) and not job.error:  # (a Sequence: checked above)
+            try:
+                check_own_dirs([job], claimed)
+            except UserError as e:
+                job.error = str(e)
         job.fence = fence if fail_fast else None
         ret, attach = prepare_job(job, backend, resume=resume, retries=retries, on_drift=on_drift)
         if ret is None and attach is None and not job.error and job.in_sweep:
@@ -214,8 +243,19 @@ def run_jobs(
                     backend.release(job, slot)
                 raise FailedFast(*failed_first[0])
             if batch:
-                for job, _ in batch:
-                    start_attempt(job, hold=backend.holds_job_dirs)  # launch.json
+                ready = []
+                for job, slot in batch:
+                    try:
+                        start_attempt(job, hold=backend.holds_job_dirs)  # launch.json
+                    except StartRefused as e:  # undone: it fails alone, its dir as it was
+                        backend.release(job, slot)
+                        job.refused = True
+                        done(job, job_done(job, failed_job_return(job, str(e), cause=e)), False)
+                        continue
+                    ready.append((job, slot))
+                batch = ready
+            if batch:
+                first()
                 try:
                     handles = backend.start(batch)
                 except BaseException as e:
@@ -324,6 +364,7 @@ class LifecycleLauncher:
             setup_globals()
             check_sweeper(self.config, opts["resume"])
             jobs = compose_jobs(self, job_overrides, initial_job_idx)
+            check_own_dirs(jobs)  # one job dir, one job (as a launch refuses it)
             rows, errors = preview_jobs(jobs, opts["backend"], opts["resume"], place)
             for error in errors:  # one line per job that would fail its checks
                 log.error("%s", error)
@@ -347,10 +388,12 @@ class LifecycleLauncher:
         """:func:`run_jobs` on `jobs()` once Hydra's globals and logging are set, the sweeper
         checked and the sweep dir made (and locked unless `lock` is false). A stop signal ends
         the sweep with SweepStopped once the running jobs are stopped and recorded; a failed
-        job, the report of the sweep so far."""
+        job, the report of the sweep so far. Until a job starts or ends, a refusal of any kind
+        undoes the sweep's start (:func:`undone_if_refused`)."""
         from hydra.core.utils import setup_globals
 
-        with launcher_errors():
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        with launcher_errors(), undone_if_refused(sweep_dir):
             if OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False):
                 # (preview.py previews every multirun asking for one before its sweeper runs)
                 raise UserError(
@@ -365,16 +408,34 @@ class LifecycleLauncher:
             setup_globals()
             configure_sweep_logging(self.config)
             check_sweeper(self.config, opts["resume"])
-            sweep_dir = Path(str(self.config.hydra.sweep.dir))
             sweep_dir.mkdir(parents=True, exist_ok=True)
-            if lock:
-                hold_sweep_lock(sweep_dir)
+            gate = gate_of(self.config)
+            opt_out = gate.lock_opt_out if gate is not None else run_lock.NO_LOCK_FIX
+            if lock and (gate is None or gate.lock):
+                hold_sweep_lock(sweep_dir, opt_out)
+            said: list[tuple[int, str]] = []  # said as the first job starts or ends
             if first:  # Optuna hands out trials a few at a time: one line per sweep
                 resuming = " (resuming)" if opts["resume"] else ""
                 if opts["resume"] and not any(sweep_dir.glob(f"*/{LAUNCH_FILE}")):
                     # resume=true also starts a sweep resumable: say which this is (a typo)
                     resuming = " (hydra.launcher.resume=true: no earlier jobs there, a new sweep)"
-                log.info("%s: sweep dir %s%s", self.launcher_name, sweep_dir, resuming)
+                said.append(
+                    (logging.INFO, f"{self.launcher_name}: sweep dir {sweep_dir}{resuming}")
+                )
+                if gate is not None and not gate.lock:
+                    said.append(
+                        (
+                            logging.WARNING,
+                            f"{opt_out}: the sweep dir and its job dirs are not locked: nothing "
+                            "stops another launcher or run from writing into them",
+                        )
+                    )
+
+            def begun() -> None:  # the sweep dir is this sweep's now (no undo)
+                sweep_started(sweep_dir)
+                for level, line in said:  # (a sweep refused before it is its one line alone)
+                    log.log(level, "%s", line)
+
             parallel = getattr(opts["backend"], "limit", None) or total or 1
             progress = SweepProgress(total, parallel)
             try:
@@ -386,6 +447,8 @@ class LifecycleLauncher:
                             on_done=on_done,
                             progress=progress,
                             fence=sweep_dir / FENCE_FILE,
+                            claimed=self.claimed_dirs(),
+                            on_first=begun,
                         )
                 finally:
                     progress.close()
@@ -411,6 +474,40 @@ class LifecycleLauncher:
             if any(ret.status.name == "FAILED" for ret in results.values()):  # may raise now
                 report_unfinished(self.config, " (a job failed)")
             return results
+
+    def claimed_dirs(self) -> dict[Path, Job]:
+        """The job dirs of this sweep's jobs so far, over every batch (one job dir, one job)."""
+        if not hasattr(self, "_claimed_dirs"):
+            self._claimed_dirs: dict[Path, Job] = {}
+        return self._claimed_dirs
+
+
+@contextmanager
+def undone_if_refused(sweep_dir: Path) -> Iterator[None]:
+    """Until a job of the sweep starts or ends, the sweep's start is only what its sweeper and
+    launcher wrote (multirun.yaml, the launcher's lock, the sweep dir): any failure undoes it
+    to what the gate's on_multirun_start found (ddp_launcher/core/gate.py's SweepStart) and, of
+    whatever type, is one line (a UserError: exit 2). Ctrl-C is undone too and goes on."""
+    try:
+        yield
+    except BaseException as e:
+        if not pending_sweep_start(sweep_dir):
+            raise
+        release_sweep_lock(sweep_dir)
+        problems = undo_sweep_start(sweep_dir)
+        if not isinstance(e, Exception) or (isinstance(e, UserError) and not problems):
+            raise
+        if isinstance(e, UserError):
+            line = describe(e)
+        elif isinstance(e, OSError):
+            line = f"{sweep_dir}: the sweep's start failed: {os_cause(e, sweep_dir)}"
+        else:
+            line = (
+                f"{sweep_dir}: the sweep's start failed: {describe(e)} (rerun with "
+                "HYDRA_FULL_ERROR=1 for its traceback)"
+            )
+        undone = "; ".join(problems) if problems else "the sweep dir is as it was"
+        raise UserError(f"{line}; {undone}") from None
 
 
 class JobFeed:

@@ -26,7 +26,7 @@ gate (:class:`RunAttempts`).
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import logging
 import os
 import time
@@ -37,11 +37,21 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError, describe
 from ddp_launcher.core.fault_points import point
-from ddp_launcher.core.gate import NothingToDo, check_start, gate_of, open_run, what_runs
+from ddp_launcher.core.gate import (
+    NothingToDo,
+    Opening,
+    check_start,
+    gate_of,
+    open_run,
+    refusal,
+    what_runs,
+)
 from ddp_launcher.core.run_dir import (
     CHECKPOINT_DIR,
+    LAUNCH_FILE,
     RESULT_FILE,
     Attempt,
     LaunchRecord,
@@ -301,27 +311,54 @@ def gate_job(job: Any) -> Any:
         log.info("#%d: %s", job.num, e)
         result = read_result(job.job_dir)
         return job_return(job, JobStatus.COMPLETED, result.value if result else None)
+    except Exception as e:  # noqa: BLE001 - the checks change nothing: the job fails alone
+        job.error = refusal(e, Opening(Path(job.job_dir), "checking the start"), [])
     return None
+
+
+class StartRefused(UserError):
+    """A sweep job's start failed inside its guard (the job dir's lock, what it replaces,
+    launch.json): undone, its dir as it was; the job fails alone with this one line, and is not
+    retried."""
 
 
 def start_attempt(job: Any, hold: bool = True) -> None:
     """Before a job's processes start (or its SLURM job is submitted): at its first attempt in
-    this launch, the job dir opened as its gate planned (held by this launcher with `hold`,
-    what it replaces set aside: ddp_launcher/core/gate.py); count the attempt and record it in
-    launch.json."""
-    if job.plan is not None:
-        open_run(job.job_dir, job.plan, f"job #{job.num} of a sweep", hold=hold)
-        job.plan = None  # a retry continues what this attempt starts
-    job.attempt += 1
-    job.started = time.time()
-    continued = job.continues and has_checkpoints(job.job_dir)
-    if job.in_sweep and job.records:
-        record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))
-        code, flat = job_code(job.spec.config, task_function=job.spec.task_function)
-        if record.config is None:
-            record.config = flat
-        record.attempts.append(Attempt(job.attempt, job.started, continued=continued, code=code))
-        save_record(job.job_dir, record)
+    this launch, the job dir opened as its gate planned (held by this launcher with `hold`
+    unless the gate says lock: false, what it replaces set aside: ddp_launcher/core/gate.py);
+    count the attempt and record it in launch.json. These steps run inside one guard: any
+    error undoes them and is a StartRefused naming the step, its cause and fix."""
+    gate = gate_of(job.spec.config)
+    attempt, started = job.attempt + 1, time.time()
+    opening = Opening(Path(job.job_dir))
+    try:
+        if job.plan is not None:
+            open_run(
+                job.job_dir,
+                job.plan,
+                f"job #{job.num} of a sweep",
+                hold=hold and (gate is None or gate.lock),
+                opening=opening,
+                opt_out=gate.lock_opt_out if gate is not None else run_lock.NO_LOCK_FIX,
+            )
+        continued = job.continues and has_checkpoints(job.job_dir)
+        if job.in_sweep and job.records:
+            opening.step = f"recording the attempt ({LAUNCH_FILE})"
+            opening.keep(Path(job.job_dir) / LAUNCH_FILE)
+            record = read_launch_record(job.job_dir) or LaunchRecord(job.num, list(job.overrides))
+            code, flat = job_code(job.spec.config, task_function=job.spec.task_function)
+            if record.config is None:
+                record.config = flat
+            record.attempts.append(Attempt(attempt, started, continued=continued, code=code))
+            save_record(job.job_dir, record)
+    except Exception as e:
+        raise StartRefused(refusal(e, opening, opening.undo())) from None
+    except BaseException:  # Ctrl-C: its dir as it was, then on its way
+        opening.undo()
+        raise
+    opening.say()
+    job.plan = None  # a retry continues what this attempt starts
+    job.attempt, job.started = attempt, started
 
 
 def update_attempt(job: Any, **values: Any) -> None:
@@ -396,31 +433,37 @@ def should_retry(job: Any, ret: Any) -> bool:
 _HELD_LOCKS: dict[str, int] = {}
 
 
-def hold_sweep_lock(sweep_dir: Path) -> None:
+def hold_sweep_lock(sweep_dir: Path, opt_out: str = run_lock.NO_LOCK_FIX) -> None:
     """Hold <sweep dir>/.launcher.lock (an flock, dropped by the kernel however this process
     ends): a second launcher on the same sweep dir is an error instead of two launchers running
-    the same jobs. File systems without flock: no lock, a warning."""
-    path = (Path(sweep_dir) / LOCK_FILE).resolve()
+    the same jobs. Opened as a run's lock is (ddp_launcher/core/run_lock.py: never through a
+    symlink, a regular file of its own); a file system without flock is a UserError naming
+    `opt_out`."""
+    path = Path(sweep_dir).resolve() / LOCK_FILE
     if str(path) in _HELD_LOCKS:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd, _, _ = run_lock.hold_file(path, opt_out=opt_out)
     except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-        os.close(fd)
+        holder = "?"
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            holder = f.read(64).decode(errors="replace").strip() or "?"
         raise UserError(
             f"{sweep_dir} is in use by another launcher (pid {holder}): wait for it to end or "
             "stop it, then rerun with hydra.launcher.resume=true"
         ) from None
-    except OSError as e:
-        os.close(fd)
-        log.warning("cannot lock %s (%s): make sure no other launcher uses this sweep dir", path, e)
-        return
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     _HELD_LOCKS[str(path)] = fd
+
+
+def release_sweep_lock(sweep_dir: Path) -> None:
+    """Give the sweep dir's launcher lock up (its file stays; a refused start puts it back as
+    it was: ddp_launcher/core/gate.py's undo_sweep_start)."""
+    fd = _HELD_LOCKS.pop(str(Path(sweep_dir).resolve() / LOCK_FILE), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def check_sweeper(config: DictConfig, resume: bool) -> None:

@@ -1,5 +1,6 @@
-"""First on the PYTHONPATH of a process a test starts with HYDRA_DDP_FAULT (tests/helpers.py's
-run_env): installs the suite's fault injection (tests/faults.py), then runs the next
+"""First on the PYTHONPATH of a process a test starts with HYDRA_DDP_FAULT or HYDRA_DDP_OS_FAULT
+(tests/helpers.py's run_env): installs the suite's fault injection (tests/faults.py: faults in
+a training step; tests/os_faults.py: OS errors where a path is written), then runs the next
 sitecustomize on the path, if any (e.g. tests/cpu_only_torch/'s), as Python would have."""
 
 import importlib.machinery
@@ -13,6 +14,10 @@ if os.environ.get("HYDRA_DDP_FAULT"):
     from tests import faults
 
     faults.install()
+if os.environ.get("HYDRA_DDP_OS_FAULT"):
+    from tests import os_faults
+
+    os_faults.install()
 
 
 def _run_next() -> None:

@@ -2,48 +2,61 @@
 plain torchrun or srun, a sweep job) passes here before anything is written into its run dir:
 Hydra's `.hydra/` and log, the launcher's files, the run's records.
 
-    check    the dir takes a file; nobody holds it (ddp_launcher/core/run_lock.py); the app's own
-    checks of
-             the config (its `checks`, e.g. conf/checks.py: values, keys, the resume
+    check    the dir key is not blank, the dir takes a file; nobody holds it
+             (ddp_launcher/core/run_lock.py); it is not inside another run's records, and no
+             directory or symlink stands where the start writes a file; the app's own checks
+             of the config (its `checks`, e.g. conf/checks.py: values, keys, the resume
              checkpoint's fit), run where the run starts, with its world size
     plan     from the dir's records: start, continue, or nothing to do (:func:`plan_start`)
-    hold     the run dir's lock, for the run's life
+    hold     the run dir's lock, for the run's life (the gate's `lock: false`: none)
     replace  what the start replaces (start_over, a resume from another run's checkpoint into a
              dir holding a run, an evaluation run again) moves whole, `.hydra/` and the log
              included, into replaced/<time>/
+    record   the attempt in launch.json (the app's `attempts`), `.hydra/` and the log file
 
-A refused start is one line and exit status 2, and the dir is byte-identical; "nothing to do"
-(resume=auto on a completed run) is one line and exit 0. Where it runs: :class:`RunGate`, a
-Hydra callback, in the process Hydra runs the job in, before Hydra writes (on_run_start); for
-sweep jobs the launchers (ddp_launcher/lifecycle.py), for every job before any starts, then as each
-starts. An app names its checks and kind in its config's `hydra.callbacks` (conf/train.yaml).
+The check changes nothing. The steps after it run inside one guard (:class:`Opening`,
+:func:`refusing`): any exception there, of any type, refuses the start in one line (cause and
+fix) with exit 2, never a warning, and undoes what the start did: the lock it made goes, what it
+set aside moves back, the files it wrote are as they were. If that undo itself fails, the
+earlier run stays whole in replaced/<time>/ and the line says where. A refused start leaves the
+dir byte-identical; "nothing to do" (resume=auto on a completed run) is one line and exit 0.
+
+Where it runs: :class:`RunGate`, a Hydra callback, in the process Hydra runs the job in, before
+Hydra writes (on_run_start; Hydra turns a callback's exception into a warning, so nothing may
+leave it but SystemExit); for sweep jobs the launchers (ddp_launcher/lifecycle.py), for every
+job before any starts, then as each starts; for the sweep dir on_multirun_start, whose
+:class:`SweepStart` lets the launcher undo the sweep's start when it is refused before a job
+ran. An app names its checks, its kind and what its records are (`records`) in its config's
+`hydra.callbacks` (conf/train.yaml): which dirs hold a training run or an evaluation is the
+app's knowledge, not this package's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import errno
 import importlib
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
 from ddp_launcher.core import run_lock
-from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.errors import UserError, describe
 from ddp_launcher.core.run_dir import (
-    CHECKPOINT_DIR,
-    EVAL_FILE,
     LAUNCH_FILE,
     REPLACED_DIR,
     check_writable,
     holds_run,
     read_result,
+    write_atomic,
 )
 
 log = logging.getLogger(__name__)
@@ -56,6 +69,8 @@ TRAIN, EVAL = "train", "eval"  # the kinds of run: a trajectory that continues, 
 # single run's attempts are its run's: they move aside with it).
 KEPT_IN_PLACE = (REPLACED_DIR, run_lock.LOCK_FILE, LAUNCH_FILE)
 KEPT_BY_A_SINGLE_RUN = (REPLACED_DIR, run_lock.LOCK_FILE)
+# The files Hydra writes into a job's `hydra.output_subdir` (hydra/core/utils.py's run_job).
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 
 class NothingToDo(Exception):
@@ -70,16 +85,42 @@ class Plan:
     earlier: str = "run"  # what they are
 
 
+def default_records(path: Path) -> str | None:
+    """What a dir holds for an app without a `records` hook: a training run where it holds the
+    records this package defines (result.json, a metrics.jsonl row, a checkpoint), else
+    nothing it knows of."""
+    return TRAIN if holds_run(path) else None
+
+
 @dataclass(frozen=True)
 class Gate:
     """An app's gate, as its config names it: `checks(config, world_size, run_dir)` raises a
     UserError for bad input (torch-free); `kind` is TRAIN or EVAL; `progress(config, run_dir)`
     says where a start that continues in run_dir picks up ("step 40 (epoch 4)"; None: from
-    nothing), for the dry run."""
+    nothing), for the dry run; `records(path)` says what a dir holds of the app's records
+    (TRAIN: a training run, EVAL: an evaluation, None: neither); `lock`: whether a start holds
+    its run dir's lock (false: file systems without flock); `name`: its key in hydra.callbacks."""
 
     checks: Callable[[Any, int, Path], None] | None
     kind: str = TRAIN
     progress: Callable[[Any, Path], str | None] | None = None
+    records: Callable[[Path], str | None] | None = None
+    lock: bool = True
+    name: str | None = None
+
+    def holds(self, path: Path) -> str | None:
+        """What `path` holds (TRAIN, EVAL or None); unreadable: None."""
+        try:
+            return (self.records or default_records)(Path(path))
+        except OSError:
+            return None
+
+    @property
+    def lock_opt_out(self) -> str:
+        """The override that starts without a lock, as the user pastes it."""
+        if self.name is None:
+            return run_lock.NO_LOCK_FIX
+        return f"hydra.callbacks.{self.name}.lock=false"
 
 
 def gate_of(config: Any) -> Gate | None:
@@ -87,15 +128,20 @@ def gate_of(config: Any) -> Gate | None:
     from omegaconf import OmegaConf
 
     callbacks = OmegaConf.select(config, "hydra.callbacks", default=None) or {}
-    for spec in callbacks.values():
+    for name, spec in callbacks.items():
         if OmegaConf.select(spec, "_target_", default=None) in GATE_TARGETS:
             return Gate(
-                load(spec.get("checks")), str(spec.get("kind") or TRAIN), load(spec.get("progress"))
+                load(spec.get("checks")),
+                str(spec.get("kind") or TRAIN),
+                load(spec.get("progress")),
+                load(spec.get("records")),
+                lock=bool(spec.get("lock", True)),
+                name=str(name),
             )
     return None
 
 
-def load(name: str | None) -> Callable[[Any, int, Path], None] | None:
+def load(name: str | None) -> Callable[..., Any] | None:
     """`module.function` (or `module:function`) -> the function."""
     if not name:
         return None
@@ -124,36 +170,60 @@ def resume_choice(resume: Any, say: bool = True) -> str | Path | None:
     return Path(str(resume)).expanduser()
 
 
+def own_record(path: Path, run_dir: Path) -> bool:
+    """Whether `path` (a resume checkpoint) is one of `run_dir`'s own: inside it, and not in
+    what an earlier start set aside there."""
+    try:
+        inside = Path(path).resolve().relative_to(Path(run_dir).resolve())
+    except ValueError:
+        return False
+    return inside.parts[:1] != (REPLACED_DIR,)
+
+
 def plan_start(
-    run_dir: Path, config: Any, kind: str, *, sweep: bool, continues: bool = False
+    run_dir: Path,
+    config: Any,
+    kind: str,
+    *,
+    sweep: bool,
+    gate: Gate | None = None,
+    continues: bool = False,
 ) -> Plan:
-    """What a start does with `run_dir`, from its records alone; a UserError when it would mix
-    two runs, NothingToDo when there is nothing left to do. `continues`: a sweep job run again
-    (a resumed sweep, a retry); without a resume hook (hydra.launcher.resume_key) its `resume`
-    still says what the app does, and none continues in place."""
+    """What a start does with `run_dir`, from its records alone (as the app's `records` hook
+    names them); a UserError when it would mix two runs, NothingToDo when there is nothing
+    left to do. `continues`: a sweep job run again (a resumed sweep, a retry); without a resume
+    hook (hydra.launcher.resume_key) its `resume` still says what the app does, and none
+    continues in place."""
     from omegaconf import OmegaConf
 
     run_dir = Path(run_dir)
+    gate = gate or Gate(None, kind)
+    held = gate.holds(run_dir)
     if kind == EVAL:
         run = OmegaConf.select(config, "run", default=None)
-        if holds_run(run_dir) or (run and Path(str(run)).resolve() == run_dir.resolve()):
+        if held == TRAIN or (run and Path(str(run)).resolve() == run_dir.resolve()):
             raise UserError(
                 f"{run_dir} holds a training run: eval.py writes into a dir of its own, never "
                 "into a training run: drop hydra.run.dir or choose another one"
             )
-        if (run_dir / EVAL_FILE).exists():
+        if held == EVAL:
             return Plan("start", replaces=f"eval.py again in {run_dir}", earlier="evaluation")
         return Plan("start")
+    if held == EVAL:
+        raise UserError(
+            f"{run_dir} holds an evaluation: a training run writes into a dir of its own: "
+            "choose another output dir"
+        )
     resume = resume_choice(OmegaConf.select(config, "resume", default=None), say=False)
     start_over = bool(OmegaConf.select(config, "start_over", default=False))
-    if not holds_run(run_dir):
+    if held is None:
         return Plan("start")
     earlier = read_result(run_dir)
     status = earlier.status if earlier is not None else None
     if resume == "auto":  # (a completed run with nothing left to do: the app's checks say so)
         return Plan("continue")
     if resume is not None:
-        if resume.resolve().parent == (run_dir / CHECKPOINT_DIR).resolve():  # its own
+        if own_record(resume, run_dir):
             return Plan("continue")
         return Plan("start", replaces=f"resume={resume} starts another run's trajectory here")
     if start_over:
@@ -170,6 +240,94 @@ def plan_start(
     )
 
 
+def check_dir_key(config: Any, key: str) -> None:
+    """An output dir key that names no dir (empty, blank: the current directory) is refused."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(config, key, default=None)
+    if value is None or not str(value).strip():
+        raise UserError(
+            f"{key}={'' if value is None else value!r} names no dir (it would write into the "
+            f"current directory, {Path.cwd()}): pass {key}=<dir>, or drop it for the default"
+        )
+
+
+def check_not_inside(path: Path, gate: Gate, what: str = "a run") -> None:
+    """`path` is not inside a dir that holds a training run or an evaluation (the app's
+    `records` say which): a run writes into a dir of its own, never into another's folders."""
+    path = Path(path).absolute()
+    for parent in path.resolve().parents:
+        held = gate.holds(parent)
+        if held is not None:
+            kind = "a training run" if held == TRAIN else "an evaluation"
+            raise UserError(
+                f"{path} is inside {parent}, which holds {kind}: {what} writes into a dir of "
+                f"its own, never into another run's (its next resume or start_over would move "
+                "or delete what is written there): choose a dir outside it"
+            )
+
+
+def start_paths(config: Any, run_dir: Path, *, lock: bool, launch_record: bool) -> list[Path]:
+    """The files a start writes in `run_dir` before its task runs (the lock, launch.json,
+    Hydra's `.hydra/` files and the job's log files)."""
+    from omegaconf import OmegaConf
+
+    run_dir = Path(run_dir)
+    paths = [run_dir / run_lock.LOCK_FILE] if lock else []
+    if launch_record:
+        paths.append(run_dir / LAUNCH_FILE)
+    subdir = OmegaConf.select(config, "hydra.output_subdir", default=None)
+    if subdir is not None:
+        paths += [run_dir / str(subdir) / name for name in HYDRA_FILES]
+    return paths + log_files(config, run_dir)
+
+
+def log_files(config: Any, run_dir: Path) -> list[Path]:
+    """The files the job's logging (hydra.job_logging) writes, for a job in `run_dir`."""
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    handlers = OmegaConf.select(config, "hydra.job_logging.handlers", default=None)
+    names = [n for n, h in (handlers or {}).items() if "filename" in (h or {})]
+    if not names:
+        return []
+    hydra_node = copy.deepcopy(OmegaConf.select(config, "hydra"))
+    with read_write(hydra_node), open_dict(hydra_node):
+        hydra_node.runtime.output_dir = str(Path(run_dir).absolute())
+    node = OmegaConf.create({"hydra": hydra_node})
+    found = []
+    for name in names:
+        key = f"hydra.job_logging.handlers.{name}.filename"
+        with contextlib.suppress(Exception):  # a filename only the job resolves: Hydra's
+            found.append(Path(str(OmegaConf.select(node, key))))
+    return found
+
+
+def check_start_paths(run_dir: Path, paths: list[Path], replaces: bool) -> None:
+    """No directory, symlink or other non-file stands where the start writes a file (and no
+    file or symlink where it makes a dir): a start never writes through a link or over what it
+    did not write. Changes nothing."""
+    dirs = {p.parent for p in paths if p.parent != Path(run_dir)}
+    if replaces:
+        dirs.add(Path(run_dir) / REPLACED_DIR)
+    for path in sorted(dirs):
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            what = "a symlink" if path.is_symlink() else "a file"
+            raise UserError(
+                f"{path} is {what} where a start makes a directory: move it away (or choose "
+                "another output dir)"
+            )
+    for path in paths:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            what = "a symlink" if path.is_symlink() else "a directory"
+            if path.exists() and not path.is_dir() and not path.is_symlink():
+                what = "not a regular file"
+            raise UserError(
+                f"{path} is {what} where a start writes a file: a start never writes through "
+                "a link or over what it did not write: move it away (or choose another output "
+                "dir)"
+            )
+
+
 def check_start(
     config: Any,
     run_dir: Path,
@@ -177,11 +335,12 @@ def check_start(
     *,
     sweep: bool,
     gate: Gate | None = None,
+    launch_record: bool = True,
     continues: bool = False,
 ) -> Plan:
     """Everything a start can check before it writes a byte (see the module docstring); changes
     nothing. The plan, or a UserError / NothingToDo. An app without a gate (a Hydra app of
-    another project) gets the holder check only: what its records mean is its own."""
+    another project) gets the holder check, and what this package's own records say."""
     gate = gate or gate_of(config)
     run_dir = Path(run_dir)
     holder = run_lock.holder(run_dir)
@@ -191,10 +350,15 @@ def check_start(
             "another output dir"
         )
     if gate is None:
+        check_not_inside(run_dir, Gate(None))
         return Plan("start")
+    check_not_inside(run_dir, gate, "eval.py" if gate.kind == EVAL else "a run")
     if gate.checks is not None:
         gate.checks(config, world_size, run_dir)
-    return plan_start(run_dir, config, gate.kind, sweep=sweep, continues=continues)
+    plan = plan_start(run_dir, config, gate.kind, sweep=sweep, gate=gate, continues=continues)
+    paths = start_paths(config, run_dir, lock=gate.lock, launch_record=launch_record)
+    check_start_paths(run_dir, paths, plan.replaces is not None)
+    return plan
 
 
 def check_as_peer(config: Any, run_dir: Path, gate: Gate | None) -> None:
@@ -207,38 +371,249 @@ def check_as_peer(config: Any, run_dir: Path, gate: Gate | None) -> None:
             gate.checks(config, world_size_of_run(config), run_dir)
 
 
+# ---------------------------------------------------------------------------------------------
+# the guarded steps and their undo
+
+
+@dataclass
+class Opening:
+    """What a start has changed in its run dir so far, in order, so that a refusal undoes it:
+    dirs it made, files as they were before it wrote them, the lock it took, what it set aside.
+    `step` names the step running now (for the refusal's line); `notes` are said once the whole
+    start passed (a line said before a later step fails would be a second line)."""
+
+    run_dir: Path
+    step: str = "checking the start"
+    done: list[tuple] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def make_dirs(self, path: Path) -> None:
+        """`path` and its missing parents, each made noted."""
+        missing, here = [], Path(path).absolute()
+        while not os.path.lexists(here) and here != here.parent:
+            missing.append(here)
+            here = here.parent
+        for folder in reversed(missing):
+            folder.mkdir()
+            self.done.append(("made", folder))
+
+    def keep(self, path: Path) -> None:
+        """Before a step writes the file `path`: what it holds now (absent: nothing), to put
+        back."""
+        path = Path(path)
+        if os.path.lexists(path):
+            self.done.append(("was", path, path.read_bytes()))
+        else:
+            self.done.append(("absent", path))
+
+    def locked(self) -> None:
+        self.done.append(("lock", self.run_dir))
+
+    def set_aside(self, aside: Path, what: str) -> list[str]:
+        """Note a set-aside into `aside`; the names moved there so far are added to the list
+        returned, one by one, as each moves."""
+        moved: list[str] = []
+        self.done.append(("aside", aside, moved, what))
+        return moved
+
+    def say(self) -> None:
+        for note in self.notes:
+            log.warning("%s", note)
+        self.notes.clear()
+
+    def undo(self) -> list[str]:
+        """Undo every change, newest first; what could not be undone, one phrase each (empty:
+        the dir is as it was)."""
+        problems: list[str] = []
+        kept_aside: set[Path] = set()
+        for change in reversed(self.done):
+            kind, path = change[0], change[1]
+            try:
+                if kind == "made":
+                    if path in kept_aside or any(a in kept_aside for a in path.parents):
+                        continue
+                    if path.is_dir() and not path.is_symlink():
+                        if any(p in kept_aside for p in path.iterdir()):
+                            continue
+                        path.rmdir()
+                elif kind == "absent":
+                    if path.is_dir() and not path.is_symlink():
+                        path.rmdir()
+                    elif os.path.lexists(path):
+                        path.unlink()
+                elif kind == "was":
+                    data = change[2]
+                    if not path.is_file() or path.is_symlink() or path.read_bytes() != data:
+                        write_atomic(path, data)
+                elif kind == "lock":
+                    run_lock.give_back(path)
+                elif kind == "aside":
+                    problem = move_back(path, change[2], self.run_dir, change[3])
+                    if problem is not None:
+                        problems.append(problem)
+                        kept_aside.add(path)
+            except OSError as e:
+                problems.append(f"{path} could not be undone ({e.strerror or e})")
+        self.done.clear()
+        return problems
+
+
+def move_back(aside: Path, moved: list[str], run_dir: Path, what: str) -> str | None:
+    """Move what a set-aside moved into `aside` back into `run_dir`; if one cannot move back,
+    whatever moved back goes into `aside` again, so that the earlier run stays whole there:
+    the phrase that says where (None: all moved back)."""
+    back: list[str] = []
+    for name in reversed(moved):
+        try:
+            os.replace(aside / name, run_dir / name)
+            back.append(name)
+        except OSError as e:
+            failed = f"{name} ({e.strerror or e})"
+            break
+    else:
+        return None
+    for name in back:  # (best effort: each that stays out is named below)
+        with contextlib.suppress(OSError):
+            os.replace(run_dir / name, aside / name)
+    left = [n for n in back if not (aside / n).exists()]
+    out = f" ({', '.join(left)} moved back)" if left else ""
+    return f"the undo could not move {failed} back: the earlier {what} is whole in {aside}{out}"
+
+
 def open_run(
-    run_dir: Path, plan: Plan, what: str, hold: bool = True, keep: tuple = KEPT_IN_PLACE
-) -> None:
+    run_dir: Path,
+    plan: Plan,
+    what: str,
+    hold: bool = True,
+    keep: tuple = KEPT_IN_PLACE,
+    opening: Opening | None = None,
+    opt_out: str = run_lock.NO_LOCK_FIX,
+) -> Opening:
     """After check_start passed: hold the run dir (unless `hold` is false: a SLURM job's rank 0
-    holds its own), then set aside what the start replaces (all but `keep`)."""
+    holds its own; the gate's lock: false), then set aside what the start replaces (all but
+    `keep`). Each change is noted in `opening` for the caller's guard to undo; without one, its
+    own, whose notes are said at once."""
+    own = opening is None
+    opening = opening or Opening(Path(run_dir))
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    opening.step = "making the run dir"
+    opening.make_dirs(run_dir)
     if hold:
-        run_lock.acquire(run_dir, what)
+        opening.step = f"taking the run dir's lock ({run_lock.LOCK_FILE})"
+        run_lock.acquire(run_dir, what, opt_out=opt_out)
+        opening.locked()
     if plan.replaces is not None:
-        aside = set_aside(run_dir, keep)
+        opening.step = f"setting the earlier {plan.earlier} aside ({REPLACED_DIR}/)"
+        aside = set_aside(run_dir, keep, opening, plan.earlier)
         if aside is not None:
-            log.warning("%s: the earlier %s is now in %s", plan.replaces, plan.earlier, aside)
+            opening.notes.append(f"{plan.replaces}: the earlier {plan.earlier} is now in {aside}")
+    if own:
+        opening.say()
+    return opening
 
 
-def set_aside(run_dir: Path, keep: tuple = KEPT_IN_PLACE) -> Path | None:
+def set_aside(
+    run_dir: Path, keep: tuple = KEPT_IN_PLACE, opening: Opening | None = None, what: str = "run"
+) -> Path | None:
     """Move the dir's earlier records whole (`.hydra/` and the log too) into
     <run dir>/replaced/<time>/; the folder, or None when there was nothing to move."""
     run_dir = Path(run_dir)
-    present = [p for p in run_dir.iterdir() if p.name not in keep]
+    opening = opening or Opening(run_dir)
+    present = sorted(p for p in run_dir.iterdir() if p.name not in keep)
     if not present:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = run_dir / REPLACED_DIR / stamp
     n = 0
-    while aside.exists():  # two replacements in one second
+    while os.path.lexists(aside):  # two replacements in one second
         n += 1
         aside = run_dir / REPLACED_DIR / f"{stamp}-{n}"
-    aside.mkdir(parents=True)
+    opening.make_dirs(aside)
+    moved = opening.set_aside(aside, what)
     for path in present:
         os.replace(path, aside / path.name)
+        moved.append(path.name)
     return aside
+
+
+def write_hydra_files(config: Any, run_dir: Path, opening: Opening) -> None:
+    """What Hydra writes once the gate passed (its `.hydra/` files and the job's log file),
+    written here first inside the guard, so that a dir that cannot take them (full, read-only,
+    a directory in a file's place) refuses the start and is undone; Hydra then writes them
+    again, the same."""
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    subdir = OmegaConf.select(config, "hydra.output_subdir", default=None)
+    if subdir is not None:
+        opening.step = f"writing {subdir}/"
+        hydra_dir = Path(run_dir) / str(subdir)
+        opening.make_dirs(hydra_dir)
+        task = copy.deepcopy(config)
+        with read_write(task), open_dict(task):
+            del task["hydra"]
+        hydra_node = OmegaConf.create({"hydra": copy.deepcopy(config.hydra)})
+        with read_write(hydra_node), open_dict(hydra_node):
+            hydra_node.hydra.runtime.output_dir = str(Path(run_dir).absolute())
+        overrides = OmegaConf.select(config, "hydra.overrides.task", default=[]) or []
+        contents = {
+            "config.yaml": OmegaConf.to_yaml(task),
+            "hydra.yaml": OmegaConf.to_yaml(hydra_node),
+            "overrides.yaml": OmegaConf.to_yaml(overrides),
+        }
+        for name, text in contents.items():
+            opening.step = f"writing {subdir}/{name}"
+            opening.keep(hydra_dir / name)
+            write_atomic(hydra_dir / name, text)
+    for path in log_files(config, run_dir):
+        opening.step = f"opening the log ({path.name})"
+        opening.make_dirs(path.parent)
+        if not os.path.lexists(path):
+            opening.done.append(("absent", path))
+        with open(path, "a", encoding="utf-8"):  # (as logging's FileHandler opens it)
+            pass
+
+
+def refusal(error: BaseException, opening: Opening, problems: list[str]) -> str:
+    """The one line of a start refused by `error` at `opening.step`: its cause and fix, and
+    what the undo left (`problems`)."""
+    run_dir = opening.run_dir
+    if isinstance(error, UserError):
+        line = describe(error)
+    elif isinstance(error, OSError):
+        line = f"{run_dir}: the start failed {opening.step}: {os_cause(error, run_dir)}"
+    else:
+        line = (
+            f"{run_dir}: the start failed {opening.step}: {describe(error)} (rerun with "
+            "HYDRA_FULL_ERROR=1 for its traceback)"
+        )
+    if problems:
+        return f"{line}; {'; '.join(problems)}"
+    if not isinstance(error, UserError):
+        line += "; nothing in it changed"
+    return line
+
+
+def os_cause(error: OSError, run_dir: Path) -> str:
+    """An OSError of a start, as cause and fix."""
+    where = Path(error.filename) if error.filename else run_dir
+    what = f"{error.strerror or type(error).__name__} ({where})"
+    code = error.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space (or inodes: df -i) on its file system, or choose another output dir"
+    elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = f"make {where.parent} writable for you, or choose another output dir"
+    elif code == errno.ENOTDIR:
+        fix = (
+            "a file stands where a directory must be on that path: move it away, or choose "
+            "another output dir"
+        )
+    elif code == errno.EISDIR:
+        fix = f"{where} is a directory where the start writes a file: move it away"
+    elif code == errno.ELOOP:
+        fix = f"{where} is a symlink: a start never writes through one: move it away"
+    else:
+        fix = f"check {run_dir} and its file system, or choose another output dir"
+    return f"{what}: {fix}"
 
 
 def world_size_of_run(config: Any) -> int:
@@ -253,19 +628,29 @@ def world_size_of_run(config: Any) -> int:
 
 
 @contextmanager
-def refusing(config: Any) -> Iterator[None]:
-    """In a Hydra callback (whose exceptions Hydra turns into warnings): a refusal is one log
-    line and SystemExit(2); nothing to do, one line and SystemExit(0). Said as the run's own
-    lines are (its job logging's console), before the run's log file exists."""
+def refusing(config: Any, opening: Opening | None = None) -> Iterator[None]:
+    """In a Hydra callback (whose exceptions Hydra turns into warnings): nothing leaves the
+    block but SystemExit. A refusal, of any type, undoes what `opening` noted and is one log
+    line and SystemExit(2); nothing to do, one line and SystemExit(0); Ctrl-C is undone too and
+    goes on. Said as the run's own lines are (its job logging's console), before the run's log
+    file exists."""
+    opening = opening or Opening(Path("."))
     try:
         yield
-    except (UserError, NothingToDo) as e:
+    except NothingToDo as e:
+        opening.undo()
         console_logging(config)
-        if isinstance(e, NothingToDo):
-            logging.getLogger("train").info("%s", e)
-            raise SystemExit(0) from None
-        logging.getLogger("train").error("%s", e)
-        raise SystemExit(e.exit_code) from None
+        logging.getLogger("train").info("%s", e)
+        raise SystemExit(0) from None
+    except Exception as e:
+        line = refusal(e, opening, opening.undo())
+        console_logging(config)
+        full = os.environ.get("HYDRA_FULL_ERROR") == "1" and not isinstance(e, UserError)
+        logging.getLogger("train").error("%s", line, exc_info=e if full else None)
+        raise SystemExit(UserError.exit_code) from None
+    except BaseException:  # Ctrl-C, SystemExit: the dir as it was, then on its way
+        opening.undo()
+        raise
 
 
 def console_logging(config: Any) -> None:
@@ -295,8 +680,11 @@ class RunGate(Callback):
     app's record of a run's attempts ("module.Class", ddp_launcher/resume.py's RunAttempts: its
     check(config, run_dir, plan) before anything is written says, or refuses with a UserError,
     what changed since the run's first attempt; open(...) records the attempt once the dir is
-    held; close(run_dir, job_return) how it ended). Sweep jobs never pass here (Hydra calls
-    on_run_start in run mode only): their launcher records and checks them."""
+    held; close(run_dir, job_return) how it ended); `progress`: where a continuing start picks
+    up; `records`: what a dir holds of the app's records ("module.function": path -> "train",
+    "eval" or None); `lock`: false runs without the run dir's lock (a file system without
+    flock), said in the run's log. Sweep jobs never pass here (Hydra calls on_run_start in run
+    mode only): their launcher records and checks them."""
 
     def __init__(
         self,
@@ -304,69 +692,139 @@ class RunGate(Callback):
         kind: str = TRAIN,
         attempts: str | None = None,
         progress: str | None = None,
+        records: str | None = None,
+        lock: bool = True,
     ):
         super().__init__()
-        self.gate = Gate(load(checks), kind, load(progress))
+        self.gate = Gate(load(checks), kind, load(progress), load(records), lock=bool(lock))
         self.attempts = load(attempts)
         self.run_dir: Path | None = None  # the run this process opened
-        self.drift: str | None = None  # said once the job's logging is set up
+        self.said: list[str] = []  # said once the job's logging is set up (train.log too)
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         from omegaconf import OmegaConf
 
-        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
         if int(os.environ.get("RANK", "0")) != 0:  # plain torchrun or srun: each rank is here
+            run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir", default=""))).absolute()
             try:
                 check_as_peer(config, run_dir, self.gate)
             except NothingToDo:
                 raise SystemExit(0) from None
             return
-        with refusing(config):
+        opening = Opening(Path(".").absolute())
+        with refusing(config, opening):  # (nothing but SystemExit leaves it: fail closed)
+            check_dir_key(config, "hydra.run.dir")
+            run_dir = opening.run_dir = Path(
+                str(OmegaConf.select(config, "hydra.run.dir"))
+            ).absolute()
+            gate = gate_of(config) or self.gate  # (its name in hydra.callbacks: the opt-out)
             check_writable(config, "hydra.run.dir")
             world_size = world_size_of_run(config)
-            plan = check_start(config, run_dir, world_size, sweep=False, gate=self.gate)
+            plan = check_start(
+                config,
+                run_dir,
+                world_size,
+                sweep=False,
+                gate=self.gate,
+                launch_record=self.attempts is not None,
+            )
             if self.attempts is not None:
-                self.drift = self.attempts.check(config, run_dir, plan)
+                drift = self.attempts.check(config, run_dir, plan)
+                self.said += [drift] if drift is not None else []
             keep = KEPT_IN_PLACE if self.attempts is None else KEPT_BY_A_SINGLE_RUN
-            open_run(run_dir, plan, f"{self.gate.kind}, world size {world_size}", keep=keep)
+            what = f"{self.gate.kind}, world size {world_size}"
+            open_run(
+                run_dir,
+                plan,
+                what,
+                hold=self.gate.lock,
+                keep=keep,
+                opening=opening,
+                opt_out=gate.lock_opt_out,
+            )
+            if self.attempts is not None:
+                opening.step = f"recording the attempt ({LAUNCH_FILE})"
+                opening.keep(run_dir / LAUNCH_FILE)
+                self.attempts.open(config, run_dir, plan)
+            write_hydra_files(config, run_dir, opening)
+        opening.say()
+        if not self.gate.lock:
+            self.said.append(
+                f"{gate.lock_opt_out}: {run_dir} is not locked: nothing stops another start "
+                "from writing into it while this run runs"
+            )
         if self.attempts is not None:
-            self.attempts.open(config, run_dir, plan)
             self.run_dir = run_dir
-        os.environ.update(run_lock.child_env(run_dir))  # for the ranks this process starts
+        if self.gate.lock:
+            os.environ.update(run_lock.child_env(run_dir))  # for the ranks this process starts
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:
-        if self.drift is not None:  # (in train.log too: Hydra has set up the job's logging)
-            log.warning("%s", self.drift)
-            self.drift = None
+        for line in self.said:  # (in train.log too: Hydra has set up the job's logging)
+            log.warning("%s", line)
+        self.said = []
 
     def on_run_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
         if self.run_dir is not None:
             self.attempts.close(self.run_dir, job_return)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        with refusing(config):
+        from omegaconf import OmegaConf
+
+        sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir", default="")))
+        with refusing(config, Opening(sweep_dir.absolute())):
+            check_dir_key(config, "hydra.sweep.dir")
+            check_subdir_key(config)
             check_writable(config, "hydra.sweep.dir")
-            check_sweep(config)
+            check_sweep(config, gate_of(config) or self.gate)
+            remember_sweep_start(sweep_dir)
+
+
+def check_subdir_key(config: Any) -> None:
+    """A blank hydra.sweep.subdir would put every job into the sweep dir itself."""
+    from omegaconf import OmegaConf
+
+    sweep = OmegaConf.select(config, "hydra.sweep", default=None)
+    raw = OmegaConf.to_container(sweep, resolve=False).get("subdir") if sweep is not None else None
+    if raw is not None and not str(raw).strip():
+        raise UserError(
+            f"hydra.sweep.subdir={raw!r} names no dir (every job would write into the sweep dir "
+            "itself): pass hydra.sweep.subdir=<a name per job>, or drop it for the default "
+            "(${hydra.job.num})"
+        )
 
 
 # Overrides a rerun of the same sweep may add or change: how it starts, not which jobs.
 HOW_IT_STARTS = ("start_over", "resume")
 
 
-def check_sweep(config: Any) -> None:
-    """A sweep dir holds one sweep: before the sweeper writes multirun.yaml, a sweep whose
-    overrides are not those of the jobs already there is refused, and so is a rerun of the same
-    sweep that neither resumes it (hydra.launcher.resume=true) nor starts it over."""
+def check_sweep(config: Any, gate: Gate | None = None) -> None:
+    """A sweep dir holds one sweep: before the sweeper writes multirun.yaml, a sweep into a dir
+    that holds a single run (or lies inside one) is refused, so is a sweep whose overrides are
+    not those of the jobs already there, and a rerun of the same sweep that neither resumes it
+    (hydra.launcher.resume=true) nor starts it over."""
     from omegaconf import OmegaConf
 
     from ddp_launcher.core.world import keeps_records
 
+    gate = gate or Gate(None)
     launcher = OmegaConf.select(config, "hydra.launcher", default=None) or {}
     endpoint = launcher.get("rdzv_endpoint")
     if endpoint and not keeps_records(launcher.get("node_rank"), endpoint):
         return  # every node's launcher runs this sweep: node 0's keeps (and checks) its records
     sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
-    jobs = [d for d in sweep_dir.glob("*") if (d / LAUNCH_FILE).exists() or holds_run(d)]
+    held = gate.holds(sweep_dir)
+    if held is not None:
+        what = "a training run" if held == TRAIN else "an evaluation"
+        raise UserError(
+            f"{sweep_dir} holds {what} of its own, not a sweep: a sweep writes its jobs into a "
+            "dir of its own: pass another hydra.sweep.dir"
+        )
+    check_not_inside(sweep_dir, gate, "a sweep")
+    jobs = [
+        d
+        for d in sweep_dir.glob("*")
+        if d.is_dir() and ((d / LAUNCH_FILE).exists() or gate.holds(d) is not None)
+    ]
     if not jobs:
         return
     recorded = sweep_overrides(sweep_dir / "multirun.yaml")
@@ -403,3 +861,80 @@ def sweep_overrides(path: Path) -> list[str] | None:
     except Exception:  # noqa: BLE001 - absent or damaged: the jobs' own records decide
         return None
     return [str(o) for o in recorded] if recorded is not None else None
+
+
+# ---------------------------------------------------------------------------------------------
+# a sweep's start: undone when the launcher refuses it before any job started
+
+KEPT_BYTES = 1 << 20  # the top-level files of a sweep dir whose bytes a sweep's start keeps
+
+
+@dataclass
+class SweepStart:
+    """The sweep dir as on_multirun_start found it, before the sweeper writes multirun.yaml and
+    the launcher its lock: `missing`, the dirs the start will make (the sweep dir and its
+    missing parents); `files`, every top-level file's bytes (None: too large to keep)."""
+
+    sweep_dir: Path
+    missing: list[Path]
+    files: dict[str, bytes | None]
+    names: set[str]
+
+
+_SWEEP_STARTS: dict[str, SweepStart] = {}
+
+
+def remember_sweep_start(sweep_dir: Path) -> None:
+    sweep_dir = Path(sweep_dir).absolute()
+    missing, here = [], sweep_dir
+    while not os.path.lexists(here) and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    files: dict[str, bytes | None] = {}
+    names: set[str] = set()
+    if sweep_dir.is_dir():
+        for path in sweep_dir.iterdir():
+            names.add(path.name)
+            if path.is_file() and not path.is_symlink():
+                small = path.stat().st_size <= KEPT_BYTES
+                files[path.name] = path.read_bytes() if small else None
+    _SWEEP_STARTS[str(sweep_dir)] = SweepStart(sweep_dir, missing, files, names)
+
+
+def pending_sweep_start(sweep_dir: Path) -> bool:
+    """Whether the sweep's start is remembered and no job of it has started yet."""
+    return str(Path(sweep_dir).absolute()) in _SWEEP_STARTS
+
+
+def sweep_started(sweep_dir: Path) -> None:
+    """A job of the sweep started: its sweep dir is this sweep's from now on (no undo)."""
+    _SWEEP_STARTS.pop(str(Path(sweep_dir).absolute()), None)
+
+
+def undo_sweep_start(sweep_dir: Path) -> list[str]:
+    """Put the sweep dir back as on_multirun_start found it (the launcher's lock released
+    first): files the start wrote as they were, those it made and the dirs it made gone. What
+    could not be undone, one phrase each; nothing where no start was remembered."""
+    start = _SWEEP_STARTS.pop(str(Path(sweep_dir).absolute()), None)
+    if start is None:
+        return []
+    problems = []
+    here = start.sweep_dir
+    if here.is_dir():
+        for path in here.iterdir():
+            try:
+                if path.name not in start.names:
+                    if path.is_file() or path.is_symlink():
+                        path.unlink()
+                    elif path.is_dir() and not any(path.iterdir()):
+                        path.rmdir()
+                elif path.name in start.files and start.files[path.name] is not None:
+                    data = start.files[path.name]
+                    if not path.is_file() or path.read_bytes() != data:
+                        write_atomic(path, data)
+            except OSError as e:
+                problems.append(f"{path} could not be undone ({e.strerror or e})")
+    for folder in start.missing:  # the sweep dir first, then its parents
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    return problems

@@ -338,7 +338,9 @@ REPLACED_DIR = "replaced"
 
 
 def holds_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds an earlier run's records: a result, a row, a checkpoint."""
+    """Whether `run_dir` holds an earlier run's records as this package defines them: a
+    result, a row, a checkpoint. The gate's default for an app that names no `records` of its
+    own (ddp_launcher/core/gate.py: which dirs hold an app's runs is the app's to say)."""
     run_dir = Path(run_dir)
     ckpt = run_dir / CHECKPOINT_DIR
     return (

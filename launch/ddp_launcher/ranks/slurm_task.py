@@ -22,6 +22,7 @@ from omegaconf import open_dict
 
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError
+from ddp_launcher.core.gate import gate_of
 from ddp_launcher.core.requeue import TIMEOUTS_FILE, TIMEOUTS_FILE_ENV
 from ddp_launcher.core.run_dir import ATTEMPT_ENV, REQUEUE_EXIT_CODE
 from ddp_launcher.core.world import cores_per_rank
@@ -138,11 +139,12 @@ def run_task(job: Any) -> Any:
             raise NotStarted(
                 "not started: a job of this sweep failed for good (hydra.launcher.fail_fast)"
             )
-        if (
-            rank == 0
-        ):  # the writer holds the job dir while the SLURM job runs (ddp_launcher/core/gate.py);
+        gate = gate_of(job.spec.config)
+        if rank == 0 and (gate is None or gate.lock):
+            # the writer holds the job dir while the SLURM job runs (ddp_launcher/core/gate.py);
             # held by another: this task fails, and srun --kill-on-bad-exit ends the others
-            run_lock.acquire(job.job_dir, f"SLURM job {job_id}, rank 0")
+            opt_out = gate.lock_opt_out if gate is not None else run_lock.NO_LOCK_FIX
+            run_lock.acquire(job.job_dir, f"SLURM job {job_id}, rank 0", opt_out=opt_out)
         ret = run_rank(job.spec, rank)
         failed = rank == 0 and ret.status.name == "FAILED"
         if failed and job.fence is not None and fails_for_good(job, ret):
