@@ -114,9 +114,12 @@ def load_checkpoint(path: Path, key: str = "resume") -> dict[str, Any]:
         state = torch.load(target, map_location="cpu", weights_only=True)
     except Exception as e:  # torn file, not a checkpoint, or pickled code we refuse to run
         fresh = " or resume=null to start fresh" if key == "resume" else ""
+        # (torch's weights_only refusal is a paragraph: cut, it stopped mid-sentence)
+        refused = "Weights only load failed" in str(e)
+        why = "it holds pickled objects weights_only=True does not load" if refused else None
         raise UserError(
-            f"checkpoint {path} cannot be loaded ({one_line(e)[:160] or type(e).__name__}): "
-            f"pass {key}=<another checkpoint>{fresh}"
+            f"checkpoint {path} cannot be loaded ({why or one_line(e)[:160] or type(e).__name__}"
+            f"): pass {key}=<another checkpoint>{fresh}"
         ) from None
     required = {"model", "progress"}
     missing = required - set(state) if isinstance(state, dict) else required
