@@ -76,7 +76,10 @@ class JobFailed(CompactHydraException):
 
 class SweepStopped(CompactHydraException):
     """The launcher was asked to stop (SIGINT, SIGTERM): its running jobs were stopped the way
-    preemption stops them and recorded; a resumed sweep continues them."""
+    preemption stops them and recorded; a resumed sweep continues them. Or fail_fast stopped it.
+    `exit_code`: the launcher's (128 + the signal's number; 2 when a user error stopped it)."""
+
+    exit_code = 1
 
 
 class FailedFast(Exception):  # noqa: N818 - it is how the sweep ended, not an error of ours
@@ -94,6 +97,7 @@ class Interrupted(KeyboardInterrupt):
     """A stop signal the launcher received (:func:`stop_signals`), raised like Ctrl-C."""
 
     def __init__(self, signum: int) -> None:
+        self.signum = signum
         self.signal_name = signal.Signals(signum).name
         super().__init__(self.signal_name)
 

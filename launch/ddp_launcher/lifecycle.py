@@ -20,9 +20,9 @@ from typing import Any, Protocol
 from omegaconf import OmegaConf
 
 from ddp_launcher.core import run_lock
-from ddp_launcher.core.errors import UserError, describe, job_value
+from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value
 from ddp_launcher.core.naming import label, swept_values
-from ddp_launcher.core.run_dir import LAUNCH_FILE
+from ddp_launcher.core.run_dir import LAUNCH_FILE, read_launch_record
 from ddp_launcher.drift import check_on_drift
 from ddp_launcher.jobs import (
     FailedFast,
@@ -98,6 +98,17 @@ class Backend(Protocol):
 
     def reattach(self, job: Job, attempt: Any) -> Any:
         """A handle to an earlier attempt that still runs without its launcher, or None."""
+
+
+def failed_again(job: Job) -> bool:
+    """Whether the job's attempt that just failed ended as its attempt before did (the same
+    error, in its launch.json): what a resume of the sweep would meet first."""
+    record = read_launch_record(job.job_dir) if job.in_sweep else None
+    attempts = record.attempts if record is not None else []
+    if len(attempts) < 2:
+        return False
+    last, before = attempts[-1], attempts[-2]
+    return last.status == before.status == "failed" and last.error == before.error
 
 
 def place(job: Job, backend: Backend) -> None:
@@ -392,19 +403,37 @@ class LifecycleLauncher:
                     f"job #{e.job.num} ({values or ' '.join(e.job.overrides)}) failed: {e.reason}"
                 )
                 report_unfinished(self.config, f" (hydra.launcher.fail_fast: {failed})")
-                raise SweepStopped(
+                resume = f"hydra.sweep.dir={sweep_dir} hydra.launcher.resume=true"
+                user = find_user_error(job_value(e.ret)) is not None
+                if user or failed_again(e.job):  # a resume would stop there again
+                    why = (
+                        "a user error fails the same way every time"
+                        if user
+                        else ("it failed the same way in its last attempt")
+                    )
+                    how = (
+                        f"{why}: fix it, then rerun the same command with {resume}; or rerun it "
+                        f"with {resume} hydra.launcher.fail_fast=false to run the other jobs "
+                        "past it"
+                    )
+                else:
+                    how = f"fix it, then rerun the same command with {resume} to continue the sweep"
+                stopped = SweepStopped(
                     f"hydra.launcher.fail_fast: {failed}; the sweep stopped there: no job "
                     f"started after it, the running ones stopped and are recorded in their job "
-                    f"dirs; fix it, then rerun the same command with hydra.sweep.dir={sweep_dir} "
-                    "hydra.launcher.resume=true to continue the sweep"
-                ) from None
+                    f"dirs; {how}"
+                )
+                stopped.exit_code = UserError.exit_code if user else 1
+                raise stopped from None
             except KeyboardInterrupt as e:
                 report_unfinished(self.config, f" (the sweep was stopped: {stop_reason(e)})")
-                raise SweepStopped(
+                stopped = SweepStopped(
                     f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
                     f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
                     f"{sweep_dir} hydra.launcher.resume=true to continue it"
-                ) from None
+                )
+                stopped.exit_code = 128 + int(getattr(e, "signum", signal.SIGINT))
+                raise stopped from None
             if any(ret.status.name == "FAILED" for ret in results.values()):  # may raise now
                 report_unfinished(self.config, " (a job failed)")
             return results

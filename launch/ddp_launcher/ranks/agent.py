@@ -34,6 +34,7 @@ def run_agent(spec: AgentSpec) -> None:
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (the server's start held it)
     os.environ.clear()
     os.environ.update({**spec.env, PARENT_PID_ENV: server[PARENT_PID_ENV]})
     if SERVICE_ENV in server:
