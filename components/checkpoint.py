@@ -50,6 +50,8 @@ from ddp_launcher import (
     UserError,
     atomic_path,
     crash_point,
+    fmt_bytes,
+    free_bytes,
     one_line,
     resume_choice,
     write_atomic,
@@ -103,6 +105,17 @@ def link(target: Path, name: Path) -> None:
             os.link(target, tmp)
         except OSError:
             tmp.write_bytes(target.read_bytes())
+
+
+def state_bytes(state: Any) -> int:
+    """The bytes of the tensors in a checkpoint's state: about its file's size."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(v) for v in state)
+    return 0
 
 
 def load_checkpoint(path: Path, key: str = "resume") -> dict[str, Any]:
@@ -493,10 +506,17 @@ class Checkpointer:
                     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
                     else f"free space in {self.dir} or lower trainer.keep_checkpoints"
                 )
+                free = free_bytes(self.dir)
+                room = (
+                    f": it needs about {fmt_bytes(state_bytes(ckpt))}"
+                    + (f", {fmt_bytes(free)} free there" if free is not None else "")
+                    if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                    else ""
+                )
                 raise UserError(
                     f"cannot write checkpoint {self.dir / fresh_name(self.manifest, step)} "
-                    f"({e.strerror or e}): {fix}; the checkpoints already there are whole, and "
-                    "resume=auto continues from the newest"
+                    f"({e.strerror or e}{room}): {fix}; the checkpoints already there are "
+                    "whole, and resume=auto continues from the newest"
                 ) from None
             if self.on_save is not None:
                 self.on_save(path, ckpt.get("progress") or {}, is_best)

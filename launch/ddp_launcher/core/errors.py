@@ -7,6 +7,7 @@ bootstrap (ddp_launcher/ranks/bootstrap.py) in ranks a launcher started. Nothing
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any
 
@@ -21,11 +22,16 @@ class UserError(CompactHydraException):
 
 
 def find_user_error(error: BaseException | None) -> UserError | None:
-    """The UserError behind `error`, if any: Hydra's instantiate wraps what a target raises."""
+    """The UserError behind `error`, if any: Hydra's instantiate wraps what a target raises. A
+    full disk (or quota) is one too, wherever it was hit (core/disk.py's DiskFull)."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, UserError):
             return error
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            from ddp_launcher.core.disk import from_os_error
+
+            return from_os_error(error)
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None

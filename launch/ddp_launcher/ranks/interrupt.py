@@ -6,6 +6,7 @@ interpreter's own start.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -126,12 +127,17 @@ def hydra_keeps_ctrl_c() -> None:
 
 def our_error(error: BaseException) -> BaseException | None:
     """The error of ours behind `error` (one that carries its `exit_code`: ddp_launcher's
-    UserError, SweepStopped, ...), looked for through its causes (Hydra's instantiate wraps
-    what a plugin's constructor raises); None: Hydra's own, or an unexpected one."""
+    UserError, SweepStopped, ...; a full disk, wherever it was hit), looked for through its
+    causes (Hydra's instantiate wraps what a plugin's constructor raises); None: Hydra's own,
+    or an unexpected one."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(getattr(error, "exit_code", None), int):
             return error
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            from ddp_launcher.core.disk import from_os_error  # (a full disk: the user's)
+
+            return from_os_error(error)
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None

@@ -12,10 +12,12 @@ from ddp_launcher.report.jobs import (
     MODES,
     MULTIRUN_YAML,
     UnreadableRecord,
+    find_job_dirs,
     flat,
     read_multirun_config,
+    read_overrides,
 )
-from ddp_launcher.report.seeds import DEFAULT_OVER
+from ddp_launcher.report.seeds import DEFAULT_OVER, strip_key
 from ddp_launcher.report.sweep import headline, tables_text, write_summary
 from ddp_launcher.report.wandb_run import log_to_wandb, wandb_settings
 
@@ -54,6 +56,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.sweep_dir.is_dir():
         print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
         return 2  # a user error (ddp_launcher/core/errors.py's policy)
+    unknown = unknown_keys(args.sweep_dir, aggregate)
+    if unknown:
+        known = ", ".join(sorted(unknown[1])) or "(none: no job overrides a key)"
+        print(
+            f"error: --aggregate {','.join(unknown[0])}: not a key the sweep's jobs set; the "
+            f"keys they set: {known}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         summary = write_summary(args.sweep_dir, args.metric, args.mode, aggregate)
     except (FileNotFoundError, UnreadableRecord) as e:  # no job dir, or none readable
@@ -69,6 +80,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_id = log_to_wandb(summary, *found)
         print(f"W&B sweep-summary run: {run_id}" if run_id else "no W&B run (see above)")
     return 0
+
+
+def unknown_keys(sweep_dir: Path, aggregate: Sequence[str]) -> tuple[list[str], set[str]] | None:
+    """The --aggregate keys no job of the sweep sets (seed, the default, aside: a sweep
+    without seeds aggregates nothing) and the keys they set; None when every key is one."""
+    known = {
+        strip_key(o.partition("=")[0])
+        for job_dir in find_job_dirs(sweep_dir)
+        for o in read_overrides(job_dir) or []
+    }
+    unknown = [k for k in aggregate if strip_key(k) not in known | set(DEFAULT_OVER)]
+    return (unknown, known) if unknown else None
 
 
 if __name__ == "__main__":
