@@ -77,9 +77,7 @@ def check_room(path: Path, needed: int, what: str, fix: str = "") -> None:
 
 
 @contextmanager
-def on_full_disk(
-    path: Path, what: str, needed: int | None = None, fix: str = ""
-) -> Iterator[None]:
+def on_full_disk(path: Path, what: str, needed: int | None = None, fix: str = "") -> Iterator[None]:
     """A write under `path` that fills the disk is a DiskFull naming it (`needed`: the bytes it
     writes, when known); any other error goes on as it is."""
     try:
