@@ -164,8 +164,8 @@ def usable(path: Path, key: str) -> Path:
     torn = problem is not None and committed_file(path)[1] is not None  # (its digest differs)
     if not torn and not is_torch_archive(target):
         raise UserError(
-            f"{key}={path} is not a checkpoint (not a torch.save archive): pass {key}=<a .pt file "
-            f"a run saved>, e.g. {key}=RUN_DIR/{CHECKPOINT_DIR}/{LAST}{fresh}"
+            f"checkpoint {path} cannot be loaded: it is no torch.save archive (not a checkpoint, "
+            f"or cut short): pass {key}=<another checkpoint, a .pt file a run saved>{fresh}"
         )
     if problem is not None:
         raise UserError(

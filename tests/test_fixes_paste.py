@@ -355,7 +355,6 @@ FIXES: dict[str, Fix] = {
         gate_line("resume={tmp}/notes.pt"),
         ["resume=null"],
         gate_passes,
-        named=["resume=RUN_DIR/checkpoints/last.pt"],
     ),
     "a checkpoint dir": Fix(
         ["resume={tmp}/other", "model.hidden=32"],

@@ -131,7 +131,7 @@ def test_a_file_that_is_not_a_checkpoint_is_said_to_be_none(tmp_path, kind):
     # with its digest beside it (as if whole): the file itself is the problem
     path.with_name(path.name + ".sha256").write_text(hashlib.sha256(path.read_bytes()).hexdigest())
     message = refusal(tmp_path / "r", f"resume={path}")
-    assert message.startswith(f"resume={path} is not a checkpoint (not a torch.save archive)")
+    assert message.startswith(f"checkpoint {path} cannot be loaded: it is no torch.save archive")
     assert "resume=null" in message and "101" not in message and "Weights only" not in message
 
 
