@@ -7,6 +7,7 @@ one line naming the key and the fix (a UserError) before anything is written.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -143,18 +144,23 @@ def check_values(cfg: DictConfig) -> None:
             "(numpy's generators take no more), e.g. seed=0"
         )
     check_fractions(cfg)
-    for key, value in (("timeout_s", cfg.dist.timeout_s), ("step_timeout_s", None)):
-        if key == "step_timeout_s":
-            value = OmegaConf.select(cfg, "dist.step_timeout_s", default=None)
-            if value is None:
-                continue
+    check_timeouts(cfg)
+    check_start_over(cfg)
+
+
+def check_timeouts(cfg: DictConfig) -> None:
+    """dist.timeout_s (and step_timeout_s, unless null) at least a second: 0 failed the first
+    collective ("timed out after 0ms", exit 1)."""
+    for key, example in (("timeout_s", 600), ("step_timeout_s", 300)):
+        value = OmegaConf.select(cfg, f"dist.{key}", default=None)
+        if value is None:
+            continue
         if not value >= 1:
             raise UserError(
                 f"dist.{key}={value} is not valid: use a number of seconds >= 1 (a collective "
-                f"that takes longer fails), e.g. dist.{key}={600 if key == 'timeout_s' else 300}"
+                f"that takes longer fails), e.g. dist.{key}={example}"
                 + (", or null to keep dist.timeout_s" if key == "step_timeout_s" else "")
             )
-    check_start_over(cfg)
 
 
 def check_lr(optim: DictConfig, global_batch: int) -> None:
@@ -265,7 +271,15 @@ def check_dataset(dataset: DictConfig) -> None:
         return  # (the dataset says it needs a root, naming the key)
     root = dataset.root
     splits = ("train", "val") if target.endswith("imagenet") else ("train", "val", "test")
-    check_image_tree(str(root), splits, skip_unreadable=bool(dataset.get("skip_unreadable", False)))
+    checked_tree(str(root), splits, bool(dataset.get("skip_unreadable", False)))
+
+
+@functools.lru_cache(maxsize=8)
+def checked_tree(root: str, splits: tuple[str, ...], skip_unreadable: bool) -> None:
+    """check_image_tree once per tree in this process: a sweep's launcher checks each job
+    before it starts, and its jobs mostly share one dataset (ImageNet's walk lists 1.3 M files).
+    A tree found bad raises, and is not remembered."""
+    check_image_tree(root, splits, skip_unreadable=skip_unreadable)
 
 
 def meant_resume(resume: str | Path) -> str | None:
@@ -355,7 +369,8 @@ def differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
 
 
 def check_eval(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
-    """eval.py's: the checkpoint it names exists and is whole."""
+    """eval.py's: the checkpoint it names exists and is whole; its own world's timeouts."""
+    check_timeouts(cfg)
     path = find_checkpoint(cfg.run, cfg.ckpt)
     usable(path, "ckpt")
 

@@ -227,3 +227,10 @@ def test_the_checks_import_no_torch():
         [sys.executable, "-c", code], cwd=REPO, env=run_env(), capture_output=True, text=True
     )
     assert proc.stdout.split() == ["False", "False"], proc.stdout + proc.stderr
+
+
+def test_eval_refuses_a_zero_timeout_before_its_dir_opens(tmp_path):
+    cfg = compose("eval", tmp_path / "e", "dist.timeout_s=0", "ckpt=/nowhere/best.pt")
+    with pytest.raises(UserError, match=r"^dist.timeout_s=0 is not valid: use a number of sec"):
+        check_start(cfg, tmp_path / "e", 1, sweep=False)
+    assert not (tmp_path / "e").exists()
