@@ -23,6 +23,7 @@ from conf.schema import check_keys
 PRECISIONS = ("auto", "32", "64", "bf16", "fp16")  # components/precision.py's
 DEVICES = ("auto", "cpu", "cuda")  # components/distributed.py's
 SCALINGS = ("none", "linear", "sqrt")  # components/optim.py's
+NONFINITE = ("error", "skip")  # components/train_step.py's
 # The largest lr an optimizer may be handed (optim.lr after lr_scaling to the global batch).
 # float32 weights end at 3.4e38, and the lr is multiplied further on its way into an update (the
 # warm-up's and schedule's factors are <= 1, but Adam's bias correction divides by up to
@@ -105,8 +106,10 @@ def check_trainer(tc: DictConfig) -> None:
         raise UserError(
             "trainer.stop_at_target=true needs a trainer.target: set one, e.g. trainer.target=0.99"
         )
-    if tc.progress_every_s <= 0:
+    if not (math.isfinite(tc.progress_every_s) and tc.progress_every_s > 0):
         raise UserError(f"trainer.progress_every_s={tc.progress_every_s}: use a positive number")
+    if tc.nonfinite not in NONFINITE:  # (another word neither stopped nor skipped a NaN update)
+        raise UserError(f"trainer.nonfinite={tc.nonfinite} is not valid: use error or skip")
     smoothing = tc.label_smoothing  # (F.cross_entropy refuses > 1 in a traceback, trains < 0 as 0)
     if not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
         raise UserError(
@@ -145,6 +148,12 @@ def check_values(cfg: DictConfig) -> None:
         )
     check_fractions(cfg)
     check_timeouts(cfg)
+    wait = OmegaConf.select(cfg, "wandb.init_timeout_s", default=None)
+    if wait is not None and not (math.isfinite(wait) and wait > 0):
+        raise UserError(
+            f"wandb.init_timeout_s={wait} is not valid: use a number of seconds > 0, e.g. "
+            "wandb.init_timeout_s=60"
+        )
     check_start_over(cfg)
 
 

@@ -333,6 +333,12 @@ FIXES: dict[str, Fix] = {
         gate_passes,
     ),
     # start_over / resume
+    "wandb.init_timeout_s": Fix(
+        ["wandb.init_timeout_s=-1"],
+        gate_line("wandb.init_timeout_s=-1"),
+        ["wandb.init_timeout_s=60"],
+        gate_passes,
+    ),
     "resume=AUTO": Fix(["resume=AUTO"], gate_line("resume=AUTO"), ["resume=auto"], gate_passes),
     "resume and start_over": Fix(
         ["resume=auto", "start_over=true"],

@@ -68,6 +68,10 @@ REFUSED = [
     (["trainer.ema.decay=nan"], ["trainer.ema.decay=nan must be in (0, 1)"]),
     (["augment=none", "augment.random_erasing=nan"], ["augment.random_erasing=nan"]),
     (["trainer.limit_train_batches=0.0"], ["trainer.limit_train_batches=0.0 is not valid"]),
+    # trained as if unset (found by this issue's own probes)
+    (["trainer.nonfinite=ignore"], ["trainer.nonfinite=ignore is not valid: use error or skip"]),
+    (["trainer.progress_every_s=nan"], ["trainer.progress_every_s=nan: use a positive number"]),
+    (["wandb.init_timeout_s=-1"], ["wandb.init_timeout_s=-1.0 is not valid", "> 0"]),
     # resume: "checkpoint AUTO does not exist", no hint of auto
     (["resume=AUTO"], ["resume=AUTO is none of auto, null", "did you mean resume=auto?"]),
     (["resume=true"], ["did you mean resume=auto?"]),
