@@ -73,6 +73,12 @@ class JobFailed(CompactHydraException):
 
     reason: str = ""  # the verdict without the job's name
 
+    @property
+    def exit_code(self) -> int:
+        """The status a sweep ends with when Hydra's sweeper raises this (its first failed
+        job): 2 when the job's error is the user's, else 1."""
+        return UserError.exit_code if find_user_error(self.__cause__) is not None else 1
+
 
 class SweepStopped(CompactHydraException):
     """The launcher was asked to stop (SIGINT, SIGTERM): its running jobs were stopped the way

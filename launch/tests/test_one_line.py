@@ -55,6 +55,13 @@ def test_our_errors_are_one_line_without_hydras_hint(capsys):
     stopped = SweepStopped("the sweep was stopped (SIGINT): ...")
     stopped.exit_code = 130
     assert reported(stopped, capsys) == (130, "the sweep was stopped (SIGINT): ...\n")
+    # a sweep's failed job, as Hydra's sweeper raises it at the end: exit 2 for a user error
+    from ddp_launcher.jobs import JobFailed
+
+    failed = JobFailed("job #0 (lr=-1): optim.lr=-1.0 is not valid")
+    failed.__cause__ = UserError("optim.lr=-1.0 is not valid")
+    assert reported(failed, capsys) == (2, "job #0 (lr=-1): optim.lr=-1.0 is not valid\n")
+    assert reported(JobFailed("job #1 (lr=1): rank 0 was killed"), capsys)[0] == 1
     code, err = reported(OSError(errno.ENOSPC, "No space left on device", "/full/x/y.yaml"), capsys)
     assert code == 2 and err.startswith("no space left on the disk of /full/x for y.yaml"), err
     # Hydra's own errors, and unexpected ones, are Hydra's to print as before
