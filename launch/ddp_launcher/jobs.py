@@ -117,6 +117,20 @@ def stop_reason(error: BaseException) -> str:
     return "SIGINT" if isinstance(error, KeyboardInterrupt) else type(error).__name__
 
 
+_stops: list[int] = []  # the stop signals stop_signals turned into Interrupted
+
+
+def pending_stop() -> BaseException | None:
+    """The stop (a signal stop_signals raised for, or a Ctrl-C) behind an error raised in its
+    place: a KeyboardInterrupt inside Hydra's composition can come out as another error
+    (OmegaConf's flag contexts restore flags on a half-built node)."""
+    from ddp_launcher.ranks.interrupt import ctrl_c_received
+
+    if _stops:
+        return Interrupted(_stops[-1])
+    return KeyboardInterrupt() if ctrl_c_received() else None
+
+
 @contextmanager
 def stop_signals(signums: Sequence[int]) -> Iterator[None]:
     """While launching, each of `signums` raises Interrupted in the main thread, as Ctrl-C does,
@@ -127,6 +141,7 @@ def stop_signals(signums: Sequence[int]) -> Iterator[None]:
         return
 
     def interrupt(signum: int, _frame: Any) -> None:
+        _stops.append(signum)
         raise Interrupted(signum)
 
     previous = {
@@ -176,6 +191,8 @@ def compose_jobs(
                 launcher.config, list(overrides)
             )
         except Exception as e:  # noqa: BLE001 - Hydra's composition errors have many types
+            if (stop := pending_stop()) is not None:
+                raise stop from None  # (a stop, not this job's error)
             config, error = copy.deepcopy(launcher.config), describe(e)
             with read_write(config), open_dict(config):
                 config.hydra.overrides.task = list(overrides)
