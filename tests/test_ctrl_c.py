@@ -89,8 +89,10 @@ def said(out: str) -> list[str]:
 @pytest.mark.slow
 def test_ctrl_c_of_n_ranks_through_the_warm_start_is_one_line(tmp_path):
     """From the moment the job starts: the warm start's server imports torch for a few seconds,
-    then the agent forks the ranks. At each moment: the launcher's one line, exit 130."""
-    for delay in (0.0, 1.5):
+    then the agent forks the ranks, which train. At each moment: the launcher's one line, exit
+    130 (once the ranks ran, the agent added torch's "death signal" warning and its own
+    "torchrun: stopped by SIGTERM")."""
+    for delay in (0.0, 1.5, 6.0):
         cmd = train_cmd(*LONG, "dist.nproc_per_node=2", f"hydra.run.dir={tmp_path / str(delay)}")
         code, out = ctrl_c(cmd, ": 2 rank(s)", delay)
         assert code == 130 and "Traceback" not in out, (delay, out[-3000:])
