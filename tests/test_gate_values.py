@@ -238,3 +238,31 @@ def test_eval_refuses_a_zero_timeout_before_its_dir_opens(tmp_path):
     with pytest.raises(UserError, match=r"^dist.timeout_s=0 is not valid: use a number of sec"):
         check_start(cfg, tmp_path / "e", 1, sweep=False)
     assert not (tmp_path / "e").exists()
+
+
+def test_the_gate_walks_the_tree_as_the_dataset_does(tmp_path):
+    """conf/image_tree.py's walk (the gate's) and data/catalog.py's (the run's) are copies (no
+    module can hold one for both: tests/test_imports.py): the same files on a tree with a link
+    to a folder elsewhere, the same refusal of a link back in and of a folder reached twice."""
+    from conf import image_tree
+    from data import catalog
+    from data.decode import looks_readable as data_readable
+
+    root = folder(tmp_path / "data")
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "deep" / "x.png").write_bytes(b"")
+    (root / "train" / "cat" / "more").symlink_to(tmp_path / "elsewhere")
+    guarded = image_tree.guarded_dirs(str(root))
+    top = str(root / "train" / "cat")
+    assert image_tree.walk_once(top, guarded) == catalog.walk_once(top, guarded)
+    for image in [*(root / "train" / "cat").glob("*.png"), tmp_path / "elsewhere/deep/x.png"]:
+        assert image_tree.looks_readable(str(image)) == data_readable(str(image))
+    for name, target in (("loop", ".."), ("again", tmp_path / "elsewhere")):
+        (root / "train" / "cat" / name).symlink_to(target)
+        said = []
+        for walk in (image_tree.walk_once, catalog.walk_once):
+            with pytest.raises(UserError) as caught:
+                walk(top, guarded)
+            said.append(str(caught.value))
+        assert said[0] == said[1], said
+        (root / "train" / "cat" / name).unlink()

@@ -135,7 +135,7 @@ def our_error(error: BaseException) -> BaseException | None:
         if isinstance(getattr(error, "exit_code", None), int):
             return error
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            from ddp_launcher.core.disk import from_os_error  # (a full disk: the user's)
+            from ddp_launcher.core.errors import from_os_error  # (a full disk: the user's)
 
             return from_os_error(error)
         seen.add(id(error))
