@@ -24,7 +24,7 @@ from ddp_launcher.core.errors import UserError
 from ddp_launcher.core.gate import NothingToDo, check_start, check_sweep
 from omegaconf import OmegaConf
 
-from tests.helpers import QUICK, compose, train_composer
+from tests.helpers import QUICK, compose, composed_train_config, train_composer
 
 
 @dataclass
@@ -71,7 +71,7 @@ def gate_line(*overrides: str, held: bool = False) -> Callable[[Path], str]:
     def said(tmp: Path) -> str:
         prepare(tmp)
         run_dir = run_dir_of(tmp, held)
-        cfg = compose("train", run_dir, *QUICK, *(o.replace("{tmp}", str(tmp)) for o in overrides))
+        cfg = composed_train_config(*QUICK, *(o.replace("{tmp}", str(tmp)) for o in overrides))
         with pytest.raises(UserError) as caught:
             check_start(cfg, run_dir, 1, sweep=False)
         return str(caught.value)
@@ -508,7 +508,7 @@ def test_every_suggested_fix_composes_when_pasted(name, tmp_path, capsys):
             cfg = multirun_config(tmp_path, *overrides)
         else:
             prepare(tmp_path)
-            cfg = compose("train", run_dir_of(tmp_path), *QUICK, *overrides)
+            cfg = composed_train_config(*QUICK, *overrides)
         if fix.holds is not None:
             fix.holds(cfg, tmp_path)
 

@@ -15,12 +15,13 @@ import torch
 from ddp_launcher.core.errors import UserError
 from ddp_launcher.core.gate import check_start
 
-from tests.helpers import QUICK, compose, make_imagefolder
+from tests.helpers import QUICK, compose, composed_train_config, make_imagefolder
 
 
 def refusal(run_dir: Path, *overrides: str) -> str:
-    """The gate's one line for `python train.py <overrides>` (fails the test if it passes)."""
-    cfg = compose("train", run_dir, *QUICK, *overrides)
+    """The gate's one line for `python train.py <overrides>` (fails the test if it passes; the
+    config composed once per override list: the checks read the run dir they are given)."""
+    cfg = composed_train_config(*QUICK, *overrides)
     with pytest.raises(UserError) as caught:
         check_start(cfg, run_dir, 1, sweep=False)
     message = str(caught.value)
@@ -29,7 +30,7 @@ def refusal(run_dir: Path, *overrides: str) -> str:
 
 
 def passes(run_dir: Path, *overrides: str) -> None:
-    check_start(compose("train", run_dir, *QUICK, *overrides), run_dir, 1, sweep=False)
+    check_start(composed_train_config(*QUICK, *overrides), run_dir, 1, sweep=False)
 
 
 # (overrides, what the line says): each was a traceback or a silent accept on 5f215d2
