@@ -52,6 +52,8 @@ from ddp_launcher import (
     UserError,
     atomic_path,
     crash_point,
+    fmt_bytes,
+    free_bytes,
     one_line,
     resume_choice,
     write_atomic,
@@ -108,6 +110,17 @@ def link(target: Path, name: Path) -> None:
             tmp.write_bytes(target.read_bytes())
 
 
+def state_bytes(state: Any) -> int:
+    """The bytes of the tensors in a checkpoint's state: about its file's size."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
 def load_checkpoint(path: Path, key: str = "resume") -> dict[str, Any]:
     """The checkpoint at `path` (last.pt, best.pt: what the commit names), verified
     (components/manifest.usable) and loaded with weights_only=True; a UserError naming the
@@ -117,9 +130,12 @@ def load_checkpoint(path: Path, key: str = "resume") -> dict[str, Any]:
         state = torch.load(target, map_location="cpu", weights_only=True)
     except Exception as e:  # torn file, not a checkpoint, or pickled code we refuse to run
         fresh = " or resume=null to start fresh" if key == "resume" else ""
+        # (torch's weights_only refusal is a paragraph: cut, it stopped mid-sentence)
+        refused = "Weights only load failed" in str(e)
+        why = "it holds pickled objects weights_only=True does not load" if refused else None
         raise UserError(
-            f"checkpoint {path} cannot be loaded ({one_line(e)[:160] or type(e).__name__}): "
-            f"pass {key}=<another checkpoint>{fresh}"
+            f"checkpoint {path} cannot be loaded ({why or one_line(e)[:160] or type(e).__name__}"
+            f"): pass {key}=<another checkpoint>{fresh}"
         ) from None
     required = {"model", "progress"}
     missing = required - set(state) if isinstance(state, dict) else required
@@ -507,10 +523,17 @@ class Checkpointer:
                     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
                     else f"free space in {self.dir} or lower trainer.keep_checkpoints"
                 )
+                free = free_bytes(self.dir)
+                room = (
+                    f": it needs about {fmt_bytes(state_bytes(ckpt))}"
+                    + (f", {fmt_bytes(free)} free there" if free is not None else "")
+                    if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                    else ""
+                )
                 raise UserError(
                     f"cannot write checkpoint {self.dir / fresh_name(self.manifest, step)} "
-                    f"({e.strerror or e}): {fix}; the checkpoints already there are whole, and "
-                    "resume=auto continues from the newest"
+                    f"({e.strerror or e}{room}): {fix}; the checkpoints already there are "
+                    "whole, and resume=auto continues from the newest"
                 ) from None
             if self.on_save is not None:
                 self.on_save(path, ckpt.get("progress") or {}, is_best)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,12 +161,29 @@ def usable(path: Path, key: str) -> Path:
             + (" or resume=null" if key == "resume" else "")
         )
     problem = verify(path)
+    torn = problem is not None and committed_file(path)[1] is not None  # (its digest differs)
+    if not torn and not is_torch_archive(target):
+        raise UserError(
+            f"checkpoint {path} cannot be loaded: it is no torch.save archive (not a checkpoint, "
+            f"or cut short): pass {key}=<another checkpoint, a .pt file a run saved>{fresh}"
+        )
     if problem is not None:
         raise UserError(
             f"checkpoint {path} cannot be loaded ({problem}): "
             f"pass {key}=<another checkpoint>{fresh}"
         )
     return target
+
+
+def is_torch_archive(path: Path) -> bool:
+    """Whether `path` is what torch.save writes (a zip archive holding <name>/data.pkl), read
+    from its directory, not loaded: anything else (a text file, an image, another zip) made
+    torch.load fail with a miniz code or a weights_only note cut off mid-sentence."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/data.pkl") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
 
 
 def find_checkpoint(run: str | None, ckpt: str | None) -> Path:

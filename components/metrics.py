@@ -20,11 +20,13 @@ from ddp_launcher import (
     CHECKPOINT_DIR,
     METRICS_FILE,
     REPRO_DIR,
+    DiskFull,
     Pruned,
     RunResult,
     crash_point,
     describe,
     job_identity,
+    on_full_disk,
     read_metrics,
     read_result,
     resolve_wandb_mode,
@@ -240,10 +242,17 @@ class RunLogger:
         self.result.ended = time.time()
         self.result.wall_time_s = round(self.result.ended - self._started, 3)
         if self.enabled:
-            write_result(self.run_dir, self.result)
-            crash_point("result.written")
             if self._file is not None:
                 self._file.close()
+            try:
+                with on_full_disk(self.run_dir, "result.json"):
+                    write_result(self.run_dir, self.result)
+            except DiskFull:
+                if error is None:
+                    raise
+                # (the run's own error goes on: the disk's, most likely; the earlier
+                # result.json, if any, stays whole)
+            crash_point("result.written")
             if self.artifacts is not None:  # wandb.log_checkpoints=last: the newest, now
                 self._guarded("checkpoint artifact", self.artifacts.ended, self.wandb)
             where = self.wandb_where()
@@ -380,8 +389,9 @@ class RunLogger:
         facts = {**facts, "git_commit": repro.state.commit, "git_dirty": repro.state.dirty}
         earlier = self._rows_already_logged(steps_done)
         self.logged = {(row["step"], row_kind(row)) for row in earlier}
-        # Line-buffered, so a killed run keeps every row it logged.
-        self._file = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 - closed in __exit__
+        # Unbuffered: a killed run keeps every row it logged; a row is one write, cut back
+        # whole when the disk fills (_append).
+        self._file = open(self.metrics_path, "ab", buffering=0)  # noqa: SIM115 - closed in __exit__
         # One W&B run per run dir: a start that continues it (resume=auto without a
         # checkpoint yet, a retry) continues its W&B run too.
         self._init_wandb(cfg, facts, wandb_run_id or earlier_wandb_run_id(self.run_dir))
@@ -410,8 +420,24 @@ class RunLogger:
                 steps_done,
             )
             rows = [row for row in rows if row.get("step", 0) <= done]
-        write_atomic(self.metrics_path, "".join(json.dumps(row) + "\n" for row in rows))
+        data = "".join(json.dumps(row) + "\n" for row in rows).encode()
+        with on_full_disk(self.run_dir, METRICS_FILE, len(data)):  # (the old file stays)
+            write_atomic(self.metrics_path, data)
         return rows
+
+    def _append(self, data: bytes) -> None:
+        """One row at the end of metrics.jsonl; when the disk fills partway, the file is cut
+        back to its last whole row and the run stops in one line (DiskFull)."""
+        end = self._file.tell()
+        try:
+            written = 0
+            while written < len(data):
+                written += self._file.write(data[written:]) or 0
+        except OSError:
+            self._file.truncate(end)
+            self._file.seek(end)
+            with on_full_disk(self.run_dir, f"a row of {METRICS_FILE}", len(data)):
+                raise
 
     def _replay_into_wandb(self, rows: list[dict[str, Any]]) -> None:
         start = self._wandb_start
@@ -517,7 +543,7 @@ class RunLogger:
             return
         now = time.time()
         row = {**row, "time": round(now, 3), "elapsed_s": round(now - self._started, 3)}
-        self._file.write(json.dumps(row) + "\n")
+        self._append((json.dumps(row) + "\n").encode())
         crash_point("metrics.row")
         if self.wandb is not None and row["step"] >= self._wandb_start:
             try:

@@ -8,6 +8,8 @@ the launcher package knows no file of them.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from components.manifest import committed_entry, find_checkpoint, read_manifest, usable
 from components.monitor import Monitor, check_target
+from conf.image_tree import check_image_tree
 from conf.schema import check_keys
 
 PRECISIONS = ("auto", "32", "64", "bf16", "fp16")  # components/precision.py's
@@ -32,6 +35,20 @@ PRECISIONS = ("auto", "32", "64", "bf16", "fp16")  # components/precision.py's
 # module imports torch) and its log (conf/eval.yaml's hydra.job.name).
 EVAL_RECORDS = ("eval.json", "eval.log")
 DEVICES = ("auto", "cpu", "cuda")  # components/distributed.py's
+SCALINGS = ("none", "linear", "sqrt")  # components/optim.py's
+NONFINITE = ("error", "skip")  # components/train_step.py's
+# The largest lr an optimizer may be handed (optim.lr after lr_scaling to the global batch).
+# float32 weights end at 3.4e38, and the lr is multiplied further on its way into an update (the
+# warm-up's and schedule's factors are <= 1, but Adam's bias correction divides by up to
+# 1 - beta1, x10 at 0.9, and weight decay multiplies it): 1e30 leaves them eight orders of
+# magnitude. (1e12 trains, as a non-finite loss named with its step; 1e308 overflowed in a
+# traceback: x the linear scaling's batch ratio it is inf, and torch cannot hand it to a
+# float32 kernel.)
+MAX_LR = 1e30
+SEED_LIMIT = 2**32  # numpy's generators (data/seeding.py, DataLoader workers) take no more
+# What resume= slips were meant to be (resume=AUTO, resume=true): resume=auto
+RESUME_WORDS = ("auto", "null")
+MEANT_AUTO = ("true", "yes", "on", "last", "latest", "1")
 
 
 def per_rank_batch(global_batch: int, world_size: int, accumulate: int = 1) -> int:
@@ -71,6 +88,7 @@ def check_train(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
     check_keys(cfg)  # a `+key` no schema field reads: a typo
     check_batch_size(cfg, world_size)
     check_trainer(tc)
+    check_values(cfg)
     Monitor(  # its own checks: mode, patience, min_delta, target
         tc.monitor.metric,
         tc.monitor.mode,
@@ -80,6 +98,7 @@ def check_train(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
     )
     check_resume(cfg, run_dir)
     check_init_from(cfg)
+    check_dataset(cfg.dataset)
 
 
 def records(path: Path) -> str | None:
@@ -119,8 +138,10 @@ def check_trainer(tc: DictConfig) -> None:
         raise UserError(
             "trainer.stop_at_target=true needs a trainer.target: set one, e.g. trainer.target=0.99"
         )
-    if tc.progress_every_s <= 0:
+    if not (math.isfinite(tc.progress_every_s) and tc.progress_every_s > 0):
         raise UserError(f"trainer.progress_every_s={tc.progress_every_s}: use a positive number")
+    if tc.nonfinite not in NONFINITE:  # (another word neither stopped nor skipped a NaN update)
+        raise UserError(f"trainer.nonfinite={tc.nonfinite} is not valid: use error or skip")
     smoothing = tc.label_smoothing  # (F.cross_entropy refuses > 1 in a traceback, trains < 0 as 0)
     if not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
         raise UserError(
@@ -133,6 +154,185 @@ def check_trainer(tc: DictConfig) -> None:
                 f"trainer.{key}={tc[key]} is not valid: use {', '.join(allowed[:-1])} or "
                 f"{allowed[-1]}"
             )
+
+
+def check_values(cfg: DictConfig) -> None:
+    """The values a run would otherwise take into training, or fail on in a traceback after
+    its run dir opened: one line each, naming the key and what it takes."""
+    tc = cfg.trainer
+    clip = tc.grad_clip
+    if clip is not None and not (math.isfinite(clip) and clip > 0):  # (-1 flipped gradients)
+        raise UserError(
+            f"trainer.grad_clip={clip} is not valid: use a gradient norm > 0 (e.g. "
+            "trainer.grad_clip=1.0), or trainer.grad_clip=null for no clipping"
+        )
+    check_lr(cfg.optim, tc.batch_size)
+    if not (math.isfinite(tc.warmup_epochs) and tc.warmup_epochs >= 0):
+        raise UserError(
+            f"trainer.warmup_epochs={tc.warmup_epochs} is not valid: use a number of epochs "
+            ">= 0 (0: no warm-up)"
+        )
+    seed = cfg.seed
+    if not 0 <= seed < SEED_LIMIT:
+        raise UserError(
+            f"seed={seed} is out of range: use an integer from 0 to {SEED_LIMIT - 1} "
+            "(numpy's generators take no more), e.g. seed=0"
+        )
+    check_fractions(cfg)
+    check_timeouts(cfg)
+    wait = OmegaConf.select(cfg, "wandb.init_timeout_s", default=None)
+    if wait is not None and not (math.isfinite(wait) and wait > 0):
+        raise UserError(
+            f"wandb.init_timeout_s={wait} is not valid: use a number of seconds > 0, e.g. "
+            "wandb.init_timeout_s=60"
+        )
+    check_start_over(cfg)
+
+
+def check_timeouts(cfg: DictConfig) -> None:
+    """dist.timeout_s (and step_timeout_s, unless null) at least a second: 0 failed the first
+    collective ("timed out after 0ms", exit 1)."""
+    for key, example in (("timeout_s", 600), ("step_timeout_s", 300)):
+        value = OmegaConf.select(cfg, f"dist.{key}", default=None)
+        if value is None:
+            continue
+        if not value >= 1:
+            raise UserError(
+                f"dist.{key}={value} is not valid: use a number of seconds >= 1 (a collective "
+                f"that takes longer fails), e.g. dist.{key}={example}"
+                + (", or null to keep dist.timeout_s" if key == "step_timeout_s" else "")
+            )
+
+
+def check_lr(optim: DictConfig, global_batch: int) -> None:
+    """optim.lr: a finite number > 0 whose value after lr_scaling (what the optimizer gets) is
+    at most MAX_LR; every other number of optim.* finite (NaN passes torch's own checks)."""
+    lr, scaling = optim.get("lr"), str(optim.get("lr_scaling", "none"))
+    for key in optim:
+        value = optim[key]
+        values = list(value) if OmegaConf.is_list(value) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values) and key != "lr":
+            raise UserError(f"optim.{key}={value} is not a number: use a finite value")
+    if lr is None or scaling not in SCALINGS:
+        return  # (the optimizer's own checks, and components/optim.py's, say what is wrong)
+    base = optim.get("base_batch_size", global_batch) or global_batch
+    ratio = global_batch / base if base > 0 else 1.0
+    factor = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(max(ratio, 0.0))}[scaling]
+    used = lr * factor  # (inf where it overflows)
+    if math.isfinite(lr) and lr > 0 and used <= MAX_LR:
+        return
+    scaled = f" ({scaling}-scaled to the global batch {global_batch}: {used:g})" * (factor != 1)
+    raise UserError(
+        f"optim.lr={lr}{scaled} is not valid: use a learning rate > 0 and at most {MAX_LR:g} "
+        "after optim.lr_scaling (beyond, the schedule's and the optimizer's arithmetic "
+        f"overflows float32), e.g. optim.lr={default_lr(optim):g}"
+    )
+
+
+def default_lr(optim: DictConfig) -> float:
+    """The optimizer's own default lr in conf/schema.py (0.1: SGD's), for a message's example."""
+    import dataclasses
+
+    schema = OmegaConf.get_type(optim)
+    if dataclasses.is_dataclass(schema):
+        for f in dataclasses.fields(schema):
+            if f.name == "lr" and isinstance(f.default, float):
+                return f.default
+    return 0.1
+
+
+# (key, low, high, low included, high included, the line's fix): fractions, probabilities and
+# other bounded numbers (the messages of data/, components/ where they are used, said earlier)
+MIXUP = "is out of range: alphas >= 0, probabilities in [0, 1]"  # data/mixing.py's
+HOLDOUT = "is out of range: use a fraction between 0.01 and 0.99"  # data/datasets.py's
+BOUNDED = (
+    ("dataset.val_fraction", 0, 1, False, False, HOLDOUT),
+    ("dataset.test_fraction", 0, 1, False, False, HOLDOUT),
+    ("trainer.mixup.mixup_alpha", 0, math.inf, True, False, MIXUP),
+    ("trainer.mixup.cutmix_alpha", 0, math.inf, True, False, MIXUP),
+    ("trainer.mixup.prob", 0, 1, True, True, MIXUP),
+    ("trainer.mixup.switch_prob", 0, 1, True, True, MIXUP),
+    ("augment.random_erasing", 0, 1, True, True, "must be in [0, 1]"),
+    ("trainer.ema.decay", 0, 1, False, False, "must be in (0, 1), e.g. 0.999, or null"),
+)
+
+
+def check_fractions(cfg: DictConfig) -> None:
+    """Fractions, probabilities and other bounded numbers finite and in their range (NaN
+    compares False to every bound: it trained as if unset, or failed converting to a sample
+    count in a traceback)."""
+    for key, low, high, with_low, with_high, fix in BOUNDED:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        above = value >= low if with_low else value > low
+        below = value <= high if with_high else value < high
+        if not (not math.isnan(value) and above and below):
+            raise UserError(f"{key}={value} {fix}")
+    val = OmegaConf.select(cfg, "dataset.val_fraction", default=None)
+    test = OmegaConf.select(cfg, "dataset.test_fraction", default=None)
+    if val is not None and test is not None and float(val) + float(test) > 0.9:
+        raise UserError(  # (data/catalog.py's digits: train keeps >= ~18 scans per class)
+            f"dataset.val_fraction={val} + dataset.test_fraction={test} leave too few "
+            "training scans: keep their sum <= 0.9"
+        )
+    for key in ("trainer.limit_train_batches", "trainer.limit_val_batches"):
+        check_limit(OmegaConf.select(cfg, key, default=None), key)
+
+
+def check_limit(limit: Any, key: str) -> None:
+    """A trainer.limit_* setting: null, a count >= 1 or a fraction in (0, 1]."""
+    if limit is None:
+        return
+    count = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1
+    fraction = isinstance(limit, float) and 0 < limit <= 1
+    if not (count or fraction):
+        raise UserError(
+            f"{key}={limit} is not valid: use null, a count >= 1 or a fraction in (0, 1]"
+        )
+
+
+def check_start_over(cfg: DictConfig) -> None:
+    """resume=auto continues the run dir's run; start_over=true starts it over: never both."""
+    if str(cfg.get("resume")) == "auto" and cfg.get("start_over"):
+        raise UserError(
+            "resume=auto and start_over=true contradict each other (continue the run dir's run, "
+            "or start it over there): drop one, e.g. start_over=false to continue it"
+        )
+
+
+def check_dataset(dataset: DictConfig) -> None:
+    """An image folder's tree (dataset=imagefolder, imagenet), as its ranks would read it:
+    checked here, before the run dir opens (conf/image_tree.py: links back into the dataset,
+    class folders without an image, or without a readable one under skip_unreadable)."""
+    target = str(dataset.get("_target_", ""))
+    if target not in ("data.catalog.imagefolder", "data.catalog.imagenet"):
+        return
+    if "root" not in dataset or OmegaConf.is_missing(dataset, "root") or not dataset.root:
+        return  # (the dataset says it needs a root, naming the key)
+    root = dataset.root
+    splits = ("train", "val") if target.endswith("imagenet") else ("train", "val", "test")
+    checked_tree(str(root), splits, bool(dataset.get("skip_unreadable", False)))
+
+
+@functools.lru_cache(maxsize=8)
+def checked_tree(root: str, splits: tuple[str, ...], skip_unreadable: bool) -> None:
+    """check_image_tree once per tree in this process: a sweep's launcher checks each job
+    before it starts, and its jobs mostly share one dataset (ImageNet's walk lists 1.3 M files).
+    A tree found bad raises, and is not remembered."""
+    check_image_tree(root, splits, skip_unreadable=skip_unreadable)
+
+
+def meant_resume(resume: str | Path) -> str | None:
+    """What a `resume` that is not a file was meant to be (resume=AUTO, resume=true: auto;
+    resume=nul: null), or None: a path, said missing where it is checked."""
+    if resume == "auto" or Path(resume).exists() or len(Path(resume).parts) > 1:
+        return None
+    word = str(resume).lower()
+    if word in MEANT_AUTO:
+        return "auto"
+    near = difflib.get_close_matches(word, RESUME_WORDS, n=1, cutoff=0.6)
+    return near[0] if near and Path(resume).suffix != ".pt" else None
 
 
 def checkpoint_fit(cfg: DictConfig) -> dict[str, Any]:
@@ -150,6 +350,12 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     resume = resume_choice(cfg.resume, say=False)
     if resume is None:
         return
+    meant = meant_resume(resume)
+    if meant is not None:
+        raise UserError(
+            f"resume={cfg.resume} is none of auto, null or an existing checkpoint file: did you "
+            f"mean resume={meant}?"
+        )
     if resume == "auto":
         entry = last_entry(run_dir)
         where = Path(run_dir) / CHECKPOINT_DIR / "last.pt"
@@ -248,7 +454,8 @@ def differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
 
 
 def check_eval(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
-    """eval.py's: the checkpoint it names exists and is whole."""
+    """eval.py's: the checkpoint it names exists and is whole; its own world's timeouts."""
+    check_timeouts(cfg)
     path = find_checkpoint(cfg.run, cfg.ckpt)
     usable(path, "ckpt")
 

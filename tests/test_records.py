@@ -225,11 +225,12 @@ def test_a_read_only_checkpoint_dir_is_named_as_such(tmp_path, monkeypatch):
 
 def one_line_error(proc, *fragments: str, not_counted: tuple[str, ...] = ()) -> None:
     """Exit status 2, at most 3 console lines (but those holding one of `not_counted`), no
-    traceback, each of `fragments` said."""
+    traceback and no Hydra hint after ours (issue 66), each of `fragments` said."""
     out = output(proc)
     lines = [line for line in out.strip().splitlines() if not any(n in line for n in not_counted)]
     assert proc.returncode == 2, out[-3000:]
     assert len(lines) <= 3 and "Traceback" not in out, out[-3000:]
+    assert "HYDRA_FULL_ERROR" not in out, out[-3000:]
     for fragment in fragments:
         assert fragment in out, (fragment, out[-3000:])
 

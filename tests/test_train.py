@@ -305,7 +305,8 @@ BAD_INPUTS = [
         ["dist.sync_batchnorm=true needs CUDA ranks", "use dist.sync_batchnorm=false"],
     ),
     (["optim.lr=1e12"], ["non-finite loss", "at step", "optim.lr"]),
-    (["optim.lr=-0.1"], ["Invalid learning rate: -0.025", "from optim.lr=-0.1", "optim"]),
+    # (the gate refuses it before the optimizer could: issue 66, a learning rate > 0)
+    (["optim.lr=-0.1"], ["optim.lr=-0.1", "use a learning rate > 0", "e.g. optim.lr=0.1"]),
     (["optim.lr_scaling=cubic"], ["optim.lr_scaling=cubic is not valid", "linear"]),
     (["optim=adamw", "optim.betas=[0.9,2.0]"], ["Invalid beta parameter", "optim"]),
     (["augment=crop_flip", "augment.crop=zoom"], ["augment.crop=zoom is not valid"]),

@@ -21,6 +21,8 @@ The run dir a job writes for the launcher and the report
   mapping), METRICS_FILE (metrics.jsonl rows; read_metrics), CHECKPOINT_DIR;
 * atomic_path, write_atomic: the one way to replace a file; crash_point(name): a named point
   where the crash tests kill a process (a no-op outside them);
+* on_full_disk(path, what, needed), DiskFull, free_bytes(path), fmt_bytes(n): a write that
+  fills the disk as one line naming the dir and the bytes needed and free;
 * write_repro, REPRO_DIR: the command, packages and uncommitted diff of a run;
 * process_age_s(): seconds since this process started (time-to-first-step figures).
 
@@ -68,6 +70,10 @@ _API = {
     "METRICS_FILE": "ddp_launcher.core.run_dir",
     "CHECKPOINT_DIR": "ddp_launcher.core.run_dir",
     "atomic_path": "ddp_launcher.core.run_dir",
+    "DiskFull": "ddp_launcher.core.disk",
+    "on_full_disk": "ddp_launcher.core.disk",
+    "free_bytes": "ddp_launcher.core.disk",
+    "fmt_bytes": "ddp_launcher.core.disk",
     "write_atomic": "ddp_launcher.core.run_dir",
     "process_age_s": "ddp_launcher.core.run_dir",
     "REQUEUE_EXIT_CODE": "ddp_launcher.core.run_dir",

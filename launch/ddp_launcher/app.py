@@ -5,7 +5,9 @@ the launcher's side, because the rank's side imports nothing of the launcher."""
 from __future__ import annotations
 
 import importlib
+import re
 import sys
+from pathlib import Path
 
 
 def entry_point(script: str, task: str, config_name: str, schema: str | None = None) -> None:
@@ -13,8 +15,9 @@ def entry_point(script: str, task: str, config_name: str, schema: str | None = N
     job, in this process or in the ranks it starts (ranks/entry.py's entry_point). `schema`: a
     module to import first, which registers the config's typed schema with Hydra's
     ConfigStore. A Ctrl-C however early is one line and exit 130 (ranks/interrupt.py)."""
-    from ddp_launcher.ranks.interrupt import ctrl_c_exits
+    from ddp_launcher.ranks.interrupt import RESUMABLE, ctrl_c_exits
 
+    RESUMABLE[0] = continues_runs(Path(script).resolve().parent / "conf" / f"{config_name}.yaml")
     with ctrl_c_exits():
         from ddp_launcher.core.errors import UserError
         from ddp_launcher.core.host import check_host
@@ -30,3 +33,13 @@ def entry_point(script: str, task: str, config_name: str, schema: str | None = N
         if schema is not None:
             importlib.import_module(schema)
         enter(script, task, config_name, hand_off=run_task_or_hand_off)
+
+
+def continues_runs(config_file: Path) -> bool:
+    """Whether the app's primary config has a top-level `resume` key (train.py's: a Ctrl-C'd
+    run continues with resume=auto; eval.py's has none). Read as text: a Ctrl-C may come
+    before anything can compose it."""
+    try:
+        return re.search(r"^resume:", config_file.read_text(), re.MULTILINE) is not None
+    except OSError:
+        return True

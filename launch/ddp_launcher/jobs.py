@@ -75,10 +75,19 @@ class JobFailed(CompactHydraException):
 
     reason: str = ""  # the verdict without the job's name
 
+    @property
+    def exit_code(self) -> int:
+        """The status a sweep ends with when Hydra's sweeper raises this (its first failed
+        job): 2 when the job's error is the user's, else 1."""
+        return UserError.exit_code if find_user_error(self.__cause__) is not None else 1
+
 
 class SweepStopped(CompactHydraException):
     """The launcher was asked to stop (SIGINT, SIGTERM): its running jobs were stopped the way
-    preemption stops them and recorded; a resumed sweep continues them."""
+    preemption stops them and recorded; a resumed sweep continues them. Or fail_fast stopped it.
+    `exit_code`: the launcher's (128 + the signal's number; 2 when a user error stopped it)."""
+
+    exit_code = 1
 
 
 class FailedFast(Exception):  # noqa: N818 - it is how the sweep ended, not an error of ours
@@ -96,6 +105,7 @@ class Interrupted(KeyboardInterrupt):
     """A stop signal the launcher received (:func:`stop_signals`), raised like Ctrl-C."""
 
     def __init__(self, signum: int) -> None:
+        self.signum = signum
         self.signal_name = signal.Signals(signum).name
         super().__init__(self.signal_name)
 
@@ -109,6 +119,20 @@ def stop_reason(error: BaseException) -> str:
     return "SIGINT" if isinstance(error, KeyboardInterrupt) else type(error).__name__
 
 
+_stops: list[int] = []  # the stop signals stop_signals turned into Interrupted
+
+
+def pending_stop() -> BaseException | None:
+    """The stop (a signal stop_signals raised for, or a Ctrl-C) behind an error raised in its
+    place: a KeyboardInterrupt inside Hydra's composition can come out as another error
+    (OmegaConf's flag contexts restore flags on a half-built node)."""
+    from ddp_launcher.ranks.interrupt import ctrl_c_received
+
+    if _stops:
+        return Interrupted(_stops[-1])
+    return KeyboardInterrupt() if ctrl_c_received() else None
+
+
 @contextmanager
 def stop_signals(signums: Sequence[int]) -> Iterator[None]:
     """While launching, each of `signums` raises Interrupted in the main thread, as Ctrl-C does,
@@ -119,6 +143,7 @@ def stop_signals(signums: Sequence[int]) -> Iterator[None]:
         return
 
     def interrupt(signum: int, _frame: Any) -> None:
+        _stops.append(signum)
         raise Interrupted(signum)
 
     previous = {
@@ -228,6 +253,8 @@ def compose_jobs(
                 launcher.config, list(overrides)
             )
         except Exception as e:  # noqa: BLE001 - Hydra's composition errors have many types
+            if (stop := pending_stop()) is not None:
+                raise stop from None  # (a stop, not this job's error)
             config, error = copy.deepcopy(launcher.config), describe(e)
             with read_write(config), open_dict(config):
                 config.hydra.overrides.task = list(overrides)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from omegaconf import OmegaConf
 
 from ddp_launcher.core import run_lock
-from ddp_launcher.core.errors import UserError, describe, job_value
+from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value
 from ddp_launcher.core.gate import (
     gate_of,
     os_cause,
@@ -31,7 +31,7 @@ from ddp_launcher.core.gate import (
 )
 from ddp_launcher.core.host import check_host
 from ddp_launcher.core.naming import label, swept_values
-from ddp_launcher.core.run_dir import LAUNCH_FILE
+from ddp_launcher.core.run_dir import LAUNCH_FILE, read_launch_record
 from ddp_launcher.drift import check_on_drift
 from ddp_launcher.jobs import (
     FailedFast,
@@ -110,6 +110,54 @@ class Backend(Protocol):
 
     def reattach(self, job: Job, attempt: Any) -> Any:
         """A handle to an earlier attempt that still runs without its launcher, or None."""
+
+
+def resume_args(sweep_dir: Path) -> str:
+    """What a rerun of the same command adds to continue the sweep in `sweep_dir`."""
+    return f"hydra.sweep.dir={sweep_dir} hydra.launcher.resume=true"
+
+
+def stopped_line(why: str, sweep_dir: Path) -> str:
+    """The line of a sweep a signal stopped (`why`: its name)."""
+    return (
+        f"the sweep was stopped ({why}): its running jobs stopped and are recorded in their job "
+        f"dirs; rerun the same command with {resume_args(sweep_dir)} to continue it"
+    )
+
+
+def fail_fast_line(failed: str, sweep_dir: Path, *, user: bool, again: bool) -> str:
+    """The line of a sweep hydra.launcher.fail_fast stopped at the job `failed` describes;
+    `user`: its error is the user's (it fails the same way every time); `again`: it failed the
+    same way in its attempt before. Either way a resume would stop there again: the line says
+    how past it."""
+    resume = resume_args(sweep_dir)
+    if user or again:
+        why = (
+            "a user error fails the same way every time"
+            if user
+            else "it failed the same way in its last attempt"
+        )
+        how = (
+            f"{why}: fix it, then rerun the same command with {resume}; or rerun it with "
+            f"{resume} hydra.launcher.fail_fast=false to run the other jobs past it"
+        )
+    else:
+        how = f"fix it, then rerun the same command with {resume} to continue the sweep"
+    return (
+        f"hydra.launcher.fail_fast: {failed}; the sweep stopped there: no job started after it, "
+        f"the running ones stopped and are recorded in their job dirs; {how}"
+    )
+
+
+def failed_again(job: Job) -> bool:
+    """Whether the job's attempt that just failed ended as its attempt before did (the same
+    error, in its launch.json): what a resume of the sweep would meet first."""
+    record = read_launch_record(job.job_dir) if job.in_sweep else None
+    attempts = record.attempts if record is not None else []
+    if len(attempts) < 2:
+        return False
+    last, before = attempts[-1], attempts[-2]
+    return last.status == before.status == "failed" and last.error == before.error
 
 
 def place(job: Job, backend: Backend) -> None:
@@ -458,19 +506,17 @@ class LifecycleLauncher:
                     f"job #{e.job.num} ({values or ' '.join(e.job.overrides)}) failed: {e.reason}"
                 )
                 report_unfinished(self.config, f" (hydra.launcher.fail_fast: {failed})")
-                raise SweepStopped(
-                    f"hydra.launcher.fail_fast: {failed}; the sweep stopped there: no job "
-                    f"started after it, the running ones stopped and are recorded in their job "
-                    f"dirs; fix it, then rerun the same command with hydra.sweep.dir={sweep_dir} "
-                    "hydra.launcher.resume=true to continue the sweep"
-                ) from None
+                user = find_user_error(job_value(e.ret)) is not None
+                stopped = SweepStopped(
+                    fail_fast_line(failed, sweep_dir, user=user, again=failed_again(e.job))
+                )
+                stopped.exit_code = UserError.exit_code if user else 1
+                raise stopped from None
             except KeyboardInterrupt as e:
                 report_unfinished(self.config, f" (the sweep was stopped: {stop_reason(e)})")
-                raise SweepStopped(
-                    f"the sweep was stopped ({stop_reason(e)}): its running jobs stopped and are "
-                    f"recorded in their job dirs; rerun the same command with hydra.sweep.dir="
-                    f"{sweep_dir} hydra.launcher.resume=true to continue it"
-                ) from None
+                stopped = SweepStopped(stopped_line(stop_reason(e), sweep_dir))
+                stopped.exit_code = 128 + int(getattr(e, "signum", signal.SIGINT))
+                raise stopped from None
             if any(ret.status.name == "FAILED" for ret in results.values()):  # may raise now
                 report_unfinished(self.config, " (a job failed)")
             return results

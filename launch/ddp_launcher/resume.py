@@ -467,8 +467,16 @@ def release_sweep_lock(sweep_dir: Path) -> None:
 
 
 def check_sweeper(config: DictConfig, resume: bool) -> None:
-    """hydra-optuna-sweeper asks for new trials from 0 on every run: resuming needs ours."""
+    """A resumed sweep whose command line also starts every job over is a contradiction (start
+    over lost silently); hydra-optuna-sweeper asks for new trials from 0 on every run:
+    resuming needs ours."""
     target = OmegaConf.select(config, "hydra.sweeper._target_", default=None)
+    if resume and OmegaConf.select(config, "start_over", default=False) is True:
+        raise UserError(
+            "hydra.launcher.resume=true and start_over=true contradict each other (continue the "
+            "sweep's jobs, or start every job over): drop one, e.g. start_over=false to "
+            "continue them"
+        )
     if resume and target == HYDRA_OPTUNA_SWEEPER:
         raise UserError(
             "hydra.launcher.resume=true with hydra-optuna-sweeper would start the study over: "

@@ -129,6 +129,9 @@ class TorchrunLauncherConf:
     on_drift: str = "warn"
     # Compose and check every job, print one row each (ddp_launcher/preview.py), and start none.
     dry_run: bool = False
+    # A job with more ranks than the cores it gets is said in one warning line (its ranks
+    # share cores: each runs slower than it would alone); true: intended, no warning.
+    oversubscribe: bool = False
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> TorchrunLauncherConf:
@@ -282,15 +285,25 @@ class TorchrunBackend:
         self.gpu_ids = visible_gpu_ids() if gpu_ids is None else list(gpu_ids)
         positions = range(len(self.gpu_ids))
         gpus = list(settings.gpus) if settings.gpus is not None else list(positions)
-        if any(g not in positions for g in gpus):
+        given = f"hydra.launcher.gpus={gpus}"
+        if gpus and not self.gpu_ids:
             raise UserError(
-                f"hydra.launcher.gpus={gpus}: positions in the {len(self.gpu_ids)} visible GPUs "
-                f"({','.join(self.gpu_ids) or 'none'}): use numbers from 0 to "
-                f"{len(self.gpu_ids) - 1}, or null for all"
+                f"{given}: no GPU is visible here (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): jobs run on the CPU; "
+                "drop it, or pass hydra.launcher.gpus=null"
+            )
+        if any(g not in positions for g in gpus):
+            within = sorted({g for g in gpus if g in positions}) or list(positions)
+            raise UserError(
+                f"{given}: positions in the {len(self.gpu_ids)} visible GPUs "
+                f"({','.join(self.gpu_ids)}): use numbers from 0 to {len(self.gpu_ids) - 1}, "
+                f"e.g. hydra.launcher.gpus={gpu_list(within)}, or hydra.launcher.gpus=null for all"
             )
         if len(set(gpus)) < len(gpus):  # one GPU would go to two jobs (or ranks) at once
             raise UserError(
-                f"hydra.launcher.gpus={gpus} names a GPU twice: list each GPU once, or null for all"
+                f"{given} names a GPU twice: list each GPU once, e.g. "
+                f"hydra.launcher.gpus={gpu_list(sorted(set(gpus)))}, or hydra.launcher.gpus=null "
+                "for all"
             )
         if settings.max_parallel is not None and settings.max_parallel < 1:
             raise UserError(
@@ -302,6 +315,7 @@ class TorchrunBackend:
         self.cores = usable_cores() if cores is None else list(cores)
         self.holders = dict.fromkeys(self.cores, 0)  # running jobs on each core
         self.running = 0
+        self.warned: set[tuple[int, int]] = set()  # (ranks, cores) said to oversubscribe
 
     def place(self, job: Job) -> None:
         gpus, s = self.gpus, self.settings
@@ -349,7 +363,31 @@ class TorchrunBackend:
 
         gpus, cpus = slot
         where = f"GPUs {','.join(self.gpu_ids[g] for g in gpus)}" if gpus else "CPU"
-        return f"{where}, cores {cores_text(cpus)}"
+        cores = cpus or self.cores  # (None: every core of the launcher's)
+        more = f" ({job.nproc} ranks > {len(cores)} cores)" * (job.nproc > len(cores))
+        return f"{where}, cores {cores_text(cores)}{more}"
+
+    def warn_oversubscribed(self, job: Job, cpus: list[int] | None) -> None:
+        """One warning line when the job's ranks outnumber its cores (once per kind of job),
+        unless hydra.launcher.oversubscribe=true says it is intended."""
+        from ddp_launcher.preview import cores_text
+
+        cores = cpus or self.cores
+        if self.settings.oversubscribe or job.nproc <= len(cores):
+            return
+        if (job.nproc, len(cores)) in self.warned:
+            return
+        self.warned.add((job.nproc, len(cores)))
+        log.warning(
+            "%s%d ranks on %d core(s) (%s): the ranks share cores, each slower than alone; "
+            "dist.nproc_per_node=%d or fewer fits here (hydra.launcher.oversubscribe=true "
+            "silences this)",
+            f"#{job.num}: " if job.in_sweep else "",
+            job.nproc,
+            len(cores),
+            cores_text(cores),
+            len(cores),
+        )
 
     @staticmethod
     def preview_attempt(_handle: Any) -> str:
@@ -435,6 +473,7 @@ class TorchrunBackend:
         with open(files / JOB_PKL, "wb") as f:
             dump_job(job.spec, f)
         env = self.job_env(job, gpus, cpus)
+        self.warn_oversubscribed(job, cpus)
         log.log(
             logging.DEBUG if job.in_sweep else logging.INFO,
             "#%d %s: %d rank(s)%s",
@@ -544,6 +583,11 @@ class TorchrunBackend:
                 signal_group(process, signal.SIGKILL)
             for process in alive:
                 process.join()
+
+
+def gpu_list(gpus: list[int]) -> str:
+    """`[0,2]`: a list as an override takes it, pasted into a shell (no space)."""
+    return f"[{','.join(str(g) for g in gpus)}]"
 
 
 def job_endpoint(endpoint: str, num: int) -> str:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
-from multiprocessing import forkserver
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing import forkserver, resource_tracker
 from typing import Any
 
 from ddp_launcher.ranks.agent import run_agent
@@ -43,7 +46,8 @@ class WarmStart:
         os.environ.update(values)
         try:
             CONTEXT.set_forkserver_preload([SERVER_MODULE])
-            forkserver.ensure_running()
+            with sigint_blocked():
+                forkserver.ensure_running()
         finally:
             for key, value in before.items():
                 if value is None:
@@ -57,6 +61,27 @@ class WarmStart:
         agent = CONTEXT.Process(target=run_agent, args=(spec,), name="torchrun agent")
         agent.start()
         return agent
+
+
+@contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """SIGINT held back (blocked) while the server is started: the server inherits the mask
+    (a new interpreter keeps it across exec) and holds a Ctrl-C until it ignores SIGINT, its
+    imports done (ranks/warm.py); without it, a Ctrl-C of the terminal's process group during
+    its interpreter's start or its `import torch` printed a 30-47-line KeyboardInterrupt
+    traceback after the launcher's one line. A Ctrl-C this process gets meanwhile is
+    delivered when the block ends (as multiprocessing's resource tracker starts its process)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    # forkserver.ensure_running starts the resource tracker first, if it is not running, and
+    # then unblocks SIGINT in this thread: started here, before the block, it is left alone
+    resource_tracker.ensure_running()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def import_path() -> str:

@@ -7,7 +7,10 @@ bootstrap (ddp_launcher/ranks/bootstrap.py) in ranks a launcher started. Nothing
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from hydra.errors import CompactHydraException
@@ -21,11 +24,14 @@ class UserError(CompactHydraException):
 
 
 def find_user_error(error: BaseException | None) -> UserError | None:
-    """The UserError behind `error`, if any: Hydra's instantiate wraps what a target raises."""
+    """The UserError behind `error`, if any: Hydra's instantiate wraps what a target raises. A
+    full disk (or quota) is one too, wherever it was hit (core/disk.py's DiskFull)."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, UserError):
             return error
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return from_os_error(error)
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None
@@ -94,3 +100,59 @@ class ReportUserError(Callback):
             if not getattr(failure, "already_said", False):  # (by the rank that hit it)
                 logging.getLogger("train").error("%s", error)
             raise SystemExit(error.exit_code)
+
+
+# A full disk (or quota): the user's to fix, in one line (core/disk.py checks for room first)
+
+
+class DiskFull(UserError):
+    """No space (or quota) left where a run writes."""
+
+
+def is_full(error: BaseException | None) -> bool:
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def nearest_dir(path: Path) -> Path:
+    """`path`, or its nearest parent that exists."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path if path.is_dir() else path.parent
+
+
+def free_bytes(path: Path) -> int | None:
+    """The bytes an unprivileged writer may still use on the disk of `path` (None: unknown)."""
+    try:
+        stat = os.statvfs(nearest_dir(path))
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def disk_full(where: Path, what: str, needed: int | None = None, fix: str = "") -> DiskFull:
+    """The one line: what could not be written, in which dir, the bytes it needs and those
+    free there, and the fix."""
+    where = Path(where)
+    free = free_bytes(where)
+    need = f"needs {fmt_bytes(needed)}" if needed else "needs more"
+    have = f", {fmt_bytes(free)} free there" if free is not None else ""
+    return DiskFull(
+        f"no space left on the disk of {where} for {what} ({need}{have}): free space there"
+        + (f", {fix}" if fix else "")
+    )
+
+
+def from_os_error(error: OSError) -> DiskFull:
+    """A DiskFull for a full-disk OSError raised anywhere (its file named where it says one)."""
+    target = Path(str(error.filename)) if error.filename else Path.cwd()
+    what = f"{target.name}" if error.filename else "a file"
+    return disk_full(target.parent if error.filename else target, what)

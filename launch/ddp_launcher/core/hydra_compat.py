@@ -83,7 +83,11 @@ def search_as_multirun(argv: list[str]) -> list[str]:
             "hydra.launcher.dry_run=true (without --cfg/--info) previews its first trials",
             file=sys.stderr,
         )
-        return [a for a in argv if a not in MULTIRUN_FLAGS] + ["hydra.mode=RUN"]
+        # Right after the search override, among the command line's overrides: appended at
+        # the end it became the argument of a trailing --info ("invalid choice")
+        argv = [a for a in argv if a not in MULTIRUN_FLAGS]
+        at = next(i for i, a in enumerate(argv) if i and _SEARCH_OVERRIDE.match(a)) + 1
+        return [*argv[:at], "hydra.mode=RUN", *argv[at:]]
     if MULTIRUN_FLAGS & set(argv[1:]):
         return argv
     return [argv[0], "-m", *argv[1:]]

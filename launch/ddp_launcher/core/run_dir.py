@@ -352,7 +352,8 @@ def holds_run(run_dir: Path) -> bool:
 
 def check_writable(config: Any, key: str) -> None:
     """The dir at config `key` takes a file (where it does not exist yet, its nearest existing
-    parent does), and nothing is left behind; else a UserError."""
+    parent does), and nothing is left behind, and its disk has room for what a start writes
+    (core/disk.py); else a UserError."""
     from omegaconf import OmegaConf
 
     path = Path(str(OmegaConf.select(config, key)))
@@ -368,6 +369,12 @@ def check_writable(config: Any, key: str) -> None:
             f"{key}={path} cannot be written ({e.strerror or type(e).__name__}): choose a "
             f"writable dir with {key}=<dir>"
         ) from None
+    from ddp_launcher.core.disk import START_MARGIN, check_room
+
+    written = len(OmegaConf.to_yaml(config, resolve=False)) * 2  # .hydra/: config and hydra
+    check_room(
+        nearest, written + START_MARGIN, f"a start in {key}={path}", f"or choose another {key}"
+    )
 
 
 def read_result(run_dir: Path, *, since: float | None = None) -> RunResult | None:

@@ -34,6 +34,7 @@ def run_agent(spec: AgentSpec) -> None:
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (the server's start held it)
     os.environ.clear()
     os.environ.update({**spec.env, PARENT_PID_ENV: server[PARENT_PID_ENV]})
     if SERVICE_ENV in server:
@@ -63,12 +64,18 @@ def agent_main(spec: AgentSpec) -> int:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     # ... and its note that it stops the other ranks then ("Terminating process ... via signal")
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    # A stop comes from the launcher, which says why in its own line (a Ctrl-C, fail_fast): not
+    # the agent's "Received 15 death signal, shutting down workers" on the run's console too
+    logging.getLogger("torch.distributed.elastic.agent.server.api").addFilter(
+        lambda record: "death signal" not in record.getMessage()
+    )
     cheap_rendezvous_event_names()
     config = launch_config(spec, DefaultLogsSpecs(spec.log_dir, Std.ALL, Std.from_str(spec.tee)))
     try:
         elastic_launch(config, rank_main)(spec.payload)
     except SignalException as e:  # torch has stopped the ranks (SIGTERM, then SIGKILL)
-        print(f"torchrun: stopped by {e.sigval.name}", file=sys.stderr, flush=True)
+        if spec.log:  # (in agent.log; on a run's console the launcher's line says it)
+            print(f"torchrun: stopped by {e.sigval.name}", file=sys.stderr, flush=True)
         return 128 + int(e.sigval)
     except ChildFailedError as e:
         # Earliest first, as torch picks its root cause; own errors before lost peers; ties

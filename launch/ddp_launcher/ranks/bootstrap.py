@@ -58,6 +58,10 @@ def run_task(task: str, cfg: Any) -> Any:
     import importlib
 
     check_not_a_bad_fork()  # before the task's first CUDA call
+    # A log file on a disk that fills: logging prints a traceback for every line it cannot
+    # write ("--- Logging error ---"); the console still shows each line, and what writes the
+    # run's records says the full disk once (core/disk.py). Python's advice for production.
+    logging.raiseExceptions = False
     if int(os.environ.get("RANK", "0")) == 0:
         from ddp_launcher.core.wandb_service import start_wandb_service, wandb_wanted
 

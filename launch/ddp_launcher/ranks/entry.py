@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -124,14 +125,23 @@ def check_sweeper_params(argv: list[str]) -> None:
         found = SWEEPER_PARAM.match(arg)
         if found:
             key, space = found.group(1), found.group(2) or "<space>"
+            # each form quoted for a shell and, inside the mapping, for Hydra's grammar: pasted
+            # as printed, it composes (a space holding quotes of its own doubled them before)
+            mapping = shlex.quote(f"hydra.sweeper.params={{{key}: {hydra_quoted(space)}}}")
             print(
                 f"error: {arg}: a key of hydra.sweeper.params cannot be set on its own (the "
                 f"dots of {key} read as nesting): give the space as a sweep argument, "
-                f"'{key}={space}', as 'hydra.sweeper.params={{{key}: \"{space}\"}}', or in a "
-                "search config (conf/hparams_search/)",
+                f"{shlex.quote(f'{key}={space}')}, as {mapping}, or in a search config "
+                "(conf/hparams_search/)",
                 file=sys.stderr,
             )
             raise SystemExit(UserError.exit_code)
+
+
+def hydra_quoted(text: str) -> str:
+    """`text` as one double-quoted value of Hydra's override grammar (its own quotes and
+    backslashes escaped)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def prepare_argv(argv: list[str]) -> list[str]:

@@ -6,7 +6,9 @@ interpreter's own start.
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import signal
 import sys
 import threading
@@ -19,6 +21,11 @@ INTERRUPTED = "interrupted (Ctrl-C): rerun with resume=auto to continue from the
 SWEEP_INTERRUPTED = (
     "interrupted (Ctrl-C): rerun with hydra.launcher.resume=true to continue the sweep"
 )
+# An app whose config has no `resume` (eval.py's): nothing to continue
+RERUN = "interrupted (Ctrl-C): rerun the same command to run it again"
+# A search config is a sweep with or without -m (core/hydra_compat.py adds it)
+SEARCH = re.compile(r"^\+{0,2}hparams_search=(?!null$)\S")
+RESUMABLE = [True]  # whether the app continues a run with resume=auto (app.py says)
 
 _received: list[int] = []  # this process got a Ctrl-C (through on_sigint)
 
@@ -52,8 +59,10 @@ def interrupted() -> SystemExit:
     """The exit of a Ctrl-C'd start: rank 0 says so in one line (a run that trained recorded
     itself `interrupted` first: components/metrics.py)."""
     if int(os.environ.get("RANK", "0")) == 0:
-        sweep = {"-m", "--multirun"} & set(sys.argv[1:])
-        print(SWEEP_INTERRUPTED if sweep else INTERRUPTED, file=sys.stderr, flush=True)
+        args = sys.argv[1:]
+        sweep = {"-m", "--multirun"} & set(args) or any(SEARCH.match(a) for a in args)
+        line = INTERRUPTED if RESUMABLE[0] else RERUN
+        print(SWEEP_INTERRUPTED if sweep else line, file=sys.stderr, flush=True)
     return SystemExit(INTERRUPTED_EXIT)
 
 
@@ -85,9 +94,11 @@ def ctrl_c_exits() -> Iterator[None]:
 
 def hydra_keeps_ctrl_c() -> None:
     """After a Ctrl-C, the error Hydra's run_and_report would print (its message or a
-    traceback, then exit 1) propagates as a KeyboardInterrupt instead, for ctrl_c_exits.
-    Hydra runs its composition, the job and the sweep through run_and_report and has no hook
-    around it: it is wrapped, once."""
+    traceback, then exit 1) propagates as a KeyboardInterrupt instead, for ctrl_c_exits; an
+    error of ours (one with an `exit_code`: a UserError, a stopped sweep) is its one line and
+    its exit status, without the "Set the environment variable HYDRA_FULL_ERROR=1" line Hydra
+    prints after every error and its exit status 1. Hydra runs its composition, the job and
+    the sweep through run_and_report and has no hook around it: it is wrapped, once."""
     import hydra._internal.utils as hydra_utils
 
     report = hydra_utils.run_and_report
@@ -99,15 +110,37 @@ def hydra_keeps_ctrl_c() -> None:
             try:
                 stop_if_ctrl_c()  # (one dropped in the imports before)
                 return func()
-            except Exception:
+            except Exception as e:
                 if ctrl_c_received():
                     raise KeyboardInterrupt from None
-                raise
+                ours = our_error(e)
+                if ours is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                print(" ".join(str(ours).split()), file=sys.stderr, flush=True)
+                raise SystemExit(ours.exit_code) from None
 
         return report(run)
 
     run_and_report.keeps_ctrl_c = True  # type: ignore[attr-defined]
     hydra_utils.run_and_report = run_and_report
+
+
+def our_error(error: BaseException) -> BaseException | None:
+    """The error of ours behind `error` (one that carries its `exit_code`: ddp_launcher's
+    UserError, SweepStopped, ...; a full disk, wherever it was hit), looked for through its
+    causes (Hydra's instantiate wraps what a plugin's constructor raises); None: Hydra's own,
+    or an unexpected one."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(getattr(error, "exit_code", None), int):
+            return error
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            from ddp_launcher.core.errors import from_os_error  # (a full disk: the user's)
+
+            return from_os_error(error)
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 import threading
 
@@ -55,10 +56,21 @@ def prepare(modules: list[str]) -> None:
         repro.requirements()  # cached: every job's repro/ lists the same installed packages
     UNCLEAN = why_unclean()
     die_with_parent(children_too=True)  # what it forks dies with it
+    take_sigint_as_ignored()
     # What Python's docs advise before fork without exec: the preloaded objects move to a
     # permanent generation, so a job's garbage collections skip them (each full one walked
     # all of torch's, 0.5 s of every job, and touched their pages, copying them).
     freeze_imported()
+
+
+def take_sigint_as_ignored() -> None:
+    """The launcher started this server with SIGINT blocked (ddp_launcher/warm.py): ignored
+    from now on, as multiprocessing's forkserver ignores it once it serves (a Ctrl-C of the
+    terminal reaches this process too; the launcher stops the jobs itself), then unblocked, so
+    that what it forks starts with no signal held back (the agent sets its own handlers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (discards one held back meanwhile)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def why_unclean() -> str | None:

@@ -17,10 +17,12 @@ from ddp_launcher.report.jobs import (
     MODES,
     MULTIRUN_YAML,
     UnreadableRecord,
+    find_job_dirs,
     flat,
     read_multirun_config,
+    read_overrides,
 )
-from ddp_launcher.report.seeds import DEFAULT_OVER
+from ddp_launcher.report.seeds import DEFAULT_OVER, strip_key
 from ddp_launcher.report.sweep import headline, tables_text, write_summary
 from ddp_launcher.report.wandb_run import log_to_wandb, wandb_settings
 
@@ -103,6 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     panels = own.get("panels")
     if args.panels is not None:
         panels = [p for p in args.panels.split(",") if p]
+    unknown = unknown_keys(args.sweep_dir, aggregate)
+    if unknown:
+        known = ", ".join(sorted(unknown[1])) or "(none: no job overrides a key)"
+        print(
+            f"error: --aggregate {','.join(unknown[0])}: not a key the sweep's jobs set; the "
+            f"keys they set: {known}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         summary = write_summary(args.sweep_dir, metric, mode, aggregate, panels)
     except (FileNotFoundError, UnreadableRecord, ValueError) as e:  # no job, none readable, ...
@@ -118,6 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_id = log_to_wandb(summary, *found)
         print(f"W&B sweep-summary run: {run_id}" if run_id else "no W&B run (see above)")
     return 0
+
+
+def unknown_keys(sweep_dir: Path, aggregate: Sequence[str]) -> tuple[list[str], set[str]] | None:
+    """The --aggregate keys no job of the sweep sets (seed, the default, aside: a sweep
+    without seeds aggregates nothing) and the keys they set; None when every key is one."""
+    known = {
+        strip_key(o.partition("=")[0])
+        for job_dir in find_job_dirs(sweep_dir)
+        for o in read_overrides(job_dir) or []
+    }
+    unknown = [k for k in aggregate if strip_key(k) not in known | set(DEFAULT_OVER)]
+    return (unknown, known) if unknown else None
 
 
 if __name__ == "__main__":
