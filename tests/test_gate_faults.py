@@ -114,7 +114,7 @@ def gate_lines(monkeypatch, caplog):
     records are caught as they are logged), and a fixed code state (no git process per run
     dir: drift is not what these tests check)."""
     monkeypatch.setattr(gate_module, "console_logging", lambda config: None)
-    monkeypatch.setattr("ddp_launcher.drift.code_state", lambda run_dir=None: {"commit": "c"})
+    monkeypatch.setattr("ddp_launcher.drift.code_state", lambda *where: {"commit": "c"})
     monkeypatch.setenv(run_lock.HELD_ENV, "")  # (a start sets it for its ranks: undone after)
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     caplog.set_level(logging.INFO)
