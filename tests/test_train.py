@@ -528,7 +528,7 @@ def test_peak_memory_is_reset_for_each_phase(tmp_path, monkeypatch):
     run_dir = tmp_path / "r"
     train_in_process(run_dir, *QUICK[1:], "trainer.max_epochs=2", "trainer.log_every_n_steps=5")
     second = [r["peak_mem_mb"] for r in train_rows(run_dir) if r["epoch"] == 2]
-    (run_peak,) = read_json(run_dir / "result.json")["peak_memory_mb_per_rank"]
+    (run_peak,) = read_json(run_dir / "result.json")["app"]["peak_memory_mb_per_rank"]
     assert second and max(second) < run_peak - 0.8 * extra_mib, (second, run_peak)
 
 

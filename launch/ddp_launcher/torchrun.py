@@ -431,7 +431,9 @@ class TorchrunBackend:
         env[ATTEMPT_ENV] = str(job.attempt)
         env[LAUNCHER_PID_ENV] = str(os.getpid())
         # the app's repository for the ranks' records (repro.py: git runs there)
-        env.setdefault(CODE_DIR_ENV, str(task_code_dir(job.spec.task_function, job.spec.config)))
+        if job.spec is not None:
+            code_dir = task_code_dir(job.spec.task_function, job.spec.config)
+            env.setdefault(CODE_DIR_ENV, str(code_dir))
         if job.in_sweep:  # this launcher holds the job dir for its ranks (ddp_launcher/resume.py)
             env.update(run_lock.child_env(job.job_dir))
         return env
