@@ -7,7 +7,9 @@ same resources go out as one submitit job array, then rank 0's JobReturn of each
 (or why it ended without one). launch.json keeps each attempt's SLURM job, so a resumed sweep
 waits for the jobs a dead launcher left instead of submitting them twice. SIGINT/SIGTERM cancel
 the sweep's jobs (their ranks checkpoint on SLURM's SIGTERM) and record them; SIGHUP (a dropped
-SSH session) leaves them running. Each task runs ddp_launcher/ranks/slurm_task.py.
+SSH session) leaves them running. Each task runs ddp_launcher/ranks/slurm_task.py. Hydra
+instantiates hydra_plugins/hydra_ddp_launcher/slurm_launcher.py's class, which makes a
+:class:`DDPSlurmLauncherBase`; its config is served from there (searchpath.py).
 """
 
 from __future__ import annotations
@@ -26,13 +28,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_launcher import preview
 from ddp_launcher.core.errors import UserError, job_value
 from ddp_launcher.core.run_dir import read_result
 from ddp_launcher.core.world import check_gpus, job_world, parse_count
@@ -68,26 +68,54 @@ SLURM_KEYS = (
 
 @dataclass
 class DDPSlurmQueueConf(SlurmQueueConf):
-    """hydra-submitit-launcher's SLURM options, plus what a DDP job needs. A job's world size
-    comes from its own `dist` config (one task per rank; job_resources). Every key is documented
-    in hydra_plugins/hydra_ddp_launcher/conf/hydra/launcher/slurm.yaml."""
+    """`hydra.launcher` of `hydra/launcher=slurm`: every job of a sweep is one SLURM job, one
+    task per rank, e.g.
+
+        python train.py -m hydra/launcher=slurm dist.nproc_per_node=8 dist.nnodes=2 lr=0.05,0.1
+        python train.py -m hydra/launcher=slurm hydra.launcher.partition=gpu ...
+
+    Each job's own dist.nnodes x dist.nproc_per_node becomes its nodes x tasks per node (GPU
+    jobs: one GPU per task), so jobs of one sweep may differ in size; jobs asking for the same
+    resources are submitted together as one job array. Every key can be overridden per sweep
+    (hydra.launcher.<key>=...) and may interpolate the job's config, e.g. timeout_min:
+    ${oc.select:trainer.max_epochs,10}.
+
+    hydra-submitit-launcher's keys (SlurmQueueConf), as it documents them: submitit_folder
+    (submitit's files per job, on a file system every node sees; %j is the SLURM job id),
+    name, timeout_min (60: the job's time limit, sbatch --time; a requeue starts a fresh one),
+    cpus_per_task (CPUs per task, e.g. dataset.num_workers + 1; null: GPU jobs get their GPU's
+    share of the node from sinfo, 4 where sinfo cannot tell, CPU jobs the cluster's default),
+    mem_gb (per node), partition, account, qos, constraint, exclude, comment (null: the
+    cluster's default), max_num_timeout (0: submitit's own requeue on timeout, unused: the job
+    requeues itself), additional_parameters (extra sbatch options, {mail-type: END}), setup
+    (shell lines run in the batch script before srun: module load ..., source venv/bin/...)
+    and array_parallelism (256: jobs of one array running at once)."""
 
     _target_: str = "hydra_plugins.hydra_ddp_launcher.slurm_launcher.DDPSlurmLauncher"
-    # auto: each job's dist.nnodes / dist.nproc_per_node; an integer fixes it for every job
+    # Size. auto: each job's dist.nnodes / dist.nproc_per_node (auto nproc = gpus_per_node on
+    # GPU nodes, 1 on CPU or with gloo); an integer fixes it for every job
     nodes: Any = "auto"
     tasks_per_node: Any = "auto"
     gpus_per_node: Any = "auto"  # GPUs a node offers a job; auto: sinfo's gres gpu:N, 0 if none
-    # sent signal_delay_s before the time limit: the ranks checkpoint and requeue the job
+    # Preemption and time limits: SLURM sends `signal` signal_delay_s seconds before the time
+    # limit (and TERM on preemption); the ranks agree on a step, rank 0 checkpoints and
+    # requeues the job (requeue: sbatch --requeue), which resumes in the same job dir and W&B run
     signal: str = "USR1"
     signal_delay_s: int = 120
     requeue: bool = True
+    # one rank failing ends the job instead of a collective timeout
     srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
     poll_interval_s: float = 5.0  # how often to ask SLURM (squeue, else sacct) about the jobs
-    resume: bool = False  # continue the sweep in hydra.sweep.dir (ddp_launcher/resume.py)
+    # Resuming a sweep after the launcher died (rerun the same command and hydra.sweep.dir):
+    # runs only unfinished jobs and waits for SLURM jobs still queued or running (each job dir's
+    # launch.json records its SLURM jobs) (ddp_launcher/resume.py)
+    resume: bool = False
     retries: int = 0  # submit a failed job again up to N times (user errors: never)
-    fail_fast: bool = False  # the first failed job ends the sweep (the others cancelled)
-    on_drift: str = "warn"  # a resumed job's code or config changed: warn | refuse
-    dry_run: bool = False  # print each job's row (ddp_launcher/preview.py), submit none
+    # the first job that fails (after its retries) ends the sweep: nothing more is submitted,
+    # the running jobs are cancelled (they checkpoint: `interrupted`); resume continues
+    fail_fast: bool = False
+    on_drift: str = "warn"  # a resumed job's code or config changed: warn | refuse (exit 2)
+    dry_run: bool = False  # print each job's row (its sbatch resources), submit none
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> DDPSlurmQueueConf:
@@ -97,10 +125,6 @@ class DDPSlurmQueueConf(SlurmQueueConf):
         if "srun_args" in known:
             known["srun_args"] = list(known["srun_args"] or [])
         return cls(**known)
-
-
-ConfigStore.instance().store(group="hydra/launcher", name="ddp_slurm", node=DDPSlurmQueueConf)
-preview.install()  # hydra.launcher.dry_run=true on the command line (ddp_launcher/preview.py)
 
 
 class DDPSlurmLauncherBase(LifecycleLauncher, SlurmLauncher):
@@ -113,6 +137,7 @@ class DDPSlurmLauncherBase(LifecycleLauncher, SlurmLauncher):
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         configure_sweep_logging(config)
+        self.check_setup(config, hydra_context)  # before the sweeper writes (a dry run: preview)
 
     def __call__(self, job: Job) -> Any:
         return run_task(job)

@@ -7,8 +7,11 @@ ranks run ddp_launcher/ranks/bootstrap.py's rank_main on the pickled JobSpec, an
 its JobReturn in result.pkl. :class:`TorchrunBackend` gives each job its GPUs, CPU slice and (single
 node) its own rendezvous port, so jobs that run at once never collide. Nothing outlives the launcher
 (ddp_launcher/ranks/lifeline.py); its SIGINT, SIGTERM or SIGHUP stop the running jobs as preemption
-does. Hydra instantiates hydra_plugins/hydra_ddp_torchrun_launcher's subclass of
-:class:`TorchrunLauncherBase` (it only instantiates launchers defined under hydra_plugins).
+does. Hydra instantiates hydra_plugins/hydra_ddp_launcher/torchrun_launcher.py's class, which
+imports this module and makes a :class:`TorchrunLauncherBase` (Hydra only instantiates launchers
+defined under hydra_plugins); its config, TorchrunLauncherConf, is served from there too
+(hydra_plugins/hydra_ddp_launcher/searchpath.py), so nothing here runs for an app that does not
+select it.
 """
 
 from __future__ import annotations
@@ -20,15 +23,13 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from ddp_launcher import preview
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value, one_line
 from ddp_launcher.core.fault_points import LAUNCHER_PID_ENV
@@ -64,7 +65,7 @@ from ddp_launcher.ranks.handoff import (
     read_failures,
     read_job_return,
 )
-from ddp_launcher.ranks.job_spec import AgentSpec, JobSpec, Stopped, job_return
+from ddp_launcher.ranks.job_spec import AgentSpec, JobSpec, Stopped, by_reference, job_return
 from ddp_launcher.warm import WarmStart, import_path, task_modules
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,17 @@ STOP_GRACE_S = 60.0
 
 @dataclass
 class TorchrunLauncherConf:
-    """`hydra.launcher` of `hydra/launcher=torchrun`. A job's world size is not set here: it
-    comes from the job's own `dist.nproc_per_node` x `dist.nnodes` (1 x 1 without `dist`)."""
+    """`hydra.launcher` of `hydra/launcher=torchrun`. The world size keys are torchrun's own
+    names, the weaker side: a job's own `dist.nproc_per_node` / `dist.nnodes` set for it wins
+    (a sweep over dist.nproc_per_node=1,2), its `auto` or absent key takes these."""
 
     _target_: str = "hydra_plugins.hydra_ddp_launcher.torchrun_launcher.TorchrunLauncher"
+    # Ranks per node of every job (torchrun --nproc-per-node): a positive integer, or auto:
+    # one rank per GPU the job may use (`gpus`), 1 on the CPU or with dist.backend=gloo.
+    nproc_per_node: Any = "auto"
+    # Nodes of every job (torchrun --nnodes): N, or N:N (no elastic range), or auto (1). More
+    # than 1 needs rdzv_endpoint and the same sweep started on each node.
+    nnodes: Any = "auto"
     # Jobs running at once. null: on a GPU node as many as fit on disjoint GPU sets; 1 on CPU.
     max_parallel: int | None = None
     # Passed to the elastic agent: restarts of a job's ranks after a rank fails.
@@ -95,6 +103,8 @@ class TorchrunLauncherConf:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     node_rank: int | None = None
+    # torchrun --rdzv-conf: the rendezvous backend's options as KEY=VALUE,... (join_timeout=900)
+    rdzv_conf: str | None = None
     # GPUs jobs may use, as positions in this process's visible GPUs (CUDA_VISIBLE_DEVICES'
     # entries when set: gpus=[1,3] with CUDA_VISIBLE_DEVICES=4,5,6,7 means GPUs 5 and 7);
     # null: every visible GPU. Each job gets a disjoint set of them.
@@ -125,10 +135,6 @@ class TorchrunLauncherConf:
         return cls(**settings_from(cls, launcher_cfg))
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="torchrun", node=TorchrunLauncherConf)
-preview.install()  # hydra.launcher.dry_run=true on the command line (ddp_launcher/preview.py)
-
-
 class TorchrunLauncherBase(LifecycleLauncher, Launcher):
     """Hydra's Launcher for `hydra/launcher=torchrun` (launch and launch_stream: lifecycle)."""
 
@@ -146,6 +152,7 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
         self.task_function = task_function
         self.hydra_context = hydra_context
         configure_sweep_logging(config)
+        self.check_setup(config, hydra_context)  # before the sweeper writes (a dry run: preview)
         if os.environ.get("RANK") is None and not self.settings.dry_run:  # (a rank: check())
             self.start_warm()
 
@@ -279,17 +286,22 @@ class TorchrunBackend:
 
     def place(self, job: Job) -> None:
         gpus, s = self.gpus, self.settings
-        job.nproc, job.nnodes, job.uses_gpus = job_world(job.spec.config, len(gpus))
+        world = launcher_world(s)
+        job.nproc, job.nnodes, job.uses_gpus = job_world(job.spec.config, len(gpus), world)
         # the same job runs on every node: one node's launcher keeps its records
         job.records = job.nnodes == 1 or keeps_records(s.node_rank, s.rdzv_endpoint)
-        check_gpus(job.nproc, job.uses_gpus, len(gpus), f"the launcher has {len(gpus)} ({gpus})")
+        nproc_key, nnodes_key = (world_key(job.spec.config, k, world) for k in WORLD_KEYS)
+        check_gpus(
+            job.nproc, job.uses_gpus, len(gpus), f"the launcher has {len(gpus)} ({gpus})", nproc_key
+        )
         if job.nnodes > 1 and not s.rdzv_endpoint:
             raise UserError(
-                f"dist.nnodes={job.nnodes} needs a rendezvous point every node can reach: set "
+                f"{nnodes_key}={job.nnodes} needs a rendezvous point every node can reach: set "
                 "hydra.launcher.rdzv_endpoint=HOST:PORT and start the same job on each node"
             )
         if s.rdzv_endpoint:
             job_endpoint(s.rdzv_endpoint, job.num)  # a UserError when it cannot be had
+        rdzv_conf(s.rdzv_conf)  # (a UserError now, not in the agent)
 
     def reserve(self, job: Job) -> tuple[list[int], list[int] | None] | None:
         """The job's GPUs (positions) and CPU slice, or None while there is no room."""
@@ -386,6 +398,7 @@ class TorchrunBackend:
             # ended): the agent's own lines go to agent.log beside the ranks' files.
             log=None if self.tee != "0" else str(files / AGENT_LOG),
             cpus=cpus,
+            rdzv_conf=rdzv_conf(s.rdzv_conf),
         )
         if s.rdzv_endpoint:  # (place() refused a multi-node job without one)
             spec.rdzv_backend = s.rdzv_backend
@@ -404,7 +417,8 @@ class TorchrunBackend:
         for stale in (RESULT_PKL, JOB_JSON, FAILURES_JSON):  # from an earlier run into this dir
             (files / stale).unlink(missing_ok=True)
         with open(files / JOB_PKL, "wb") as f:
-            cloudpickle.dump(job.spec, f)
+            task = by_reference(job.spec.task_function)  # the app's script's: by name
+            cloudpickle.dump(replace(job.spec, task_function=task), f)
         env = self.job_env(job, gpus, cpus)
         log.log(
             logging.DEBUG if job.in_sweep else logging.INFO,
@@ -512,6 +526,51 @@ class TorchrunBackend:
                 signal_group(process, signal.SIGKILL)
             for process in alive:
                 process.join()
+
+
+WORLD_KEYS = ("nproc_per_node", "nnodes")
+
+
+def launcher_world(settings: TorchrunLauncherConf) -> tuple[Any, Any]:
+    """The launcher's (nproc_per_node, nnodes), what a job's `auto` or absent `dist` key takes:
+    torchrun's forms, `auto` or a count; nnodes also MIN:MAX with MIN = MAX (the other torchrun
+    launchers' default is 1:1), as jobs here have a fixed number of nodes."""
+    nnodes = str(settings.nnodes).strip()
+    if ":" in nnodes:
+        low, _, high = nnodes.partition(":")
+        if low.strip() != high.strip():
+            raise UserError(
+                f"hydra.launcher.nnodes={nnodes} is an elastic range: a job here runs on a fixed "
+                "number of nodes: use one number, e.g. hydra.launcher.nnodes="
+                f"{high.strip() or low.strip()}"
+            )
+        nnodes = low.strip()
+    return settings.nproc_per_node, nnodes
+
+
+def rdzv_conf(text: str | None) -> dict[str, str]:
+    """hydra.launcher.rdzv_conf, torchrun's --rdzv-conf (KEY=VALUE,...), as the rendezvous
+    backend's options (torch reads each value as the type it needs)."""
+    options = {}
+    for item in filter(None, (part.strip() for part in str(text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(
+                f"hydra.launcher.rdzv_conf={text}: write KEY=VALUE pairs separated by commas, "
+                "e.g. hydra.launcher.rdzv_conf='join_timeout=900,read_timeout=120'"
+            )
+        options[key.strip()] = value.strip()
+    return options
+
+
+def world_key(config: DictConfig, key: str, world: tuple[Any, Any]) -> str:
+    """Which key a job's `key` (nproc_per_node, nnodes) came from, for its errors: its own
+    `dist.<key>` when set, else the launcher's (core/world.py's job_world)."""
+    own = OmegaConf.select(config, f"dist.{key}", default=None)
+    launcher = world[WORLD_KEYS.index(key)]
+    if (own is None or str(own).strip() == "auto") and str(launcher).strip() != "auto":
+        return f"hydra.launcher.{key}"
+    return f"dist.{key}"
 
 
 def job_endpoint(endpoint: str, num: int) -> str:
