@@ -57,8 +57,11 @@ found = {
 with initialize(version_base=None, config_path=None):
     compose(overrides=["+x=1"], return_hydra_config=True)
     found["plain"] = ours()
-    cfg = compose(overrides=["hydra/launcher=torchrun"], return_hydra_config=True)
-    found["torchrun"] = [cfg.hydra.launcher._target_, cfg.hydra.launcher.nproc_per_node]
+    try:
+        cfg = compose(overrides=["hydra/launcher=torchrun"], return_hydra_config=True)
+        found["torchrun"] = [cfg.hydra.launcher._target_, cfg.hydra.launcher.get("nproc_per_node")]
+    except Exception as e:
+        found["torchrun"] = repr(e)
 print(json.dumps(found))
 """
 PLAIN_APP = """\
