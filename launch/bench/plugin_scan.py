@@ -21,9 +21,11 @@ import argparse
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,8 +45,12 @@ def venv(path: Path, hydra: str, package: bool) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run([*pip, f"hydra-core=={hydra}"], check=True)
-        if package:
-            subprocess.run([*pip, "--no-deps", str(LAUNCH)], check=True)
+        if package:  # from a copy: pip builds in the source tree, and a stale build/ would ship
+            with tempfile.TemporaryDirectory() as scratch:
+                source = Path(scratch) / "launch"
+                stale = shutil.ignore_patterns("build", "*.egg-info")
+                shutil.copytree(LAUNCH, source, ignore=stale)
+                subprocess.run([*pip, "--no-deps", str(source)], check=True)
     return python
 
 
