@@ -103,8 +103,9 @@ class TorchrunLauncherConf:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     node_rank: int | None = None
-    # torchrun --rdzv-conf: the rendezvous backend's options as KEY=VALUE,... (join_timeout=900)
-    rdzv_conf: str | None = None
+    # torchrun --rdzv-conf: the rendezvous backend's options, {join_timeout: 900} or torchrun's
+    # KEY=VALUE,... string (quoted on a command line: "join_timeout=900,read_timeout=120")
+    rdzv_conf: Any = None
     # GPUs jobs may use, as positions in this process's visible GPUs (CUDA_VISIBLE_DEVICES'
     # entries when set: gpus=[1,3] with CUDA_VISIBLE_DEVICES=4,5,6,7 means GPUs 5 and 7);
     # null: every visible GPU. Each job gets a disjoint set of them.
@@ -189,9 +190,22 @@ def run_task_or_hand_off(task: str, cfg: DictConfig) -> Any:
     run_task runs it). `python train.py dist.nproc_per_node=N` (not itself a rank): this
     process only hands the job to N ranks, which run the same task, so it imports neither
     torch nor the task's module (seconds). Everywhere else the task runs here."""
-    if not started_as_rank() and requested_world(cfg.dist, visible_gpus()) != (1, 1):
+    if not started_as_rank() and single_run_world(cfg) != (1, 1):
         return run_in_torchrun(cfg, functools.partial(run_task, task))
     return run_task(task, cfg)
+
+
+def single_run_world(cfg: DictConfig) -> tuple[int, int]:
+    """(ranks per node, nodes) of `python train.py ...` without -m: its dist's, and where its
+    configured launcher is this one (train.py's default), under the launcher's keys as a sweep
+    job is (`python train.py hydra.launcher.nproc_per_node=2` runs 2 ranks too)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    launcher = HydraConfig.get().launcher
+    if OmegaConf.select(launcher, "_target_") != TorchrunLauncherConf._target_:
+        return requested_world(cfg.dist, visible_gpus())
+    world = launcher_world(TorchrunLauncherConf.from_config(launcher))
+    return job_world(cfg, visible_gpus(), world)[:2]
 
 
 def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
@@ -548,18 +562,21 @@ def launcher_world(settings: TorchrunLauncherConf) -> tuple[Any, Any]:
     return settings.nproc_per_node, nnodes
 
 
-def rdzv_conf(text: str | None) -> dict[str, str]:
-    """hydra.launcher.rdzv_conf, torchrun's --rdzv-conf (KEY=VALUE,...), as the rendezvous
-    backend's options (torch reads each value as the type it needs)."""
+def rdzv_conf(value: Any) -> dict[str, str]:
+    """hydra.launcher.rdzv_conf as the rendezvous backend's options (torch reads each value as
+    the type it needs): a mapping, or torchrun's --rdzv-conf string KEY=VALUE,..."""
+    if isinstance(value, dict):
+        return {str(key): str(item) for key, item in value.items()}
     options = {}
-    for item in filter(None, (part.strip() for part in str(text or "").split(","))):
-        key, sep, value = item.partition("=")
+    for item in filter(None, (part.strip() for part in str(value or "").split(","))):
+        key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise UserError(
-                f"hydra.launcher.rdzv_conf={text}: write KEY=VALUE pairs separated by commas, "
-                "e.g. hydra.launcher.rdzv_conf='join_timeout=900,read_timeout=120'"
+                f"hydra.launcher.rdzv_conf={value}: write KEY=VALUE pairs separated by commas, "
+                """e.g. 'hydra.launcher.rdzv_conf="join_timeout=900,read_timeout=120"', or """
+                "hydra.launcher.rdzv_conf={join_timeout:900,read_timeout:120}"
             )
-        options[key.strip()] = value.strip()
+        options[key.strip()] = text.strip()
     return options
 
 

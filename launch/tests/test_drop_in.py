@@ -20,7 +20,12 @@ from ddp_launcher.core.errors import UserError
 from ddp_launcher.jobs import Job
 from ddp_launcher.lifecycle import place
 from ddp_launcher.ranks.job_spec import JobSpec
-from ddp_launcher.torchrun import TorchrunBackend, TorchrunLauncherConf, rdzv_conf
+from ddp_launcher.torchrun import (
+    TorchrunBackend,
+    TorchrunLauncherConf,
+    rdzv_conf,
+    single_run_world,
+)
 from omegaconf import OmegaConf
 
 from tests.helpers import output, run_env
@@ -165,6 +170,7 @@ def test_rdzv_conf_is_torchruns() -> None:
         "join_timeout": "900",
         "read_timeout": "60",
     }
+    assert rdzv_conf({"join_timeout": 900}) == {"join_timeout": "900"}
     assert rdzv_conf(None) == rdzv_conf("") == {}
     with pytest.raises(UserError, match="KEY=VALUE"):
         rdzv_conf("=3")
@@ -192,6 +198,32 @@ def test_jobs_with_or_without_dist_get_disjoint_gpus() -> None:
             gpus, cpus = backend.reserve(job)  # both fit now: they run at once
             visible.append(backend.job_env(job, gpus, cpus)["CUDA_VISIBLE_DEVICES"])
         assert visible == ["4,5", "6,7"], (config, visible)
+
+
+def test_one_run_without_m_takes_the_launchers_keys_too() -> None:
+    """`python app.py ...` without -m where hydra/launcher=torchrun is configured (train.py's
+    default): its world under the launcher's keys, as a sweep job's; another launcher's config
+    leaves it to dist alone."""
+    from hydra import compose, initialize
+    from hydra.core.hydra_config import HydraConfig
+
+    def single(*overrides: str) -> tuple[int, int]:
+        with initialize(version_base=None, config_path=None):
+            cfg = compose(overrides=list(overrides), return_hydra_config=True)
+        before = HydraConfig.instance().cfg
+        HydraConfig.instance().set_config(cfg)
+        try:
+            return single_run_world(cfg)
+        finally:
+            HydraConfig.instance().cfg = before
+
+    ours = ["hydra/launcher=torchrun", "hydra.launcher.nproc_per_node=2"]
+    assert single(*ours, "+dist.nproc_per_node=auto") == (2, 1)
+    assert single(*ours, "+x=1") == (2, 1)  # no dist
+    assert single(*ours, "+dist.nproc_per_node=1") == (1, 1)  # its own
+    assert single("+dist.nproc_per_node=2", "+dist.nnodes=1", "+dist.backend=gloo") == (2, 1)
+    basic = ["+dist.nproc_per_node=auto", "+dist.nnodes=auto", "+dist.backend=auto"]
+    assert single(*basic) == (1, 1)  # the basic launcher: dist's auto, 1 on the CPU
 
 
 # ---------------------------------------------------------------------------------------------
