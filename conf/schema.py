@@ -132,7 +132,9 @@ class DistConfig:
     """World size and process group (components/distributed.py)."""
 
     # "auto" or a positive integer. Under torchrun, auto takes the environment's values and an
-    # explicit value must match it; without torchrun, auto means every visible GPU (1 on CPU).
+    # explicit value must match it. In a sweep, auto takes the launcher's own key
+    # (hydra.launcher.nproc_per_node=2, torchrun's name) and an explicit value wins over it;
+    # where neither says, auto means every visible GPU (1 on CPU).
     nproc_per_node: str = "auto"
     nnodes: str = "auto"
     backend: str = "auto"  # auto | nccl | gloo

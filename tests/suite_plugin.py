@@ -20,11 +20,11 @@ FRESH_VERSION_BASE = VersionBase.instance().getbase()  # before any test compose
 
 
 def pytest_configure(config) -> None:
-    """The plugins' configs (hydra/launcher=torchrun, slurm; hydra/sweeper=optuna) are stored
-    in Hydra's ConfigStore when Hydra first discovers the plugins, which imports them. Hydra's
-    launcher suites (hydra_restore_singletons) put back the ConfigStore a test started with:
-    were the first discovery inside one of them, the configs would be gone for the rest of the
-    process (the modules stay imported, so nothing stores them again). Discover them first.
+    """The plugins (hydra/launcher=torchrun, slurm; hydra/sweeper=optuna, and the config source
+    their configs come from) are registered when Hydra first discovers them. Hydra's launcher
+    suites (hydra_restore_singletons) put back the singletons a test started with (the
+    ConfigStore, the config sources' registry): were the first discovery inside one of them,
+    what it registered would be gone for the rest of the process. Discover them first.
 
     Workers share the cores: torch's default of one intra-op thread per core in every worker
     oversubscribes them (on 2 cores, `-m "not slow"` took 78 s with two workers this way

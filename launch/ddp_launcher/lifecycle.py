@@ -360,6 +360,17 @@ class LifecycleLauncher:
     def check(self) -> None:
         pass
 
+    def check_setup(self, config: Any, hydra_context: Any) -> None:
+        """From the launcher's setup, which Hydra calls inside its sweeper's setup, before the
+        sweeper writes anything: a resume the configured sweeper cannot do is refused, and a
+        dry run takes the sweep over (ddp_launcher/preview.py's prepare_dry_run)."""
+        from ddp_launcher.preview import prepare_dry_run
+
+        resume = bool(OmegaConf.select(config, "hydra.launcher.resume", default=False))
+        with launcher_errors():
+            check_sweeper(config, resume)
+            prepare_dry_run(config, hydra_context)
+
     def options(self) -> dict[str, Any]:
         raise NotImplementedError
 

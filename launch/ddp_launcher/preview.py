@@ -2,14 +2,15 @@
 composed and checked as the launcher checks it before it starts, one row each, none started.
 
 Hydra's sweepers write the sweep dir before their launcher sees a job (BasicSweeper makes it and
-writes multirun.yaml; ours opens its study there), so a dry run takes Hydra's multirun over
-(:func:`install`: whether the command line or a config file asks for one): the same config, sweeper
-and launcher, asked for the jobs instead of told to run them. A row comes from the code the real
-launch runs: the backend places the job (its world size, its launcher checks), the resume decision
-of ddp_launcher/resume.py, the app's gate (ddp_launcher/core/gate.py's check_start: conf/checks.py's
-checks, the run dir's plan), the backend's own resources (torchrun's GPUs and CPU slice from its
-packing; SLURM's sbatch options from submitit's batch script). Nothing is written, no process
-started, torch not imported; a job that would fail its checks is one line naming it, exit 2.
+writes multirun.yaml; ours opens its study there), so a dry run takes the sweep over from the
+launcher's setup, which Hydra runs inside the sweeper's setup (:func:`prepare_dry_run`): the
+same config, sweeper and launcher, asked for the jobs instead of told to run them. A row comes
+from the code the real launch runs: the backend places the job (its world size, its launcher
+checks), the resume decision of ddp_launcher/resume.py, the app's gate
+(ddp_launcher/core/gate.py's check_start: conf/checks.py's checks, the run dir's plan), the
+backend's own resources (torchrun's GPUs and CPU slice from its packing; SLURM's sbatch options
+from submitit's batch script). Nothing is written, no process started, torch not imported; a job
+that would fail its checks is one line naming it, exit 2.
 """
 
 from __future__ import annotations
@@ -25,129 +26,65 @@ from omegaconf import OmegaConf
 from ddp_launcher.core.errors import UserError
 from ddp_launcher.core.gate import NothingToDo, check_start, gate_of
 from ddp_launcher.core.run_dir import read_result
-from ddp_launcher.jobs import Job, launcher_errors
+from ddp_launcher.jobs import Job
 
 log = logging.getLogger(__name__)
 
 
-class _AsMultirun(Exception):  # noqa: N818 - a signal between two wrappers, never seen
-    """A run's config asks for a dry run: preview it as a multirun instead."""
-
-
-class _Previewed(Exception):  # noqa: N818 - a signal between two wrappers, never seen
-    """The multirun was previewed: nothing more to do."""
-
-
-def install() -> None:
-    """Hydra's run and multirun, for this process: a config that says
-    hydra.launcher.dry_run=true, from the command line or from any config file, previews its
-    sweep (:func:`preview_multirun`) right after Hydra composed it, before any callback or
-    sweeper; a plain run asking for one is previewed as the multirun it would be (a dry run
-    never runs a job). Any other config runs as before, composed once. Hydra has no hook between
-    composing a config and its first write: the methods are wrapped, once; for the one call,
-    the instance's compose_config hands the composed config to the preview. The launchers'
-    module installs it on import (Hydra's plugin scan imports it before it composes), so any
-    Hydra app with these launchers gets it."""
-    from hydra._internal.hydra import Hydra
-
-    if getattr(Hydra.multirun, "previews", False):
-        return
-    multirun, run = Hydra.multirun, Hydra.run
-
-    def composing(self: Any, then: Callable[[Any], None]) -> Callable[..., Any]:
-        """This Hydra's compose_config, calling `then(cfg)` on a config asking for a dry run."""
-        compose = self.compose_config
-
-        def compose_config(*args: Any, **kwargs: Any) -> Any:
-            cfg = compose(*args, **kwargs)
-            if OmegaConf.select(cfg, "hydra.launcher.dry_run", default=False):
-                then(cfg)
-            return cfg
-
-        return compose_config
-
-    @functools.wraps(multirun)
-    def multirun_or_preview(
-        self: Any,
-        config_name: Any,
-        task_function: Any,
-        overrides: Any,
-        with_log_configuration: bool = True,
-        **more: Any,  # Hydra 1.4's parsed_overrides, passed on as they came
-    ) -> Any:
-        def preview(cfg: Any) -> None:
-            preview_multirun(cfg, self.config_loader, task_function)
-            raise _Previewed
-
-        self.compose_config = composing(self, preview)
-        try:
-            return multirun(
-                self, config_name, task_function, overrides, with_log_configuration, **more
-            )
-        except _Previewed:
-            return None
-        finally:
-            del self.compose_config  # (the instance's: the class's method again)
-
-    @functools.wraps(run)
-    def run_or_preview(
-        self: Any,
-        config_name: Any,
-        task_function: Any,
-        overrides: Any,
-        with_log_configuration: bool = True,
-        **more: Any,
-    ) -> Any:
-        def as_multirun(_cfg: Any) -> None:
-            raise _AsMultirun
-
-        self.compose_config = composing(self, as_multirun)
-        try:
-            return run(self, config_name, task_function, overrides, with_log_configuration, **more)
-        except _AsMultirun:
-            pass
-        finally:
-            del self.compose_config
-        return multirun_or_preview(
-            self, config_name, task_function, overrides, with_log_configuration, **more
-        )
-
-    multirun_or_preview.previews = True  # type: ignore[attr-defined]
-    Hydra.multirun = multirun_or_preview  # type: ignore[method-assign]
-    Hydra.run = run_or_preview  # type: ignore[method-assign]
-
-
-def preview_multirun(cfg: Any, config_loader: Any, task_function: Any) -> None:
-    """Hydra's multirun up to the sweep, read-only: the gate's sweep checks
-    (ddp_launcher/core/gate.py's
-    check_sweep, as on_multirun_start runs them), the sweeper and its launcher set up, then the
-    sweeper's jobs previewed instead of launched. No callback runs: nothing is written."""
-    from hydra._internal.callbacks import Callbacks
+def prepare_dry_run(config: Any, hydra_context: Any = None) -> None:
+    """hydra.launcher.dry_run=true, set on the command line or in a config: called by the
+    launcher's setup (ddp_launcher/lifecycle.py's check_setup), the first code of this package
+    that runs once an app selects the launcher, and inside the sweeper's setup, before the
+    sweeper writes anything. Hydra has no hook between composing a sweep and its sweeper's first
+    write, so for this process only (a dry run's) the basic sweeper's sweep is wrapped to preview
+    its jobs (:func:`preview_basic_sweeps`); this package's Optuna sweeper previews by itself;
+    any other sweeper is refused in one line. The gate's sweep checks run first (as the
+    experiment's RunGate runs them at on_multirun_start), and the multirun's callbacks (its
+    `hydra_context`'s) are dropped: Hydra 1.4 calls their on_multirun_end even when the
+    preview ends the process, and a sweep report would be a write. Without a dry run nothing
+    is touched."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.plugins import Plugins
-    from hydra.core.utils import setup_globals
+    from hydra.utils import get_class
 
     from ddp_launcher.core.gate import check_sweep
-    from ddp_launcher.core.hydra_compat import hydra_context
+    from ddp_launcher.sweeper.sweeper import TARGET
 
-    setup_globals()
-    with launcher_errors():
-        check_sweep(cfg)
-        sweeper = Plugins.instance().instantiate_sweeper(
-            config=cfg,
-            hydra_context=hydra_context(config_loader=config_loader, callbacks=Callbacks(cfg)),
-            task_function=task_function,
-        )
-        arguments = [str(o) for o in OmegaConf.to_container(cfg.hydra.overrides.task)]
-        if hasattr(sweeper, "preview"):  # the project's Optuna sweeper (ddp_launcher/sweeper/)
-            sweeper.preview(arguments)
-        elif isinstance(sweeper, BasicSweeper):
-            sweeper.launcher.preview(basic_sweep_jobs(sweeper, arguments), 0)
-        else:
-            raise UserError(
-                f"hydra.launcher.dry_run=true previews the basic and optuna sweepers, not "
-                f"{type(sweeper).__name__}: drop hydra.launcher.dry_run"
-            )
+    if not OmegaConf.select(config, "hydra.launcher.dry_run", default=False):
+        return
+    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default=None))
+    check_sweep(config)
+    callbacks = getattr(hydra_context, "callbacks", None)
+    if callbacks is not None:
+        callbacks.callbacks = []  # Hydra's Callbacks: its list of the app's callbacks
+    if target == TARGET:
+        return  # ddp_launcher/sweeper/sweeper.py's sweep previews
+    if issubclass(get_class(target), BasicSweeper):
+        preview_basic_sweeps(BasicSweeper)
+        return
+    raise UserError(
+        f"hydra.launcher.dry_run=true previews the basic and hydra/sweeper=ddp_optuna sweepers, "
+        f"not {target.rpartition('.')[2]}: drop hydra.launcher.dry_run"
+    )
+
+
+def preview_basic_sweeps(basic_sweeper: Any) -> None:
+    """Wrap `basic_sweeper`'s sweep, once: a sweep whose launcher has a dry run previews every
+    job (one row each) and ends the process, exit 0, before Hydra's on_multirun_end callbacks
+    (a report into the sweep dir would be a write); any other runs as before."""
+    sweep = basic_sweeper.sweep
+    if getattr(sweep, "previews", False):
+        return
+
+    @functools.wraps(sweep)
+    def sweep_or_preview(self: Any, arguments: list[str]) -> Any:
+        dry_run = OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False)
+        if not (dry_run and hasattr(self.launcher, "preview")):
+            return sweep(self, arguments)
+        self.launcher.preview(basic_sweep_jobs(self, arguments), 0)
+        raise SystemExit(0)
+
+    sweep_or_preview.previews = True  # type: ignore[attr-defined]
+    basic_sweeper.sweep = sweep_or_preview
 
 
 def basic_sweep_jobs(sweeper: Any, arguments: list[str]) -> list[list[str]]:
@@ -272,4 +209,4 @@ def cores_text(cores: Sequence[int] | None) -> str:
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
 
 
-__all__ = ["install", "preview_jobs", "print_table"]
+__all__ = ["prepare_dry_run", "preview_jobs", "print_table"]

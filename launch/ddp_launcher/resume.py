@@ -480,8 +480,9 @@ def check_sweeper(config: DictConfig, resume: bool) -> None:
     if resume and target == HYDRA_OPTUNA_SWEEPER:
         raise UserError(
             "hydra.launcher.resume=true with hydra-optuna-sweeper would start the study over: "
-            "remove the sweeper's _target_ line to use hydra/sweeper=optuna (this project's: "
-            "the same options; it continues the study)"
+            "resume with hydra/sweeper=ddp_optuna (hydra-ddp-launcher's Optuna sweeper, also "
+            "hydra/sweeper=optuna where hydra-optuna-sweeper is not installed: the same "
+            "options; it continues the study)"
         )
 
 

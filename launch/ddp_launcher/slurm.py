@@ -7,7 +7,9 @@ same resources go out as one submitit job array, then rank 0's JobReturn of each
 (or why it ended without one). launch.json keeps each attempt's SLURM job, so a resumed sweep
 waits for the jobs a dead launcher left instead of submitting them twice. SIGINT/SIGTERM cancel
 the sweep's jobs (their ranks checkpoint on SLURM's SIGTERM) and record them; SIGHUP (a dropped
-SSH session) leaves them running. Each task runs ddp_launcher/ranks/slurm_task.py.
+SSH session) leaves them running. Each task runs ddp_launcher/ranks/slurm_task.py. Hydra
+instantiates hydra_plugins/hydra_ddp_launcher/slurm_launcher.py's class, which makes a
+:class:`DDPSlurmLauncherBase`; its config is served from there (searchpath.py).
 """
 
 from __future__ import annotations
@@ -28,12 +30,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_launcher import preview
 from ddp_launcher.core.errors import UserError, job_value
 from ddp_launcher.core.host import require_extra
 from ddp_launcher.core.repro import CODE_DIR_ENV, task_code_dir
@@ -74,10 +74,26 @@ SLURM_KEYS = (
 
 @dataclass
 class DDPSlurmQueueConf:
-    """`hydra.launcher` of `hydra/launcher=slurm`: hydra-submitit-launcher's SLURM keys with
-    their meanings (its SlurmQueueConf, 1.2), plus what a DDP job needs. A job's world size
-    comes from its own `dist` config (one task per rank; job_resources). Every key is
-    documented in hydra_plugins/hydra_ddp_launcher/conf/hydra/launcher/slurm.yaml."""
+    """`hydra.launcher` of `hydra/launcher=slurm` (also `ddp_slurm`): every job of a sweep is
+    one SLURM job, one task per rank, e.g.
+
+        python train.py -m hydra/launcher=slurm dist.nproc_per_node=8 dist.nnodes=2 lr=0.05,0.1
+        python train.py -m hydra/launcher=slurm hydra.launcher.partition=gpu ...
+
+    Each job's own dist.nnodes x dist.nproc_per_node becomes its nodes x tasks per node (GPU
+    jobs: one GPU per task), so jobs of one sweep may differ in size; jobs asking for the same
+    resources are submitted together as one job array. Every key can be overridden per sweep
+    (hydra.launcher.<key>=...) and may interpolate the job's config, e.g. timeout_min:
+    ${oc.select:trainer.max_epochs,10}. hydra-submitit-launcher's SLURM keys keep their meanings
+    (its SlurmQueueConf, 1.2): submitit_folder (submitit's files per job, on a file system every
+    node sees; %j is the SLURM job id), name, timeout_min (the job's time limit, sbatch --time;
+    a requeue starts a fresh one), cpus_per_task (CPUs per task, e.g. dataset.num_workers + 1;
+    null: GPU jobs get their GPU's share of the node from sinfo, 4 where sinfo cannot tell, CPU
+    jobs the cluster's default), mem_gb (per node), partition, account, qos, constraint,
+    exclude, comment (null: the cluster's default), additional_parameters (extra sbatch
+    options, {mail-type: END}), setup (shell lines run in the batch script before srun: module
+    load ..., source venv/bin/...) and array_parallelism (jobs of one array running at once).
+    A key this launcher does not use is refused in one line."""
 
     _target_: str = "hydra_plugins.hydra_ddp_launcher.slurm_launcher.DDPSlurmLauncher"
     # -- hydra-submitit-launcher's keys, as it passes them to submitit --
@@ -115,14 +131,17 @@ class DDPSlurmQueueConf:
     # sent signal_delay_s before the time limit: the ranks checkpoint and requeue the job
     signal: str = "USR1"
     requeue: bool = True
+    # one rank failing ends the job instead of a collective timeout
     srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
     poll_interval_s: float = 5.0  # how often to ask SLURM (squeue, else sacct) about the jobs
     resume: bool = False  # continue the sweep in hydra.sweep.dir (ddp_launcher/resume.py)
     resume_key: str | None = None  # the app's key a job run again gets `auto` in
     retries: int = 0  # submit a failed job again up to N times (user errors: never)
-    fail_fast: bool = False  # the first failed job ends the sweep (the others cancelled)
-    on_drift: str = "warn"  # a resumed job's code or config changed: warn | refuse
-    dry_run: bool = False  # print each job's row (ddp_launcher/preview.py), submit none
+    # the first job that fails (after its retries) ends the sweep: nothing more is submitted,
+    # the running jobs are cancelled (they checkpoint: `interrupted`); resume continues
+    fail_fast: bool = False
+    on_drift: str = "warn"  # a resumed job's code or config changed: warn | refuse (exit 2)
+    dry_run: bool = False  # print each job's row (its sbatch resources), submit none
 
     @classmethod
     def from_config(cls, launcher_cfg: Any) -> DDPSlurmQueueConf:
@@ -132,10 +151,6 @@ class DDPSlurmQueueConf:
         if "srun_args" in known:
             known["srun_args"] = list(known["srun_args"] or [])
         return cls(**known)
-
-
-ConfigStore.instance().store(group="hydra/launcher", name="ddp_slurm", node=DDPSlurmQueueConf)
-preview.install()  # hydra.launcher.dry_run=true on the command line (ddp_launcher/preview.py)
 
 
 class DDPSlurmLauncherBase(LifecycleLauncher, Launcher):
@@ -161,6 +176,7 @@ class DDPSlurmLauncherBase(LifecycleLauncher, Launcher):
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
         configure_sweep_logging(config)
+        self.check_setup(config, hydra_context)  # before the sweeper writes (a dry run: preview)
 
     def __call__(self, job: Job) -> Any:
         return run_task(job)

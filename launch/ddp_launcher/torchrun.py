@@ -7,8 +7,11 @@ ranks run ddp_launcher/ranks/bootstrap.py's rank_main on the pickled JobSpec, an
 its JobReturn in result.pkl. :class:`TorchrunBackend` gives each job its GPUs, CPU slice and (single
 node) its own rendezvous port, so jobs that run at once never collide. Nothing outlives the launcher
 (ddp_launcher/ranks/lifeline.py); its SIGINT, SIGTERM or SIGHUP stop the running jobs as preemption
-does. Hydra instantiates hydra_plugins/hydra_ddp_torchrun_launcher's subclass of
-:class:`TorchrunLauncherBase` (it only instantiates launchers defined under hydra_plugins).
+does. Hydra instantiates hydra_plugins/hydra_ddp_launcher/torchrun_launcher.py's class, which
+imports this module and makes a :class:`TorchrunLauncherBase` (Hydra only instantiates launchers
+defined under hydra_plugins); its config, TorchrunLauncherConf, is served from there too
+(hydra_plugins/hydra_ddp_launcher/searchpath.py), so nothing here runs for an app that does not
+select it.
 """
 
 from __future__ import annotations
@@ -20,15 +23,13 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from ddp_launcher import preview
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value, one_line
 from ddp_launcher.core.fault_points import LAUNCHER_PID_ENV
@@ -71,7 +72,7 @@ from ddp_launcher.ranks.handoff import (
     read_failures,
     read_job_return,
 )
-from ddp_launcher.ranks.job_spec import AgentSpec, JobSpec, Stopped, job_return
+from ddp_launcher.ranks.job_spec import AgentSpec, JobSpec, Stopped, by_reference, job_return
 from ddp_launcher.warm import WarmStart, import_path, task_modules
 
 log = logging.getLogger(__name__)
@@ -84,10 +85,17 @@ STOP_GRACE_S = 60.0
 
 @dataclass
 class TorchrunLauncherConf:
-    """`hydra.launcher` of `hydra/launcher=torchrun`. A job's world size is not set here: it
-    comes from the job's own `dist.nproc_per_node` x `dist.nnodes` (1 x 1 without `dist`)."""
+    """`hydra.launcher` of `hydra/launcher=torchrun`. The world size keys are torchrun's own
+    names, the weaker side: a job's own `dist.nproc_per_node` / `dist.nnodes` set for it wins
+    (a sweep over dist.nproc_per_node=1,2), its `auto` or absent key takes these."""
 
     _target_: str = "hydra_plugins.hydra_ddp_launcher.torchrun_launcher.TorchrunLauncher"
+    # Ranks per node of every job (torchrun --nproc-per-node): a positive integer, or auto:
+    # one rank per GPU the job may use (`gpus`), 1 on the CPU or with dist.backend=gloo.
+    nproc_per_node: Any = "auto"
+    # Nodes of every job (torchrun --nnodes): N, or N:N (no elastic range), or auto (1). More
+    # than 1 needs rdzv_endpoint and the same sweep started on each node.
+    nnodes: Any = "auto"
     # Jobs running at once. null: on a GPU node as many as fit on disjoint GPU sets; 1 on CPU.
     max_parallel: int | None = None
     # Passed to the elastic agent: restarts of a job's ranks after a rank fails.
@@ -102,6 +110,9 @@ class TorchrunLauncherConf:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     node_rank: int | None = None
+    # torchrun --rdzv-conf: the rendezvous backend's options, {join_timeout: 900} or torchrun's
+    # KEY=VALUE,... string (quoted on a command line: "join_timeout=900,read_timeout=120")
+    rdzv_conf: Any = None
     # GPUs jobs may use, as positions in this process's visible GPUs (CUDA_VISIBLE_DEVICES'
     # entries when set: gpus=[1,3] with CUDA_VISIBLE_DEVICES=4,5,6,7 means GPUs 5 and 7);
     # null: every visible GPU. Each job gets a disjoint set of them.
@@ -138,10 +149,6 @@ class TorchrunLauncherConf:
         return cls(**settings_from(cls, launcher_cfg))
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="torchrun", node=TorchrunLauncherConf)
-preview.install()  # hydra.launcher.dry_run=true on the command line (ddp_launcher/preview.py)
-
-
 class TorchrunLauncherBase(LifecycleLauncher, Launcher):
     """Hydra's Launcher for `hydra/launcher=torchrun` (launch and launch_stream: lifecycle)."""
 
@@ -163,6 +170,7 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
         configure_sweep_logging(config)
         with launcher_errors():  # before the warm start forks on a machine it cannot run on
             check_host()
+        self.check_setup(config, hydra_context)  # before the sweeper writes (a dry run: preview)
         if os.environ.get("RANK") is None and not self.settings.dry_run:  # (a rank: check())
             self.start_warm()
 
@@ -202,7 +210,7 @@ def run_task_or_hand_off(task: str, cfg: DictConfig) -> Any:
     trainer.device=cpu job sees no GPU, here and in its ranks (hide_gpus_from_cpu_job)."""
     if not started_as_rank():
         hide_gpus_from_cpu_job(cfg)
-        if requested_world(cfg.dist, visible_gpus(), job_device(cfg)) != (1, 1):
+        if single_run_world(cfg) != (1, 1):
             return run_in_torchrun(cfg, functools.partial(run_task, task))
     return run_task(task, cfg)
 
@@ -214,6 +222,19 @@ def hide_gpus_from_cpu_job(cfg: DictConfig, environ=os.environ) -> None:
     on a GPU another job was given."""
     if job_device(cfg) == "cpu":
         environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def single_run_world(cfg: DictConfig) -> tuple[int, int]:
+    """(ranks per node, nodes) of `python train.py ...` without -m: its dist's, and where its
+    configured launcher is this one (train.py's default), under the launcher's keys as a sweep
+    job is (`python train.py hydra.launcher.nproc_per_node=2` runs 2 ranks too)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    launcher = HydraConfig.get().launcher
+    if OmegaConf.select(launcher, "_target_") != TorchrunLauncherConf._target_:
+        return requested_world(cfg.dist, visible_gpus(), device=job_device(cfg))
+    world = launcher_world(TorchrunLauncherConf.from_config(launcher))
+    return job_world(cfg, visible_gpus(), world)[:2]
 
 
 def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
@@ -319,17 +340,22 @@ class TorchrunBackend:
 
     def place(self, job: Job) -> None:
         gpus, s = self.gpus, self.settings
-        job.nproc, job.nnodes, job.uses_gpus = job_world(job.spec.config, len(gpus))
+        world = launcher_world(s)
+        job.nproc, job.nnodes, job.uses_gpus = job_world(job.spec.config, len(gpus), world)
         # the same job runs on every node: one node's launcher keeps its records
         job.records = job.nnodes == 1 or keeps_records(s.node_rank, s.rdzv_endpoint)
-        check_gpus(job.nproc, job.uses_gpus, len(gpus), f"the launcher has {len(gpus)} ({gpus})")
+        nproc_key, nnodes_key = (world_key(job.spec.config, k, world) for k in WORLD_KEYS)
+        check_gpus(
+            job.nproc, job.uses_gpus, len(gpus), f"the launcher has {len(gpus)} ({gpus})", nproc_key
+        )
         if job.nnodes > 1 and not s.rdzv_endpoint:
             raise UserError(
-                f"dist.nnodes={job.nnodes} needs a rendezvous point every node can reach: set "
+                f"{nnodes_key}={job.nnodes} needs a rendezvous point every node can reach: set "
                 "hydra.launcher.rdzv_endpoint=HOST:PORT and start the same job on each node"
             )
         if s.rdzv_endpoint:
             job_endpoint(s.rdzv_endpoint, job.num)  # a UserError when it cannot be had
+        rdzv_conf(s.rdzv_conf)  # (a UserError now, not in the agent)
 
     def reserve(self, job: Job) -> tuple[list[int], list[int] | None] | None:
         """The job's GPUs (positions) and CPU slice, or None while there is no room."""
@@ -456,6 +482,7 @@ class TorchrunBackend:
             # ended): the agent's own lines go to agent.log beside the ranks' files.
             log=None if self.tee != "0" else str(files / AGENT_LOG),
             cpus=cpus,
+            rdzv_conf=rdzv_conf(s.rdzv_conf),
         )
         if s.rdzv_endpoint:  # (place() refused a multi-node job without one)
             spec.rdzv_backend = s.rdzv_backend
@@ -473,7 +500,8 @@ class TorchrunBackend:
         for stale in (RESULT_PKL, JOB_JSON, FAILURES_JSON):  # from an earlier run into this dir
             (files / stale).unlink(missing_ok=True)
         with open(files / JOB_PKL, "wb") as f:
-            dump_job(job.spec, f)
+            task = by_reference(job.spec.task_function)  # the app's script's: by name
+            dump_job(replace(job.spec, task_function=task), f)
         env = self.job_env(job, gpus, cpus)
         self.warn_oversubscribed(job, cpus)
         log.log(
@@ -590,6 +618,54 @@ class TorchrunBackend:
 def gpu_list(gpus: list[int]) -> str:
     """`[0,2]`: a list as an override takes it, pasted into a shell (no space)."""
     return f"[{','.join(str(g) for g in gpus)}]"
+
+
+WORLD_KEYS = ("nproc_per_node", "nnodes")
+
+
+def launcher_world(settings: TorchrunLauncherConf) -> tuple[Any, Any]:
+    """The launcher's (nproc_per_node, nnodes), what a job's `auto` or absent `dist` key takes:
+    torchrun's forms, `auto` or a count; nnodes also MIN:MAX with MIN = MAX (the other torchrun
+    launchers' default is 1:1), as jobs here have a fixed number of nodes."""
+    nnodes = str(settings.nnodes).strip()
+    if ":" in nnodes:
+        low, _, high = nnodes.partition(":")
+        if low.strip() != high.strip():
+            raise UserError(
+                f"hydra.launcher.nnodes={nnodes} is an elastic range: a job here runs on a fixed "
+                "number of nodes: use one number, e.g. hydra.launcher.nnodes="
+                f"{high.strip() or low.strip()}"
+            )
+        nnodes = low.strip()
+    return settings.nproc_per_node, nnodes
+
+
+def rdzv_conf(value: Any) -> dict[str, str]:
+    """hydra.launcher.rdzv_conf as the rendezvous backend's options (torch reads each value as
+    the type it needs): a mapping, or torchrun's --rdzv-conf string KEY=VALUE,..."""
+    if isinstance(value, dict):
+        return {str(key): str(item) for key, item in value.items()}
+    options = {}
+    for item in filter(None, (part.strip() for part in str(value or "").split(","))):
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(
+                f"hydra.launcher.rdzv_conf={value}: write KEY=VALUE pairs separated by commas, "
+                """e.g. 'hydra.launcher.rdzv_conf="join_timeout=900,read_timeout=120"', or """
+                "hydra.launcher.rdzv_conf={join_timeout:900,read_timeout:120}"
+            )
+        options[key.strip()] = text.strip()
+    return options
+
+
+def world_key(config: DictConfig, key: str, world: tuple[Any, Any]) -> str:
+    """Which key a job's `key` (nproc_per_node, nnodes) came from, for its errors: its own
+    `dist.<key>` when set, else the launcher's (core/world.py's job_world)."""
+    own = OmegaConf.select(config, f"dist.{key}", default=None)
+    launcher = world[WORLD_KEYS.index(key)]
+    if (own is None or str(own).strip() == "auto") and str(launcher).strip() != "auto":
+        return f"hydra.launcher.{key}"
+    return f"dist.{key}"
 
 
 def job_endpoint(endpoint: str, num: int) -> str:

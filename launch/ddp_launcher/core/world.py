@@ -100,11 +100,15 @@ def uses_gpus(backend: Any, n_gpus: int, device: Any = "auto") -> bool:
     return n_gpus > 0 and str(backend) != "gloo" and str(device) != "cpu"
 
 
-def requested_world(dist_cfg: Any, n_gpus: int, device: Any = "auto") -> tuple[int, int]:
+def requested_world(
+    dist_cfg: Any, n_gpus: int, keys: dict[str, str] | None = None, device: Any = "auto"
+) -> tuple[int, int]:
     """(nproc_per_node, nnodes) a job asks for outside torchrun, `auto` resolved (`device`: its
-    trainer.device)."""
-    nproc = parse_count(dist_cfg.nproc_per_node, "dist.nproc_per_node")
-    nnodes = parse_count(dist_cfg.nnodes, "dist.nnodes")
+    trainer.device); `keys`: the config key a value came from when it is not `dist.<name>` (its
+    errors name it)."""
+    keys = keys or {}
+    nproc = parse_count(dist_cfg.nproc_per_node, keys.get("nproc_per_node", "dist.nproc_per_node"))
+    nnodes = parse_count(dist_cfg.nnodes, keys.get("nnodes", "dist.nnodes"))
     if nproc is None:
         nproc = n_gpus if uses_gpus(dist_cfg.backend, n_gpus, device) else 1
     return nproc, nnodes or 1
@@ -145,36 +149,49 @@ def ranks_per_slurm_task(local_world_size: int, environ=os.environ) -> int:
     """How many ranks share this rank's SLURM task, and so its CPUs: the `local_world_size`
     ranks of the torch elastic agent that started it (torchrun, or this package's launcher:
     TORCHELASTIC_RUN_ID is set), which is one process of one task (torchrun in the batch script
-    or in an srun step, `python train.py dist.nproc_per_node=N` in an `srun --pty` shell); 1
-    where the rank is a task of its own (ddp_launcher/ranks/slurm_task.py, sbatch_example.sh
-    map SLURM's variables to torch's; no agent)."""
+    or in an srun step, an app's own hand-off to N ranks in an `srun --pty` shell); 1 where the
+    rank is a task of its own (ddp_launcher/ranks/slurm_task.py, sbatch_example.sh map SLURM's
+    variables to torch's; no agent)."""
     return max(1, local_world_size) if "TORCHELASTIC_RUN_ID" in environ else 1
 
 
-def job_world(config: DictConfig, n_gpus: int) -> tuple[int, int, bool]:
+def job_world(
+    config: DictConfig, n_gpus: int, launcher: tuple[Any, Any] | None = None
+) -> tuple[int, int, bool]:
     """(ranks per node, nodes, whether its ranks use GPUs) a job asks for in its `dist` node
     (and trainer.device: `cpu` uses no GPU), `auto` resolved against `n_gpus` usable GPUs per
-    node. An app without a `dist` node (or without a key of it) runs 1 rank on 1 node."""
+    node.
+
+    `launcher`: the launcher's own (nproc_per_node, nnodes) (torchrun's names, e.g.
+    hydra.launcher.nproc_per_node=2), the weaker side: a job's `dist` value set for it wins, and
+    its `auto` or absent key takes the launcher's; an app without `dist` is then a job like any
+    other (`auto` ranks: one per GPU, 1 on the CPU). Without `launcher` (SLURM's, which sizes jobs
+    by keys of its own), an app without a `dist` node or key runs 1 rank on 1 node, no GPU."""
     dist = OmegaConf.select(config, "dist")
-    if not isinstance(dist, DictConfig):
+    if launcher is None and not isinstance(dist, DictConfig):
         return 1, 1, False
-    request = SimpleNamespace(
-        nproc_per_node=OmegaConf.select(dist, "nproc_per_node", default=1),
-        nnodes=OmegaConf.select(dist, "nnodes", default=1),
-        backend=OmegaConf.select(dist, "backend", default="auto"),
-    )
+    dist = dist if isinstance(dist, DictConfig) else OmegaConf.create()
+    request = SimpleNamespace(backend=OmegaConf.select(dist, "backend", default="auto"))
+    keys = {}
+    for i, key in enumerate(("nproc_per_node", "nnodes")):
+        value = OmegaConf.select(dist, key, default=None)
+        if launcher is None:
+            value = 1 if value is None else value
+        elif value is None or str(value).strip() == "auto":
+            value, keys[key] = launcher[i], f"hydra.launcher.{key}"
+        setattr(request, key, value)
     device = job_device(config)
-    nproc, nnodes = requested_world(request, n_gpus, device)
+    nproc, nnodes = requested_world(request, n_gpus, keys, device)
     return nproc, nnodes, uses_gpus(request.backend, n_gpus, device)
 
 
-def check_gpus(nproc: int, gpu_job: bool, n_gpus: int, what: str) -> None:
-    """A GPU job takes one GPU per rank: it cannot ask for more than a node has (`what`)."""
+def check_gpus(
+    nproc: int, gpu_job: bool, n_gpus: int, what: str, key: str = "dist.nproc_per_node"
+) -> None:
+    """A GPU job takes one GPU per rank: it cannot ask for more than a node has (`what`); `key`:
+    where the job's ranks per node came from."""
     if gpu_job and nproc > n_gpus:
-        raise UserError(
-            f"dist.nproc_per_node={nproc} asks for {nproc} GPUs per node but {what}: "
-            "lower dist.nproc_per_node"
-        )
+        raise UserError(f"{key}={nproc} asks for {nproc} GPUs per node but {what}: lower {key}")
 
 
 C10D_DEFAULT_PORT = 29400  # torch's, for an endpoint without one (c10d_rendezvous_backend.py)

@@ -111,7 +111,10 @@ def launch_config(spec: AgentSpec, logs_specs: Any) -> Any:
         rdzv_endpoint=spec.rdzv_endpoint,
         rdzv_backend=spec.rdzv_backend,
         # torchrun's --node-rank: read by the static rendezvous only (torch.distributed.run)
-        rdzv_configs={"rank": spec.node_rank} if spec.rdzv_backend == "static" else {},
+        rdzv_configs={
+            **spec.rdzv_conf,
+            **({"rank": spec.node_rank} if spec.rdzv_backend == "static" else {}),
+        },
         max_restarts=spec.max_restarts,
         monitor_interval=spec.monitor_interval,
         start_method="fork",  # the ranks are forked from this warm process: nothing to import

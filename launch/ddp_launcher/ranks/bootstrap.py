@@ -31,8 +31,8 @@ from ddp_launcher.ranks.lifeline import die_with_parent
 
 log = logging.getLogger(__name__)
 
-# The package's conf/ (hydra_plugins/hydra_ddp_launcher/conf/, on every app's search path):
-# hydra/job_logging/other_ranks.yaml is the package's, not an app's.
+# The package's conf/ (hydra_plugins/hydra_ddp_launcher/conf/, on the search path of apps run
+# through the entry point: searchpath.py): hydra/job_logging/other_ranks.yaml is the package's.
 CONF = Path(__file__).resolve().parents[2] / "hydra_plugins" / "hydra_ddp_launcher" / "conf"
 # Ranks other than 0 write nothing: no `.hydra/`, errors-only logging. Overrides where a rank
 # composes its config (plain torchrun: entry.py), else applied by :func:`quiet_other_rank`.

@@ -29,6 +29,10 @@ from ddp_launcher.core.run_dir import process_start_time
 from ddp_launcher.ranks.bootstrap import OTHER_RANK_OVERRIDES, run_task
 from ddp_launcher.ranks.interrupt import hydra_keeps_ctrl_c
 
+# Set while an app runs through entry_point: its search path gets the package's config groups
+# for such apps (hydra/job_logging=other_ranks: hydra_plugins/hydra_ddp_launcher/searchpath.py)
+ENTERED = False
+
 INFO_FLAGS = {  # Hydra's flags that print and exit: no run dir for the ranks to agree on
     "--help",
     "-h",
@@ -55,6 +59,8 @@ def entry_point(
     The script calls it inside ddp_launcher/ranks/interrupt.py's ctrl_c_exits (Ctrl-C: one line)."""
     import hydra
 
+    global ENTERED
+    ENTERED = True
     check_sweeper_params(sys.argv)
     argv = search_as_multirun(sys.argv)
     sys.argv = prepare_argv(dry_run_as_multirun(argv))

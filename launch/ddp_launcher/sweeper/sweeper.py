@@ -3,7 +3,9 @@ on current Optuna, plus pruning across a DDP job's ranks (`pruner`:
 ddp_launcher/ranks/pruning.py), a new
 trial whenever any running one ends (a launcher's `launch_stream`; else batches, `launch`), the
 study beside its jobs (study.py; job number = trial number) and resume (study.py). Hydra
-instantiates the subclass in hydra_plugins/hydra_ddp_optuna_sweeper.
+instantiates hydra_plugins/hydra_ddp_launcher/optuna_sweeper.py's class, which makes an
+:class:`OptunaSweeperBase`; its configs (`hydra/sweeper=optuna`, its alias `ddp_optuna`, and
+`hydra/sweeper/sampler=<name>`) are served from there too (searchpath.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -201,16 +202,39 @@ class OptunaSweeperConf:
     stream: bool = True  # false: batches of n_jobs trials, each waiting for its slowest
 
 
-ConfigStore.instance().store(
-    group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="hydra-ddp"
-)
-for _name, _conf in SAMPLERS.items():
-    ConfigStore.instance().store(
-        group="hydra/sweeper/sampler", name=_name, node=_conf, provider="hydra-ddp"
-    )
-for _name, _conf in PRUNER_CONFS.items():
-    ConfigStore.instance().store(
-        group="hydra/sweeper/pruner", name=_name, node=_conf, provider="hydra-ddp"
+def sampler_config(name: str) -> type:
+    """`hydra/sweeper/sampler=<name>`'s config, typed (hydra_plugins/hydra_ddp_launcher/
+    searchpath.py serves it)."""
+    return SAMPLERS[name]
+
+
+def pruner_config(name: str) -> type:
+    """`hydra/sweeper/pruner=<name>`'s config, typed (served as sampler_config's)."""
+    return PRUNER_CONFS[name]
+
+
+OPTUNA_FLOOR = 4  # the major version launch/pyproject.toml asks for (FloatDistribution, ...)
+
+
+def require_optuna(version: str) -> None:
+    """One line where an older Optuna is installed: hydra-optuna-sweeper 1.3.0 asks pip for
+    optuna<3 and gets 2.10, on which this sweeper cannot run (hydra-optuna-sweeper itself runs
+    on Optuna 4 and 5)."""
+    major = version.split(".")[0]
+    if not major.isdigit() or int(major) < OPTUNA_FLOOR:
+        raise UserError(
+            f"hydra-ddp-launcher's Optuna sweeper needs optuna>={OPTUNA_FLOOR}, and optuna "
+            f"{version} is installed (hydra-optuna-sweeper asks for optuna<3): pip install "
+            f"'optuna>={OPTUNA_FLOOR}'"
+        )
+
+
+def grid_without_space(sampler: Any) -> bool:
+    """A GridSampler config that leaves its grid to the sweep."""
+    return (
+        OmegaConf.is_dict(sampler)
+        and str(sampler.get("_target_")).endswith("GridSampler")
+        and sampler.get("search_space") is None
     )
 
 
@@ -229,6 +253,12 @@ class OptunaSweeperBase(Sweeper):
             )
         conf = OptunaSweeperConf(**settings)
         sampler = None if conf.sampler is MISSING else conf.sampler
+        if grid_without_space(sampler):
+            # hydra-optuna-sweeper's hydra/sweeper/sampler=grid (where both are installed, its
+            # configs of the shared names are used): the space is given in sweep(), as to ours
+            plain = OmegaConf.to_container(sampler)
+            plain.pop("search_space", None)
+            sampler = OmegaConf.create({**plain, "_partial_": True})
         if OmegaConf.is_dict(sampler) and "_target_" in sampler:
             # Hydra leaves a plugin's nested `_target_`s to it (`_recursive_: false` above)
             sampler = instantiate(sampler_node(sampler))
@@ -262,6 +292,9 @@ class OptunaSweeperBase(Sweeper):
     def check_settings(self) -> None:
         """The settings no schema type checks, before anything is written (here, not in
         __init__: Hydra's instantiate would wrap the error in lines of its own)."""
+        import optuna
+
+        require_optuna(optuna.__version__)
         conf = self.conf
         if not 0.0 <= conf.max_failure_rate <= 1.0:
             raise UserError("hydra.sweeper.max_failure_rate: a fraction between 0 and 1")
@@ -275,6 +308,13 @@ class OptunaSweeperBase(Sweeper):
         import optuna
 
         from ddp_launcher.core.trials import open_storage
+
+        dry_run = self.config is not None and OmegaConf.select(
+            self.config, "hydra.launcher.dry_run", default=False
+        )
+        if dry_run and hasattr(self.launcher, "preview"):
+            self.preview(arguments)  # ddp_launcher/preview.py: nothing written, no callback
+            raise SystemExit(0)
 
         ran_before = any(self.sweep_dir.glob(f"*/{LAUNCH_FILE}"))
         if self.resume and not continue_study(self) and ran_before:

@@ -1,8 +1,10 @@
 """Hydra's plugins of hydra-ddp-launcher (launch/README.md): `hydra/launcher=torchrun`,
-`hydra/launcher=slurm` and `hydra/sweeper=optuna`.
+`hydra/launcher=slurm` and `hydra/sweeper=optuna` (also `ddp_torchrun`, `ddp_slurm`,
+`ddp_optuna`: names no other plugin has).
 
-Hydra discovers plugins only inside the `hydra_plugins` namespace package and instantiates only
-classes defined there, so these modules hold the Launcher and Sweeper classes and nothing else;
-their schemas and the work are in the `ddp_launcher` package beside this one. conf/ holds the
-ready-to-use `hydra/launcher=slurm`, on every app's search path (searchpath.py).
+Hydra's plugin scan imports every module here for every Hydra app in the environment, on every
+start, and Hydra instantiates only classes defined here: so these modules hold thin classes that
+import nothing of the package until an app selects one (each makes its implementation's instance
+from the `ddp_launcher` package beside this one), and the configs come from a config source of
+the package's own that makes a config only when an app composes it (searchpath.py).
 """
