@@ -11,14 +11,23 @@ with this command line's overrides on top (e.g. dataset.root=... on another mach
 story, in every rank: find the checkpoint -> join the process group -> build the data ->
 rebuild the model and load the weights -> evaluate this rank's exact shard -> all-reduce ->
 rank 0 writes eval.json, confusion_matrix.png (and predictions.csv) into this evaluation's own
-run dir, and a W&B run (job_type=eval) in the training run's group. Validation in train.py
+run dir, a W&B run (job_type=eval) in the training run's group, and result.json (the launcher's
+record: its value the split's accuracy, which a sweep's report ranks by). Validation in train.py
 computes its metrics with the same code (components/evaluation.py).
 """
 
 if __name__ == "__main__":  # `python eval.py ...`: Hydra first, torch only when a job runs
     from ddp_launcher import entry_point
 
-    entry_point(__file__, task="eval:main", config_name="eval", schema="conf.schema")
+    from conf import TRUSTED_TARGETS
+
+    entry_point(
+        __file__,
+        task="eval:main",
+        config_name="eval",
+        schema="conf.schema",
+        trusted_targets=TRUSTED_TARGETS,  # the `_target_`s its configs may name
+    )
 
 
 import logging
@@ -121,4 +130,5 @@ def evaluate_checkpoint(cfg: DictConfig) -> float | None:
     record.log_wandb(
         trained, ckpt["progress"], report, result, label=split if folder is None else "predict"
     )
+    record.write_result(report)
     return result.acc if result is not None else None

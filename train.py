@@ -24,7 +24,15 @@ if __name__ == "__main__":  # `python train.py ...` (also each rank under plain 
     # loads), then runs main() here, or in the dist.nproc_per_node ranks it starts.
     from ddp_launcher import entry_point
 
-    entry_point(__file__, task="train:main", config_name="train", schema="conf.schema")
+    from conf import TRUSTED_TARGETS
+
+    entry_point(
+        __file__,
+        task="train:main",
+        config_name="train",
+        schema="conf.schema",
+        trusted_targets=TRUSTED_TARGETS,  # the `_target_`s its configs may name
+    )
 
 import logging
 import math

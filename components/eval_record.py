@@ -1,7 +1,9 @@
 """Rank 0's record of an evaluation (eval.py): eval.json, confusion_matrix.png and
-predictions.csv in the evaluation's own run dir, and a W&B run with job_type=eval in the
-training run's group. Other ranks get a record that writes nothing. Nothing is written for an
-evaluation that fails; W&B problems are warnings and never fail it.
+predictions.csv in the evaluation's own run dir, a W&B run with job_type=eval in the training
+run's group, and result.json, the launcher's record of the job (its value the split's top-1
+accuracy: a sweep's report ranks evaluations as it ranks any job). Other ranks get a record
+that writes nothing. Nothing is written for an evaluation that fails; W&B problems are warnings
+and never fail it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ddp_launcher import atomic_path, resolve_wandb_mode, write_atomic
+from ddp_launcher import RunResult, atomic_path, resolve_wandb_mode, write_atomic, write_result
 from omegaconf import DictConfig, OmegaConf
 
 from components.evaluation import EvalResult
@@ -147,6 +149,30 @@ class EvalRecord:
         if label == "test" and result is not None and train_id:
             self._into_training_run(w, train_id, group, train_name, result.scalars("test"))
         write_atomic(self.out_dir / EVAL_FILE, json.dumps(report.to_json(), indent=2) + "\n")
+
+    def write_result(self, report: EvalReport) -> None:
+        """result.json (ddp_launcher.RunResult): the job's value is the split's top-1 accuracy
+        (None for a folder of images), its metric `<split>/acc`, higher is better; its summary
+        (the report's columns) the split and what was measured there (eval_acc, eval_loss,
+        ...); eval.json stays the evaluation's full record."""
+        if not self.enabled:
+            return
+        measured = {
+            k: v
+            for k, v in report.metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and not k.endswith("count")
+        }
+        result = RunResult(
+            "completed",
+            value=measured.get("acc"),
+            metric=f"{report.split}/acc",
+            direction="max",
+            summary={"split": report.split, **{f"eval_{k}": v for k, v in measured.items()}},
+            wall_time_s=report.wall_time_s,
+            wandb_run_id=report.wandb_run_id,
+        )
+        result.app = {"checkpoint": report.checkpoint, "world_size": report.world_size}
+        write_result(self.out_dir, result)
 
     def _into_training_run(self, w, run_id: str, group, name, test: dict) -> None:
         online = resolve_wandb_mode(w.mode) == "online"

@@ -454,8 +454,14 @@ def differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
 
 
 def check_eval(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
-    """eval.py's: the checkpoint it names exists and is whole; its own world's timeouts."""
+    """eval.py's: the checkpoint it names exists and is whole, the eval dir is not the training
+    run it evaluates (whatever that dir holds yet); its own world's timeouts."""
     check_timeouts(cfg)
+    if cfg.run and Path(str(cfg.run)).resolve() == Path(run_dir).resolve():
+        raise UserError(
+            f"{run_dir} holds a training run: eval.py writes into a dir of its own, never "
+            "into a training run: drop hydra.run.dir or choose another one"
+        )
     path = find_checkpoint(cfg.run, cfg.ckpt)
     usable(path, "ckpt")
 

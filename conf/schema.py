@@ -138,6 +138,9 @@ class DistConfig:
     nproc_per_node: str = "auto"
     nnodes: str = "auto"
     backend: str = "auto"  # auto | nccl | gloo
+    # The launcher's key: auto | cpu | cuda; cpu runs the ranks on the CPU (auto: 1 of them, no
+    # GPU reserved). conf/dist/*.yaml set it from trainer.device, which the ranks train on.
+    device: str = "auto"
     timeout_s: int = 600
     # Collective timeout once the first step is done (startup, downloads and compilation are
     # slow; a stuck step should fail fast). null keeps timeout_s.

@@ -1,10 +1,9 @@
 """The docs cannot rot: every `python train.py ...`, `python eval.py ...`, `torchrun ...
-train.py ...` and `sbatch ... launch/ddp_launcher/sbatch_example.sh ...` command in README.md and
-docs/*.md is
-composed by Hydra in this process (as `python train.py --cfg job <overrides>` would, without
-torch or a process), so a renamed key, group or choice fails here, naming the file and line of
-the command. Commands that need data or a cluster are composed, not run; a sweep (`-m`) has
-each of its jobs composed."""
+train.py ...` and `APP=train.py sbatch ... launch/ddp_launcher/sbatch_example.sh ...` command
+in README.md and docs/*.md is composed by Hydra in this process (as `python train.py --cfg job
+<overrides>` would, without torch or a process), so a renamed key, group or choice fails here,
+naming the file and line of the command. Commands that need data or a cluster are composed,
+not run; a sweep (`-m`) has each of its jobs composed."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent  # tests/helpers.py would import t
 IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])  # as tests/helpers.py
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# (the sbatch example runs the app its APP variable names)
 SCRIPTS = {"train.py": "train", "eval.py": "eval", "launch/ddp_launcher/sbatch_example.sh": "train"}
 # Hydra's own flags: those that take a value, and those that do not (they change what Hydra
 # prints, not what it composes).
@@ -55,8 +55,10 @@ def parse(text: str, where: str) -> Command | None:
         words = shlex.split(placeholder_free(text), comments=True)
     except ValueError as e:
         raise AssertionError(f"{where}: `{text}` is not a shell command: {e}") from e
+    env = {}
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):  # VAR=value prefixes
-        words.pop(0)
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
     script = next((i for i, w in enumerate(words) if w in SCRIPTS), None)
     if script is None or words[0] not in {"python", "python3", "torchrun", "sbatch", "srun"}:
         return None
@@ -80,6 +82,10 @@ def parse(text: str, where: str) -> Command | None:
         else:
             overrides.append(word)
     config = SCRIPTS[words[script]]
+    if words[script].endswith("sbatch_example.sh"):  # it runs the script APP names
+        if env.get("APP") not in SCRIPTS:
+            raise AssertionError(f"{where}: `{text}` runs the example's placeholder app: set APP")
+        config = SCRIPTS[env["APP"]]
     shown = re.sub(r"\s+#[^'\"]*$", "", text)  # the command without its trailing comment
     return Command(where, shown, config, tuple(overrides), multirun, config_dir)
 

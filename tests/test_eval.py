@@ -333,6 +333,15 @@ def test_eval_sweep_on_two_ranks_is_exact(train_sweep, tmp_path):
     for (run_name, split), job in jobs.items():
         row = next(r for (o, s), r in table.items() if s == split and f"/{run_name} " in o + " ")
         assert float(row["eval_acc"]) == read_json(job / "eval.json")["metrics"]["acc"]
+        # ranked as any job: by the value eval.py wrote into result.json, the split's accuracy
+        result = read_json(job / "result.json")
+        assert (result["status"], result["metric"], result["direction"]) == (
+            "completed",
+            f"{split}/acc",
+            "max",
+        )
+        acc = read_json(job / "eval.json")["metrics"]["acc"]
+        assert result["value"] == float(row["best"]) == acc
 
 
 @pytest.mark.slow

@@ -5,8 +5,11 @@ own and may change. Importing this file imports nothing else: each name loads it
 first used (the launcher's startup is measured).
 
 The app's entry and its errors
-* entry_point(script, task, config_name, schema=None): the script's entry (Hydra's main, the
-  hand-off to N ranks); Ctrl-C however early is one line and exit 130 (ctrl_c_exits);
+* entry_point(script, task, config_name, schema=None, trusted_targets=()): the script's entry
+  (Hydra's main, the hand-off to N ranks; `trusted_targets`: the `_target_`s the app's configs
+  may name, Hydra 1.4's execution whitelist beside PACKAGE_TARGETS, the package's own, which an
+  unmodified `@hydra.main` app naming the package's callbacks adds to its own whitelist); Ctrl-C
+  however early is one line and exit 130 (ctrl_c_exits);
 * UserError: bad input, one line naming the fix, exit 2 (in any rank: the job fails as a user
   error, never retried); describe(error), one_line(text): an error as one line;
   instantiate(node): Hydra's, re-raising a target's UserError as itself;
@@ -52,6 +55,7 @@ from typing import Any
 # public name -> "module" (the same name there) or "module:name"
 _API = {
     "entry_point": "ddp_launcher.app",
+    "PACKAGE_TARGETS": "ddp_launcher.core.hydra_compat",
     "ctrl_c_exits": "ddp_launcher.ranks.interrupt",
     "UserError": "ddp_launcher.core.errors",
     "describe": "ddp_launcher.core.errors",

@@ -6,7 +6,7 @@ git_state: the one git reader of the repo), and a digest of the job's resolved c
 record keeps the job's first resolved config, flat, to name the keys that changed. A resumed
 job whose code or config differs from its first attempt's says so in one line
 (:func:`drift_line`); hydra.launcher.on_drift=refuse makes that a user error. A single run
-(`python train.py`, with dist.nproc_per_node=N, rank 0 of plain torchrun) records its attempts
+(`python app.py`, with dist.nproc_per_node=N, rank 0 of plain torchrun) records its attempts
 in its run dir's launch.json the same way, from its gate (ddp_launcher/resume.py's RunAttempts).
 Torch-free.
 """

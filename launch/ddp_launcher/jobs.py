@@ -50,7 +50,7 @@ class Job:
     started: float = 0.0  # when this attempt was started (unix time; 0: never)
     error: str | None = None  # why it cannot start (a user error found while planning it)
     swept: list[str] = field(default_factory=list)  # the sweep's keys (ddp_launcher/core/naming.py)
-    # False: `python train.py dist.nproc_per_node=N` (no per-job line, no attempts record).
+    # False: `python app.py dist.nproc_per_node=N` (no per-job line, no attempts record).
     in_sweep: bool = True
     # whether this launcher keeps the job's records (its dir's lock, launch.json, a failure's
     # result.json): of a job every node's launcher runs, one node's (core/world.keeps_records)
@@ -400,7 +400,7 @@ def write_launcher_result(job: Job, status: str, error: str) -> RunResult:
 
 
 def job_done(job: Job, ret: Any) -> Any:
-    """Say in one line how a sweep job ended: `#3 completed  val/acc=0.9194 (max, epoch 5)
+    """Say in one line how a sweep job ended: `#3 completed  val/loss=0.0123 (min, epoch 5)
     41.2s  lr=0.05 hidden=128`, or `#4 failed  3.1s  lr=0.5: <why>`; return `ret`. The value is
     the job's from its result.json (`value`, `metric`, `direction`, `value_epoch`)."""
     if not job.in_sweep:

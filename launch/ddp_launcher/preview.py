@@ -7,7 +7,7 @@ launcher's setup, which Hydra runs inside the sweeper's setup (:func:`prepare_dr
 same config, sweeper and launcher, asked for the jobs instead of told to run them. A row comes
 from the code the real launch runs: the backend places the job (its world size, its launcher
 checks), the resume decision of ddp_launcher/resume.py, the app's gate
-(ddp_launcher/core/gate.py's check_start: conf/checks.py's checks, the run dir's plan), the
+(ddp_launcher/core/gate.py's check_start: the app's checks, the run dir's plan), the
 backend's own resources (torchrun's GPUs and CPU slice from its packing; SLURM's sbatch options
 from submitit's batch script). Nothing is written, no process started, torch not imported; a job
 that would fail its checks is one line naming it, exit 2.
@@ -38,8 +38,8 @@ def prepare_dry_run(config: Any, hydra_context: Any = None) -> None:
     sweeper writes anything. Hydra has no hook between composing a sweep and its sweeper's first
     write, so for this process only (a dry run's) the basic sweeper's sweep is wrapped to preview
     its jobs (:func:`preview_basic_sweeps`); this package's Optuna sweeper previews by itself;
-    any other sweeper is refused in one line. The gate's sweep checks run first (as the
-    experiment's RunGate runs them at on_multirun_start), and the multirun's callbacks (its
+    any other sweeper is refused in one line. The gate's sweep checks run first (as an app's
+    RunGate runs them at on_multirun_start), and the multirun's callbacks (its
     `hydra_context`'s) are dropped: Hydra 1.4 calls their on_multirun_end even when the
     preview ends the process, and a sweep report would be a write. Without a dry run nothing
     is touched."""

@@ -262,7 +262,7 @@ def resume_decision(
 
 def continue_in_dir(job: Any) -> None:
     """The job's next attempt runs again in its dir. Where the launcher names the app's resume
-    key (opt-in: `hydra.launcher.resume_key: resume`, as train.py's config does), that key says
+    key (opt-in: `hydra.launcher.resume_key: resume`, as an app's config may set), that key says
     `auto`: the app continues from its checkpoints (with none yet, it starts over the attempt
     before, in one W&B run). Without one the app's config stays as it is (its `resume:
     /path/pretrained.pt` too): what it does in a dir holding its earlier attempt is its own."""
@@ -394,7 +394,7 @@ def record_stopped(job: Any, signal_name: str, interrupted: bool = False) -> str
         result = write_launcher_result(job, "interrupted", why)
     ctrl_c = not job.in_sweep and signal_name == "SIGINT"
     if (ctrl_c or interrupted) and result.status in ("preempted", "interrupted"):
-        # `python train.py dist.nproc_per_node=N` Ctrl-C'd, or a sweep job stopped by fail_fast:
+        # `python app.py dist.nproc_per_node=N` Ctrl-C'd, or a sweep job stopped by fail_fast:
         # its ranks stopped at a checkpoint as preemption does, but no scheduler preempted it
         # (the user or the launcher stopped it); resume=auto continues it
         said = "Ctrl-C" if ctrl_c else signal_name

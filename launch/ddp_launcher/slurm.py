@@ -34,6 +34,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf
 
+from ddp_launcher.core.app_command import APP_COMMAND_ENV, app_command
 from ddp_launcher.core.errors import UserError, job_value
 from ddp_launcher.core.host import require_extra
 from ddp_launcher.core.repro import CODE_DIR_ENV, task_code_dir
@@ -77,14 +78,14 @@ class DDPSlurmQueueConf:
     """`hydra.launcher` of `hydra/launcher=slurm` (also `ddp_slurm`): every job of a sweep is
     one SLURM job, one task per rank, e.g.
 
-        python train.py -m hydra/launcher=slurm dist.nproc_per_node=8 dist.nnodes=2 lr=0.05,0.1
-        python train.py -m hydra/launcher=slurm hydra.launcher.partition=gpu ...
+        python my_app.py -m hydra/launcher=slurm dist.nproc_per_node=8 dist.nnodes=2 lr=0.05,0.1
+        python my_app.py -m hydra/launcher=slurm hydra.launcher.partition=gpu ...
 
     Each job's own dist.nnodes x dist.nproc_per_node becomes its nodes x tasks per node (GPU
     jobs: one GPU per task), so jobs of one sweep may differ in size; jobs asking for the same
     resources are submitted together as one job array. Every key can be overridden per sweep
     (hydra.launcher.<key>=...) and may interpolate the job's config, e.g. timeout_min:
-    ${oc.select:trainer.max_epochs,10}. hydra-submitit-launcher's SLURM keys keep their meanings
+    ${oc.select:epochs,10}. hydra-submitit-launcher's SLURM keys keep their meanings
     (its SlurmQueueConf, 1.2): submitit_folder (submitit's files per job, on a file system every
     node sees; %j is the SLURM job id), name, timeout_min (the job's time limit, sbatch --time;
     a requeue starts a fresh one), cpus_per_task (CPUs per task, e.g. dataset.num_workers + 1;
@@ -195,7 +196,7 @@ class DDPSlurmLauncherBase(LifecycleLauncher, Launcher):
         if in_slurm_task() and int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1:
             raise UserError(
                 "a sweep cannot start in every task of an srun step: run "
-                "`python train.py -m ...` once"
+                f"`{app_command()} -m ...` once"
             )
         require_slurm()
 
@@ -380,6 +381,9 @@ class SlurmBackend:
         # the app's repository for the tasks' records (repro.py: git runs there)
         code = shlex.quote(str(task_code_dir(task, job.spec.config)))
         params["slurm_setup"].insert(0, f"export {CODE_DIR_ENV}={code}")
+        # how the app is started, for the lines its tasks say (the gate's, a bad fork's)
+        command = shlex.quote(app_command(job.spec.config))
+        params["slurm_setup"].insert(1, f"export {APP_COMMAND_ENV}={command}")
         job.nproc, job.nnodes = params["tasks_per_node"], params["nodes"]
         job.uses_gpus = "gpus_per_node" in params
         self.plans[job.num] = Submitted(

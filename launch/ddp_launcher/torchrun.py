@@ -1,4 +1,4 @@
-"""Run Hydra jobs as torchrun jobs: `hydra/launcher=torchrun`, and `python train.py
+"""Run Hydra jobs as torchrun jobs: `hydra/launcher=torchrun`, and `python app.py
 dist.nproc_per_node=N` (:func:`run_in_torchrun`).
 
 A job is one torchrun agent (ddp_launcher/ranks/agent.py: torch's `elastic_launch` starts,
@@ -31,9 +31,11 @@ from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_launcher.core import run_lock
+from ddp_launcher.core.app_command import APP_COMMAND_ENV, app_command
 from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value, one_line
 from ddp_launcher.core.fault_points import LAUNCHER_PID_ENV
 from ddp_launcher.core.host import check_host
+from ddp_launcher.core.hydra_compat import active_whitelist
 from ddp_launcher.core.repro import CODE_DIR_ENV, task_code_dir
 from ddp_launcher.core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
 from ddp_launcher.core.wandb_service import wandb_wanted
@@ -43,7 +45,6 @@ from ddp_launcher.core.world import (
     job_device,
     job_world,
     keeps_records,
-    requested_world,
     started_as_rank,
     usable_cores,
     visible_gpu_ids,
@@ -121,7 +122,7 @@ class TorchrunLauncherConf:
     log_dir: str = "rank_logs"
     # Ranks whose output also goes to the console (torchrun --tee: 0 none, 3 stdout+stderr,
     # 0:3 local rank 0's). null: none in a sweep (one line per finished job, then the summary),
-    # local rank 0's for `python train.py dist.nproc_per_node=N`.
+    # local rank 0's for `python app.py dist.nproc_per_node=N`.
     tee: str | None = None
     # Rerun with the same command and hydra.sweep.dir: completed jobs are not run again, the
     # others run again in their dirs (ddp_launcher/resume.py).
@@ -197,17 +198,16 @@ class TorchrunLauncherBase(LifecycleLauncher, Launcher):
     def check(self) -> None:
         if os.environ.get("RANK") is not None:
             raise UserError(
-                "a sweep cannot start inside a torchrun rank: run `python train.py -m ...`"
+                f"a sweep cannot start inside a torchrun rank: run `{app_command()} -m ...`"
             )
 
 
 def run_task_or_hand_off(task: str, cfg: DictConfig) -> Any:
-    """The task function of train.py and eval.py ("module:function",
-    ddp_launcher/ranks/bootstrap.py's
-    run_task runs it). `python train.py dist.nproc_per_node=N` (not itself a rank): this
-    process only hands the job to N ranks, which run the same task, so it imports neither
-    torch nor the task's module (seconds). Everywhere else the task runs here. A
-    trainer.device=cpu job sees no GPU, here and in its ranks (hide_gpus_from_cpu_job)."""
+    """The task function of an app run through the entry point ("module:function",
+    ddp_launcher/ranks/bootstrap.py's run_task runs it). `python app.py dist.nproc_per_node=N`
+    (not itself a rank): this process only hands the job to N ranks, which run the same task,
+    so it imports neither torch nor the task's module (seconds). Everywhere else the task runs
+    here. A dist.device=cpu job sees no GPU, here and in its ranks (hide_gpus_from_cpu_job)."""
     if not started_as_rank():
         hide_gpus_from_cpu_job(cfg)
         if single_run_world(cfg) != (1, 1):
@@ -216,7 +216,7 @@ def run_task_or_hand_off(task: str, cfg: DictConfig) -> Any:
 
 
 def hide_gpus_from_cpu_job(cfg: DictConfig, environ=os.environ) -> None:
-    """trainer.device=cpu: its ranks train on the CPU, so `auto` asks for 1 of them and they
+    """dist.device=cpu: its ranks run on the CPU, so `auto` asks for 1 of them and they
     reserve no GPU; with CUDA_VISIBLE_DEVICES empty (before torch is imported here) nothing of
     the job (the ranks' CUDA probes, a pinned-memory thread, a stray .cuda()) can take memory
     on a GPU another job was given."""
@@ -225,20 +225,20 @@ def hide_gpus_from_cpu_job(cfg: DictConfig, environ=os.environ) -> None:
 
 
 def single_run_world(cfg: DictConfig) -> tuple[int, int]:
-    """(ranks per node, nodes) of `python train.py ...` without -m: its dist's, and where its
-    configured launcher is this one (train.py's default), under the launcher's keys as a sweep
-    job is (`python train.py hydra.launcher.nproc_per_node=2` runs 2 ranks too)."""
+    """(ranks per node, nodes) of `python app.py ...` without -m: its dist's, and where its
+    configured launcher is this one (an app's default may be), under the launcher's keys as a
+    sweep job is (`python app.py hydra.launcher.nproc_per_node=2` runs 2 ranks too)."""
     from hydra.core.hydra_config import HydraConfig
 
     launcher = HydraConfig.get().launcher
     if OmegaConf.select(launcher, "_target_") != TorchrunLauncherConf._target_:
-        return requested_world(cfg.dist, visible_gpus(), device=job_device(cfg))
+        return job_world(cfg, visible_gpus())[:2]  # (its dist's keys, missing ones 1)
     world = launcher_world(TorchrunLauncherConf.from_config(launcher))
     return job_world(cfg, visible_gpus(), world)[:2]
 
 
 def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
-    """`python train.py dist.nproc_per_node=N`: run this very job's N ranks under torchrun.
+    """`python app.py dist.nproc_per_node=N`: run this very job's N ranks under torchrun.
 
     Hydra has already made the run dir and written `.hydra/` here; the ranks reuse both.
     Returns rank 0's return value; raises ddp_launcher.jobs.JobFailed when the job failed.
@@ -257,6 +257,7 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
         Singleton.get_state(),
         job_dir_key="hydra.run.dir",
         job_subdir_key=None,
+        execution_whitelist=active_whitelist(),  # the app's, which this job runs under here
     )
     job = Job(
         0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec, in_sweep=False
@@ -269,7 +270,7 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
 
 
 def single_run_settings(launcher_cfg: Any) -> TorchrunLauncherConf:
-    """The launcher settings of `python train.py dist.nproc_per_node=N`: one run, the only job
+    """The launcher settings of `python app.py dist.nproc_per_node=N`: one run, the only job
     this process starts, so it gets every core it may use whatever share of the GPUs it takes
     (max_parallel 1); rank 0's output is what the user watches, as in a 1-rank run (the other
     ranks' only output is errors, in their files under rank_logs/; the launcher names a rank
@@ -460,6 +461,8 @@ class TorchrunBackend:
         if job.spec is not None:
             code_dir = task_code_dir(job.spec.task_function, job.spec.config)
             env.setdefault(CODE_DIR_ENV, str(code_dir))
+            # how the app is started, for the lines its ranks say (a bad fork's, the gate's)
+            env.setdefault(APP_COMMAND_ENV, app_command(job.spec.config))
         if job.in_sweep:  # this launcher holds the job dir for its ranks (ddp_launcher/resume.py)
             env.update(run_lock.child_env(job.job_dir))
         return env
@@ -585,7 +588,7 @@ class TorchrunBackend:
         # only a consequence (Stopped) of another rank's failure
         task_error = None if stopped or user is not None else rank0
         failed = failed_job_return(job, reason, ret, cause=user, task_error=task_error)
-        # Rank 0 printed its own error where the user watches (`python train.py
+        # Rank 0 printed its own error where the user watches (`python app.py
         # dist.nproc_per_node=N` shows rank 0's output): the launcher need not say it again.
         verdict_of(failed).already_said = not stopped and self.tee != "0"
         return failed

@@ -117,7 +117,7 @@ def import_path() -> str:
 
 
 def task_modules(task_function: Any) -> list[str]:
-    """The module a task function runs ("train" for train.py's; ddp_launcher/ranks/bootstrap.py's
+    """The module a task function runs ("my_app" for my_app.py's; ddp_launcher/ranks/bootstrap.py's
     run_task names it), to import in the server; none for a task defined in a script."""
     args = getattr(task_function, "args", ())
     if args and isinstance(args[0], str) and ":" in args[0]:

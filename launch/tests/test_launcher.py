@@ -306,19 +306,19 @@ def test_job_world_from_the_jobs_dist_config() -> None:
 
 
 def test_a_cpu_job_on_a_gpu_node_runs_cpu_ranks_and_reserves_no_gpu(monkeypatch) -> None:
-    """trainer.device=cpu where 8 GPUs are visible (a faked count): auto is 1 CPU rank, an
+    """dist.device=cpu where 8 GPUs are visible (a faked count): auto is 1 CPU rank, an
     explicit count that many, none of them a GPU job; a sweep reserves it no GPU and hides
-    the node's from it; a single run (`python train.py trainer.device=cpu`) runs here, not as
-    8 gloo ranks, and cannot see the GPUs either."""
+    the node's from it; a single run (`python train.py trainer.device=cpu`, whose dist.device
+    follows trainer.device) runs here, not as 8 gloo ranks, and cannot see the GPUs either."""
     from ddp_launcher import torchrun
 
     def job(**dist: object) -> dict:
         dist = {"nproc_per_node": "auto", "nnodes": "auto", "backend": "auto", **dist}
-        return {"dist": dist, "trainer": {"device": "cpu"}}
+        return {"dist": {"device": "cpu", **dist}}
 
     assert job_world(OmegaConf.create(job()), 8) == (1, 1, False)
     assert job_world(OmegaConf.create(job(nproc_per_node=3)), 8) == (3, 1, False)
-    assert job_world(OmegaConf.create({**job(), "trainer": {"device": "auto"}}), 8) == (8, 1, True)
+    assert job_world(OmegaConf.create(job(device="auto")), 8) == (8, 1, True)
     backend = TorchrunBackend(TorchrunLauncherConf(), gpu_ids=[str(g) for g in range(8)])
     cpu_job = fake_job(0, config=job(nproc_per_node=2))
     place(cpu_job, backend)
@@ -332,6 +332,14 @@ def test_a_cpu_job_on_a_gpu_node_runs_cpu_ranks_and_reserves_no_gpu(monkeypatch)
     # 8 GPUs, as the driver's device nodes narrowed by CUDA_VISIBLE_DEVICES would show them
     gpus_here = lambda: min(8, len(cuda_visible(os.environ.get("CUDA_VISIBLE_DEVICES"))))  # noqa: E731
     monkeypatch.setattr(torchrun, "visible_gpus", gpus_here)
+    # the run's Hydra config, its configured launcher this one (the test then runs alone too)
+    from hydra.conf import HydraConf
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_node = OmegaConf.structured(HydraConf)
+    hydra_node.launcher = OmegaConf.structured(TorchrunLauncherConf)
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", HydraConfig.instance().cfg)  # restored
+    HydraConfig.instance().set_config(OmegaConf.create({"hydra": hydra_node}))
     handed_off, ran = [], []
     monkeypatch.setattr(torchrun, "run_in_torchrun", lambda cfg, fn: handed_off.append(cfg))
     monkeypatch.setattr(torchrun, "run_task", lambda task, cfg: ran.append(gpus_here()))

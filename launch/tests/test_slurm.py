@@ -834,6 +834,7 @@ def test_sbatch_example_runs_one_job_in_one_dir(idle_cluster: SlurmCluster, tmp_
         ],
         RUN_DIR=str(run_dir),
         PYTHON=sys.executable,
+        APP="train.py",
         **idle_cluster.env,
     )
     assert proc.returncode == 0, output(proc)
@@ -892,7 +893,14 @@ def test_tasks_run_on_the_cpus_sbatch_gave_them(idle_cluster: SlurmCluster, tmp_
         PROBE,
         *quick,
     ]
-    proc = run(by_hand, timeout=240, RUN_DIR=str(tmp_path / "run"), PYTHON=sys.executable, **env)
+    proc = run(
+        by_hand,
+        timeout=240,
+        RUN_DIR=str(tmp_path / "run"),
+        PYTHON=sys.executable,
+        APP="train.py",
+        **env,
+    )
     logs = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert proc.returncode == 0, output(proc) + logs[-5000:]
     ranks = probed(log)

@@ -446,10 +446,11 @@ DAMAGED = {
         "result.json: 'target' has no 'metric' (a string)",
     ),
     "best_text": ({"best": "0.9"}, "result.json: 'best' is a string, not a number or null"),
-    "eval_list": ([1, 2], "eval.json holds an array, not an object"),
-    "eval_metrics": (
-        {"split": "test", "metrics": [0.9]},
-        "eval.json: 'metrics' is an array, not an object or null",
+    # (an app's result.json as written whole: an evaluation's, its summary the measured)
+    "raw_list": ([1, 2], "result.json holds an array, not an object"),
+    "raw_summary": (
+        {"status": "completed", "value": 0.9, "metric": "test/acc", "summary": [0.9]},
+        "result.json: 'summary' is an array, not an object or null",
     ),
     "not_json": ("{'status': 'completed'", "result.json cannot be read"),
 }
@@ -462,9 +463,9 @@ def damaged_sweep(root: Path, *names: str) -> Path:
     _write_job(root / "1", ["optim.lr=0.2"], [0.6, 0.7], _completed([0.6, 0.7]))
     for name in names:
         record, _ = DAMAGED[name]
-        if name.startswith("eval"):
+        if name.startswith("raw"):
             (root / name / ".hydra").mkdir(parents=True)
-            (root / name / "eval.json").write_text(json.dumps(record))
+            (root / name / "result.json").write_text(json.dumps(record))
         elif name == "not_json":
             _write_job(root / name, ["optim.lr=0.3"], [0.5], None)
             (root / name / "result.json").write_text(record)
@@ -475,7 +476,7 @@ def damaged_sweep(root: Path, *names: str) -> Path:
 
 
 def test_damaged_records_are_left_out_one_line_each(tmp_path: Path) -> None:
-    """A result.json or eval.json that is not what its writer writes: the job is left out of
+    """A result.json that is not what its writer writes: the job is left out of
     the table with one line naming its dir and what is wrong (summary.md too); the rest is
     reported as ever."""
     from ddp_launcher.report.sweep import headline, tables_text
@@ -501,14 +502,14 @@ def test_a_sweep_of_only_damaged_records_is_one_error(tmp_path: Path) -> None:
     from ddp_launcher.report.jobs import UnreadableRecord
 
     sweep_dir = tmp_path / "sweep"
-    damaged_sweep(sweep_dir, "final_x", "eval_list")
+    damaged_sweep(sweep_dir, "final_x", "raw_list")
     for job in ("0", "1"):
         shutil.rmtree(sweep_dir / job)
     with pytest.raises(UnreadableRecord) as caught:
         write_summary(sweep_dir)
     message = str(caught.value)
     assert message.startswith(f"none of the 2 job dir(s) in {sweep_dir} could be read (")
-    assert DAMAGED["final_x"][1] in message and DAMAGED["eval_list"][1] in message
+    assert DAMAGED["final_x"][1] in message and DAMAGED["raw_list"][1] in message
     assert not (sweep_dir / "summary.csv").exists()
 
 

@@ -1,5 +1,5 @@
-"""The torch-free core below every other package (launch/, ddp_launcher/report/, data/, models/,
-components/, the scripts), importing none of them:
+"""The torch-free core below every other part of the package (the launchers, sweeper/, report/,
+ranks/) and an app's code, importing none of them:
 
 * errors.py: UserError (one line naming the fix, exit status 2), one-line descriptions, the
   Hydra callback that reports a user error once, JobReturn's value (job_value);

@@ -82,9 +82,19 @@ def instantiate(node, **kwargs):
         raise user_error from None
 
 
+def said_logger(name: str) -> logging.Logger:
+    """The package's logger `name` (a module's) for a line the user must see: a refusal, a user
+    error. An app's job logging with `disable_existing_loggers: true` (logging.config's default
+    where the key is left out) disables every logger made before it, as the package's modules
+    make theirs at import: this one speaks all the same, through the root's handlers."""
+    logger = logging.getLogger(name)
+    logger.disabled = False
+    return logger
+
+
 class ReportUserError(Callback):
-    """Reports a user error of a plain Hydra run (`python train.py`, or each rank under plain
-    torchrun) as one log line (console and train.log) and exits with UserError.exit_code,
+    """Reports a user error of a plain Hydra run (`python app.py`, or each rank under plain
+    torchrun) as one log line (console and the job's log) and exits with UserError.exit_code,
     before Hydra would print the error between lines of its own. Any other failure, and every
     job of a sweep (its launcher reports those), is left to Hydra."""
 
@@ -98,7 +108,7 @@ class ReportUserError(Callback):
         error = find_user_error(failure)
         if error is not None:
             if not getattr(failure, "already_said", False):  # (by the rank that hit it)
-                logging.getLogger("train").error("%s", error)
+                said_logger(__name__).error("%s", error)
             raise SystemExit(error.exit_code)
 
 

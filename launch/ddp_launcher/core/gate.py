@@ -1,11 +1,11 @@
-"""One gate before any write. Every start of a run (train.py or eval.py, 1 rank or N, rank 0 of
-plain torchrun or srun, a sweep job) passes here before anything is written into its run dir:
-Hydra's `.hydra/` and log, the launcher's files, the run's records.
+"""One gate before any write. Every start of a run (a training or an evaluation, 1 rank or N,
+rank 0 of plain torchrun or srun, a sweep job) passes here before anything is written into its
+run dir: Hydra's `.hydra/` and log, the launcher's files, the run's records.
 
     check    the dir key is not blank, the dir takes a file; nobody holds it
              (ddp_launcher/core/run_lock.py); it is not inside another run's records, and no
              directory or symlink stands where the start writes a file; the app's own checks
-             of the config (its `checks`, e.g. conf/checks.py: values, keys, the resume
+             of the config (its `checks`, e.g. my_app.checks: values, keys, the resume
              checkpoint's fit), run where the run starts, with its world size
     plan     from the dir's records: start, continue, or nothing to do (:func:`plan_start`)
     hold     the run dir's lock, for the run's life (the gate's `lock: false`: none)
@@ -27,8 +27,8 @@ leave it but SystemExit); for sweep jobs the launchers (ddp_launcher/lifecycle.p
 job before any starts, then as each starts; for the sweep dir on_multirun_start, whose
 :class:`SweepStart` lets the launcher undo the sweep's start when it is refused before a job
 ran. An app names its checks, its kind and what its records are (`records`) in its config's
-`hydra.callbacks` (conf/train.yaml): which dirs hold a training run or an evaluation is the
-app's knowledge, not this package's.
+`hydra.callbacks` (`_target_: ddp_launcher.RunGate`): which dirs hold a training run or an
+evaluation is the app's knowledge, not this package's.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from ddp_launcher.core import run_lock
-from ddp_launcher.core.errors import UserError, describe
+from ddp_launcher.core.app_command import app_name
+from ddp_launcher.core.errors import UserError, describe, said_logger
 from ddp_launcher.core.run_dir import (
     LAUNCH_FILE,
     REPLACED_DIR,
@@ -75,7 +76,7 @@ HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 class NothingToDo(Exception):
     """The start asks for nothing the run dir has not done already (one line, exit 0): e.g.
-    resume=auto on a run that completed what it is asked to do (conf/checks.py says when)."""
+    resume=auto on a run that completed what it is asked to do (the app's checks say when)."""
 
 
 @dataclass(frozen=True)
@@ -200,14 +201,14 @@ def plan_start(
     gate = gate or Gate(None, kind)
     held = gate.holds(run_dir)
     if kind == EVAL:
-        run = OmegaConf.select(config, "run", default=None)
-        if held == TRAIN or (run and Path(str(run)).resolve() == run_dir.resolve()):
+        if held == TRAIN:
             raise UserError(
-                f"{run_dir} holds a training run: eval.py writes into a dir of its own, never "
-                "into a training run: drop hydra.run.dir or choose another one"
+                f"{run_dir} holds a training run: {app_name(config)} writes into a dir of its "
+                "own, never into a training run: drop hydra.run.dir or choose another one"
             )
         if held == EVAL:
-            return Plan("start", replaces=f"eval.py again in {run_dir}", earlier="evaluation")
+            again = f"{app_name(config)} again in {run_dir}"
+            return Plan("start", replaces=again, earlier="evaluation")
         return Plan("start")
     if held == EVAL:
         raise UserError(
@@ -352,7 +353,7 @@ def check_start(
     if gate is None:
         check_not_inside(run_dir, Gate(None))
         return Plan("start")
-    check_not_inside(run_dir, gate, "eval.py" if gate.kind == EVAL else "a run")
+    check_not_inside(run_dir, gate, app_name(config) if gate.kind == EVAL else "a run")
     if gate.checks is not None:
         gate.checks(config, world_size, run_dir)
     plan = plan_start(run_dir, config, gate.kind, sweep=sweep, gate=gate, continues=continues)
@@ -640,13 +641,13 @@ def refusing(config: Any, opening: Opening | None = None) -> Iterator[None]:
     except NothingToDo as e:
         opening.undo()
         console_logging(config)
-        logging.getLogger("train").info("%s", e)
+        said_logger(__name__).info("%s", e)
         raise SystemExit(0) from None
     except Exception as e:
         line = refusal(e, opening, opening.undo())
         console_logging(config)
         full = os.environ.get("HYDRA_FULL_ERROR") == "1" and not isinstance(e, UserError)
-        logging.getLogger("train").error("%s", line, exc_info=e if full else None)
+        said_logger(__name__).error("%s", line, exc_info=e if full else None)
         raise SystemExit(UserError.exit_code) from None
     except BaseException:  # Ctrl-C, SystemExit: the dir as it was, then on its way
         opening.undo()
@@ -673,7 +674,7 @@ def console_logging(config: Any) -> None:
 
 
 class RunGate(Callback):
-    """The gate of a run Hydra runs in this process (`python train.py`, also with
+    """The gate of a run Hydra runs in this process (`python app.py`, also with
     dist.nproc_per_node=N, whose ranks this process starts; each rank of plain torchrun or
     srun, where rank 0 alone writes and so alone checks): before Hydra makes `.hydra/` and the
     log. `checks`: the app's checks ("module.function"); `kind`: train or eval; `attempts`: the

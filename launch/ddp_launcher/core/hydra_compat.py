@@ -4,10 +4,13 @@
 * VERSION_BASE: hydra.main's and initialize*()'s `version_base`. Hydra 1.3 needs "1.3" (without
   it, 1.1's defaults and a warning); Hydra 1.4 deprecates the parameter (a warning in every
   process that passes it) and its defaults are the current ones: it gets none.
-* TRUSTED_TARGETS / EXECUTION_WHITELIST: the `_target_`s this project's configs may name.
-  Hydra 1.4 reads an execution whitelist from hydra.main(execution_whitelist=...) and from a
-  HydraContext's `execution_whitelist` (what run_job runs a job under); without one it warns
-  for every `_target_` and, from 1.5, refuses it. Hydra 1.3 has neither parameter: empty.
+* the `_target_` whitelist: Hydra 1.4 reads an execution whitelist from
+  hydra.main(execution_whitelist=...) and from a HydraContext's `execution_whitelist` (what
+  run_job runs a job under); without one it warns for every `_target_` and, from 1.5, refuses
+  it. Hydra 1.3 has neither parameter. The package trusts only its own targets
+  (PACKAGE_TARGETS); an app's come from the app: `entry_point(..., trusted_targets=...)`, or
+  an unmodified app's own hydra.main(execution_whitelist=...), which Hydra hands the launcher
+  in its HydraContext and the launcher hands on to every rank of every job.
 * search_as_multirun: a search config (`hparams_search=<name>`) is a multirun with or without
   -m. Hydra 1.4 reads `hydra.mode` only from the primary config or the command line, so the
   search configs' `hydra.mode: MULTIRUN` alone ends in "hydra.mode changed during config
@@ -20,6 +23,8 @@ import dataclasses
 import inspect
 import re
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import hydra
@@ -29,40 +34,72 @@ HYDRA_VERSION = tuple(int(n) for n in re.findall(r"\d+", hydra.__version__)[:2])
 
 VERSION_BASE: dict[str, str] = {} if HYDRA_VERSION >= (1, 4) else {"version_base": "1.3"}
 
-# Packages, not single names, so a new class in one of them needs no edit here. A target of
-# your own package (a dataset, a transform, a model) goes here too: the whitelist must come
+# The package's own `_target_`s, and no app's: the callbacks an app's config names
+# (ddp_launcher.RunGate, ...), its plugins' classes, and the Optuna samplers and pruners its
+# sweeper instantiates (hydra.sweeper.sampler, hydra.sweeper.pruner). An app's own targets (its
+# packages, the libraries its configs name) are the app's to trust: the whitelist must come
 # from code, not config, for it to mean anything (Hydra's threat model).
-TRUSTED_TARGETS: tuple[str, ...] = (
-    # the launcher's own (its callbacks), and the experiment's packages
+PACKAGE_TARGETS: tuple[str, ...] = (
     "ddp_launcher.*",
-    "components.*",
-    "conf.*",
-    "data.*",
-    "models.*",
-    # libraries its configs name: optimizers, torchvision transforms and models, Optuna's
-    # samplers and pruners (hydra.sweeper.sampler, hydra.sweeper.pruner)
-    "torch.optim.*",
-    "torchvision.*",
+    "hydra_plugins.hydra_ddp_launcher.*",
     "optuna.samplers.*",
     "optuna.pruners.*",
 )
+HAS_WHITELIST = "execution_whitelist" in inspect.signature(hydra.main).parameters
 
-EXECUTION_WHITELIST: dict[str, Any] = (
-    {"execution_whitelist": TRUSTED_TARGETS}
-    if "execution_whitelist" in inspect.signature(hydra.main).parameters
-    else {}
-)
+
+def execution_whitelist(app_targets: Sequence[str] = ()) -> dict[str, Any]:
+    """hydra.main's `execution_whitelist` argument for an app run through the entry point, where
+    Hydra has one: the package's targets and the app's own (`app_targets`, e.g. "my_pkg.*",
+    "torch.optim.*"); {} under Hydra 1.3."""
+    if not HAS_WHITELIST:
+        return {}
+    return {"execution_whitelist": (*PACKAGE_TARGETS, *app_targets)}
+
+
+def active_whitelist() -> Any:
+    """The execution whitelist this code runs under (hydra.main's in the process Hydra started,
+    a job's inside run_job): what a job this process hands to its ranks runs under. None under
+    Hydra 1.3, or outside both."""
+    try:
+        from hydra._internal.execution_policy import _get_active_execution_whitelist
+    except ImportError:
+        return None
+    return _get_active_execution_whitelist()
+
+
+@contextmanager
+def trusting_own_targets() -> Iterator[None]:
+    """Hydra's instantiate, inside, may also run PACKAGE_TARGETS (what the package instantiates
+    itself: a sampler, a pruner), added to the whitelist in force (the app's): an app's own
+    whitelist need not name them. A no-op under Hydra 1.3."""
+    try:
+        from hydra.utils import execution_whitelist as whitelist
+    except ImportError:
+        yield
+        return
+    with whitelist(PACKAGE_TARGETS):
+        yield
+
 
 SEARCH_GROUP = "hparams_search"
 MULTIRUN_FLAGS = {"-m", "--multirun"}
 _SEARCH_OVERRIDE = re.compile(rf"^\+{{0,2}}{SEARCH_GROUP}=(?!null$)\S")
 
 
-def hydra_context(**fields: Any) -> HydraContext:
-    """A HydraContext that carries the project's execution whitelist where Hydra has one."""
+def hydra_context(whitelist: Any = None, **fields: Any) -> HydraContext:
+    """A HydraContext for a job the launcher runs itself, carrying `whitelist` where Hydra has
+    the field: the app's, as Hydra gave it to the launcher (:func:`context_whitelist`) or as
+    the app's process ran under it (:func:`active_whitelist`), never one of the package's."""
     if any(f.name == "execution_whitelist" for f in dataclasses.fields(HydraContext)):
-        fields.setdefault("execution_whitelist", TRUSTED_TARGETS)
+        fields["execution_whitelist"] = whitelist
     return HydraContext(**fields)
+
+
+def context_whitelist(context: Any) -> Any:
+    """The execution whitelist a HydraContext carries (Hydra 1.4: hydra.main's, which Hydra
+    gives the launcher and sweeper); None under Hydra 1.3."""
+    return getattr(context, "execution_whitelist", None)
 
 
 # Hydra's flags that print the config or its sources instead of running (--cfg job, --info)

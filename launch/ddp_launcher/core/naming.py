@@ -1,6 +1,6 @@
 """How sweep jobs are told apart: the keys a sweep varies, short unambiguous names for them, and
-values written to 4 significant digits. One place for W&B run names and config
-(components/metrics.py), the per-job lines of the launchers (ddp_launcher/jobs.py) and the sweep
+values written to 4 significant digits. One place for W&B run names and config (job_identity,
+in an app's ranks), the per-job lines of the launchers (ddp_launcher/jobs.py) and the sweep
 summary's columns and legend (ddp_launcher/report/). Torch-free.
 
 A job learns which of its overrides are swept from its launcher: ddp_launcher/jobs.py puts the

@@ -1,7 +1,7 @@
 """What a run needs to be reproduced, written by rank 0 into `<run dir>/repro/` at start:
 
     repro/command.txt       the command that started this process (argv only) and the run as one
-                            `python train.py <overrides>` line
+                            `python <the app's script> <overrides>` line (core/app_command.py)
     repro/requirements.txt  every installed distribution as `name==version` (pip freeze's view,
                             read with importlib.metadata: no subprocess, no pip needed)
     repro/git.diff          the uncommitted changes against the commit (only when the tree is
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from ddp_launcher.core.app_command import app_command
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +196,12 @@ def requirements() -> str:
 
 def command(task_overrides: list[str] | None) -> str:
     """The process's own command line (sys.orig_argv: interpreter, flags, script, arguments)
-    and, where Hydra says which overrides made this run, the run as one train.py command."""
+    and, where Hydra says which overrides made this run, the run as one command of the app's
+    (`python my_app.py <overrides>`: core/app_command.py)."""
     text = f"# this process\n{shlex.join(sys.orig_argv)}\n"
     if task_overrides is not None:
-        text += f"# this run (its Hydra overrides)\npython train.py {shlex.join(task_overrides)}\n"
+        run = f"{app_command()} {shlex.join(task_overrides)}".rstrip()
+        text += f"# this run (its Hydra overrides)\n{run}\n"
     return text
 
 

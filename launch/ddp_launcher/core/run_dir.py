@@ -1,15 +1,16 @@
 """The run dir's contract: what a run leaves in its directory, and how to read and write it.
 
-One module, no torch, used by every process that touches a run dir: train.py's rank 0 (the
+One module, no torch, used by every process that touches a run dir: an app's rank 0 (the
 writer), both launchers (they record jobs that failed without a record of their own), the sweep
 summary and the benchmark (readers).
 
     <run dir>/
       .hydra/overrides.yaml   the job's overrides (Hydra)
-      train.log               rank 0's log (Hydra's job logging)
-      metrics.jsonl           one JSON row per log step / epoch, appended line by line
+      <job name>.log          rank 0's log (Hydra's job logging)
+      metrics.jsonl           one JSON row per log step / epoch, appended line by line (the
+                              app's, optional)
       result.json             the run's record (RunResult), rewritten atomically
-      checkpoints/            components/checkpoint.py (manifest.json: the commit record)
+      checkpoints/            the app's checkpoints (CHECKPOINT_DIR)
       repro/                  command.txt, requirements.txt, git.diff (ddp_launcher/core/repro.py)
       wandb/                  the W&B run
       launch.json             its overrides and every attempt with its code (LaunchRecord): a
@@ -20,13 +21,8 @@ summary and the benchmark (readers).
       replaced/<time>/        an earlier run, whole, moved aside by the start that replaced it
                               (start_over=true, another run's checkpoint: ddp_launcher/core/gate.py)
 
-    <eval run dir>/          what eval.py writes (its own dir, never the training run's)
-      .hydra/, eval.log       as above
-      eval.json               the evaluation (the app's: eval.py's EvalReport)
-      confusion_matrix.png    rows: true class, columns: predicted class
-      predictions.csv         with predictions=true, or for a folder of images
-      wandb/                  the W&B eval run
-      replaced/<time>/        an earlier evaluation into the same dir, whole
+Whatever else a run writes is the app's (an evaluation's own record, plots, predictions): the
+package reads none of it.
 """
 
 from __future__ import annotations
@@ -48,7 +44,6 @@ METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
 CHECKPOINT_DIR = "checkpoints"
 OVERRIDES_FILE = ".hydra/overrides.yaml"
-EVAL_FILE = "eval.json"
 LAUNCHER_DIR = ".torchrun"
 LAUNCH_FILE = "launch.json"
 # The attempt number a launcher gives a sweep job's processes (1, 2, ...: retries and resumed
@@ -175,36 +170,6 @@ RESULT_TYPES: dict[str, Any] = {
     "final": dict,
     "test": dict,
 }
-
-
-# What the keys of eval.json hold when not null (checked as RESULT_TYPES are).
-EVAL_TYPES: dict[str, Any] = {
-    "split": str,
-    "status": str,
-    "metrics": dict,
-    "wall_time_s": NUMBER,
-    "wandb_run_id": str,
-}
-
-
-def eval_as_result(data: dict[str, Any]) -> RunResult:
-    """An evaluation's eval.json (EvalReport) as the report reads a job: its value the split's
-    top-1 accuracy, its summary the split and what was measured there (eval_acc, eval_loss,
-    ...)."""
-    split = str(data.get("split"))
-    measured = {
-        k: v
-        for k, v in (data.get("metrics") or {}).items()
-        if isinstance(v, NUMBER) and not isinstance(v, bool) and not k.endswith("count")
-    }
-    return RunResult(
-        status=str(data.get("status") or "failed"),
-        value=measured.get("acc"),
-        metric=f"{split}/acc",
-        summary={"split": split, **{f"eval_{k}": v for k, v in measured.items()}},
-        wall_time_s=data.get("wall_time_s"),
-        wandb_run_id=data.get("wandb_run_id"),
-    )
 
 
 @dataclass

@@ -111,8 +111,11 @@ def build_pruner(pruner: Any) -> Any:
     if isinstance(pruner, dict) and "_target_" in pruner:
         from hydra.utils import instantiate
 
+        from ddp_launcher.core.hydra_compat import trusting_own_targets
+
         try:
-            return instantiate(pruner)
+            with trusting_own_targets():  # Optuna's pruners: the package's, not the app's
+                return instantiate(pruner)
         except Exception as e:  # Hydra wraps the pruner's own ValueError/TypeError
             raise UserError(
                 f"hydra.sweeper.pruner: {pruner['_target_']}: {one_line(e.__cause__ or e)}"

@@ -24,8 +24,8 @@ def wandb_credentials_exist() -> bool:
 
 
 def resolve_wandb_mode(mode: Any) -> str:
-    """online / offline / disabled from a `wandb.mode` value (a string, or conf/schema.py's
-    enum); `auto` is online when credentials exist, else offline."""
+    """online / offline / disabled from a `wandb.mode` value (a string, or an enum of an app's
+    typed config); `auto` is online when credentials exist, else offline."""
     mode = str(getattr(mode, "value", mode))
     if mode == "auto":
         return "online" if wandb_credentials_exist() else "offline"

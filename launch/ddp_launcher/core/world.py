@@ -1,19 +1,19 @@
 """World-size rules, shared by the ranks (the public started_as_rank, rank_world_size,
-parse_count, cores_per_rank) and the launchers
-(launch/: a job's world from its config, checked before any rank starts). Imports no torch
-unless a GPU driver is present: launchers use it too.
+parse_count, cores_per_rank) and the launchers (a job's world from its config, checked before
+any rank starts). Imports no torch unless a GPU driver is present: launchers use it too.
 
 `dist.nproc_per_node` and `dist.nnodes` are `auto` or a positive integer. `auto` nproc means
 every usable GPU of a node, or 1 where the job uses no GPU (none visible, dist.backend=gloo, or
-trainer.device=cpu);
-`auto` nnodes means 1. Under torchrun (or srun) the environment's values win, and an explicit
-value must agree with them.
+dist.device=cpu); `auto` nnodes means 1. Under torchrun (or srun) the environment's values win,
+and an explicit value must agree with them. `dist.device` is `auto`, `cpu` or `cuda`: `cpu`
+runs the job's ranks on the CPU (no GPU reserved, none visible to them).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -95,8 +95,8 @@ def cuda_visible(value: str | None) -> list[str]:
 
 
 def uses_gpus(backend: Any, n_gpus: int, device: Any = "auto") -> bool:
-    """Whether a job with this `dist.backend` and `trainer.device` runs its ranks on GPUs, given
-    `n_gpus` usable: not with gloo, nor with trainer.device=cpu (its ranks train on the CPU)."""
+    """Whether a job with this `dist.backend` and `dist.device` runs its ranks on GPUs, given
+    `n_gpus` usable: not with gloo, nor with dist.device=cpu (its ranks run on the CPU)."""
     return n_gpus > 0 and str(backend) != "gloo" and str(device) != "cpu"
 
 
@@ -104,7 +104,7 @@ def requested_world(
     dist_cfg: Any, n_gpus: int, keys: dict[str, str] | None = None, device: Any = "auto"
 ) -> tuple[int, int]:
     """(nproc_per_node, nnodes) a job asks for outside torchrun, `auto` resolved (`device`: its
-    trainer.device); `keys`: the config key a value came from when it is not `dist.<name>` (its
+    dist.device); `keys`: the config key a value came from when it is not `dist.<name>` (its
     errors name it)."""
     keys = keys or {}
     nproc = parse_count(dist_cfg.nproc_per_node, keys.get("nproc_per_node", "dist.nproc_per_node"))
@@ -114,9 +114,29 @@ def requested_world(
     return nproc, nnodes or 1
 
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
 def job_device(config: DictConfig) -> str:
-    """The job's trainer.device (`auto` for an app without one)."""
-    return str(OmegaConf.select(config, "trainer.device", default="auto"))
+    """The job's dist.device (`auto` for an app without one); another value is a UserError
+    naming the key it came from (an app may set it from a key of its own: `${app.device}`)."""
+    value = str(OmegaConf.select(config, "dist.device", default="auto"))
+    if value not in DEVICES:
+        key = interpolated_from(config, "dist.device") or "dist.device"
+        raise UserError(f"{key}={value} is not valid: use auto, cpu or cuda")
+    return value
+
+
+def interpolated_from(config: DictConfig, key: str) -> str | None:
+    """The key whose value `key` takes when it is a plain interpolation (`${app.device}`:
+    app.device), else None."""
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(config, parent) if parent else config
+    if not isinstance(node, DictConfig) or name not in node:
+        return None
+    raw = node._get_node(name)._value()  # the value as written, unresolved
+    found = re.fullmatch(r"\$\{([\w.]+)\}", str(raw))
+    return found.group(1) if found else None
 
 
 def usable_cores() -> list[int]:
@@ -159,7 +179,7 @@ def job_world(
     config: DictConfig, n_gpus: int, launcher: tuple[Any, Any] | None = None
 ) -> tuple[int, int, bool]:
     """(ranks per node, nodes, whether its ranks use GPUs) a job asks for in its `dist` node
-    (and trainer.device: `cpu` uses no GPU), `auto` resolved against `n_gpus` usable GPUs per
+    (dist.device=cpu uses no GPU), `auto` resolved against `n_gpus` usable GPUs per
     node.
 
     `launcher`: the launcher's own (nproc_per_node, nnodes) (torchrun's names, e.g.

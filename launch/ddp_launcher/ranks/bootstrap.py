@@ -18,8 +18,14 @@ from typing import Any
 
 from hydra.errors import CompactHydraException
 
-from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value
-from ddp_launcher.core.hydra_compat import hydra_context
+from ddp_launcher.core.errors import (
+    UserError,
+    describe,
+    find_user_error,
+    job_value,
+    said_logger,
+)
+from ddp_launcher.core.hydra_compat import context_whitelist, hydra_context
 from ddp_launcher.ranks.forked import (
     check_not_a_bad_fork,
     freeze_imported,
@@ -87,13 +93,18 @@ def run_rank(spec: Any, rank: int) -> Any:
     Singleton.set_state(spec.singleton_state)
     config, context = spec.config, spec.hydra_context
     with read_write(config.hydra), open_dict(config):
-        if context is None:  # `python train.py dist.nproc_per_node=N`: that process is the
+        if context is None:  # `python app.py dist.nproc_per_node=N`: that process is the
             config.hydra.output_subdir = None  # Hydra job: it wrote .hydra/, ran the callbacks
         if rank != 0:
             quiet_other_rank(config)
     if context is None or rank != 0:
-        loader = context.config_loader if context is not None else None
-        context = hydra_context(config_loader=loader, callbacks=Callbacks())
+        # the app's `_target_` whitelist (Hydra 1.4), as Hydra gave it to the launcher, or as
+        # the process that handed this job off ran under it
+        if context is not None:
+            loader, whitelist = context.config_loader, context_whitelist(context)
+        else:
+            loader, whitelist = None, spec.execution_whitelist
+        context = hydra_context(whitelist, config_loader=loader, callbacks=Callbacks())
     ret = run_job(
         hydra_context=context,
         config=config,
@@ -111,7 +122,7 @@ def report_failure(error: BaseException) -> int:
     fix (a user error, a CompactHydraException), else a traceback. Returns the exit status."""
     record_rank_error(error)
     if find_user_error(error) is not None or isinstance(error, CompactHydraException):
-        logging.getLogger("train").error("%s", describe(error))
+        said_logger(__name__).error("%s", describe(error))
     elif lost_a_peer(error):  # the cause is another rank's, in its own report
         log.error("stopped: another rank failed first (its error says why)")
     else:

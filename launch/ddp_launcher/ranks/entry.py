@@ -1,5 +1,5 @@
-"""The entry point of train.py and eval.py, in the process you start and in every rank something
-else starts (plain `torchrun train.py`, `srun python train.py`). Hydra composes first, so
+"""The entry point of an app's script (`python app.py`), in the process you start and in every
+rank something else starts (plain `torchrun app.py`, `srun python app.py`). Hydra composes first, so
 `--help`, `--cfg` and a config that does not compose answer before torch is imported.
 """
 
@@ -11,17 +11,17 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from ddp_launcher.core.errors import UserError, find_user_error
 from ddp_launcher.core.hydra_compat import (
-    EXECUTION_WHITELIST,
     MULTIRUN_FLAGS,
     VERSION_BASE,
     dry_run_as_multirun,
+    execution_whitelist,
     search_as_multirun,
     yaml_errors_as_user_errors,
 )
@@ -51,12 +51,18 @@ INFO_FLAGS = {  # Hydra's flags that print and exit: no run dir for the ranks to
 
 
 def entry_point(
-    script: str, task: str, config_name: str, hand_off: Callable[[str, Any], Any] | None = None
+    script: str,
+    task: str,
+    config_name: str,
+    hand_off: Callable[[str, Any], Any] | None = None,
+    trusted_targets: Sequence[str] = (),
 ) -> None:
     """Run `conf/<config_name>.yaml`, composed from the command line, with the task function
     `task` ("module:function") as its job. The script calls this before its own imports; a
     launcher pickles the task function by reference, so its ranks import the script alike.
-    The script calls it inside ddp_launcher/ranks/interrupt.py's ctrl_c_exits (Ctrl-C: one line)."""
+    The script calls it inside ddp_launcher/ranks/interrupt.py's ctrl_c_exits (Ctrl-C: one line).
+    `trusted_targets`: the `_target_`s the app's configs may name beside the package's own
+    (Hydra 1.4's execution whitelist, core/hydra_compat.py)."""
     import hydra
 
     global ENTERED
@@ -78,7 +84,10 @@ def entry_point(
     # name is set in the config (hydra.job.name), the config path is the script's conf/.
     task_function.__module__ = __name__
     main = hydra.main(
-        config_path=str(conf), config_name=config_name, **VERSION_BASE, **EXECUTION_WHITELIST
+        config_path=str(conf),
+        config_name=config_name,
+        **VERSION_BASE,
+        **execution_whitelist(trusted_targets),
     )
     try:
         main(task_function)()
@@ -158,9 +167,11 @@ def prepare_argv(argv: list[str]) -> list[str]:
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return argv
     if MULTIRUN_FLAGS & set(argv):
+        from ddp_launcher.core.app_command import app_command
+
         print(
             "error: -m/--multirun under torchrun would start a sweep in every rank: run "
-            "`python train.py -m ...` instead (each sweep job is started with torchrun)",
+            f"`{app_command()} -m ...` instead (each sweep job is started with torchrun)",
             file=sys.stderr,
         )
         raise SystemExit(UserError.exit_code)

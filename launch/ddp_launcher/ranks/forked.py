@@ -26,10 +26,12 @@ def check_not_a_bad_fork() -> None:
     a fork of a torch-importing parent can be one: this imports nothing)."""
     torch = sys.modules.get("torch")
     if torch is not None and in_bad_fork(torch):
+        from ddp_launcher.core.app_command import app_command
+
         raise BadFork(
             f"rank {os.environ.get('RANK', '?')} (pid {os.getpid()}) was forked after its parent "
             f"(pid {os.getppid()}) called into the CUDA driver, so CUDA cannot work here: start "
-            "the ranks with torchrun or `python train.py`, and make no CUDA call (not even "
+            f"the ranks with torchrun or `{app_command()}`, and make no CUDA call (not even "
             "torch.cuda.is_available()) in a process before it forks ranks"
         )
 

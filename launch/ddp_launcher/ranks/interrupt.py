@@ -21,7 +21,7 @@ INTERRUPTED = "interrupted (Ctrl-C): rerun with resume=auto to continue from the
 SWEEP_INTERRUPTED = (
     "interrupted (Ctrl-C): rerun with hydra.launcher.resume=true to continue the sweep"
 )
-# An app whose config has no `resume` (eval.py's): nothing to continue
+# An app whose config has no `resume` (an evaluation's): nothing to continue
 RERUN = "interrupted (Ctrl-C): rerun the same command to run it again"
 # A search config is a sweep with or without -m (core/hydra_compat.py adds it)
 SEARCH = re.compile(r"^\+{0,2}hparams_search=(?!null$)\S")
@@ -57,7 +57,7 @@ def stop_if_ctrl_c() -> None:
 
 def interrupted() -> SystemExit:
     """The exit of a Ctrl-C'd start: rank 0 says so in one line (a run that trained recorded
-    itself `interrupted` first: components/metrics.py)."""
+    itself `interrupted` first, the app's doing)."""
     if int(os.environ.get("RANK", "0")) == 0:
         args = sys.argv[1:]
         sweep = {"-m", "--multirun"} & set(args) or any(SEARCH.match(a) for a in args)

@@ -20,9 +20,12 @@ class JobSpec:
     task_function: Any
     config: DictConfig  # the job's composed config, hydra node included, output dirs resolved
     singleton_state: Any
-    hydra_context: Any = None  # None: the job dir and .hydra/ already exist (`python train.py`)
+    hydra_context: Any = None  # None: the job dir and .hydra/ already exist (`python app.py`)
     job_dir_key: str = "hydra.sweep.dir"
     job_subdir_key: str | None = "hydra.sweep.subdir"
+    # Without a hydra_context: the app's `_target_` whitelist its ranks run under (Hydra 1.4:
+    # the one the handing-off process ran under; None: Hydra 1.3's, none)
+    execution_whitelist: Any = None
 
 
 @dataclass

@@ -22,15 +22,12 @@ import yaml
 from ddp_launcher.core.naming import override_values, swept_keys
 from ddp_launcher.core.run_dir import (
     DIRECTIONS,
-    EVAL_FILE,
-    EVAL_TYPES,
     METRICS_FILE,
     NUMBER,
     OVERRIDES_FILE,
     RESULT_FILE,
     RESULT_TYPES,
     RunResult,
-    eval_as_result,
     read_launch_record,
     read_metrics,
 )
@@ -204,7 +201,7 @@ def find_job_dirs(sweep_dir: str | os.PathLike) -> list[Path]:
     root = Path(sweep_dir)
     if not root.is_dir():
         return []
-    marks = (".hydra", RESULT_FILE, METRICS_FILE, EVAL_FILE)
+    marks = (".hydra", RESULT_FILE, METRICS_FILE)
     dirs = [p for p in root.iterdir() if p.is_dir() and any((p / m).exists() for m in marks)]
     return sorted(dirs, key=lambda p: (0, int(p.name), "") if p.name.isdigit() else (1, 0, p.name))
 
@@ -328,13 +325,10 @@ def _attempts(job_dir: Path, result: RunResult | None) -> int | None:
 
 
 def read_result_record(job_dir: Path) -> RunResult | None:
-    """The job's result.json (read_record's checks), else its evaluation record (EVAL_FILE,
-    run_dir.py's eval_as_result), else None."""
+    """The job's result.json (read_record's checks), else None."""
     result_path = job_dir / RESULT_FILE
     if result_path.is_file():
         return RunResult.from_json(read_record(result_path, RESULT_TYPES))
-    if (job_dir / EVAL_FILE).is_file():
-        return eval_as_result(read_record(job_dir / EVAL_FILE, EVAL_TYPES))
     return None
 
 
@@ -342,7 +336,7 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
     """Summarise one job dir: result.json's launcher part (ddp_launcher/core/run_dir.py's
     RunResult), then the app's metrics.jsonl where it has one: the curves, the value's epoch,
     the last row of the monitored metric, and the value of a job killed before its result.json.
-    UnreadableRecord when the job's result.json (or EVAL_FILE) is not what its writer writes
+    UnreadableRecord when the job's result.json is not what its writer writes
     (read_record)."""
     job_dir = Path(job_dir)
     found = read_result_record(job_dir)

@@ -25,6 +25,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ddp_launcher.core.errors import UserError, instantiate, job_value
 from ddp_launcher.core.host import require_extra
+from ddp_launcher.core.hydra_compat import trusting_own_targets
 from ddp_launcher.core.run_dir import LAUNCH_FILE, read_result
 from ddp_launcher.core.trials import (
     JOB_NUM_ATTR,
@@ -261,7 +262,8 @@ class OptunaSweeperBase(Sweeper):
             sampler = OmegaConf.create({**plain, "_partial_": True})
         if OmegaConf.is_dict(sampler) and "_target_" in sampler:
             # Hydra leaves a plugin's nested `_target_`s to it (`_recursive_: false` above)
-            sampler = instantiate(sampler_node(sampler))
+            with trusting_own_targets():  # Optuna's samplers: the package's, not the app's
+                sampler = instantiate(sampler_node(sampler))
         self.conf = conf
         # set again by setup (the sweep dir's name) and continue_study (what is left to ask)
         self.sampler, self.study_name, self.n_trials = sampler, conf.study_name, conf.n_trials
