@@ -631,6 +631,12 @@ def test_virtual_local_rank_gives_each_rank_its_one_gpu(monkeypatch, rank_env):
         [sys.executable, "-c", "import time; time.sleep(60)", "--virtual-local-rank"]
     )
     try:
+        # (a rank starts long after its agent; a process just started shows an empty command
+        # line until its exec is through: wait for it, as a rank would find it)
+        cmdline = Path(f"/proc/{agent.pid}/cmdline")
+        deadline = time.monotonic() + 30
+        while not cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         monkeypatch.setattr(distributed.os, "getppid", lambda: agent.pid)
         distributed.check_device_ordinal(0)
         monkeypatch.setattr(distributed, "visible_gpus", lambda: 0)

@@ -156,7 +156,7 @@ def test_the_config_source_serves_each_name_until_another_plugin_has_it() -> Non
     is left to the ConfigStore, and collisions() says so, naming the alias."""
     source = DDPLauncherConfigs("hydra-ddp-launcher", "hydra-ddp-launcher://")
     assert source.list("hydra", ObjectType.GROUP) == ["launcher", "sweeper"]
-    assert source.list("hydra/sweeper", ObjectType.GROUP) == ["sampler"]
+    assert source.list("hydra/sweeper", ObjectType.GROUP) == ["pruner", "sampler"]
     assert source.list("hydra/launcher", ObjectType.CONFIG) == [
         "ddp_slurm",
         "ddp_torchrun",
@@ -171,6 +171,7 @@ def test_the_config_source_serves_each_name_until_another_plugin_has_it() -> Non
     loaded = source.load_config("hydra/sweeper/ddp_optuna").config
     assert loaded._target_ == "hydra_plugins.hydra_ddp_launcher.optuna_sweeper.OptunaSweeper"
     assert source.load_config("hydra/sweeper/sampler/qmc").config.seed is None
+    assert source.load_config("hydra/sweeper/pruner/median").config.type == "median"
     # (where hydra-optuna-sweeper is installed, its names are stored already: one line more)
     before = collisions()
     assert [line for line in before if "hydra/launcher=" in line] == []
