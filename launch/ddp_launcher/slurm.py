@@ -322,7 +322,8 @@ def app_dirs(task_function: Any) -> list[str]:
     """The folders the app's task is imported from: its module's (the entry point's
     "module:function", or the function's own module, the script's for `__main__`), and the
     script's (sys.path[0]); never an installed package's (site-packages)."""
-    from ddp_launcher.core.repro import installed, module_dir
+    from ddp_launcher.core.app_command import installed
+    from ddp_launcher.core.repro import module_dir
     from ddp_launcher.warm import task_modules
 
     found = [module_dir(m) for m in [*task_modules(task_function), "__main__"]]

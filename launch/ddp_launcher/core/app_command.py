@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,19 @@ def typed_command(argv: list[str] | None = None) -> str | None:
     return f"python {shlex.quote(shown)}"
 
 
+def installed(path: Path) -> bool:
+    """Whether `path` lies in an installed package (site-packages, the interpreter's lib)."""
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    return (
+        "site-packages" in path.parts
+        or "dist-packages" in path.parts
+        or any(path.is_relative_to(Path(root).resolve()) for root in roots if root)
+    )
+
+
 def apps_code(path: Path) -> bool:
     """Whether `path` is an app's file: neither installed (site-packages, the interpreter's
     lib: pytest, torchrun, submitit) nor this package's own (its modules run as `python -m`)."""
-    from ddp_launcher.core.repro import installed
-
     try:
         where = path.resolve()
     except OSError:

@@ -21,13 +21,12 @@ import os
 import shlex
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ddp_launcher.core.app_command import app_command
+from ddp_launcher.core.app_command import app_command, installed
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +41,6 @@ CODE_DIR: Path | None = None
 # starts: its ranks, a SLURM job's tasks.
 CODE_DIR_ENV = "HYDRA_DDP_CODE_DIR"
 MAX_DIFF_BYTES = 5 * 2**20  # a bigger diff (data committed by mistake?) is cut, and says so
-
-
-def installed(path: Path) -> bool:
-    """Whether `path` lies in an installed package (site-packages, the interpreter's lib)."""
-    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
-    return (
-        "site-packages" in path.parts
-        or "dist-packages" in path.parts
-        or any(path.is_relative_to(Path(root).resolve()) for root in roots if root)
-    )
 
 
 def module_dir(name: str) -> Path | None:
