@@ -27,8 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from components.manifest import committed_entry, find_checkpoint, read_manifest, usable
 from components.monitor import Monitor, check_target
-from conf.image_tree import check_image_tree
 from conf.schema import check_keys
+from data.image_tree import check_image_tree
 
 PRECISIONS = ("auto", "32", "64", "bf16", "fp16")  # components/precision.py's
 # What an evaluation's dir holds: eval.py's record (components/eval_record.py's EVAL_FILE: that
@@ -303,7 +303,7 @@ def check_start_over(cfg: DictConfig) -> None:
 
 def check_dataset(dataset: DictConfig) -> None:
     """An image folder's tree (dataset=imagefolder, imagenet), as its ranks would read it:
-    checked here, before the run dir opens (conf/image_tree.py: links back into the dataset,
+    checked here, before the run dir opens (data/image_tree.py: links back into the dataset,
     class folders without an image, or without a readable one under skip_unreadable)."""
     target = str(dataset.get("_target_", ""))
     if target not in ("data.catalog.imagefolder", "data.catalog.imagenet"):

@@ -24,8 +24,9 @@ from torchvision.transforms import v2
 from torchvision.transforms.functional import to_pil_image
 
 from data.datasets import DataSource, FastPath, carve_val, holdout_size, stratified_holdout
-from data.decode import DecodeImage, looks_readable, read_bytes
+from data.decode import DecodeImage, read_bytes
 from data.digits import Digits
+from data.image_tree import looks_readable, walk_once
 from data.transforms import NORMALIZATION, Recipe, train_transform, val_transform
 
 log = logging.getLogger(__name__)
@@ -237,57 +238,6 @@ def leave_out_unreadable(root: str, folders: list[tvd.DatasetFolder]) -> None:
             ", ".join(os.path.relpath(p, root) for p in skipped[:3]),
             ", ..." if len(skipped) > 3 else "",
         )
-
-
-def _within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
-def walk_once(top: str, guarded: list[str]) -> list[tuple[str, list[str]]]:
-    """(dir, its file names sorted) of ``top`` and every dir below it, sorted by dir: what
-    torchvision's make_dataset reads from ``sorted(os.walk(top, followlinks=True))``, links to
-    dirs followed alike, but each real dir once. os.walk keeps no record of the dirs it visited
-    (Python's docs: a link to a parent of itself recurses without end), so a link back up the
-    tree reads its images again and again; here a link into one of ``guarded`` (the
-    dataset's split dirs, real paths: its own tree, or another split's images) or above one,
-    and a dir reached twice, stop the run naming the link."""
-    found: list[tuple[str, list[str]]] = []
-    seen: set[str] = set()
-    stack = [top]
-    while stack:
-        path = stack.pop()
-        real = os.path.realpath(path)
-        if real in seen:
-            raise UserError(
-                f"image folder {path} is the folder {real}, read already through another "
-                "link: its images would count twice; remove one of the links"
-            )
-        seen.add(real)
-        try:
-            entries = list(os.scandir(path))
-        except OSError:  # a dir that cannot be listed is skipped, as os.walk skips it
-            continue
-        dirs = [e for e in entries if _is_dir(e)]
-        found.append((path, sorted(e.name for e in entries if not _is_dir(e))))
-        for entry in dirs:
-            target = os.path.realpath(entry.path) if entry.is_symlink() else None
-            if target is not None and any(
-                _within(target, g) or _within(g, target) for g in guarded
-            ):
-                raise UserError(
-                    f"the link {entry.path} -> {target} leads back into the dataset's own "
-                    "folders: its images would be read again (or leak from one split into "
-                    "another); remove the link, or copy in what it should add"
-                )
-            stack.append(entry.path)
-    return sorted(found)
-
-
-def _is_dir(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir()  # follows a link, as os.walk does
-    except OSError:
-        return False
 
 
 class FolderOnce(tvd.ImageFolder):

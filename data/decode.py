@@ -58,24 +58,6 @@ def read_bytes(path: str) -> torch.Tensor:
     return torch.frombuffer(data, dtype=torch.uint8)
 
 
-def looks_readable(path: str) -> bool:
-    """A cheap check of an image file (its size, header and last bytes, not its pixels): not
-    empty, an image format PIL knows, and a JPEG or PNG not cut short (its end marker there)."""
-    try:
-        with Image.open(path) as image:
-            kind = image.format
-        with open(path, "rb") as f:
-            f.seek(-12, os.SEEK_END)
-            tail = f.read()
-    except (OSError, ValueError, SyntaxError):  # PIL's errors for files it cannot identify
-        return False
-    if kind == "JPEG":
-        return tail.rstrip(b"\0").endswith(b"\xff\xd9")
-    if kind == "PNG":
-        return tail[4:8] == b"IEND"
-    return True
-
-
 def decode(data: torch.Tensor) -> torch.Tensor:
     """An encoded image (1-D uint8 tensor) as a uint8 RGB ``[3, H, W]`` tensor, as PIL's
     ``Image.open(f).convert("RGB")`` would give it (no EXIF rotation, like ImageFolder's)."""

@@ -1,6 +1,6 @@
 """Values and datasets refused before the run dir opens (issue 66, items 1 and 3): what trained
 wrongly without a word, or failed in a traceback after the run dir opened, is one line from the
-app's gate checks (conf/checks.py, conf/image_tree.py), run where a start is checked
+app's gate checks (conf/checks.py, data/image_tree.py), run where a start is checked
 (ddp_launcher/core/gate.py's check_start), before anything is written. In this process: a
 compose and the gate, no training."""
 
@@ -215,7 +215,7 @@ def test_imagenet_and_a_sound_folder(tmp_path):
 def test_the_image_extensions_are_torchvisions():
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
-    from conf.image_tree import IMG_EXTENSIONS as OURS
+    from data.image_tree import IMG_EXTENSIONS as OURS
 
     assert set(OURS) == set(IMG_EXTENSIONS)
 
@@ -242,12 +242,11 @@ def test_eval_refuses_a_zero_timeout_before_its_dir_opens(tmp_path):
 
 
 def test_the_gate_walks_the_tree_as_the_dataset_does(tmp_path):
-    """conf/image_tree.py's walk (the gate's) and data/catalog.py's (the run's) are copies (no
-    module can hold one for both: tests/test_imports.py): the same files on a tree with a link
-    to a folder elsewhere, the same refusal of a link back in and of a folder reached twice."""
-    from conf import image_tree
-    from data import catalog
-    from data.decode import looks_readable as data_readable
+    """data/image_tree.py's walk (the gate's) is the one data/catalog.py builds the dataset with
+    (the run's): the same files on a tree with a link to a folder elsewhere, the same refusal
+    of a link back in and of a folder reached twice."""
+    from data import catalog, image_tree
+    from data.catalog import looks_readable as data_readable
 
     root = folder(tmp_path / "data")
     (tmp_path / "elsewhere" / "deep").mkdir(parents=True)

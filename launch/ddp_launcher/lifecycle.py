@@ -23,8 +23,8 @@ from omegaconf import OmegaConf
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value
 from ddp_launcher.core.gate import (
+    failure_line,
     gate_of,
-    os_cause,
     pending_sweep_start,
     sweep_started,
     undo_sweep_start,
@@ -554,15 +554,7 @@ def undone_if_refused(sweep_dir: Path) -> Iterator[None]:
         problems = undo_sweep_start(sweep_dir)
         if not isinstance(e, Exception) or (isinstance(e, UserError) and not problems):
             raise
-        if isinstance(e, UserError):
-            line = describe(e)
-        elif isinstance(e, OSError):
-            line = f"{sweep_dir}: the sweep's start failed: {os_cause(e, sweep_dir)}"
-        else:
-            line = (
-                f"{sweep_dir}: the sweep's start failed: {describe(e)} (rerun with "
-                "HYDRA_FULL_ERROR=1 for its traceback)"
-            )
+        line = failure_line(e, sweep_dir, "the sweep's start failed")
         undone = "; ".join(problems) if problems else "the sweep dir is as it was"
         raise UserError(f"{line}; {undone}") from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,15 @@ class UserError(CompactHydraException):
 def find_user_error(error: BaseException | None) -> UserError | None:
     """The UserError behind `error`, if any: Hydra's instantiate wraps what a target raises. A
     full disk (or quota) is one too, wherever it was hit (core/disk.py's DiskFull)."""
+    return find_cause(error, lambda e: isinstance(e, UserError))
+
+
+def find_cause(error: BaseException | None, wanted: Callable[[BaseException], bool]) -> Any:
+    """The first of `error` and its causes that is `wanted`, or a full disk (or quota) met on
+    the way, as a UserError (from_os_error); None if neither."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, UserError):
+        if wanted(error):
             return error
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             return from_os_error(error)

@@ -577,21 +577,23 @@ def write_hydra_files(config: Any, run_dir: Path, opening: Opening) -> None:
 def refusal(error: BaseException, opening: Opening, problems: list[str]) -> str:
     """The one line of a start refused by `error` at `opening.step`: its cause and fix, and
     what the undo left (`problems`)."""
-    run_dir = opening.run_dir
-    if isinstance(error, UserError):
-        line = describe(error)
-    elif isinstance(error, OSError):
-        line = f"{run_dir}: the start failed {opening.step}: {os_cause(error, run_dir)}"
-    else:
-        line = (
-            f"{run_dir}: the start failed {opening.step}: {describe(error)} (rerun with "
-            "HYDRA_FULL_ERROR=1 for its traceback)"
-        )
+    line = failure_line(error, opening.run_dir, f"the start failed {opening.step}")
     if problems:
         return f"{line}; {'; '.join(problems)}"
     if not isinstance(error, UserError):
         line += "; nothing in it changed"
     return line
+
+
+def failure_line(error: BaseException, place: Path, failed: str) -> str:
+    """`error` of a start as one line: a UserError's own, else `place` and what `failed` ("the
+    start failed recording the attempt"), then an OSError's cause and fix, or the error and how
+    to see its traceback."""
+    if isinstance(error, UserError):
+        return describe(error)
+    if isinstance(error, OSError):
+        return f"{place}: {failed}: {os_cause(error, place)}"
+    return f"{place}: {failed}: {describe(error)} (rerun with HYDRA_FULL_ERROR=1 for its traceback)"
 
 
 def os_cause(error: OSError, run_dir: Path) -> str:

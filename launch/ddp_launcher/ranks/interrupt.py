@@ -6,7 +6,6 @@ interpreter's own start.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import signal
@@ -130,17 +129,9 @@ def our_error(error: BaseException) -> BaseException | None:
     UserError, SweepStopped, ...; a full disk, wherever it was hit), looked for through its
     causes (Hydra's instantiate wraps what a plugin's constructor raises); None: Hydra's own,
     or an unexpected one."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(getattr(error, "exit_code", None), int):
-            return error
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            from ddp_launcher.core.errors import from_os_error  # (a full disk: the user's)
+    from ddp_launcher.core.errors import find_cause  # (imports Hydra: only once one is raised)
 
-            return from_os_error(error)
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
+    return find_cause(error, lambda e: isinstance(getattr(e, "exit_code", None), int))
 
 
 @contextmanager

@@ -1,12 +1,10 @@
 """An image folder's tree as torchvision's ImageFolder reads it (`<root>/<split>/<class>/...`),
-torch-free, for conf/checks.py: walked before a run dir opens (in the launcher's process too,
-where no torch is imported), so that what would stop the run is said before anything is
-written: a link back into the dataset (torchvision's walk would follow it again and again), a
-class folder without an image, or, with dataset.skip_unreadable=true, without one readable
-image. data/catalog.py walks the tree the same way when it builds the dataset (walk_once,
-looks_readable: its own copies, as `data` imports torch and `conf` must not, and `data` may not
-import `conf`, which imports `components`, which imports `data`; tests/test_gate_values.py
-checks that both walks find the same files and refuse the same trees).
+torch-free: walked by the gate's checks before a run dir opens (conf/checks.py, in the
+launcher's process too, where no torch is imported), so that what would stop the run is said
+before anything is written: a link back into the dataset (torchvision's walk would follow it
+again and again), a class folder without an image, or, with dataset.skip_unreadable=true,
+without one readable image; and by data/catalog.py when it builds the dataset (walk_once,
+looks_readable), so that both walks find the same files and refuse the same trees.
 """
 
 from __future__ import annotations
