@@ -107,6 +107,9 @@ def sweep_2x2(tmp_path_factory):
         "dist.nproc_per_node=2,1",
         f"optim.lr={','.join(SWEEP_LRS)}",
         "hydra.launcher.max_parallel=2",
+        # (two jobs at a time share the cores: on 2 of them, a 2-rank job's ranks share one,
+        # as intended here; test_one_line has the warning's own tests)
+        "hydra.launcher.oversubscribe=true",
         OFFLINE,  # the jobs' and the sweep summary's W&B runs are read back
         TEST_LAUNCHER_SECRET=SWEEP_SECRET,  # must not end up in the job files (test_job_files)
     )
