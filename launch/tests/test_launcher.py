@@ -1078,7 +1078,7 @@ def test_bad_launcher_input_is_one_line_and_exit_2(
 @pytest.mark.skipif(
     HYDRA_VERSION >= (1, 4),
     reason="its dataset target is a test module, outside Hydra 1.4's _target_ allowlist "
-    "(ddp_launcher/core/hydra_compat.py); the verdict does not depend on Hydra's version",
+    "(train.py's, conf/__init__.py's TRUSTED_TARGETS); the verdict does not depend on Hydra's version",
 )
 def test_a_user_error_of_rank_1_is_the_jobs_in_one_line(tmp_path: Path) -> None:
     """`python train.py dist.nproc_per_node=2`, rank 1 hits a user error: the job's verdict is
@@ -1099,7 +1099,7 @@ def test_a_user_error_of_rank_1_is_the_jobs_in_one_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(
     HYDRA_VERSION >= (1, 4),
     reason="its dataset target is a test module, outside Hydra 1.4's _target_ allowlist "
-    "(ddp_launcher/core/hydra_compat.py); the wait does not depend on Hydra's version",
+    "(train.py's, conf/__init__.py's TRUSTED_TARGETS); the wait does not depend on Hydra's version",
 )
 def test_a_wait_for_local_rank_0s_data_past_the_timeout_is_one_line(tmp_path: Path) -> None:
     """`python train.py dist.nproc_per_node=2` with a dataset whose download takes local rank
