@@ -250,3 +250,59 @@ def test_the_seam_check_finds_imports_and_targets_past_the_api(tmp_path) -> None
         "_target_: ddp_launcher.core.gate.RunGate",
         "attempts: ddp_launcher.resume.RunAttempts",
     ], lines
+
+
+# ---------------------------------------------------------------------------------------------
+# the seed lesson's lines are the fork's (issue 67): calls in train.py or components/, none in
+# the launcher package, which holds no rank-side module of the experiment
+
+SEED_CALLS = {"init_process_group", "set_device", "DDP", "DistributedDataParallel"}
+GONE_FROM_THE_PACKAGE = (
+    "ranks/distributed.py",
+    "ranks/preemption.py",
+    "ranks/faults.py",
+    "core/manifest.py",
+)
+
+
+def calls_in(path: Path) -> set[str]:
+    """The names of the functions `path` calls (`f(...)`, `x.f(...)`): code, not docstrings."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name:
+                found.add(name)
+    return found
+
+
+def test_the_seed_lessons_lines_are_calls_in_the_fork() -> None:
+    """init_process_group(, set_device( and DDP( are calls in train.py or components/, and
+    nowhere in the launcher package; its rank-side modules of the experiment are gone, and a
+    training step calls no fault hook (fault injection is the suite's: tests/faults.py)."""
+    fork = [REPO / "train.py", *sorted((REPO / "components").glob("*.py"))]
+    in_fork = set().union(*(calls_in(path) for path in fork))
+    assert {"init_process_group", "set_device"} <= in_fork, in_fork & SEED_CALLS
+    assert in_fork & {"DDP", "DistributedDataParallel"}, in_fork & SEED_CALLS
+    package = REPO / "launch" / "ddp_launcher"
+    in_package = {
+        str(path.relative_to(package)): calls_in(path) & SEED_CALLS
+        for path in sorted(package.rglob("*.py"))
+    }
+    assert {path: calls for path, calls in in_package.items() if calls} == {}
+    assert [p for p in GONE_FROM_THE_PACKAGE if (package / p).exists()] == []
+    step = REPO / "components" / "train_step.py"
+    assert [name for name in calls_in(step) if "fault" in name.lower()] == []
+
+
+def test_train_py_opens_with_its_entry_call() -> None:
+    """train.py's first screen tells the story: its docstring, then one entry call (under
+    `if __name__ == "__main__":`) before the experiment's own imports."""
+    tree = ast.parse((REPO / "train.py").read_text())
+    docstring, first = tree.body[0], tree.body[1]
+    assert isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant)
+    assert isinstance(first, ast.If) and ast.unparse(first.test) == "__name__ == '__main__'"
+    calls = [n for n in first.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
+    assert [ast.unparse(c.value.func) for c in calls] == ["entry_point"]
+    assert first.end_lineno <= 45, first.end_lineno  # within the first screen
