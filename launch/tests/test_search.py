@@ -38,6 +38,8 @@ from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from tests.helpers import output, run_env
+
 REPO = Path(__file__).resolve().parents[2]
 IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])
 
@@ -373,3 +375,31 @@ def test_a_grid_search_runs_its_grid_once_and_ends(tmp_path: Path) -> None:
     assert sorted(t.params["trainer.batch_size"] for t in study.trials) == [64, 128]
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     assert (sweep_dir / "optimization_results.yaml").exists()
+
+
+@pytest.mark.slow
+def test_a_grid_over_an_interval_is_one_line_before_anything_is_written(tmp_path: Path) -> None:
+    """GridSampler can only enumerate choice(...) and range(...): the example app's search with
+    hydra/sweeper/sampler=grid over its lr interval is refused in one line naming the key,
+    exit 2, with no HYDRA_FULL_ERROR hint after it and no sweep dir made."""
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parents[1] / "examples" / "toy_ddp.py"),
+            "hparams_search=lr",
+            "hydra/sweeper/sampler=grid",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = output(proc)
+    assert proc.returncode == 2, said
+    assert said.strip() == (
+        "hydra.sweeper.params.lr: GridSampler needs choice(...) or range(...)"
+    ), said
+    assert not sweep_dir.exists()

@@ -285,8 +285,6 @@ class OptunaSweeperBase(Sweeper):
         )
         self.resume = bool(OmegaConf.select(config, "hydra.launcher.resume", default=False))
         self.sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        if not OmegaConf.select(config, "hydra.launcher.dry_run", default=False):
-            self.sweep_dir.mkdir(parents=True, exist_ok=True)  # SQLite makes the file, not its dir
         self.storage_spec = storage_spec(self.conf.storage, config, self.sweep_dir)
         if self.study_name is None:
             self.study_name = self.sweep_dir.name
@@ -328,6 +326,8 @@ class OptunaSweeperBase(Sweeper):
         space, fixed = search_space(self.conf.params, arguments)
         sampler = self.space_sampler(space)
         pruner = self.pruner_config()
+        # (only now, the search space refused or not: SQLite makes the file, not its dir)
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
         study = optuna.create_study(
             study_name=self.study_name,
             storage=open_storage(self.storage_spec),
