@@ -365,3 +365,19 @@ def test_requirements_parse_as_pip_reads_them():
     names = {Requirement(str(a.requirement)).name for a in found.asked}
     assert {"torch", "hydra-core", "wandb", "pytest"} <= names
     assert any(a.where == "launch/pyproject.toml [project.dependencies]" for a in found.asked)
+
+
+def test_the_launchers_requirements_are_bounded_both_ways():
+    """hydra-ddp-launcher, published: each of its dependencies and of its extras' has a floor
+    and a ceiling (the next major, or the minor its private APIs were read from: Hydra,
+    OmegaConf, submitit), so that a user's pip never pairs it with a release it was not tried
+    on; the lock's versions lie within them (test_the_locks_hold_every_version_asked_for)."""
+    project = lockfile.tomllib.loads((REPO / "launch" / "pyproject.toml").read_text())["project"]
+    asked = [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]
+    unbounded = [
+        line
+        for line in asked
+        for ops in [{s.operator for s in Requirement(line).specifier}]
+        if not (ops & {">=", ">", "~="} and ops & {"<", "<=", "~="})
+    ]
+    assert len(asked) >= 8 and unbounded == []

@@ -156,6 +156,21 @@ def test_require_extra_names_the_extra(monkeypatch) -> None:
     )
 
 
+def test_the_reports_wandb_run_without_its_extra_is_one_line(tmp_path, monkeypatch, capsys):
+    """`python -m ddp_launcher.report SWEEP --wandb` where wandb is not installed: one line
+    naming the [wandb] extra, exit 2, nothing written into the sweep dir."""
+    from ddp_launcher.report.__main__ import main
+
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    (tmp_path / "sweep").mkdir()
+    assert main([str(tmp_path / "sweep"), "--wandb"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --wandb needs hydra-ddp-launcher[wandb] (wandb not installed): "
+        "pip install 'hydra-ddp-launcher[wandb]'\n"
+    )
+    assert list((tmp_path / "sweep").iterdir()) == []
+
+
 def test_dry_run_set_in_a_config_file_previews(tmp_path: Path) -> None:
     """hydra.launcher.dry_run: true in the app's config file does what it does on the command
     line: every job previewed, none started, nothing written. (A dry run is a multirun's:
