@@ -899,13 +899,14 @@ def test_failed_job_does_not_stop_the_others(tmp_path: Path) -> None:
     verdict = [line for line in out.splitlines() if "[HYDRA] #0 failed" in line]
     assert len(verdict) == 1 and "batch_size=4096: trainer.batch_size=4096 exceeds" in verdict[0]
     assert "Failed jobs:" in out and "job 0 [failed]" in out
-    # Hydra's last word, one line: 1.3's is the JobFailed of #0; 1.4 raises the failed job's
-    # own exception (the launcher hands it back: Hydra's contract), here rank 0's UserError
+    # Hydra's last word, one line: the failed job's own exception, which the launcher hands
+    # back in its JobReturn (Hydra's contract) and Hydra's sweeper raises, here rank 0's
+    # UserError (JobFailed, once the last word, is what a job without one ends with)
     last = out.rstrip("\n").splitlines()[-1]
-    if HYDRA_VERSION >= (1, 4):
-        assert "trainer.batch_size=4096 exceeds the training set" in last, out[-3000:]
-    else:
-        assert "job #0 (" in out
+    assert (
+        last == "trainer.batch_size=4096 exceeds the training set (1437 samples): lower "
+        "trainer.batch_size"
+    ), out[-3000:]
     assert "Traceback" not in out and "ChildFailedError" not in out, out[-5000:]
 
 
@@ -1078,7 +1079,8 @@ def test_bad_launcher_input_is_one_line_and_exit_2(
 @pytest.mark.skipif(
     HYDRA_VERSION >= (1, 4),
     reason="its dataset target is a test module, outside Hydra 1.4's _target_ allowlist "
-    "(train.py's, conf/__init__.py's TRUSTED_TARGETS); the verdict does not depend on Hydra's version",
+    "(train.py's, conf/__init__.py's TRUSTED_TARGETS); the verdict does not depend on Hydra's "
+    "version",
 )
 def test_a_user_error_of_rank_1_is_the_jobs_in_one_line(tmp_path: Path) -> None:
     """`python train.py dist.nproc_per_node=2`, rank 1 hits a user error: the job's verdict is
@@ -1099,7 +1101,8 @@ def test_a_user_error_of_rank_1_is_the_jobs_in_one_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(
     HYDRA_VERSION >= (1, 4),
     reason="its dataset target is a test module, outside Hydra 1.4's _target_ allowlist "
-    "(train.py's, conf/__init__.py's TRUSTED_TARGETS); the wait does not depend on Hydra's version",
+    "(train.py's, conf/__init__.py's TRUSTED_TARGETS); the wait does not depend on Hydra's "
+    "version",
 )
 def test_a_wait_for_local_rank_0s_data_past_the_timeout_is_one_line(tmp_path: Path) -> None:
     """`python train.py dist.nproc_per_node=2` with a dataset whose download takes local rank
