@@ -32,12 +32,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.app_command import APP_COMMAND_ENV, app_command
-from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value, one_line
+from ddp_launcher.core.errors import (
+    RunStopped,
+    UserError,
+    describe,
+    find_user_error,
+    job_value,
+    one_line,
+)
 from ddp_launcher.core.fault_points import LAUNCHER_PID_ENV
 from ddp_launcher.core.host import check_host
 from ddp_launcher.core.hydra_compat import active_whitelist
 from ddp_launcher.core.repro import CODE_DIR_ENV, task_code_dir
-from ddp_launcher.core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
+from ddp_launcher.core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR, REQUEUE_EXIT_CODE, read_result
 from ddp_launcher.core.wandb_service import wandb_wanted
 from ddp_launcher.core.world import (
     check_gpus,
@@ -51,6 +58,7 @@ from ddp_launcher.core.world import (
     visible_gpus,
 )
 from ddp_launcher.jobs import (
+    Interrupted,
     Job,
     configure_sweep_logging,
     failed_job_return,
@@ -59,6 +67,7 @@ from ddp_launcher.jobs import (
     refuse_unknown_keys,
     resolve_output_dirs,
     settings_from,
+    stop_signals,
     verdict_of,
 )
 from ddp_launcher.lifecycle import LifecycleLauncher, run_jobs
@@ -263,10 +272,35 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
         0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec, in_sweep=False
     )
     settings = single_run_settings(hydra_cfg.launcher)
-    (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
+    try:
+        # SIGTERM (a scheduler's preemption) and SIGHUP (a dropped session) stop the ranks as
+        # preemption does, as a 1-rank run's own handler and a sweep's launcher do; without
+        # this the launcher died of them, its ranks with it, unrecorded (Ctrl-C: run_jobs).
+        with stop_signals((signal.SIGTERM, signal.SIGHUP)):
+            (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
+    except Interrupted as e:
+        if e.signum == signal.SIGINT:
+            raise
+        raise run_stopped(job.job_dir, e) from None
     if ret.status.name == "FAILED":  # (JobReturn.return_value would log it first: no)
         raise verdict_of(ret)  # one line: rank 0 printed its own error where the user watches
     return ret.return_value
+
+
+def run_stopped(run_dir: Path, stop: Interrupted) -> RunStopped:
+    """The closing line and exit status of a single run of N ranks stopped by `stop`."""
+    from ddp_launcher.ranks.interrupt import RESUMABLE
+
+    result = read_result(run_dir)
+    status = result.status if result is not None else "interrupted"
+    fix = (
+        f"rerun with resume=auto and hydra.run.dir={run_dir} to continue from the last checkpoint"
+        if RESUMABLE[0]
+        else "rerun the same command to run it again"
+    )
+    stopped = RunStopped(f"{status} ({stop.signal_name}): {fix}")
+    stopped.exit_code = REQUEUE_EXIT_CODE if status == "preempted" else 128 + stop.signum
+    return stopped
 
 
 def single_run_settings(launcher_cfg: Any) -> TorchrunLauncherConf:

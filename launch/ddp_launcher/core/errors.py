@@ -23,6 +23,15 @@ class UserError(CompactHydraException):
     exit_code = 2
 
 
+class RunStopped(CompactHydraException):
+    """`python app.py dist.nproc_per_node=N` was asked to stop (SIGTERM, SIGHUP): its ranks
+    stopped the way preemption stops them and the run is recorded (ddp_launcher/torchrun.py).
+    `exit_code`: 75 when they saved a checkpoint (as a 1-rank run's preemption: "requeue
+    me"), else 128 + the signal's number."""
+
+    exit_code = 1
+
+
 def find_user_error(error: BaseException | None) -> UserError | None:
     """The UserError behind `error`, if any: Hydra's instantiate wraps what a target raises. A
     full disk (or quota) is one too, wherever it was hit (core/disk.py's DiskFull)."""
@@ -105,7 +114,7 @@ class ReportUserError(Callback):
         if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN:
             return
         failure = job_value(job_return)
-        error = find_user_error(failure)
+        error = failure if isinstance(failure, RunStopped) else find_user_error(failure)
         if error is not None:
             if not getattr(failure, "already_said", False):  # (by the rank that hit it)
                 said_logger(__name__).error("%s", error)
