@@ -72,11 +72,13 @@ def build_optimizer(optim_cfg, model: torch.nn.Module, global_batch: int) -> tor
     try:
         # _convert_: plain lists (betas), never ListConfig: checkpoints load weights_only.
         return instantiate({**cfg, "lr": lr, "_convert_": "all"})(groups)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, IndexError) as e:
         scaled = f" ({scaling}-scaled from optim.lr={cfg['lr']})" if lr != cfg["lr"] else ""
-        raise UserError(
-            f"optimizer {optim_cfg._target_}: {one_line(e)}{scaled}: fix optim.*"
-        ) from None
+        reason = one_line(e)
+        if isinstance(e, IndexError):  # a list shorter than the optimizer reads (betas=[])
+            lists = ", ".join(f"optim.{k}={v}" for k, v in cfg.items() if isinstance(v, list))
+            reason = f"{reason} (reading {lists})"
+        raise UserError(f"optimizer {optim_cfg._target_}: {reason}{scaled}: fix optim.*") from None
 
 
 def warmup_steps(trainer_cfg, steps_per_epoch: int) -> int:

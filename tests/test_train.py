@@ -309,6 +309,8 @@ BAD_INPUTS = [
     (["optim.lr=-0.1"], ["optim.lr=-0.1", "use a learning rate > 0", "e.g. optim.lr=0.1"]),
     (["optim.lr_scaling=cubic"], ["optim.lr_scaling=cubic is not valid", "linear"]),
     (["optim=adamw", "optim.betas=[0.9,2.0]"], ["Invalid beta parameter", "optim"]),
+    # a list shorter than the optimizer reads: its IndexError was a traceback
+    (["optim=adamw", "optim.betas=[]"], ["optim.betas=[]", "fix optim.*"]),
     (["augment=crop_flip", "augment.crop=zoom"], ["augment.crop=zoom is not valid"]),
     (["augment=none", "augment.random_erasing=1.5"], ["augment.random_erasing=1.5"]),
     (["augment=rand_augment", "augment.policy.num_ops=-1"], ["augment: ", "fix augment.*"]),
