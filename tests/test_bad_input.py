@@ -148,6 +148,17 @@ def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path, nproc):
     one_line_error(proc, f"hydra.run.dir={run_dir} cannot be written", "writable")
 
 
+@pytest.mark.slow
+def test_a_run_dir_through_a_symlink_loop_is_one_line_naming_the_fix(tmp_path):
+    """A run dir that is (or lies under) a link loop was the gate's catch-all line, a
+    RuntimeError with "rerun with HYDRA_FULL_ERROR=1", naming no fix."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    for run_dir in (tmp_path / "a", tmp_path / "a" / "run"):
+        proc = run(train_cmd(*QUICK, f"hydra.run.dir={run_dir}"))
+        one_line_error(proc, f"hydra.run.dir={run_dir} cannot be written", "a loop", "writable")
+
+
 @pytest.mark.parametrize(
     "entry",
     [
