@@ -7,6 +7,7 @@ rules, the error policy. Collectives run on a one-rank process group in this pro
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -153,6 +154,34 @@ def test_a_crash_while_a_step_is_saved_again_never_leaves_it_beside_a_wrong_dige
     assert ck.verify(folder / "last.pt") is None
     assert ck.load_checkpoint(folder / "last.pt")["progress"]["step"] == 11
     assert not [p for p in folder.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_a_save_on_a_full_disk_names_a_fix_that_works(tmp_path, monkeypatch):
+    """A save that does not fit said "free space ... or lower trainer.keep_checkpoints; the
+    checkpoints already there are whole": a lower count cannot help (the new file is written
+    before pruning) and, at the first save, there were none. It names what works and what a
+    resume then does."""
+    progress = SimpleNamespace(state_dict=lambda: {"step": 3}, load_state_dict=None)
+    state = ck.TrainingState(
+        shared={"model": torch.nn.Linear(2, 1), "progress": progress}, per_rank={}
+    )
+    checkpoints = ck.Checkpointer(tmp_path, rank=0, keep=2)
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    for step, then in ((3, "no checkpoint was committed yet"), (6, "already there are whole")):
+        if step == 6:
+            monkeypatch.setattr(os, "fsync", real_fsync)
+            checkpoints.save(state, step=3, is_best=False)  # one committed
+        monkeypatch.setattr(os, "fsync", full)
+        with pytest.raises(UserError) as caught:
+            checkpoints.save(state, step=step, is_best=False)
+        message = str(caught.value)
+        assert "keep_checkpoints" not in message and then in message, message
+        assert "free space on the disk of" in message, message
 
 
 def test_checkpoint_with_pickled_code_is_refused(tmp_path):
