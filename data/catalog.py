@@ -48,6 +48,15 @@ def _one_line(error: BaseException, limit: int = 300) -> str:
 def reading(name: str, root: str, download: bool, fix: str = DOWNLOAD_FIX) -> Iterator[None]:
     """What torchvision raises for absent, partial or corrupt files (and failed downloads), as
     a one-line UserError naming ``root`` and ``fix``."""
+    path = Path(root)
+    if (path.exists() and not path.is_dir()) or (path.is_symlink() and not path.exists()):
+        # (a file's "not found", whose fix was dataset.download=true, which cannot download
+        # into a file, and failed naming the network)
+        what = "a file" if path.exists() else "a link that leads nowhere (dangling, or a loop)"
+        raise UserError(
+            f"dataset.root={root} is {what}, not a folder: point dataset.root at the folder "
+            "that holds the dataset's files (or, with dataset.download=true, will hold them)"
+        )
     try:
         yield
     except UserError:

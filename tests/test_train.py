@@ -339,6 +339,15 @@ BAD_INPUTS = [
         ["dataset=mnist", "dataset.root=/nonexistent/mnist"],
         ["/nonexistent/mnist", "dataset.download=true"],
     ),
+    # a file as the root: its "not found" named dataset.download=true, which cannot work
+    (
+        ["dataset=mnist", f"dataset.root={REPO / 'README.md'}", "dataset.download=true"],
+        [f"dataset.root={REPO / 'README.md'} is a file, not a folder"],
+    ),
+    (
+        ["dataset=imagefolder", f"dataset.root={REPO / 'README.md'}"],
+        [f"dataset.root={REPO / 'README.md'} is a file, not a folder"],
+    ),
     (["dataset=imagefolder"], ["dataset imagefolder needs dataset.root", "point dataset.root at"]),
     (["dataset.val_fraction=1.5"], ["dataset.val_fraction=1.5 is out of range"]),
     (["resume=/nonexistent/last.pt"], ["/nonexistent/last.pt does not exist", "resume="]),
