@@ -601,6 +601,21 @@ def test_wandb_failure_is_a_warning(sweep: Path, monkeypatch, caplog) -> None:
     assert log_to_wandb(summary, {"mode": "disabled"}) is None
 
 
+def test_no_wandb_run_on_a_full_disk_is_one_warning(sweep: Path, monkeypatch, caplog) -> None:
+    """`python -m ddp_launcher.report SWEEP --wandb` on a full disk printed W&B's own logging
+    failures (727 lines of '--- Logging error ---' tracebacks): with too little room for the
+    run it starts none, in one warning naming the disk."""
+    import wandb
+    from ddp_launcher.core import disk
+
+    summary = write_summary(sweep)
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 0)
+    started = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: started.append(kw))
+    assert log_to_wandb(summary, {"mode": "offline"}) is None
+    assert started == [] and "no space left on the disk of" in caplog.text, caplog.text
+
+
 # --------------------------------------------------------------------------------------------
 # CLI
 
