@@ -438,9 +438,10 @@ def fake(
     """torchvision's FakeData: ``size`` random train images, ``size // 5`` each for val and
     test, all distinct (FakeData seeds image i with i + random_offset)."""
     side = _check_size(image_size)
-    if int(size) < 1 or int(num_classes) < 1:
+    if int(size) < 1 or int(num_classes) < 2:  # (1 class: loss 0 and accuracy 1 from step 0)
         raise UserError(
-            f"dataset.size={size} and dataset.num_classes={num_classes} must both be >= 1"
+            f"dataset.size={size} and dataset.num_classes={num_classes}: a size >= 1 and at "
+            "least 2 classes, e.g. dataset.num_classes=10"
         )
     held = max(int(size) // 5, 1)
 

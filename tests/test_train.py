@@ -339,6 +339,8 @@ BAD_INPUTS = [
         ["dataset=mnist", "dataset.root=/nonexistent/mnist"],
         ["/nonexistent/mnist", "dataset.download=true"],
     ),
+    # one class trained to loss 0 and accuracy 1 without a word
+    (["dataset=fake", "dataset.num_classes=1"], ["dataset.num_classes=1", "at least 2 classes"]),
     # a file as the root: its "not found" named dataset.download=true, which cannot work
     (
         ["dataset=mnist", f"dataset.root={REPO / 'README.md'}", "dataset.download=true"],
