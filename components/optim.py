@@ -95,6 +95,14 @@ def lr_schedule(optimizer, trainer_cfg, steps_per_epoch: int):
         raise UserError(f"trainer.lr_schedule={trainer_cfg.lr_schedule}: use cosine or constant")
     if trainer_cfg.warmup_epochs < 0:
         raise UserError(f"trainer.warmup_epochs={trainer_cfg.warmup_epochs} must be >= 0")
+    if trainer_cfg.warmup_epochs > trainer_cfg.max_epochs:  # (taken as the whole run: say so)
+        log.warning(
+            "trainer.warmup_epochs=%g is longer than trainer.max_epochs=%d: the lr warms up over "
+            "the whole run and reaches its value only at the last step (lower "
+            "trainer.warmup_epochs for a schedule after it)",
+            trainer_cfg.warmup_epochs,
+            trainer_cfg.max_epochs,
+        )
 
     def factor(step: int) -> float:
         if step < warmup:

@@ -184,6 +184,20 @@ def test_a_save_on_a_full_disk_names_a_fix_that_works(tmp_path, monkeypatch):
         assert "free space on the disk of" in message, message
 
 
+def test_a_warm_up_longer_than_the_run_is_said(caplog):
+    """trainer.warmup_epochs=50 on a 1-epoch run was taken without a word: the lr never got
+    past its warm-up. One warning; a warm-up within the run says nothing."""
+    from components.optim import lr_schedule
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    for warmup, said in ((50.0, True), (1.0, False)):
+        caplog.clear()
+        tc = SimpleNamespace(max_epochs=1, warmup_epochs=warmup, lr_schedule="cosine")
+        with caplog.at_level(logging.WARNING):
+            lr_schedule(optimizer, tc, steps_per_epoch=10)
+        assert ("longer than trainer.max_epochs=1" in caplog.text) is said, caplog.text
+
+
 def test_checkpoint_with_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"model": {}, "progress": {}, "x": Path("/")}, path)  # needs a class to load
