@@ -157,11 +157,26 @@ def free_bytes(path: Path) -> int | None:
     return stat.f_bavail * stat.f_frsize
 
 
+def free_inodes(path: Path) -> int | None:
+    """The files an unprivileged writer may still make on the disk of `path` (None: unknown, or
+    a file system that does not count them)."""
+    try:
+        stat = os.statvfs(nearest_dir(path))
+    except OSError:
+        return None
+    return stat.f_favail if stat.f_files else None
+
+
 def disk_full(where: Path, what: str, needed: int | None = None, fix: str = "") -> DiskFull:
     """The one line: what could not be written, in which dir, the bytes it needs and those
     free there, and the fix."""
     where = Path(where)
     free = free_bytes(where)
+    if free_inodes(where) == 0:  # (ENOSPC too: bytes free, no file can be made)
+        return DiskFull(
+            f"no inode left on the disk of {where} for {what} (no new file can be made there, "
+            f"{fmt_bytes(free or 0)} free): remove files there" + (f", {fix}" if fix else "")
+        )
     need = f"needs {fmt_bytes(needed)}" if needed else "needs more"
     have = f", {fmt_bytes(free)} free there" if free is not None else ""
     return DiskFull(
