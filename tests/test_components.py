@@ -560,6 +560,26 @@ def test_report_user_error_only_in_a_plain_run(caplog):
     assert exit_.value.code == 2 and caplog.messages == ["bad: fix it"]
 
 
+def test_a_rank_that_lost_its_peer_under_plain_torchrun_says_one_line(caplog, monkeypatch):
+    """Under plain torchrun, rank 0 failing on a full disk at a save left rank 1 to print
+    Hydra's 25-line traceback of its monitored_barrier ("Connection closed by peer"): it says
+    one line and exits 1; rank 0 (whose own error it would be) is left to Hydra."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    ret = JobReturn()
+    ret.status = JobStatus.FAILED
+    ret._return_value = RuntimeError("monitoredBarrier: Connection closed by peer [127.0.0.1]")
+    run_mode = SimpleNamespace(hydra=SimpleNamespace(mode=RunMode.RUN))
+    monkeypatch.setenv("RANK", "0")
+    ReportUserError().on_job_end(run_mode, ret)
+    monkeypatch.setenv("RANK", "1")
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as exit_:
+        ReportUserError().on_job_end(run_mode, ret)
+    assert exit_.value.code == 1
+    assert caplog.messages == ["stopped: another rank failed first (its error says why)"]
+
+
 def test_a_stall_fault_waits_at_its_step_until_a_signal_has_arrived(monkeypatch):
     """HYDRA_DDP_FAULT=stall@3: steps before it pass; step 3 waits until a signal reaches the
     process (its handler runs as usual), not for STALL_MAX_S; a signal that came after the

@@ -119,6 +119,14 @@ class ReportUserError(Callback):
             if not getattr(failure, "already_said", False):  # (by the rank that hit it)
                 said_logger(__name__).error("%s", error)
             raise SystemExit(error.exit_code)
+        if os.environ.get("RANK", "0") != "0":
+            from ddp_launcher.ranks.bootstrap import lost_a_peer
+
+            if lost_a_peer(failure):  # (plain torchrun: rank 0 said why; Hydra's traceback, no)
+                said_logger(__name__).error(
+                    "stopped: another rank failed first (its error says why)"
+                )
+                raise SystemExit(1)
 
 
 # A full disk (or quota): the user's to fix, in one line (core/disk.py checks for room first)
