@@ -518,10 +518,12 @@ class Checkpointer:
             try:
                 path = self._commit(ckpt, step, is_best)
             except OSError as e:  # a full disk, a quota, a read-only mount: the user's to fix
+                # (trainer.keep_checkpoints is no fix: a save writes its new file before it
+                # prunes, whatever the count, so the file must fit beside what is there)
                 fix = (
                     f"make {self.dir} writable (or choose another hydra.run.dir)"
                     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-                    else f"free space in {self.dir} or lower trainer.keep_checkpoints"
+                    else f"free space on the disk of {self.dir} (or choose another hydra.run.dir)"
                 )
                 free = free_bytes(self.dir)
                 room = (
@@ -530,10 +532,15 @@ class Checkpointer:
                     if e.errno in (errno.ENOSPC, errno.EDQUOT)
                     else ""
                 )
+                then = (
+                    "the checkpoints already there are whole, and resume=auto continues from "
+                    "the newest"
+                    if self.manifest.files
+                    else "no checkpoint was committed yet: resume=auto starts the run over"
+                )
                 raise UserError(
                     f"cannot write checkpoint {self.dir / fresh_name(self.manifest, step)} "
-                    f"({e.strerror or e}{room}): {fix}; the checkpoints already there are "
-                    "whole, and resume=auto continues from the newest"
+                    f"({e.strerror or e}{room}): {fix}; {then}"
                 ) from None
             if self.on_save is not None:
                 self.on_save(path, ckpt.get("progress") or {}, is_best)

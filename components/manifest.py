@@ -150,9 +150,15 @@ def usable(path: Path, key: str) -> Path:
     fresh = " or resume=null to start fresh" if key == "resume" else ""
     path = Path(path).expanduser()
     if path.is_dir():
+        auto = " (resume=auto continues this run's own dir)" if key == "resume" else ""
+        last = path / CHECKPOINT_DIR / LAST
+        if not last.is_file():  # (no run's dir: naming a file it does not have was no fix)
+            raise UserError(
+                f"{key}={path} is a directory without {CHECKPOINT_DIR}/{LAST}: pass "
+                f"{key}=<a .pt file>, e.g. {key}=<a run dir>/{CHECKPOINT_DIR}/{LAST}{auto}"
+            )
         raise UserError(
-            f"{key}={path} is a directory: pass {key}=<a .pt file in it>, e.g. "
-            f"{key}={path / CHECKPOINT_DIR / LAST}" + (" or resume=auto" if key == "resume" else "")
+            f"{key}={path} is a directory: pass {key}=<a .pt file in it>, e.g. {key}={last}{auto}"
         )
     target = committed_file(path)[0]
     if not target.is_file():

@@ -72,11 +72,13 @@ def build_optimizer(optim_cfg, model: torch.nn.Module, global_batch: int) -> tor
     try:
         # _convert_: plain lists (betas), never ListConfig: checkpoints load weights_only.
         return instantiate({**cfg, "lr": lr, "_convert_": "all"})(groups)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, IndexError) as e:
         scaled = f" ({scaling}-scaled from optim.lr={cfg['lr']})" if lr != cfg["lr"] else ""
-        raise UserError(
-            f"optimizer {optim_cfg._target_}: {one_line(e)}{scaled}: fix optim.*"
-        ) from None
+        reason = one_line(e)
+        if isinstance(e, IndexError):  # a list shorter than the optimizer reads (betas=[])
+            lists = ", ".join(f"optim.{k}={v}" for k, v in cfg.items() if isinstance(v, list))
+            reason = f"{reason} (reading {lists})"
+        raise UserError(f"optimizer {optim_cfg._target_}: {reason}{scaled}: fix optim.*") from None
 
 
 def warmup_steps(trainer_cfg, steps_per_epoch: int) -> int:
@@ -93,6 +95,14 @@ def lr_schedule(optimizer, trainer_cfg, steps_per_epoch: int):
         raise UserError(f"trainer.lr_schedule={trainer_cfg.lr_schedule}: use cosine or constant")
     if trainer_cfg.warmup_epochs < 0:
         raise UserError(f"trainer.warmup_epochs={trainer_cfg.warmup_epochs} must be >= 0")
+    if trainer_cfg.warmup_epochs > trainer_cfg.max_epochs:  # (taken as the whole run: say so)
+        log.warning(
+            "trainer.warmup_epochs=%g is longer than trainer.max_epochs=%d: the lr warms up over "
+            "the whole run and reaches its value only at the last step (lower "
+            "trainer.warmup_epochs for a schedule after it)",
+            trainer_cfg.warmup_epochs,
+            trainer_cfg.max_epochs,
+        )
 
     def factor(step: int) -> float:
         if step < warmup:

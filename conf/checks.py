@@ -455,8 +455,11 @@ def differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
 
 def check_eval(cfg: DictConfig, world_size: int, run_dir: Path) -> None:
     """eval.py's: the checkpoint it names exists and is whole, the eval dir is not the training
-    run it evaluates (whatever that dir holds yet); its own world's timeouts."""
+    run it evaluates (whatever that dir holds yet); its own world's timeouts and batch."""
     check_timeouts(cfg)
+    batch = cfg.trainer.eval_batch_size  # (0 was torch's split_size traceback mid-evaluation)
+    if batch < 1:
+        raise UserError(f"trainer.eval_batch_size={batch} is not valid: use an integer >= 1")
     if cfg.run and Path(str(cfg.run)).resolve() == Path(run_dir).resolve():
         raise UserError(
             f"{run_dir} holds a training run: eval.py writes into a dir of its own, never "

@@ -49,6 +49,15 @@ def _one_line(error: BaseException, limit: int = 300) -> str:
 def reading(name: str, root: str, download: bool, fix: str = DOWNLOAD_FIX) -> Iterator[None]:
     """What torchvision raises for absent, partial or corrupt files (and failed downloads), as
     a one-line UserError naming ``root`` and ``fix``."""
+    path = Path(root)
+    if (path.exists() and not path.is_dir()) or (path.is_symlink() and not path.exists()):
+        # (a file's "not found", whose fix was dataset.download=true, which cannot download
+        # into a file, and failed naming the network)
+        what = "a file" if path.exists() else "a link that leads nowhere (dangling, or a loop)"
+        raise UserError(
+            f"dataset.root={root} is {what}, not a folder: point dataset.root at the folder "
+            "that holds the dataset's files (or, with dataset.download=true, will hold them)"
+        )
     try:
         yield
     except UserError:
@@ -379,9 +388,10 @@ def fake(
     """torchvision's FakeData: ``size`` random train images, ``size // 5`` each for val and
     test, all distinct (FakeData seeds image i with i + random_offset)."""
     side = _check_size(image_size)
-    if int(size) < 1 or int(num_classes) < 1:
+    if int(size) < 1 or int(num_classes) < 2:  # (1 class: loss 0 and accuracy 1 from step 0)
         raise UserError(
-            f"dataset.size={size} and dataset.num_classes={num_classes} must both be >= 1"
+            f"dataset.size={size} and dataset.num_classes={num_classes}: a size >= 1 and at "
+            "least 2 classes, e.g. dataset.num_classes=10"
         )
     held = max(int(size) // 5, 1)
 

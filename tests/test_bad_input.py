@@ -148,6 +148,17 @@ def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path, nproc):
     one_line_error(proc, f"hydra.run.dir={run_dir} cannot be written", "writable")
 
 
+@pytest.mark.slow
+def test_a_run_dir_through_a_symlink_loop_is_one_line_naming_the_fix(tmp_path):
+    """A run dir that is (or lies under) a link loop was the gate's catch-all line, a
+    RuntimeError with "rerun with HYDRA_FULL_ERROR=1", naming no fix."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    for run_dir in (tmp_path / "a", tmp_path / "a" / "run"):
+        proc = run(train_cmd(*QUICK, f"hydra.run.dir={run_dir}"))
+        one_line_error(proc, f"hydra.run.dir={run_dir} cannot be written", "a loop", "writable")
+
+
 @pytest.mark.parametrize(
     "entry",
     [
@@ -178,6 +189,14 @@ SWEEP_BAD_INPUT = [
     (["hydra.launcher.max_parallel=0"], ["hydra.launcher.max_parallel=0", ">= 1"]),
     (["hydra.launcher.max_parallel=-3"], ["hydra.launcher.max_parallel=-3", ">= 1"]),
     (["hydra.launcher.retries=-1"], ["hydra.launcher.retries=-1", "0 (no retry) or more"]),
+    # the elastic agent's own keys: each job's agent raised on them (a traceback, then
+    # "see rank_logs", which was empty), took a negative restart count without a word, or
+    # started every job to fail it on the launcher's world size
+    (["hydra.launcher.tee=9"], ["hydra.launcher.tee=9", "hydra.launcher.tee=0:3"]),
+    (["hydra.launcher.monitor_interval=0"], ["hydra.launcher.monitor_interval=0", "> 0"]),
+    (["hydra.launcher.max_restarts=-3"], ["hydra.launcher.max_restarts=-3", "0 (no restart)"]),
+    (["hydra.launcher.nproc_per_node=0"], ["hydra.launcher.nproc_per_node=0 is not valid"]),
+    (["hydra.launcher.nnodes=0"], ["hydra.launcher.nnodes=0 is not valid"]),
     (
         ["hydra.sweep.dir={tmp}/a-file/sweep"],
         ["hydra.sweep.dir={tmp}/a-file/sweep cannot be written"],
@@ -245,6 +264,23 @@ def test_resume_where_no_sweep_ran_says_it_starts_a_new_one(tmp_path):
     assert "(resuming)" not in out and "no earlier jobs there, a new sweep" in out, out
     proc = _sweep(["hydra.launcher.resume=true", f"hydra.sweep.dir={tmp_path / 'typo'}"])
     assert "(resuming)" in output(proc) and "completed earlier, not run again" in output(proc)
+
+
+@pytest.mark.slow
+def test_an_agent_that_fails_before_any_rank_is_named_with_its_log(tmp_path):
+    """A job whose torchrun agent fails before a rank starts (here its rendezvous store cannot
+    be reached) fails with the agent's error and its log, not "see <job>/rank_logs" (which no
+    rank wrote into)."""
+    proc = _sweep(
+        [
+            "hydra.launcher.rdzv_endpoint=notahost",
+            "hydra.launcher.rdzv_conf={timeout: 3, join_timeout: 3, read_timeout: 3}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ]
+    )
+    error = read_json(tmp_path / "sweep" / "0" / "result.json")["error"]
+    assert proc.returncode == 1 and "rank_logs" not in error, output(proc)[-3000:]
+    assert "RendezvousConnectionError" in error and "agent.log" in error, error
 
 
 def _sweep(overrides: list[str]):

@@ -7,6 +7,7 @@ rules, the error policy. Collectives run on a one-rank process group in this pro
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -153,6 +154,48 @@ def test_a_crash_while_a_step_is_saved_again_never_leaves_it_beside_a_wrong_dige
     assert ck.verify(folder / "last.pt") is None
     assert ck.load_checkpoint(folder / "last.pt")["progress"]["step"] == 11
     assert not [p for p in folder.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_a_save_on_a_full_disk_names_a_fix_that_works(tmp_path, monkeypatch):
+    """A save that does not fit said "free space ... or lower trainer.keep_checkpoints; the
+    checkpoints already there are whole": a lower count cannot help (the new file is written
+    before pruning) and, at the first save, there were none. It names what works and what a
+    resume then does."""
+    progress = SimpleNamespace(state_dict=lambda: {"step": 3}, load_state_dict=None)
+    state = ck.TrainingState(
+        shared={"model": torch.nn.Linear(2, 1), "progress": progress}, per_rank={}
+    )
+    checkpoints = ck.Checkpointer(tmp_path, rank=0, keep=2)
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    for step, then in ((3, "no checkpoint was committed yet"), (6, "already there are whole")):
+        if step == 6:
+            monkeypatch.setattr(os, "fsync", real_fsync)
+            checkpoints.save(state, step=3, is_best=False)  # one committed
+        monkeypatch.setattr(os, "fsync", full)
+        with pytest.raises(UserError) as caught:
+            checkpoints.save(state, step=step, is_best=False)
+        message = str(caught.value)
+        assert "keep_checkpoints" not in message and then in message, message
+        assert "free space on the disk of" in message, message
+
+
+def test_a_warm_up_longer_than_the_run_is_said(caplog):
+    """trainer.warmup_epochs=50 on a 1-epoch run was taken without a word: the lr never got
+    past its warm-up. One warning; a warm-up within the run says nothing."""
+    from components.optim import lr_schedule
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    for warmup, said in ((50.0, True), (1.0, False)):
+        caplog.clear()
+        tc = SimpleNamespace(max_epochs=1, warmup_epochs=warmup, lr_schedule="cosine")
+        with caplog.at_level(logging.WARNING):
+            lr_schedule(optimizer, tc, steps_per_epoch=10)
+        assert ("longer than trainer.max_epochs=1" in caplog.text) is said, caplog.text
 
 
 def test_checkpoint_with_pickled_code_is_refused(tmp_path):
@@ -515,6 +558,26 @@ def test_report_user_error_only_in_a_plain_run(caplog):
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as exit_:
         callback.on_job_end(run_mode, job(JobStatus.FAILED, UserError("bad: fix it")))
     assert exit_.value.code == 2 and caplog.messages == ["bad: fix it"]
+
+
+def test_a_rank_that_lost_its_peer_under_plain_torchrun_says_one_line(caplog, monkeypatch):
+    """Under plain torchrun, rank 0 failing on a full disk at a save left rank 1 to print
+    Hydra's 25-line traceback of its monitored_barrier ("Connection closed by peer"): it says
+    one line and exits 1; rank 0 (whose own error it would be) is left to Hydra."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    ret = JobReturn()
+    ret.status = JobStatus.FAILED
+    ret._return_value = RuntimeError("monitoredBarrier: Connection closed by peer [127.0.0.1]")
+    run_mode = SimpleNamespace(hydra=SimpleNamespace(mode=RunMode.RUN))
+    monkeypatch.setenv("RANK", "0")
+    ReportUserError().on_job_end(run_mode, ret)
+    monkeypatch.setenv("RANK", "1")
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as exit_:
+        ReportUserError().on_job_end(run_mode, ret)
+    assert exit_.value.code == 1
+    assert caplog.messages == ["stopped: another rank failed first (its error says why)"]
 
 
 def test_a_stall_fault_waits_at_its_step_until_a_signal_has_arrived(monkeypatch):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_env, train_cmd
+from tests.helpers import REPO, read_json, run_env, train_cmd
 
 LONG = ["trainer.max_epochs=50", "wandb.mode=disabled", "trainer.progress_bar=false"]
 RUN = "interrupted (Ctrl-C): rerun with resume=auto to continue from the last checkpoint"
@@ -29,10 +29,18 @@ def in_a_terminal() -> None:
     os.setpgrp()
 
 
-def ctrl_c(cmd: list[str], after: str, delay: float, timeout: float = 180) -> tuple[int, str]:
+def ctrl_c(
+    cmd: list[str],
+    after: str,
+    delay: float,
+    timeout: float = 180,
+    signum: int = signal.SIGINT,
+    group: bool = True,
+) -> tuple[int, str]:
     """Start `cmd`, wait until its output says `after` (a line fragment; "" for the first
-    moment the project runs), then `delay` s, then SIGINT its whole process group: (exit
-    status, output)."""
+    moment the project runs), then `delay` s, then SIGINT its whole process group (or send
+    `signum` to the group, or with group=False to the started process alone, as a scheduler
+    or `kill` does): (exit status, output)."""
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,
@@ -59,7 +67,7 @@ def ctrl_c(cmd: list[str], after: str, delay: float, timeout: float = 180) -> tu
         else:
             wait_for_yaml(proc)
         time.sleep(delay)
-        os.killpg(proc.pid, signal.SIGINT)
+        (os.killpg if group else os.kill)(proc.pid, signum)
         proc.wait(timeout=timeout)
         reader.join(timeout=30)
     finally:
@@ -97,6 +105,32 @@ def test_ctrl_c_of_n_ranks_through_the_warm_start_is_one_line(tmp_path):
         code, out = ctrl_c(cmd, ": 2 rank(s)", delay)
         assert code == 130 and "Traceback" not in out, (delay, out[-3000:])
         assert said(out) == [RUN], (delay, out[-3000:])
+
+
+@pytest.mark.slow
+def test_sigterm_or_sighup_of_n_ranks_stops_them_as_preemption(tmp_path):
+    """SIGTERM (a scheduler's preemption) or SIGHUP (a dropped session) sent to the process
+    of `python train.py dist.nproc_per_node=2` while its ranks train: they stop at an agreed
+    step with a checkpoint, result.json says `preempted`, and the launcher ends with one line
+    naming the resume and exit 75, as a 1-rank run does (it died of the signal, 143/129, with
+    no line, no checkpoint of its own and no result.json)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        run_dir = tmp_path / signum.name
+        cmd = train_cmd(
+            *LONG,
+            "dist.nproc_per_node=2",
+            "trainer.checkpoint_every_n_steps=5",
+            f"hydra.run.dir={run_dir}",
+        )
+        code, out = ctrl_c(cmd, "epoch 1/", 0.5, signum=signum, group=False)
+        assert code == 75 and "Traceback" not in out, (signum, out[-3000:])
+        assert read_json(run_dir / "result.json")["status"] == "preempted", out[-3000:]
+        assert (run_dir / "checkpoints" / "manifest.json").exists()
+        line = (
+            f"preempted ({signum.name}): rerun with resume=auto and hydra.run.dir={run_dir} "
+            "to continue from the last checkpoint"
+        )
+        assert [x for x in out.splitlines() if "rerun with" in x][-1].endswith(line), out
 
 
 @pytest.mark.slow

@@ -89,6 +89,26 @@ def test_a_subdir_that_names_no_dir_per_job_is_one_line(
 
 
 @pytest.mark.slow
+def test_a_run_or_an_evaluation_into_a_sweep_dir_is_refused(trained: Path, tmp_path: Path) -> None:
+    """`python train.py hydra.run.dir=<a sweep dir>` was accepted: the run's records landed
+    beside the sweep's jobs, its start_over then moved multirun.yaml and the job dirs into
+    replaced/, and the sweep could not be resumed there. Refused in one line (eval.py too),
+    the sweep dir byte-identical."""
+    sweep_dir = tmp_path / "S"
+    shutil.copytree(trained, sweep_dir / "0")
+    (sweep_dir / "multirun.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
+    before = tree(sweep_dir)
+    line = one_line(run(train_cmd(*QUICK, f"hydra.run.dir={sweep_dir}")))
+    assert f"{sweep_dir} holds a sweep" in line, line
+    line = one_line(run(eval_cmd(f"run={trained}", f"hydra.run.dir={sweep_dir}")))
+    assert f"{sweep_dir} holds a sweep" in line and tree(sweep_dir) == before, line
+    (sweep_dir / "multirun.yaml").unlink()  # its job dirs alone say it too
+    before = tree(sweep_dir)
+    line = one_line(run(train_cmd(*QUICK, f"hydra.run.dir={sweep_dir}", "start_over=true")))
+    assert f"{sweep_dir} holds a sweep" in line and tree(sweep_dir) == before, line
+
+
+@pytest.mark.slow
 def test_eval_and_train_refuse_any_path_inside_a_training_run(
     trained: Path, tmp_path: Path
 ) -> None:

@@ -230,6 +230,7 @@ BAD_EVAL_INPUTS = [
         ["dataset.val_fraction='abc' does not fit", "give a float"],
     ),
     (["run={run}", "split=tset"], ["split=tset is not train, val, test or a folder"]),
+    (["run={run}", "trainer.eval_batch_size=0"], ["trainer.eval_batch_size=0 is not valid"]),
     (["run={run}", "split={root}/empty"], ["no images in", "empty", "point split= at"]),
     (["ckpt={root}/no_test.pt", "split=test"], ["no 'test' split", "one of train, val"]),
 ]

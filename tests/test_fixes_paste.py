@@ -209,6 +209,15 @@ def gpus_line(gpus: list[int], visible: list[str]) -> Callable[[Path], str]:
     return said
 
 
+def tee_line(tmp: Path) -> str:
+    """hydra.launcher.tee=9, which torch's agent raised on in each job (a traceback)."""
+    from ddp_launcher.torchrun import TorchrunBackend, TorchrunLauncherConf
+
+    with pytest.raises(UserError) as caught:
+        TorchrunBackend(TorchrunLauncherConf(tee="9"), gpu_ids=[], cores=[0])
+    return str(caught.value)
+
+
 def gpus_hold(visible: list[str]) -> Callable[[Any, Path], None]:
     def holds(cfg: Any, tmp: Path) -> None:
         from ddp_launcher.torchrun import TorchrunBackend, TorchrunLauncherConf
@@ -450,6 +459,13 @@ FIXES: dict[str, Fix] = {
         gpus_line([0, 3], ["0", "1"]),
         ["hydra.launcher.gpus=[0]", "hydra.launcher.gpus=null"],
         gpus_hold(["0", "1"]),
+        multirun=True,
+    ),
+    "a tee torchrun does not take": Fix(
+        [*GRID, "hydra.launcher.tee=9"],
+        tee_line,
+        ["hydra.launcher.tee=0:3"],
+        gpus_hold([]),
         multirun=True,
     ),
     "more ranks than cores": Fix(

@@ -254,6 +254,8 @@ def test_a_checkpoint_without_its_digest_is_refused(tmp_path):
 BAD_INPUT = [
     (["trainer.batch_size=0"], ["trainer.batch_size=0", "positive"]),
     (["resume={tmp}"], ["is a directory", "checkpoints/last.pt"]),
+    # a dir that is no run's: its hint named {tmp}/checkpoints/last.pt, which is not there
+    (["resume={tmp}"], ["without checkpoints/last.pt", "resume=<a run dir>/checkpoints/last.pt"]),
 ]
 
 

@@ -309,6 +309,8 @@ BAD_INPUTS = [
     (["optim.lr=-0.1"], ["optim.lr=-0.1", "use a learning rate > 0", "e.g. optim.lr=0.1"]),
     (["optim.lr_scaling=cubic"], ["optim.lr_scaling=cubic is not valid", "linear"]),
     (["optim=adamw", "optim.betas=[0.9,2.0]"], ["Invalid beta parameter", "optim"]),
+    # a list shorter than the optimizer reads: its IndexError was a traceback
+    (["optim=adamw", "optim.betas=[]"], ["optim.betas=[]", "fix optim.*"]),
     (["augment=crop_flip", "augment.crop=zoom"], ["augment.crop=zoom is not valid"]),
     (["augment=none", "augment.random_erasing=1.5"], ["augment.random_erasing=1.5"]),
     (["augment=rand_augment", "augment.policy.num_ops=-1"], ["augment: ", "fix augment.*"]),
@@ -336,6 +338,17 @@ BAD_INPUTS = [
     (
         ["dataset=mnist", "dataset.root=/nonexistent/mnist"],
         ["/nonexistent/mnist", "dataset.download=true"],
+    ),
+    # one class trained to loss 0 and accuracy 1 without a word
+    (["dataset=fake", "dataset.num_classes=1"], ["dataset.num_classes=1", "at least 2 classes"]),
+    # a file as the root: its "not found" named dataset.download=true, which cannot work
+    (
+        ["dataset=mnist", f"dataset.root={REPO / 'README.md'}", "dataset.download=true"],
+        [f"dataset.root={REPO / 'README.md'} is a file, not a folder"],
+    ),
+    (
+        ["dataset=imagefolder", f"dataset.root={REPO / 'README.md'}"],
+        [f"dataset.root={REPO / 'README.md'} is a file, not a folder"],
     ),
     (["dataset=imagefolder"], ["dataset imagefolder needs dataset.root", "point dataset.root at"]),
     (["dataset.val_fraction=1.5"], ["dataset.val_fraction=1.5 is out of range"]),

@@ -390,7 +390,8 @@ def record_stopped(job: Any, signal_name: str, interrupted: bool = False) -> str
     (hydra.launcher.fail_fast), recorded `interrupted` either way. Returns the status."""
     result = read_result(job.job_dir, since=job.started) if job.started else None
     if result is None or result.status == "running":
-        why = f"the sweep was stopped ({signal_name}) before the job ended"
+        stopped = "the sweep was stopped" if job.in_sweep else "the run was stopped"
+        why = f"{stopped} ({signal_name}) before the job ended"
         result = write_launcher_result(job, "interrupted", why)
     ctrl_c = not job.in_sweep and signal_name == "SIGINT"
     if (ctrl_c or interrupted) and result.status in ("preempted", "interrupted"):
@@ -404,7 +405,8 @@ def record_stopped(job: Any, signal_name: str, interrupted: bool = False) -> str
         )
         write_result(job.job_dir, result)
     update_attempt(job, ended=time.time(), status=result.status, error=result.error)
-    resumable = result.status != "completed" and not ctrl_c
+    # (a single run's own closing line says how it continues: resume=auto, not a sweep's key)
+    resumable = result.status != "completed" and job.in_sweep
     hint = ": hydra.launcher.resume=true continues it" if resumable else ""
     log.warning("#%d %s: %s%s", job.num, " ".join(job.overrides), result.status, hint)
     return result.status

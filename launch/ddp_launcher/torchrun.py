@@ -20,7 +20,9 @@ import contextlib
 import copy
 import functools
 import logging
+import math
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -32,12 +34,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddp_launcher.core import run_lock
 from ddp_launcher.core.app_command import APP_COMMAND_ENV, app_command
-from ddp_launcher.core.errors import UserError, describe, find_user_error, job_value, one_line
+from ddp_launcher.core.errors import (
+    RunStopped,
+    UserError,
+    describe,
+    find_user_error,
+    job_value,
+    one_line,
+)
 from ddp_launcher.core.fault_points import LAUNCHER_PID_ENV
 from ddp_launcher.core.host import check_host
 from ddp_launcher.core.hydra_compat import active_whitelist
 from ddp_launcher.core.repro import CODE_DIR_ENV, task_code_dir
-from ddp_launcher.core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR
+from ddp_launcher.core.run_dir import ATTEMPT_ENV, LAUNCHER_DIR, REQUEUE_EXIT_CODE, read_result
 from ddp_launcher.core.wandb_service import wandb_wanted
 from ddp_launcher.core.world import (
     check_gpus,
@@ -45,12 +54,14 @@ from ddp_launcher.core.world import (
     job_device,
     job_world,
     keeps_records,
+    parse_count,
     started_as_rank,
     usable_cores,
     visible_gpu_ids,
     visible_gpus,
 )
 from ddp_launcher.jobs import (
+    Interrupted,
     Job,
     configure_sweep_logging,
     failed_job_return,
@@ -59,6 +70,7 @@ from ddp_launcher.jobs import (
     refuse_unknown_keys,
     resolve_output_dirs,
     settings_from,
+    stop_signals,
     verdict_of,
 )
 from ddp_launcher.lifecycle import LifecycleLauncher, run_jobs
@@ -263,10 +275,35 @@ def run_in_torchrun(cfg: DictConfig, task_function: Any) -> Any:
         0, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir), spec, in_sweep=False
     )
     settings = single_run_settings(hydra_cfg.launcher)
-    (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
+    try:
+        # SIGTERM (a scheduler's preemption) and SIGHUP (a dropped session) stop the ranks as
+        # preemption does, as a 1-rank run's own handler and a sweep's launcher do; without
+        # this the launcher died of them, its ranks with it, unrecorded (Ctrl-C: run_jobs).
+        with stop_signals((signal.SIGTERM, signal.SIGHUP)):
+            (ret,) = run_jobs([job], TorchrunBackend(settings), retries=settings.retries).values()
+    except Interrupted as e:
+        if e.signum == signal.SIGINT:
+            raise
+        raise run_stopped(job.job_dir, e) from None
     if ret.status.name == "FAILED":  # (JobReturn.return_value would log it first: no)
         raise verdict_of(ret)  # one line: rank 0 printed its own error where the user watches
     return ret.return_value
+
+
+def run_stopped(run_dir: Path, stop: Interrupted) -> RunStopped:
+    """The closing line and exit status of a single run of N ranks stopped by `stop`."""
+    from ddp_launcher.ranks.interrupt import RESUMABLE
+
+    result = read_result(run_dir)
+    status = result.status if result is not None else "interrupted"
+    fix = (
+        f"rerun with resume=auto and hydra.run.dir={run_dir} to continue from the last checkpoint"
+        if RESUMABLE[0]
+        else "rerun the same command to run it again"
+    )
+    stopped = RunStopped(f"{status} ({stop.signal_name}): {fix}")
+    stopped.exit_code = REQUEUE_EXIT_CODE if status == "preempted" else 128 + stop.signum
+    return stopped
 
 
 def single_run_settings(launcher_cfg: Any) -> TorchrunLauncherConf:
@@ -332,6 +369,7 @@ class TorchrunBackend:
                 f"hydra.launcher.max_parallel={settings.max_parallel}: use a number of jobs >= 1, "
                 "or null for one per GPU set (1 on CPU)"
             )
+        check_agent_settings(settings)
         self.gpus, self.free = list(gpus), list(gpus)
         self.limit = settings.max_parallel or max(len(gpus), 1)
         self.cores = usable_cores() if cores is None else list(cores)
@@ -564,6 +602,13 @@ class TorchrunBackend:
             otherwise = "torchrun exited with code 0 but rank 0 left no result"
         else:
             otherwise = f"torchrun exited with code {code}: see {rank_logs} for each rank's output"
+            agent_log = files / AGENT_LOG
+            if not any(p.is_file() for p in rank_logs.rglob("*")) and agent_log.is_file():
+                # no rank wrote a line (the agent failed first, e.g. its rendezvous): its log says
+                otherwise = (
+                    f"torchrun's agent failed before any rank ran: {last_error(agent_log)} "
+                    f"(its log: {agent_log})"
+                )
         # Another rank failed first (the agent orders the failures: a rank that only lost a
         # peer comes last): rank 0's own error is a consequence, in brackets after the cause.
         first = failures[0] if failures else {}
@@ -618,12 +663,48 @@ class TorchrunBackend:
                 process.join()
 
 
+def last_error(log_file: Path) -> str:
+    """The last line of `log_file` that names an error (a traceback's last line), else its
+    last line."""
+    lines = [line.strip() for line in log_file.read_text(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b", line)]
+    return (errors or lines or ["(empty)"])[-1]
+
+
 def gpu_list(gpus: list[int]) -> str:
     """`[0,2]`: a list as an override takes it, pasted into a shell (no space)."""
     return f"[{','.join(str(g) for g in gpus)}]"
 
 
 WORLD_KEYS = ("nproc_per_node", "nnodes")
+
+
+# torchrun --tee's forms (torch's Std.from_str): 0-3 for every rank, or LOCAL_RANK:N,...
+TEE_FORM = re.compile(r"^[0123]$|^(\d:[0123],)*(\d:[0123])$")
+
+
+def check_agent_settings(settings: TorchrunLauncherConf) -> None:
+    """The launcher's keys that torch's elastic agent takes as they are, checked before any job
+    starts: each job's agent raised on them (a traceback in agent.log, `torchrun exited with
+    code 1`), or took a negative restart count without a word."""
+    nproc, nnodes = launcher_world(settings)
+    parse_count(nproc, "hydra.launcher.nproc_per_node")
+    parse_count(nnodes, "hydra.launcher.nnodes")
+    if settings.max_restarts < 0:
+        raise UserError(
+            f"hydra.launcher.max_restarts={settings.max_restarts}: use 0 (no restart) or more"
+        )
+    interval = settings.monitor_interval
+    if not (math.isfinite(interval) and interval > 0):
+        raise UserError(
+            f"hydra.launcher.monitor_interval={interval}: use a number of seconds > 0, e.g. 0.1"
+        )
+    if settings.tee is not None and not TEE_FORM.match(str(settings.tee)):
+        raise UserError(
+            f"hydra.launcher.tee={settings.tee}: use 0 (no rank), 1 (stdout), 2 (stderr), "
+            "3 (both), or LOCAL_RANK:N for some ranks, e.g. hydra.launcher.tee=0:3"
+        )
 
 
 def launcher_world(settings: TorchrunLauncherConf) -> tuple[Any, Any]:

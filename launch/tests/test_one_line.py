@@ -248,6 +248,20 @@ def test_a_full_disk_anywhere_is_a_user_error():
     assert str(found).startswith("no space left on the disk of /data/run/.hydra for config.yaml")
 
 
+def test_a_disk_out_of_inodes_says_so(monkeypatch):
+    """ENOSPC with bytes free (no inode left: many small files) said "no space left ... (needs
+    more, 164.0 KiB free there): free space there", a line that contradicts itself and names
+    the wrong fix."""
+    from ddp_launcher.core import errors
+
+    monkeypatch.setattr(errors, "free_inodes", lambda path: 0, raising=False)
+    monkeypatch.setattr(errors, "free_bytes", lambda path: 164 * 1024)
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/run/metrics.jsonl")
+    message = str(errors.find_user_error(full))
+    assert message.startswith("no inode left on the disk of /data/run for metrics.jsonl"), message
+    assert "164.0 KiB free" in message and "remove files there" in message, message
+
+
 # ---------------------------------------------------------------------------------------------
 # report --aggregate: an unknown key was ignored without a word
 

@@ -352,6 +352,25 @@ def test_format_table_lists_failures(sweep: Path) -> None:
     assert "Failed jobs" not in format_table([r for r in summary.rows if r.status == "completed"])
 
 
+def test_a_job_still_running_is_not_reported_failed(sweep: Path) -> None:
+    """The report of a sweep that is still running listed its running job (no result.json
+    yet) as `failed: no result.json`: a job dir its run still holds is `running`, named with
+    its holder, apart from the failed ones."""
+    from ddp_launcher.core import run_lock
+
+    run_lock.acquire(sweep / "4", "job #4 of a sweep")
+    try:
+        summary = write_summary(sweep)
+    finally:
+        run_lock.release(sweep / "4")
+    (job4,) = [r for r in summary.rows if r.job == "4"]
+    assert job4.status == "running" and "pid" in job4.error, job4
+    lines = format_table(summary.rows, summary.swept_keys).splitlines()
+    running = lines[lines.index("Running jobs:") + 1]
+    assert running.startswith("  job 4 [running] lr=0.2: running (pid "), running
+    assert not any("job 4" in line for line in lines[lines.index("Failed jobs:") :])
+
+
 def test_attempts_come_from_launch_json(sweep: Path) -> None:
     """How often a launcher started each job (ddp_launcher/resume.py's launch.json: retries,
     resumed sweeps) is a column; a job dir without the record has none."""
@@ -599,6 +618,21 @@ def test_wandb_failure_is_a_warning(sweep: Path, monkeypatch, caplog) -> None:
     assert log_to_wandb(summary, {"mode": "offline"}) is None
     assert "W&B run failed (W&B is down)" in caplog.text
     assert log_to_wandb(summary, {"mode": "disabled"}) is None
+
+
+def test_no_wandb_run_on_a_full_disk_is_one_warning(sweep: Path, monkeypatch, caplog) -> None:
+    """`python -m ddp_launcher.report SWEEP --wandb` on a full disk printed W&B's own logging
+    failures (727 lines of '--- Logging error ---' tracebacks): with too little room for the
+    run it starts none, in one warning naming the disk."""
+    import wandb
+    from ddp_launcher.core import disk
+
+    summary = write_summary(sweep)
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 0)
+    started = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: started.append(kw))
+    assert log_to_wandb(summary, {"mode": "offline"}) is None
+    assert started == [] and "no space left on the disk of" in caplog.text, caplog.text
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,6 +24,15 @@ class UserError(CompactHydraException):
     exit_code = 2
 
 
+class RunStopped(CompactHydraException):
+    """`python app.py dist.nproc_per_node=N` was asked to stop (SIGTERM, SIGHUP): its ranks
+    stopped the way preemption stops them and the run is recorded (ddp_launcher/torchrun.py).
+    `exit_code`: 75 when they saved a checkpoint (as a 1-rank run's preemption: "requeue
+    me"), else 128 + the signal's number."""
+
+    exit_code = 1
+
+
 def find_user_error(error: BaseException | None) -> UserError | None:
     """The UserError behind `error`, if any: Hydra's instantiate wraps what a target raises. A
     full disk (or quota) is one too, wherever it was hit (core/disk.py's DiskFull)."""
@@ -112,11 +121,19 @@ class ReportUserError(Callback):
         if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.RUN:
             return
         failure = job_value(job_return)
-        error = find_user_error(failure)
+        error = failure if isinstance(failure, RunStopped) else find_user_error(failure)
         if error is not None:
             if not getattr(failure, "already_said", False):  # (by the rank that hit it)
                 said_logger(__name__).error("%s", error)
             raise SystemExit(error.exit_code)
+        if os.environ.get("RANK", "0") != "0":
+            from ddp_launcher.ranks.bootstrap import lost_a_peer
+
+            if lost_a_peer(failure):  # (plain torchrun: rank 0 said why; Hydra's traceback, no)
+                said_logger(__name__).error(
+                    "stopped: another rank failed first (its error says why)"
+                )
+                raise SystemExit(1)
 
 
 # A full disk (or quota): the user's to fix, in one line (core/disk.py checks for room first)
@@ -155,11 +172,26 @@ def free_bytes(path: Path) -> int | None:
     return stat.f_bavail * stat.f_frsize
 
 
+def free_inodes(path: Path) -> int | None:
+    """The files an unprivileged writer may still make on the disk of `path` (None: unknown, or
+    a file system that does not count them)."""
+    try:
+        stat = os.statvfs(nearest_dir(path))
+    except OSError:
+        return None
+    return stat.f_favail if stat.f_files else None
+
+
 def disk_full(where: Path, what: str, needed: int | None = None, fix: str = "") -> DiskFull:
     """The one line: what could not be written, in which dir, the bytes it needs and those
     free there, and the fix."""
     where = Path(where)
     free = free_bytes(where)
+    if free_inodes(where) == 0:  # (ENOSPC too: bytes free, no file can be made)
+        return DiskFull(
+            f"no inode left on the disk of {where} for {what} (no new file can be made there, "
+            f"{fmt_bytes(free or 0)} free): remove files there" + (f", {fix}" if fix else "")
+        )
     need = f"needs {fmt_bytes(needed)}" if needed else "needs more"
     have = f", {fmt_bytes(free)} free there" if free is not None else ""
     return DiskFull(

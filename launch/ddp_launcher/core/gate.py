@@ -199,6 +199,13 @@ def plan_start(
 
     run_dir = Path(run_dir)
     gate = gate or Gate(None, kind)
+    if not sweep and holds_sweep(run_dir):
+        # (its records would mix with the sweep's jobs, and a start_over or replaced run would
+        # move them away with its own, multirun.yaml and the job dirs included)
+        raise UserError(
+            f"{run_dir} holds a sweep (multirun.yaml, its jobs' dirs): {app_name(config)} "
+            "writes into a dir of its own, never into a sweep's: choose another output dir"
+        )
     held = gate.holds(run_dir)
     if kind == EVAL:
         if held == TRAIN:
@@ -239,6 +246,17 @@ def plan_start(
         f"start it over there (the old run is kept in {REPLACED_DIR}/), or choose another "
         "output dir"
     )
+
+
+def holds_sweep(path: Path) -> bool:
+    """Whether `path` is a sweep's dir: Hydra's multirun.yaml, or a job dir of a launcher's
+    (its launch.json) right below it."""
+    if (path / "multirun.yaml").is_file():
+        return True
+    try:
+        return any((d / LAUNCH_FILE).is_file() for d in path.iterdir() if d.is_dir())
+    except OSError:  # (not a dir, or not readable: the start's own checks say so)
+        return False
 
 
 def check_dir_key(config: Any, key: str) -> None:

@@ -324,6 +324,11 @@ def check_writable(config: Any, key: str) -> None:
     path = Path(str(OmegaConf.select(config, key)))
     nearest = path.absolute()
     while not nearest.exists() and nearest != nearest.parent:
+        if nearest.is_symlink():  # a link to nothing, or a loop: no dir can be made through it
+            raise UserError(
+                f"{key}={path} cannot be written ({nearest} is a link that leads nowhere: "
+                f"dangling, or a loop): choose a writable dir with {key}=<dir>"
+            )
         nearest = nearest.parent
     try:
         if not nearest.is_dir():

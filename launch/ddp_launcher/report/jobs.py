@@ -341,6 +341,12 @@ def read_job(job_dir: str | os.PathLike) -> JobSummary:
     job_dir = Path(job_dir)
     found = read_result_record(job_dir)
     result = found or RunResult(status="failed", error=f"no {RESULT_FILE}", metric=None)
+    if found is None or found.status == "running":
+        from ddp_launcher.core import run_lock
+
+        held = run_lock.holder(job_dir)  # (a report while the sweep runs: not a failure)
+        if held is not None:
+            result = RunResult(status="running", error=f"running ({held})", metric=None)
     overrides = read_overrides(job_dir)
     if overrides is None and result.overrides is not None:
         overrides = [str(o) for o in result.overrides]

@@ -131,10 +131,12 @@ def format_table(rows: Sequence[JobSummary], keys: Sequence[str] | None = None) 
     table = [[c.header for c in cols], *([_cell(c, r) for c in cols] for r in rows)]
     out = text_lines(table, [c.numeric for c in cols])
     # A pruned job finished: the sweeper's pruner ended it early.
-    failed = [r for r in rows if r.status not in ("completed", "pruned")]
-    if failed:
-        out += ["", "Failed jobs:"]
-        for r in failed:
+    failed = [r for r in rows if r.status not in ("completed", "pruned", "running")]
+    running = [r for r in rows if r.status == "running"]
+    for title, listed in (("Running jobs:", running), ("Failed jobs:", failed)):
+        if listed:
+            out += ["", title]
+        for r in listed:
             error = r.error or "no error recorded"
             out.append(f"  job {r.job} [{r.status}] {job_label(r, keys)}: {error}")
     return "\n".join(out)

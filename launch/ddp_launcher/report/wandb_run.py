@@ -14,6 +14,9 @@ from ddp_launcher.report.tables import columns
 
 log = logging.getLogger(__name__)
 
+# What an offline W&B run of the summary writes beside its figure (its logs, records, table)
+WANDB_ROOM = 256 * 1024
+
 
 def wandb_settings(config: Any) -> tuple[dict[str, Any], str | None] | None:
     """(the sweep's `wandb` node, its experiment) from its config; None for an app without one."""
@@ -48,6 +51,15 @@ def log_to_wandb(
     try:
         import wandb
     except ImportError:
+        return None
+    from ddp_launcher.core.disk import check_room
+
+    try:  # W&B's own log files fail line by line on a full disk (hundreds of lines of them)
+        png = summary.sweep_dir / PNG_NAME
+        needed = WANDB_ROOM + (png.stat().st_size if summary.panels and png.is_file() else 0)
+        check_room(summary.sweep_dir, needed, "the sweep's W&B summary run")
+    except UserError as e:
+        log.warning("sweep summary: no W&B run (%s)", e)
         return None
     group = settings.get("group") or sweep_group(experiment, summary.sweep_dir)
     run = None
