@@ -280,3 +280,60 @@ def test_report_aggregate_names_the_keys_it_knows(tmp_path, capsys):
     assert sorted(p.name for p in sweep_dir.iterdir()) == before  # nothing written
     assert unknown_keys(sweep_dir, ["optim.lr", "+model.hidden"]) is None
     assert unknown_keys(sweep_dir, ["seed"]) is None  # the default: no error without seeds
+
+
+# ---------------------------------------------------------------------------------------------
+# a config that does not compose: one line naming the fix, exit 2 (Hydra's own message was
+# several lines: OmegaConf's full_key/object_type block, the options one per line, the config
+# search path, the HYDRA_FULL_ERROR hint; exit 1)
+
+TOY = Path(__file__).resolve().parents[1] / "examples" / "toy_ddp.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["lrr=0.1"], "lrr: the config has no such key: did you mean lr?"),
+        (
+            ["dist.nproc_per_nod=2"],
+            "dist.nproc_per_nod: the config has no such key: did you mean dist.nproc_per_node?",
+        ),
+        (
+            ["width=3"],
+            "width: the config has no such key: "
+            f"`python {TOY.name} --cfg job` prints the keys it has",
+        ),
+        (
+            ["hparams_search=nope"],
+            "hparams_search=nope: hparams_search has no option nope: use one of lr",
+        ),
+        (
+            ["-m", "hydra/launcher=torchrn", "seed=1,2"],
+            "hydra/launcher=torchrn: hydra/launcher has no option torchrn: use one of basic, "
+            "ddp_slurm, ddp_torchrun, slurm, torchrun",
+        ),
+        (
+            ["-m", "hydra.launcher.max_parallel=two", "seed=1,2"],
+            "hydra.launcher.max_parallel=two: Value 'two' of type 'str' could not be converted "
+            "to Integer",
+        ),
+    ],
+    ids=["typo", "nested typo", "no near key", "no such option", "launcher option", "type"],
+)
+def test_a_config_that_does_not_compose_is_one_line(tmp_path, args, line) -> None:
+    """The example app with a misspelt key, an option its group lacks, a value of the wrong
+    type: one line naming the fix (the nearest key, the options, the type), exit 2, nothing
+    written; HYDRA_FULL_ERROR=1 still shows Hydra's whole message."""
+    out_dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = run([sys.executable, TOY.name, *args, *out_dirs], cwd=TOY.parent, timeout=120)
+    assert proc.returncode == 2, output(proc)
+    assert output(proc).strip() == line, output(proc)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+    full = run(
+        [sys.executable, TOY.name, *args, *out_dirs],
+        cwd=TOY.parent,
+        timeout=120,
+        HYDRA_FULL_ERROR="1",
+    )
+    assert full.returncode == 1 and "Traceback" in output(full), output(full)

@@ -53,6 +53,66 @@ def find_cause(error: BaseException | None, wanted: Callable[[BaseException], bo
     return None
 
 
+def config_error_line(error: BaseException) -> str | None:
+    """A config that does not compose (Hydra's ConfigCompositionException, MissingConfigException
+    or OverrideParseException: errors of the command line and the config files, never of a
+    job's code) as one line naming the fix; None for any other error. Hydra prints their
+    messages over several lines (OmegaConf's full_key/object_type block, the options one per
+    line, the config search path) and exits 1; HYDRA_FULL_ERROR=1 still shows them whole."""
+    import re
+
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
+
+    if not isinstance(
+        error, (ConfigCompositionException, MissingConfigException, OverrideParseException)
+    ):
+        return None
+    text = str(error)
+    found = re.search(r"Could not find '([^']+)'", text)
+    options = re.search(r"Available options in '([^']+)':\n((?:\t.*\n?)+)", text)
+    if found and options:  # a group's option that does not exist
+        path = found.group(1)
+        group, _, name = path.rpartition("/")
+        names = ", ".join(line.strip() for line in options.group(2).splitlines() if line.strip())
+        return f"{group}={name}: {group} has no option {name}: use one of {names}"
+    typo = re.match(r"Could not override '([^']+)'\.", text)
+    if typo:  # a key the config does not have (Hydra suggests +key, which adds it)
+        key = typo.group(1)
+        near = nearest_key(key, getattr(error.__cause__, "parent_node", None))
+        if near:
+            fix = f"did you mean {near}?"
+        else:
+            from ddp_launcher.core.app_command import app_command
+
+            fix = f"`{app_command()} --cfg job` prints the keys it has"
+        return f"{key}: the config has no such key: {fix}"
+    merging = re.match(r"Error merging override (.+)", text)
+    if merging:  # a value of the wrong type, or not one of an enum's (said by the cause)
+        said = text.splitlines()[1:2] or str(error.__cause__ or "").splitlines()[:1]
+        return f"{merging.group(1)}: {said[0].strip()}" if said else one_line(text)
+    lines = [line.strip() for line in text.splitlines()]
+    kept = [line for line in lines if line and not re.match(r"(full_key|\w+_type)[:=]", line)]
+    return one_line("; ".join(kept)) if kept else None
+
+
+def nearest_key(key: str, parent: Any) -> str | None:
+    """The key of `parent` (the config node `key` was looked up in) closest to `key`'s last
+    part, as a full key; None when none is close or `parent` is not a node with keys."""
+    import difflib
+
+    try:
+        names = [str(k) for k in parent]
+    except Exception:  # (not a DictConfig, or one that cannot list its keys)
+        return None
+    head, _, last = key.rpartition(".")
+    close = difflib.get_close_matches(last, names, n=1, cutoff=0.6)
+    return f"{head}.{close[0]}" if close and head else (close[0] if close else None)
+
+
 def job_value(ret: Any) -> Any:
     """A JobReturn's value, or a failed job's exception, without raising it. Hydra's public
     `JobReturn.return_value` raises a failed job's exception (after printing a line to stderr)

@@ -112,9 +112,17 @@ def hydra_keeps_ctrl_c() -> None:
             except Exception as e:
                 if ctrl_c_received():
                     raise KeyboardInterrupt from None
-                ours = our_error(e)
-                if ours is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
+                ours = our_error(e)
+                if ours is None:
+                    from ddp_launcher.core.errors import UserError, config_error_line
+
+                    line = config_error_line(e)  # a config that does not compose
+                    if line is None:
+                        raise
+                    print(line, file=sys.stderr, flush=True)
+                    raise SystemExit(UserError.exit_code) from None
                 print(" ".join(str(ours).split()), file=sys.stderr, flush=True)
                 raise SystemExit(ours.exit_code) from None
 
