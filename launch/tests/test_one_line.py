@@ -318,8 +318,13 @@ TOY = Path(__file__).resolve().parents[1] / "examples" / "toy_ddp.py"
             "hydra.launcher.max_parallel=two: Value 'two' of type 'str' could not be converted "
             "to Integer",
         ),
+        (
+            ["--config-dir", "/nonexistent/conf"],
+            "Additional config directory '/nonexistent/conf' not found: give --config-dir (or "
+            "hydra.searchpath) a folder that exists",
+        ),
     ],
-    ids=["typo", "nested typo", "no near key", "no such option", "launcher option", "type"],
+    ids=["typo", "nested typo", "no near key", "no such option", "launcher option", "type", "dir"],
 )
 def test_a_config_that_does_not_compose_is_one_line(tmp_path, args, line) -> None:
     """The example app with a misspelt key, an option its group lacks, a value of the wrong

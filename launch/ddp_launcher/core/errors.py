@@ -54,19 +54,23 @@ def find_cause(error: BaseException | None, wanted: Callable[[BaseException], bo
 
 
 def config_error_line(error: BaseException) -> str | None:
-    """A config that does not compose (Hydra's ConfigCompositionException, MissingConfigException
-    or OverrideParseException: errors of the command line and the config files, never of a
-    job's code) as one line naming the fix; None for any other error. Hydra prints their
-    messages over several lines (OmegaConf's full_key/object_type block, the options one per
-    line, the config search path) and exits 1; HYDRA_FULL_ERROR=1 still shows them whole."""
+    """A config that does not compose (Hydra's ConfigCompositionException, MissingConfigException,
+    OverrideParseException or SearchPathException: errors of the command line and the config
+    files, never of a job's code) as one line naming the fix; None for any other error. Hydra
+    prints their messages over several lines (OmegaConf's full_key/object_type block, the
+    options one per line, the config search path) and exits 1; HYDRA_FULL_ERROR=1 still shows
+    them whole."""
     import re
 
     from hydra.errors import (
         ConfigCompositionException,
         MissingConfigException,
         OverrideParseException,
+        SearchPathException,
     )
 
+    if isinstance(error, SearchPathException):  # --config-dir, hydra.searchpath
+        return f"{one_line(error)}: give --config-dir (or hydra.searchpath) a folder that exists"
     if not isinstance(
         error, (ConfigCompositionException, MissingConfigException, OverrideParseException)
     ):
