@@ -26,8 +26,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from ddp_launcher.core import network
+from ddp_launcher.core.errors import lost_a_peer
 from ddp_launcher.core.run_dir import read_launch_record
-from ddp_launcher.ranks.bootstrap import lost_a_peer
 from ddp_launcher.ranks.slurm_task import master_port
 
 from tests.helpers import REPO, output, read_json, run, run_env, summary_rows, train_cmd, weights

@@ -148,13 +148,20 @@ def test_the_launchers_keys_size_a_job_whose_dist_does_not() -> None:
 
 
 def test_a_bad_launcher_key_is_one_line_naming_it() -> None:
-    """A value from the launcher's keys is named as hydra.launcher.<key> in the job's error
-    (the job fails alone, as with a bad dist.<key>)."""
+    """A value from the launcher's keys is named as hydra.launcher.<key>: one that no job can
+    take (not a count, an elastic range) before any job starts, as the launcher's other agent
+    keys; one that a job's own world decides against in the job's error (the job fails alone,
+    as with a bad dist.<key>)."""
+    for settings, error in (
+        (TorchrunLauncherConf(nproc_per_node="two"), "hydra.launcher.nproc_per_node=two is"),
+        (TorchrunLauncherConf(nnodes="1:4"), "hydra.launcher.nnodes=1:4 is an elastic range"),
+    ):
+        with pytest.raises(UserError) as caught:
+            placed(settings, {})
+        assert str(caught.value).startswith(error) and "\n" not in str(caught.value)
     cases = [
-        (TorchrunLauncherConf(nproc_per_node="two"), 0, "hydra.launcher.nproc_per_node=two is"),
         (TorchrunLauncherConf(nproc_per_node=8), 4, "hydra.launcher.nproc_per_node=8 asks for 8"),
         (TorchrunLauncherConf(nnodes=2), 0, "hydra.launcher.nnodes=2 needs a rendezvous point"),
-        (TorchrunLauncherConf(nnodes="1:4"), 0, "hydra.launcher.nnodes=1:4 is an elastic range"),
         (TorchrunLauncherConf(rdzv_conf="join_timeout"), 0, "hydra.launcher.rdzv_conf="),
     ]
     for settings, gpus, error in cases:

@@ -117,6 +117,21 @@ def nearest_key(key: str, parent: Any) -> str | None:
     return f"{head}.{close[0]}" if close and head else (close[0] if close else None)
 
 
+# What a rank's collective raises when another rank of its job died (gloo, NCCL)
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+)
+
+
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether a rank failed only because another rank of its job did."""
+    return find_user_error(error) is None and any(p in str(error) for p in PEER_LOST)
+
+
 def job_value(ret: Any) -> Any:
     """A JobReturn's value, or a failed job's exception, without raising it. Hydra's public
     `JobReturn.return_value` raises a failed job's exception (after printing a line to stderr)
@@ -190,14 +205,10 @@ class ReportUserError(Callback):
             if not getattr(failure, "already_said", False):  # (by the rank that hit it)
                 said_logger(__name__).error("%s", error)
             raise SystemExit(error.exit_code)
-        if os.environ.get("RANK", "0") != "0":
-            from ddp_launcher.ranks.bootstrap import lost_a_peer
-
-            if lost_a_peer(failure):  # (plain torchrun: rank 0 said why; Hydra's traceback, no)
-                said_logger(__name__).error(
-                    "stopped: another rank failed first (its error says why)"
-                )
-                raise SystemExit(1)
+        # (plain torchrun: rank 0 said why; Hydra's traceback, no)
+        if os.environ.get("RANK", "0") != "0" and lost_a_peer(failure):
+            said_logger(__name__).error("stopped: another rank failed first (its error says why)")
+            raise SystemExit(1)
 
 
 # A full disk (or quota): the user's to fix, in one line (core/disk.py checks for room first)

@@ -23,6 +23,7 @@ from ddp_launcher.core.errors import (
     describe,
     find_user_error,
     job_value,
+    lost_a_peer,
     said_logger,
 )
 from ddp_launcher.core.hydra_compat import context_whitelist, hydra_context
@@ -131,20 +132,6 @@ def report_failure(error: BaseException) -> int:
 
 
 # What a collective (gloo, NCCL) says when another rank died or failed under it: its failure.
-PEER_LOST = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "remote process exited",
-    "NCCL communicator was aborted",
-)
-
-
-def lost_a_peer(error: BaseException) -> bool:
-    """Whether this rank failed only because another rank of its job did."""
-    return find_user_error(error) is None and any(p in str(error) for p in PEER_LOST)
-
-
 def exit_status(error: BaseException | None) -> int:
     """A failed rank's exit status: a user error's own, else 1."""
     user_error = find_user_error(error)

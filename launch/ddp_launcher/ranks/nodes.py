@@ -111,7 +111,7 @@ def lost_node(error: BaseException, cpu_group: Any = None) -> LostNode | None:
         except OSError:
             where = address
         tell_lost_node(where)
-    # (worded so that ddp_launcher/ranks/bootstrap.py's lost_a_peer does not take it for a rank
+    # (worded so that ddp_launcher/core/errors.py's lost_a_peer does not take it for a rank
     # that only lost a peer: this is the cause the launcher reports)
     return LostNode(
         f"lost node {where}: the connections to its ranks broke, they died or the node went "

@@ -316,6 +316,12 @@ class OptunaSweeperBase(Sweeper):
             self.preview(arguments)  # ddp_launcher/preview.py: nothing written, no callback
             raise SystemExit(0)
 
+        space, fixed = search_space(self.conf.params, arguments)
+        if isinstance(self.sampler, functools.partial):  # a grid: its values, or one line
+            for key, distribution in space.items():
+                grid_choices(key, distribution)
+        # (only now, the search space accepted: SQLite makes the file, not its dir)
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
         ran_before = any(self.sweep_dir.glob(f"*/{LAUNCH_FILE}"))
         if self.resume and not continue_study(self) and ran_before:
             raise UserError(
@@ -323,11 +329,8 @@ class OptunaSweeperBase(Sweeper):
                 f"{self.study_name} in {shown(self.storage_spec)}: start a new sweep dir, or "
                 "give the storage and study_name the sweep had"
             )
-        space, fixed = search_space(self.conf.params, arguments)
         sampler = self.space_sampler(space)
         pruner = self.pruner_config()
-        # (only now, the search space refused or not: SQLite makes the file, not its dir)
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
         study = optuna.create_study(
             study_name=self.study_name,
             storage=open_storage(self.storage_spec),
