@@ -317,9 +317,7 @@ class OptunaSweeperBase(Sweeper):
             raise SystemExit(0)
 
         space, fixed = search_space(self.conf.params, arguments)
-        if isinstance(self.sampler, functools.partial):  # a grid: its values, or one line
-            for key, distribution in space.items():
-                grid_choices(key, distribution)
+        grid = self.grid_of(space)  # (a grid over an interval: one line, nothing written)
         # (only now, the search space accepted: SQLite makes the file, not its dir)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         ran_before = any(self.sweep_dir.glob(f"*/{LAUNCH_FILE}"))
@@ -329,7 +327,7 @@ class OptunaSweeperBase(Sweeper):
                 f"{self.study_name} in {shown(self.storage_spec)}: start a new sweep dir, or "
                 "give the storage and study_name the sweep had"
             )
-        sampler = self.space_sampler(space)
+        sampler = self.space_sampler(grid)
         pruner = self.pruner_config()
         study = optuna.create_study(
             study_name=self.study_name,
@@ -368,14 +366,19 @@ class OptunaSweeperBase(Sweeper):
             usage.line(),
         )
 
-    def space_sampler(self, space: dict[str, Any]) -> Any:
-        """The sampler for `space` (GridSampler is given its grid only now, and caps n_trials)."""
-        sampler = self.sampler
-        if isinstance(sampler, functools.partial):
-            grid = {key: grid_choices(key, d) for key, d in space.items()}
-            sampler = sampler(grid)
-            self.n_trials = min(self.n_trials, math.prod(len(c) for c in grid.values()))
-        return sampler
+    def grid_of(self, space: dict[str, Any]) -> dict[str, list[Any]] | None:
+        """The grid GridSampler would walk over `space` (each key's values; a key that has none
+        is a UserError); None for any other sampler."""
+        if not isinstance(self.sampler, functools.partial):
+            return None
+        return {key: grid_choices(key, d) for key, d in space.items()}
+
+    def space_sampler(self, grid: dict[str, list[Any]] | None) -> Any:
+        """The sampler (GridSampler is given its `grid` only now, and caps n_trials)."""
+        if grid is None:
+            return self.sampler
+        self.n_trials = min(self.n_trials, math.prod(len(c) for c in grid.values()))
+        return self.sampler(grid)
 
     def preview(self, arguments: list[str]) -> None:
         """hydra.launcher.dry_run=true (ddp_launcher/preview.py): the first batch (n_jobs trials) as
@@ -404,7 +407,7 @@ class OptunaSweeperBase(Sweeper):
                     "those of a new study",
                     shown(self.storage_spec),
                 )
-            sampler = self.space_sampler(space)
+            sampler = self.space_sampler(self.grid_of(space))
             study = optuna.create_study(
                 study_name=self.study_name,
                 storage=open_storage(copied) if copied else None,
