@@ -20,20 +20,13 @@ from ddp_launcher.core.hydra_compat import HAS_WHITELIST, PACKAGE_TARGETS
 from ddp_launcher.core.world import job_device, job_world
 from omegaconf import OmegaConf
 
-from tests.helpers import output, run_env
+from tests.helpers import output, run
 
 PACKAGE = Path(names.__file__).resolve().parents[1]  # ddp_launcher/
 
 
 def run_app(cmd: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *cmd],
-        cwd=cwd,
-        env=run_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run([sys.executable, *cmd], cwd=cwd, timeout=300, **env)
 
 
 # ---------------------------------------------------------------------------------------------

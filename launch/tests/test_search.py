@@ -38,7 +38,7 @@ from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from tests.helpers import output, run_env
+from tests.helpers import output, run
 
 REPO = Path(__file__).resolve().parents[2]
 IMPORT_PATH = os.pathsep.join([str(REPO), str(REPO / "launch")])
@@ -311,7 +311,7 @@ def test_a_search_config_is_a_multirun_on_the_command_line(argv, multirun) -> No
 def one_epoch_search(sweep_dir: Path, *args: str) -> str:
     """Run `train.py *args` (a search), its trials 1 epoch each, into `sweep_dir`; it must end
     well. Its console output."""
-    from tests.helpers import output, run, train_cmd
+    from tests.helpers import train_cmd
 
     cmd = train_cmd(*args, "trainer.max_epochs=1", "trainer.progress_bar=false")
     proc = run([*cmd, f"hydra.sweep.dir={sweep_dir}"])
@@ -383,18 +383,11 @@ def test_a_grid_over_an_interval_is_one_line_before_anything_is_written(tmp_path
     hydra/sweeper/sampler=grid over its lr interval is refused in one line naming the key,
     exit 2, with no HYDRA_FULL_ERROR hint after it and no sweep dir made."""
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(Path(__file__).resolve().parents[1] / "examples" / "toy_ddp.py"),
-            "hparams_search=lr",
-            "hydra/sweeper/sampler=grid",
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
+    toy = Path(__file__).resolve().parents[1] / "examples" / "toy_ddp.py"
+    proc = run(
+        [sys.executable, str(toy), "hparams_search=lr", "hydra/sweeper/sampler=grid"]
+        + [f"hydra.sweep.dir={sweep_dir}"],
         cwd=tmp_path,
-        env=run_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     said = output(proc)
