@@ -37,23 +37,26 @@ for run in $(seq "$runs"); do
   work=$(mktemp -d "${TMPDIR:-/tmp}/fresh-clone.XXXXXX")
   git clone --quiet --no-checkout "$source_repo" "$work/clone"
   git -C "$work/clone" checkout --quiet --detach "$commit"
-  "$python" -m venv "$work/venv"
+  # the venv where .ci/run makes it, inside the clone: a venv's paths under the checkout are
+  # what CI's tests see (torchrun's own traceback has frames there)
+  venv=$work/clone/.ci/venv
+  "$python" -m venv "$venv"
   # README command 2 as the README writes it (the line under "# 2. ", as .ci/run reads it)
   readme_tests=$(grep -A1 '^# 2\. ' "$work/clone/README.md" | tail -n 1)
   [[ $readme_tests == *"python -m pytest"* ]] || { echo "README command 2 not found" >&2; exit 1; }
   log=$logs/run-$run.log
-  echo "== run $run of $runs: commit ${commit:0:12}, $("$work/venv/bin/python" --version), in $work"
+  echo "== run $run of $runs: commit ${commit:0:12}, $("$venv/bin/python" --version), in $work"
   echo "   \$ $readme_tests${PYTEST_ADDOPTS:+   (PYTEST_ADDOPTS=$PYTEST_ADDOPTS)}"
   start=$(date +%s)
   status=0
   (
     cd "$work/clone"
     # shellcheck disable=SC1091
-    source "$work/venv/bin/activate"
+    source "$venv/bin/activate"
     eval "$readme_tests"
   ) >"$log" 2>&1 || status=$?
   wall=$(($(date +%s) - start))
-  if ! check=$("$work/venv/bin/python" -m pip check 2>&1); then
+  if ! check=$("$venv/bin/python" -m pip check 2>&1); then
     [[ $status != 0 ]] || status=1
   fi
   check=$(tail -n 1 <<<"$check")

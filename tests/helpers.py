@@ -108,6 +108,18 @@ def sigint_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def frames_in_repo(text: str) -> list[str]:
+    """The traceback frames (`File "..."` lines) in the repo's own files: a venv inside the
+    checkout (CI's .ci/venv) is not the repo's code, so a frame of torchrun's agent there is not
+    one of ours."""
+    venv = f"{Path(sys.prefix).resolve()}{os.sep}"
+    return [
+        line
+        for line in text.splitlines()
+        if f'File "{REPO}{os.sep}' in line and f'File "{venv}' not in line
+    ]
+
+
 def output(proc) -> str:
     return proc.stdout + proc.stderr
 
