@@ -8,6 +8,8 @@ of a training step passes its output through :func:`inject`.
 kinds: `raise` (an exception), `kill` (SIGKILL this rank), `nan` (this rank's loss becomes NaN),
 `stall` (at its step this rank waits, up to STALL_MAX_S, until a signal has reached it: a test
 that stops a job knows the job is still running, however fast the job or slow the machine).
+In a sweep, a `raise` in one job waits (up to STALL_MAX_S) until a `stall` of another job has
+begun, so the failure stops the stalled job at its stall step, whichever job started first.
 Read once at start; with the variable unset (always, outside tests) every call is a no-op. The
 fault is the first attempt's: restarted ranks (torchrun) and later attempts of a sweep job (a
 launcher retry or a resumed sweep) run clean.
@@ -15,13 +17,17 @@ launcher retry or a resumed sweep) run clean.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.util
 import os
 import select
 import signal
 import sys
+import tempfile
 import threading
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (torch-free at import: it is installed before any module loads)
@@ -109,17 +115,36 @@ def _inject(
         if step < at:
             STALL.arm()  # a signal from now on ends the wait at the stall step
         else:
+            if job is not None:
+                _stall_marker().touch()
             STALL.wait(STALL_MAX_S)
         return loss
     if step != at:
         return loss
     if kind == "raise":
+        if job is not None and any(k == "stall" and j not in (None, job) for k, _, _, j in FAULTS):
+            _wait_for(_stall_marker(), STALL_MAX_S)
         raise InjectedFault(f"injected fault at step {step} on rank {rank}")
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "nan":
         return loss * float("nan")
     return loss
+
+
+def _stall_marker() -> Path:
+    """A file outside the sweep dir (the tests read that dir's entries) that a sweep's stalled
+    job makes once it waits at its stall step: one per sweep dir."""
+    from hydra.core.hydra_config import HydraConfig
+
+    sweep = hashlib.sha1(str(Path(HydraConfig.get().sweep.dir).resolve()).encode()).hexdigest()
+    return Path(tempfile.gettempdir()) / f"hydra-ddp-fault-stalled-{sweep[:16]}"
+
+
+def _wait_for(path: Path, max_s: float) -> None:
+    deadline = time.monotonic() + max_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _in_job(job: int | None) -> bool:
