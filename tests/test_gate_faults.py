@@ -227,6 +227,37 @@ def test_any_exception_in_a_guarded_step_is_undone(
     assert not run_lock._HELD
 
 
+def test_a_run_dir_another_rank_makes_meanwhile_is_a_start_like_any_other(
+    tmp_path: Path, gate_lines, monkeypatch
+) -> None:
+    """Under plain torchrun every rank's Hydra makes the run dir (its run_job, exist_ok) while
+    rank 0's gate checks the start: a dir made between the gate's look and its mkdir goes
+    through (it was "the start failed making the run dir: File exists", exit 2, on a 4-rank
+    torchrun run); a file made there is refused as before, and left as it is."""
+    mkdir = Path.mkdir
+    peer: dict = {}
+
+    def made_by_a_peer_first(self, *args, **kwargs):
+        if self == peer.get("dir") and not os.path.lexists(self):
+            peer["make"](self)
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", made_by_a_peer_first)
+    peer.update(dir=tmp_path / "R", make=os.mkdir)
+    cfg = config_for(tmp_path / "R")
+    run_gate(cfg).on_run_start(config=cfg)
+    release_locks()
+    assert (tmp_path / "R" / ".hydra" / "hydra.yaml").is_file()
+    assert (tmp_path / "R" / "train.log").is_file()
+
+    peer.update(dir=tmp_path / "S", make=lambda path: path.write_text("not a dir"))
+    cfg = config_for(tmp_path / "S")
+    line = refused(gate_lines, lambda: run_gate(cfg).on_run_start(config=cfg))
+    assert "making the run dir" in line and os.strerror(errno.EEXIST) in line, line
+    assert (tmp_path / "S").read_text() == "not a dir"
+    assert not run_lock._HELD
+
+
 def test_an_undo_that_fails_keeps_the_earlier_run_whole_and_says_where(
     tmp_path: Path, gate_lines
 ) -> None:

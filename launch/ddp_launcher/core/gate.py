@@ -413,7 +413,16 @@ class Opening:
             missing.append(here)
             here = here.parent
         for folder in reversed(missing):
-            folder.mkdir()
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                # made meanwhile by another process: under plain torchrun (or srun) every
+                # rank's Hydra makes the run dir (run_job, exist_ok) while rank 0's gate checks
+                # the start. A real dir is taken as found (not this start's to undo); the lock,
+                # taken next, still admits one start. Anything else there refuses, as before.
+                if folder.is_symlink() or not folder.is_dir():
+                    raise
+                continue
             self.done.append(("made", folder))
 
     def keep(self, path: Path) -> None:
