@@ -385,8 +385,13 @@ def test_a_grid_over_an_interval_is_one_line_before_anything_is_written(tmp_path
     sweep_dir = tmp_path / "sweep"
     toy = Path(__file__).resolve().parents[1] / "examples" / "toy_ddp.py"
     proc = run(
-        [sys.executable, str(toy), "hparams_search=lr", "hydra/sweeper/sampler=grid"]
-        + [f"hydra.sweep.dir={sweep_dir}"],
+        [
+            sys.executable,
+            str(toy),
+            "hparams_search=lr",
+            "hydra/sweeper/sampler=grid",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
         cwd=tmp_path,
         timeout=300,
     )

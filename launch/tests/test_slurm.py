@@ -610,13 +610,17 @@ def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(
     held = {job_id: undo for job_id in still_there if (undo := hold(idle_cluster, job_id))}
     assert held, f"the SLURM jobs {sorted(still_there)} ended before they could be held"
 
+    def completed_earlier(n: int, out: str) -> bool:
+        """The rerun's first line of job #n says it was collected, not run or waited for."""
+        first = next((line for line in out.splitlines() if f"] #{n} " in line), "")
+        return "completed earlier" in first
+
     def settled(job_id: str, out: str) -> bool:
         """The rerun re-attached to this SLURM job, or found its result already written (a job
         held in its last moments, after its result.json: collected, not waited for)."""
-        first = next(
-            (line for line in out.splitlines() if f"] #{submitted.index(job_id)} " in line), ""
+        return f"SLURM job {job_id}): re-attached" in out or completed_earlier(
+            submitted.index(job_id), out
         )
-        return f"SLURM job {job_id}): re-attached" in out or "completed earlier" in first
 
     resumer = start("resumed.log")
     try:
@@ -644,12 +648,7 @@ def test_resume_waits_for_the_slurm_jobs_of_a_dead_launcher(
         for n, job_id in enumerate(submitted)
         if f"#{n} (SLURM job {job_id}): re-attached to the SLURM job" in out
     }
-    collected = {
-        n
-        for n in range(3)
-        if f"#{n} " in out
-        and "completed earlier" in next(line for line in out.splitlines() if f"] #{n} " in line)
-    }
+    collected = {n for n in range(3) if completed_earlier(n, out)}
     assert attached and not attached & collected and attached | collected == {0, 1, 2}, out
     for job, job_id in zip(jobs, submitted, strict=True):
         record = read_launch_record(job)

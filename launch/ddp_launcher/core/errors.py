@@ -125,6 +125,8 @@ PEER_LOST = (
     "remote process exited",
     "NCCL communicator was aborted",
 )
+# what such a rank says instead of its traceback (the cause is in the other rank's report)
+PEER_FAILED_FIRST = "stopped: another rank failed first (its error says why)"
 
 
 def lost_a_peer(error: BaseException) -> bool:
@@ -207,7 +209,7 @@ class ReportUserError(Callback):
             raise SystemExit(error.exit_code)
         # (plain torchrun: rank 0 said why; Hydra's traceback, no)
         if os.environ.get("RANK", "0") != "0" and lost_a_peer(failure):
-            said_logger(__name__).error("stopped: another rank failed first (its error says why)")
+            said_logger(__name__).error("%s", PEER_FAILED_FIRST)
             raise SystemExit(1)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from hydra.errors import CompactHydraException
 
 from ddp_launcher.core.errors import (
+    PEER_FAILED_FIRST,
     UserError,
     describe,
     find_user_error,
@@ -125,13 +126,12 @@ def report_failure(error: BaseException) -> int:
     if find_user_error(error) is not None or isinstance(error, CompactHydraException):
         said_logger(__name__).error("%s", describe(error))
     elif lost_a_peer(error):  # the cause is another rank's, in its own report
-        log.error("stopped: another rank failed first (its error says why)")
+        log.error("%s", PEER_FAILED_FIRST)
     else:
         log.error("job failed", exc_info=error)
     return exit_status(error)
 
 
-# What a collective (gloo, NCCL) says when another rank died or failed under it: its failure.
 def exit_status(error: BaseException | None) -> int:
     """A failed rank's exit status: a user error's own, else 1."""
     user_error = find_user_error(error)
